@@ -1,0 +1,10 @@
+"""`waltz inspect`: read-only views of storage files and wire frames."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    help="Read-only inspection of storage files and wire frames (never modifies a file).",
+    no_args_is_help=True,
+)

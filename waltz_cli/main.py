@@ -1,0 +1,44 @@
+"""The ``waltz`` command: one typer app, one module per command group."""
+
+from __future__ import annotations
+
+import typer
+
+from waltz_engine import __version__
+
+app = typer.Typer(
+    name="waltz",
+    help="Waltz: a distributed, replicated write-ahead log (byte-compatible with Waltz 0.13.2).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"waltz {__version__} (compatible with Waltz 0.13.2)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Waltz: a distributed, replicated write-ahead log."""
+
+
+def _register() -> None:
+    # Imported here so that `waltz --help` stays one place that lists every group.
+    from waltz_cli.commands import inspect
+
+    app.add_typer(inspect.app, name="inspect")
+
+
+_register()
+
+
+def main() -> None:
+    app()

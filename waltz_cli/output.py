@@ -1,0 +1,47 @@
+"""Rendering shared by every command: one console, JSON for scripts, one-line errors."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn, ParamSpec, TypeVar
+
+import typer
+from rich.console import Console
+
+from waltz_engine.errors import WaltzError
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def print_json(value: Any) -> None:
+    """One JSON document on stdout, stable key order as given."""
+    sys.stdout.write(json.dumps(value, ensure_ascii=False) + "\n")
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    """Print ``error: message`` on stderr as one line and exit non-zero."""
+    err_console.print(f"[bold red]error:[/] {message}", soft_wrap=True, markup=True)
+    raise typer.Exit(code)
+
+
+def one_line_errors(func: Callable[P, R]) -> Callable[P, R]:
+    """Turn expected errors (WaltzError, OSError) into a one-line message and exit 1."""
+
+    @functools.wraps(func)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return func(*args, **kwargs)
+        except WaltzError as e:
+            fail(str(e))
+        except OSError as e:
+            where = f"{e.filename}: " if e.filename else ""
+            fail(f"{where}{e.strerror or e}")
+
+    return wrapper
