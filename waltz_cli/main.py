@@ -32,9 +32,12 @@ def _root(
 
 def _register() -> None:
     # Imported here so that `waltz --help` stays one place that lists every group.
-    from waltz_cli.commands import inspect
+    from waltz_cli.commands import bench, inspect, zk
 
+    app.command("create-cluster")(zk.create_cluster)
     app.add_typer(inspect.app, name="inspect")
+    app.add_typer(zk.app, name="zk")
+    app.add_typer(bench.app, name="bench")
 
 
 _register()
