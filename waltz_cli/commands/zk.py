@@ -1,12 +1,442 @@
-"""`waltz zk ...` and `waltz create-cluster`: the embedded ZooKeeper and cluster metadata."""
+"""`waltz zk ...` and `waltz create-cluster`: the embedded ZooKeeper and cluster metadata.
+
+A thin skin over :mod:`waltz_engine.zk`: every command resolves where ZooKeeper is
+(``--zookeeper``/``--cluster-root`` or ``--config`` with the original's YAML keys), calls one
+library function, and renders the result as text or JSON. Subcommands and options follow the
+original ``ZooKeeperCli`` (reference §4.1).
+"""
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Annotated, NoReturn
+
 import typer
+from kazoo.client import KazooClient
+from rich.table import Table
+from rich.text import Text
+
+from waltz_cli.output import console, one_line_errors, print_json
+from waltz_engine.zk import store_metadata
+from waltz_engine.zk.cluster import ClusterSnapshot, delete_cluster, read_snapshot
+from waltz_engine.zk.cluster import create_cluster as create_cluster_znodes
+from waltz_engine.zk.connection import ZooKeeperSettings, connect, load_settings
+from waltz_engine.zk.partition_ranges import format_partition_ranges, parse_partition_ranges
+from waltz_engine.zk.server import DEFAULT_ADDRESS, DEFAULT_PORT, START_TIMEOUT_MS, EmbeddedZooKeeper
+from waltz_engine.zk.znode_dump import dump_znodes
 
 app = typer.Typer(help="Run an embedded ZooKeeper and manage cluster metadata in it.", no_args_is_help=True)
 
+DEFAULT_DATA_DIR = Path(".waltz/zookeeper")
+EXIT_NOT_RUNNING = 3  # LSB convention for "status: program is not running"
+MISSING = "-"
 
-def create_cluster() -> None:
-    """Create a new Waltz cluster in ZooKeeper."""
-    raise NotImplementedError
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of text.")]
+ZooKeeperOption = Annotated[
+    str | None,
+    typer.Option(
+        "--zookeeper", "-z", help="ZooKeeper connect string HOST:PORT[,HOST:PORT...] (overrides --config)."
+    ),
+]
+RootOption = Annotated[
+    str | None,
+    typer.Option("--cluster-root", "-r", help="Cluster root znode, e.g. /waltz (overrides --config)."),
+]
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help="YAML with zookeeper.connectString, zookeeper.sessionTimeout, cluster.root.",
+    ),
+]
+ConnectTimeoutOption = Annotated[
+    int | None,
+    typer.Option(
+        "--connect-timeout-ms", help="Give up connecting to ZooKeeper after this long (default 10000)."
+    ),
+]
+DataDirOption = Annotated[
+    Path,
+    typer.Option(
+        "--data-dir", "-d", help="Where the embedded ZooKeeper keeps its config, pid, log and data."
+    ),
+]
+StorageOption = Annotated[str, typer.Option("--storage", "-s", help="Storage node data address, host:port.")]
+PartitionsOption = Annotated[
+    str, typer.Option("--partition", "-p", help="Partition ids and ranges, e.g. 0-6,7,10-16.")
+]
+
+
+@contextmanager
+def _cluster(
+    config: Path | None, zookeeper: str | None, root: str | None, connect_timeout_ms: int | None
+) -> Iterator[tuple[KazooClient, ZooKeeperSettings]]:
+    settings = load_settings(config, zookeeper, root, connect_timeout_ms)
+    with connect(settings) as client:
+        yield client, settings
+
+
+# --- embedded ZooKeeper ----------------------------------------------------------------------
+
+
+@app.command("start")
+@one_line_errors
+def start(
+    port: Annotated[int, typer.Option("--port", help="Client port.")] = DEFAULT_PORT,
+    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    address: Annotated[str, typer.Option("--address", help="Address to listen on.")] = DEFAULT_ADDRESS,
+    daemon: Annotated[
+        bool, typer.Option("--daemon", help="Run in the background; return once it answers.")
+    ] = False,
+    wait_timeout_ms: Annotated[
+        int, typer.Option("--wait-timeout-ms", help="How long to wait for it to answer.")
+    ] = START_TIMEOUT_MS,
+) -> None:
+    """Start a standalone ZooKeeper from the jars bundled with pyspark (needs Java 17).
+
+    Runs in the foreground until Ctrl-C unless --daemon is given.
+
+    Example: waltz zk start --port 2181 --data-dir /tmp/zk --daemon
+    """
+    server = EmbeddedZooKeeper(data_dir, port, address)
+    pid = server.start(wait_timeout_ms)
+    where = (
+        f"ZooKeeper {server.connect_string} (pid {pid}, data dir {server.data_dir}, log {server.log_file})"
+    )
+    if daemon:
+        _say(f"started {where}")
+        return
+    _say(f"running {where}; press Ctrl-C to stop")
+
+    def interrupt(_signum: int, _frame: FrameType | None) -> NoReturn:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)  # `kill` of this process stops ZooKeeper too
+    try:
+        code = server.wait()
+        raise typer.Exit(0 if code in (0, -signal.SIGTERM, 128 + signal.SIGTERM) else 1)
+    except KeyboardInterrupt:
+        server.stop()
+        _say("stopped")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@app.command("stop")
+@one_line_errors
+def stop(data_dir: DataDirOption = DEFAULT_DATA_DIR) -> None:
+    """Stop the embedded ZooKeeper whose data directory is DATA_DIR."""
+    server = EmbeddedZooKeeper(data_dir)
+    if server.stop():
+        _say(f"stopped ZooKeeper {server.connect_string} ({server.data_dir})")
+    else:
+        _say(f"ZooKeeper is not running from {server.data_dir}")
+
+
+@app.command("status")
+@one_line_errors
+def status(data_dir: DataDirOption = DEFAULT_DATA_DIR, as_json: JsonOption = False) -> None:
+    """Show whether the embedded ZooKeeper of DATA_DIR runs; exits 3 when it does not."""
+    state = EmbeddedZooKeeper(data_dir).status()
+    if as_json:
+        print_json(state.to_json())
+    elif state.running:
+        details = ", ".join(x for x in (state.mode, state.version and f"version {state.version}") if x)
+        _say(f"running: ZooKeeper {state.connect_string} (pid {state.pid}{', ' if details else ''}{details})")
+    else:
+        _say(f"not running: no ZooKeeper from {state.data_dir}")
+    if not state.running:
+        raise typer.Exit(EXIT_NOT_RUNNING)
+
+
+# --- cluster metadata ------------------------------------------------------------------------
+
+
+@one_line_errors
+def create_cluster(
+    name: Annotated[str, typer.Option("--name", "-n", help="Name of the Waltz cluster.")],
+    partitions: Annotated[int, typer.Option("--partitions", "-p", help="Number of partitions.")],
+    zookeeper: ZooKeeperOption = None,
+    cluster_root: RootOption = None,
+    config: ConfigOption = None,
+    connect_timeout_ms: ConnectTimeoutOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Create a new Waltz cluster in ZooKeeper (the original's `ZooKeeperCli create`).
+
+    Refuses if anything exists at the cluster root. Writes the cluster parameters, id counters,
+    and store parameters with a new random cluster key.
+
+    Example: waltz create-cluster -z 127.0.0.1:2181 -r /waltz --name demo --partitions 4
+    """
+    with _cluster(config, zookeeper, cluster_root, connect_timeout_ms) as (client, settings):
+        params = create_cluster_znodes(client, settings.cluster_root, name, partitions)
+    if as_json:
+        print_json(
+            {
+                "clusterRoot": settings.cluster_root,
+                "name": name,
+                "numPartitions": partitions,
+                "key": str(params.key),
+            }
+        )
+        return
+    _say(f"created cluster {name} with {partitions} partitions at {settings.cluster_root}")
+    _say(f"cluster key: {params.key}")
+
+
+@app.command("delete")
+@one_line_errors
+def delete(
+    name: Annotated[str, typer.Option("--name", "-n", help="Name of the cluster, as a safety check.")],
+    force: Annotated[
+        bool, typer.Option("--force", "-f", help="Delete even if the names do not match.")
+    ] = False,
+    zookeeper: ZooKeeperOption = None,
+    cluster_root: RootOption = None,
+    config: ConfigOption = None,
+    connect_timeout_ms: ConnectTimeoutOption = None,
+) -> None:
+    """Delete all metadata of a cluster (recursively), if its stored name is NAME."""
+    with _cluster(config, zookeeper, cluster_root, connect_timeout_ms) as (client, settings):
+        delete_cluster(client, settings.cluster_root, name, force)
+    _say(f"deleted cluster [{name}] at {settings.cluster_root}")
+
+
+@app.command("list")
+@one_line_errors
+def list_(
+    zookeeper: ZooKeeperOption = None,
+    cluster_root: RootOption = None,
+    config: ConfigOption = None,
+    connect_timeout_ms: ConnectTimeoutOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Show the cluster's metadata: servers, assignments, store, storage nodes, replica states.
+
+    With --json, every znode under the root is printed raw (hex) and decoded.
+    """
+    with _cluster(config, zookeeper, cluster_root, connect_timeout_ms) as (client, settings):
+        if as_json:
+            records = dump_znodes(client, settings.cluster_root)
+        else:
+            snapshot = read_snapshot(client, settings.cluster_root)
+    if as_json:
+        print_json({"clusterRoot": settings.cluster_root, "znodes": [r.to_json() for r in records]})
+    else:
+        _render_snapshot(snapshot)
+
+
+@app.command("show-cluster-key")
+@one_line_errors
+def show_cluster_key(
+    zookeeper: ZooKeeperOption = None,
+    cluster_root: RootOption = None,
+    config: ConfigOption = None,
+    connect_timeout_ms: ConnectTimeoutOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Print the cluster key (the UUID every storage file of this cluster carries)."""
+    with _cluster(config, zookeeper, cluster_root, connect_timeout_ms) as (client, settings):
+        params = store_metadata.read_store_params(client, settings.cluster_root)
+    if as_json:
+        print_json({"key": str(params.key), "numPartitions": params.num_partitions})
+    else:
+        _say(str(params.key))
+
+
+@app.command("add-storage-node")
+@one_line_errors
+def add_storage_node(
+    storage: StorageOption,
+    storage_admin_port: Annotated[
+        int, typer.Option("--storage-admin-port", "-a", help="Admin port of the storage node.")
+    ],
+    group: Annotated[int, typer.Option("--group", "-g", help="Storage group to add it to.")],
+    zookeeper: ZooKeeperOption = None,
+    cluster_root: RootOption = None,
+    config: ConfigOption = None,
+    connect_timeout_ms: ConnectTimeoutOption = None,
+) -> None:
+    """Add a storage node to a group (with no partitions yet).
+
+    Example: waltz zk add-storage-node -c tools.yml -s localhost:57280 -a 57281 -g 0
+    """
+    with _cluster(config, zookeeper, cluster_root, connect_timeout_ms) as (client, settings):
+        store_metadata.add_storage_node(client, settings.cluster_root, storage, group, storage_admin_port)
+    _say(f"added storage node {storage} (admin port {storage_admin_port}) to group {group}")
+
+
+@app.command("remove-storage-node")
+@one_line_errors
+def remove_storage_node(
+    storage: StorageOption,
+    zookeeper: ZooKeeperOption = None,
+    cluster_root: RootOption = None,
+    config: ConfigOption = None,
+    connect_timeout_ms: ConnectTimeoutOption = None,
+) -> None:
+    """Remove a storage node from the cluster (it must hold no partitions)."""
+    with _cluster(config, zookeeper, cluster_root, connect_timeout_ms) as (client, settings):
+        store_metadata.remove_storage_node(client, settings.cluster_root, storage)
+    _say(f"removed storage node {storage}")
+
+
+@app.command("assign-partition")
+@one_line_errors
+def assign_partition(
+    storage: StorageOption,
+    partition: PartitionsOption,
+    zookeeper: ZooKeeperOption = None,
+    cluster_root: RootOption = None,
+    config: ConfigOption = None,
+    connect_timeout_ms: ConnectTimeoutOption = None,
+) -> None:
+    """Assign partitions to a storage node.
+
+    Example: waltz zk assign-partition -c tools.yml -s localhost:57280 -p 0-3
+    """
+    partitions = parse_partition_ranges(partition)
+    with _cluster(config, zookeeper, cluster_root, connect_timeout_ms) as (client, settings):
+        store_metadata.assign_partitions(client, settings.cluster_root, storage, partitions)
+    _say(f"assigned partitions {format_partition_ranges(partitions)} to {storage}")
+
+
+@app.command("unassign-partition")
+@one_line_errors
+def unassign_partition(
+    storage: StorageOption,
+    partition: PartitionsOption,
+    zookeeper: ZooKeeperOption = None,
+    cluster_root: RootOption = None,
+    config: ConfigOption = None,
+    connect_timeout_ms: ConnectTimeoutOption = None,
+) -> None:
+    """Un-assign partitions from a storage node (its group must keep another copy of each)."""
+    partitions = parse_partition_ranges(partition)
+    with _cluster(config, zookeeper, cluster_root, connect_timeout_ms) as (client, settings):
+        store_metadata.unassign_partitions(client, settings.cluster_root, storage, partitions)
+    _say(f"un-assigned partitions {format_partition_ranges(partitions)} from {storage}")
+
+
+@app.command("auto-assign")
+@one_line_errors
+def auto_assign(
+    group: Annotated[
+        int, typer.Option("--group", "-g", help="Storage group whose nodes get the partitions.")
+    ],
+    zookeeper: ZooKeeperOption = None,
+    cluster_root: RootOption = None,
+    config: ConfigOption = None,
+    connect_timeout_ms: ConnectTimeoutOption = None,
+) -> None:
+    """Spread all partitions round-robin over the storage nodes of a group (none may hold any yet)."""
+    with _cluster(config, zookeeper, cluster_root, connect_timeout_ms) as (client, settings):
+        store_metadata.auto_assign(client, settings.cluster_root, group)
+        assignments = store_metadata.read_replica_assignments(client, settings.cluster_root)
+        groups = store_metadata.read_group_descriptor(client, settings.cluster_root).as_dict()
+    for storage, partitions in sorted(assignments.replicas):
+        if groups.get(storage) == group:
+            _say(f"{storage}: {format_partition_ranges(partitions) or 'no partitions'}")
+
+
+# --- rendering -------------------------------------------------------------------------------
+
+
+def _render_snapshot(snapshot: ClusterSnapshot) -> None:
+    _say(f"cluster {snapshot.cluster.name} at {snapshot.root}: {snapshot.cluster.num_partitions} partitions")
+
+    servers = Table(title="servers", title_justify="left")
+    for column in ("server", "endpoint", "preferred partitions"):
+        servers.add_column(column)
+    for server in snapshot.servers:
+        preferred = format_partition_ranges(server.preferred_partitions) or "any"
+        _row(servers, str(server.server_id), server.endpoint, preferred)
+    _print_table(servers, "no servers registered")
+
+    assignment = snapshot.assignment
+    title = "partition assignment"
+    if assignment is not None:
+        title += (
+            f" (cversion {assignment.cversion}, {assignment.num_endpoints} endpoints, "
+            f"{assignment.num_partitions} partitions)"
+        )
+    owners = Table(title=title, title_justify="left")
+    for column in ("server", "partition", "generation"):
+        owners.add_column(column, justify="right")
+    rows = sorted(
+        (server.server_id, info.partition_id, info.generation)
+        for server in (assignment.servers if assignment is not None else ())
+        for info in server.partitions
+    )
+    for row in rows:
+        _row(owners, *(str(value) for value in row))
+    _print_table(owners, "no partitions assigned to servers" if assignment is not None else "not found")
+
+    store = snapshot.store
+    if store is None:
+        _say("store parameters: not found")
+    else:
+        _say(f"store: key {store.key}, {store.num_partitions} partitions")
+
+    groups = snapshot.groups.as_dict() if snapshot.groups is not None else {}
+    replicas = snapshot.replicas.as_dict() if snapshot.replicas is not None else {}
+    ports = snapshot.connections.as_dict() if snapshot.connections is not None else {}
+    nodes = Table(title="storage nodes", title_justify="left")
+    for column in ("storage", "group", "admin port", "partitions"):
+        nodes.add_column(column)
+    for storage in sorted(set(groups) | set(replicas) | set(ports)):
+        partitions = replicas.get(storage)
+        _row(
+            nodes,
+            storage,
+            str(groups.get(storage, MISSING)),
+            str(ports.get(storage, MISSING)),
+            MISSING if partitions is None else format_partition_ranges(partitions) or "none",
+        )
+    _print_table(nodes, "no storage nodes")
+
+    states = Table(title="replica states", title_justify="left")
+    for column in ("partition", "generation", "session", "replica", "replica session", "closing HWM"):
+        states.add_column(column)
+    for partition_id, metadata in snapshot.partitions:
+        if metadata is None:
+            _row(states, str(partition_id), MISSING, MISSING, "no znode", MISSING, MISSING)
+            continue
+        ordered = sorted(metadata.replica_states, key=lambda s: s.replica_id.storage)
+        if not ordered:
+            _row(
+                states, str(partition_id), str(metadata.generation), str(metadata.session_id), "none", "", ""
+            )
+        for state in ordered:
+            _row(
+                states,
+                str(partition_id),
+                str(metadata.generation),
+                str(metadata.session_id),
+                state.replica_id.storage,
+                str(state.session_id),
+                "UNRESOLVED" if state.is_unresolved else str(state.closing_high_water_mark),
+            )
+    _print_table(states, "no partitions")
+
+
+def _print_table(table: Table, empty_message: str) -> None:
+    if table.row_count:
+        console.print(table)
+    else:
+        _say(f"{table.title}: {empty_message}")
+
+
+def _say(message: str) -> None:
+    """One message, one line: never wrapped, and names from ZooKeeper are never read as markup."""
+    console.print(message, soft_wrap=True, markup=False)
+
+
+def _row(table: Table, *values: str) -> None:
+    table.add_row(*(Text(value) for value in values))

@@ -1,0 +1,80 @@
+"""`waltz zk start --daemon / status / stop` with real ZooKeeper processes in a tmp dir."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+from conftest import free_tcp_port
+from typer.testing import CliRunner, Result
+
+from waltz_cli.main import app
+from waltz_engine.zk.server import EmbeddedZooKeeper, four_letter_word
+
+runner = CliRunner()
+EXIT_NOT_RUNNING = 3
+
+
+def _start_daemon(port: int, data_dir: Path) -> Result:
+    return runner.invoke(app, ["zk", "start", "--port", str(port), "--data-dir", str(data_dir), "--daemon"])
+
+
+def test_daemon_start_status_stop_round_trip(tmp_path: Path) -> None:
+    port = free_tcp_port()
+    data_dir = tmp_path / "zk"
+    try:
+        started = _start_daemon(port, data_dir)
+        assert started.exit_code == 0, started.output
+        assert four_letter_word("127.0.0.1", port, "ruok") == "imok"
+        assert (data_dir / "zoo.cfg").is_file() and (data_dir / "zookeeper.log").is_file()
+
+        status = runner.invoke(app, ["zk", "status", "--data-dir", str(data_dir), "--json"])
+        assert status.exit_code == 0, status.output
+        state = json.loads(status.stdout)
+        assert state["running"] and state["mode"] == "standalone"
+        assert state["connectString"] == f"127.0.0.1:{port}"
+        assert state["pid"] == int((data_dir / "zookeeper.pid").read_text())
+
+        again = _start_daemon(port, data_dir)
+        assert again.exit_code == 1
+        assert "already running" in again.stderr and "Traceback" not in again.output
+
+        stopped = runner.invoke(app, ["zk", "stop", "--data-dir", str(data_dir)])
+        assert stopped.exit_code == 0 and "stopped" in stopped.stdout
+        assert four_letter_word("127.0.0.1", port, "ruok") is None
+        assert not (data_dir / "zookeeper.pid").exists()
+
+        after = runner.invoke(app, ["zk", "status", "--data-dir", str(data_dir)])
+        assert after.exit_code == EXIT_NOT_RUNNING and "not running" in after.stdout
+        assert "not running" in runner.invoke(app, ["zk", "stop", "--data-dir", str(data_dir)]).stdout
+    finally:
+        EmbeddedZooKeeper(data_dir).stop()
+
+
+def test_start_on_a_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = _start_daemon(port, tmp_path)
+    assert result.exit_code == 1
+    assert result.stderr.strip() == f"error: port {port} on 127.0.0.1 is already in use"
+    assert not EmbeddedZooKeeper(tmp_path).is_running()
+
+
+def test_missing_java_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    result = _start_daemon(free_tcp_port(), tmp_path / "zk")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: java not found: install Java 17")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_stale_pid_file_is_not_mistaken_for_a_server(tmp_path: Path) -> None:
+    server = EmbeddedZooKeeper(tmp_path, free_tcp_port())
+    server.pid_file.write_text("999999999\n")
+    assert not server.is_running()
+    assert not server.pid_file.exists()

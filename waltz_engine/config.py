@@ -1,0 +1,184 @@
+"""YAML configuration shared by every process (reference §0.3).
+
+Keys are dot-delimited and any nesting is equivalent: ``a.b.c: v`` ≡ ``a: {b: {c: v}}`` ≡
+``a.b: {c: v}``. Values may be written as strings and are parsed per key by the typed getters.
+Unknown keys are ignored, as in the original, but :meth:`Config.warn_unknown_keys` lets a
+process point them out. A missing required key is a one-line :class:`ConfigError` naming the
+key and the file.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from waltz_engine.errors import WaltzError
+
+INT32_MIN = -(1 << 31)
+INT32_MAX = (1 << 31) - 1
+INT64_MIN = -(1 << 63)
+INT64_MAX = (1 << 63) - 1
+
+T = TypeVar("T")
+
+
+class ConfigError(WaltzError):
+    """A configuration file cannot be read, or a key is missing or has a bad value."""
+
+
+def flatten(tree: Mapping[Any, Any], source: str, prefix: str = "") -> dict[str, Any]:
+    """Nested mappings → one level of dotted keys; the same key spelled twice is an error."""
+    flat: dict[str, Any] = {}
+    for raw_key, value in tree.items():
+        key = f"{prefix}{raw_key}"
+        nested = flatten(value, source, f"{key}.") if isinstance(value, Mapping) else {key: value}
+        for nested_key, nested_value in nested.items():
+            if nested_key in flat:
+                raise ConfigError(f"{source}: key '{nested_key}' is given more than once")
+            flat[nested_key] = nested_value
+    return flat
+
+
+def _parse_int(value: Any, low: int, high: int) -> int:
+    if isinstance(value, bool):
+        raise ValueError("a boolean is not a number")
+    number = value if isinstance(value, int) else int(str(value).strip(), 10)
+    if not low <= number <= high:
+        raise ValueError(f"{number} is out of range [{low}, {high}]")
+    return number
+
+
+def _parse_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text not in ("true", "false"):
+        raise ValueError("expected true or false")
+    return text == "true"
+
+
+def _parse_str(value: Any) -> str:
+    if isinstance(value, (Mapping, list)):
+        raise ValueError("expected a single value")
+    return str(value)
+
+
+class Config:
+    """A flat, read-only view of one YAML configuration."""
+
+    def __init__(self, values: Mapping[Any, Any], source: str = "<config>") -> None:
+        self.source = source
+        # A key with no value (`key:`) is treated as absent, like an unset key.
+        self._values = {k: v for k, v in flatten(values, source).items() if v is not None}
+
+    @classmethod
+    def from_yaml(cls, text: str, source: str = "<config>") -> Config:
+        try:
+            tree = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            where = getattr(e, "problem_mark", None)
+            line = f" (line {where.line + 1})" if where is not None else ""
+            raise ConfigError(f"{source}: not valid YAML{line}") from None
+        if tree is None:
+            tree = {}
+        if not isinstance(tree, Mapping):
+            raise ConfigError(f"{source}: expected a mapping of keys to values at the top level")
+        return cls(tree, source)
+
+    @classmethod
+    def load(cls, path: Path | str) -> Config:
+        file = Path(path)
+        try:
+            text = file.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"{file}: config file not found") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{file}: cannot read config file ({e})") from None
+        return cls.from_yaml(text, str(file))
+
+    def keys(self) -> list[str]:
+        return sorted(self._values)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._values
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self._values)
+
+    def _typed(self, key: str, parse: Callable[[Any], T], what: str) -> T | None:
+        if key not in self._values:
+            return None
+        try:
+            return parse(self._values[key])
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"{self.source}: key '{key}' must be {what} ({e})") from None
+
+    def _required(self, key: str, value: T | None) -> T:
+        if value is None:
+            raise ConfigError(f"{self.source}: missing required key '{key}'")
+        return value
+
+    def optional_str(self, key: str) -> str | None:
+        return self._typed(key, _parse_str, "a string")
+
+    def optional_int(self, key: str) -> int | None:
+        return self._typed(key, lambda v: _parse_int(v, INT32_MIN, INT32_MAX), "a 32-bit integer")
+
+    def optional_long(self, key: str) -> int | None:
+        return self._typed(key, lambda v: _parse_int(v, INT64_MIN, INT64_MAX), "a 64-bit integer")
+
+    def optional_bool(self, key: str) -> bool | None:
+        return self._typed(key, _parse_bool, "true or false")
+
+    def optional_uuid(self, key: str) -> uuid.UUID | None:
+        return self._typed(key, lambda v: uuid.UUID(str(v).strip()), "a UUID")
+
+    def require_str(self, key: str) -> str:
+        return self._required(key, self.optional_str(key))
+
+    def require_int(self, key: str) -> int:
+        return self._required(key, self.optional_int(key))
+
+    def require_long(self, key: str) -> int:
+        return self._required(key, self.optional_long(key))
+
+    def require_bool(self, key: str) -> bool:
+        return self._required(key, self.optional_bool(key))
+
+    def require_uuid(self, key: str) -> uuid.UUID:
+        return self._required(key, self.optional_uuid(key))
+
+    def get_str(self, key: str, default: str) -> str:
+        value = self.optional_str(key)
+        return default if value is None else value
+
+    def get_int(self, key: str, default: int) -> int:
+        value = self.optional_int(key)
+        return default if value is None else value
+
+    def get_long(self, key: str, default: int) -> int:
+        value = self.optional_long(key)
+        return default if value is None else value
+
+    def get_bool(self, key: str, default: bool) -> bool:
+        value = self.optional_bool(key)
+        return default if value is None else value
+
+    def unknown_keys(self, known: Iterable[str], known_prefixes: Iterable[str] = ()) -> list[str]:
+        """Keys that are neither in ``known`` nor under one of ``known_prefixes`` (e.g. ``server.ssl.``)."""
+        known_set = set(known)
+        prefixes = tuple(known_prefixes)
+        return [k for k in self.keys() if k not in known_set and not k.startswith(prefixes)]
+
+    def warn_unknown_keys(
+        self, known: Iterable[str], warn: Callable[[str], None], known_prefixes: Iterable[str] = ()
+    ) -> list[str]:
+        """Call ``warn`` with one line per unknown key (they are still ignored) and return them."""
+        unknown = self.unknown_keys(known, known_prefixes)
+        for key in unknown:
+            warn(f"{self.source}: unknown config key '{key}' (ignored)")
+        return unknown

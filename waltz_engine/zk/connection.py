@@ -1,0 +1,140 @@
+"""Which ZooKeeper and cluster root to use, and a bounded connection to it.
+
+Settings come from command-line values or a YAML file with the original's keys
+(``zookeeper.connectString``, ``zookeeper.sessionTimeout``, ``zookeeper.connectTimeout``,
+``cluster.root`` — reference §4.0), so an external ensemble works the same way as the
+embedded one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import NamedTuple
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import KazooException
+from kazoo.handlers.threading import KazooTimeoutError
+
+from waltz_engine.config import Config
+from waltz_engine.errors import WaltzError
+from waltz_engine.zk.paths import normalize_root
+
+KEY_CONNECT_STRING = "zookeeper.connectString"
+KEY_SESSION_TIMEOUT = "zookeeper.sessionTimeout"
+KEY_CONNECT_TIMEOUT = "zookeeper.connectTimeout"
+KEY_CLUSTER_ROOT = "cluster.root"
+KNOWN_KEYS = (KEY_CONNECT_STRING, KEY_SESSION_TIMEOUT, KEY_CONNECT_TIMEOUT, KEY_CLUSTER_ROOT)
+
+DEFAULT_SESSION_TIMEOUT_MS = 30_000  # the original tools' default (TL/CliConfig.java)
+DEFAULT_CONNECT_TIMEOUT_MS = 10_000
+MIN_TIMEOUT_MS = 1
+
+# kazoo reports every failed connection attempt through logging; without a handler Python's
+# last-resort handler would print them on stderr, breaking the one-line error contract.
+_KAZOO_LOGGER = logging.getLogger("waltz_engine.zk.kazoo")
+_KAZOO_LOGGER.addHandler(logging.NullHandler())
+
+
+class ZooKeeperError(WaltzError):
+    """ZooKeeper is unreachable, or refused or lost an operation."""
+
+
+class ZooKeeperSettings(NamedTuple):
+    connect_string: str
+    cluster_root: str
+    session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS
+    connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS
+
+    @classmethod
+    def from_config(cls, config: Config) -> ZooKeeperSettings:
+        return cls.resolve(config=config)
+
+    @classmethod
+    def resolve(
+        cls,
+        *,
+        zookeeper: str | None = None,
+        cluster_root: str | None = None,
+        config: Config | None = None,
+        session_timeout_ms: int | None = None,
+        connect_timeout_ms: int | None = None,
+    ) -> ZooKeeperSettings:
+        """Explicit values win over the config file; both connect string and root are required."""
+        from_file = config if config is not None else Config({}, "<none>")
+        connect_string = zookeeper or from_file.optional_str(KEY_CONNECT_STRING)
+        root = cluster_root or from_file.optional_str(KEY_CLUSTER_ROOT)
+        if not connect_string:
+            raise ZooKeeperError(_missing("--zookeeper HOST:PORT[,...]", KEY_CONNECT_STRING, config))
+        if not root:
+            raise ZooKeeperError(_missing("--cluster-root /PATH", KEY_CLUSTER_ROOT, config))
+        session = session_timeout_ms or from_file.get_int(KEY_SESSION_TIMEOUT, DEFAULT_SESSION_TIMEOUT_MS)
+        connect = connect_timeout_ms or from_file.get_int(KEY_CONNECT_TIMEOUT, DEFAULT_CONNECT_TIMEOUT_MS)
+        if session < MIN_TIMEOUT_MS or connect < MIN_TIMEOUT_MS:
+            raise ZooKeeperError("ZooKeeper session and connect timeouts must be positive")
+        return cls(_check_connect_string(connect_string), normalize_root(root), session, connect)
+
+
+def _missing(flag: str, key: str, config: Config | None) -> str:
+    where = f" (not in {config.source})" if config is not None else ""
+    return f"no {key} given: pass {flag} or --config FILE with '{key}'{where}"
+
+
+def _check_connect_string(connect_string: str) -> str:
+    hosts, _, _chroot = connect_string.partition("/")
+    for host in hosts.split(","):
+        name, _, port = host.strip().rpartition(":")
+        if not name or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ZooKeeperError(
+                f"ZooKeeper connect string must be HOST:PORT[,HOST:PORT...], got '{connect_string}'"
+            )
+    return connect_string
+
+
+def load_settings(
+    config_path: Path | None,
+    zookeeper: str | None,
+    cluster_root: str | None,
+    connect_timeout_ms: int | None = None,
+) -> ZooKeeperSettings:
+    config = Config.load(config_path) if config_path is not None else None
+    return ZooKeeperSettings.resolve(
+        zookeeper=zookeeper, cluster_root=cluster_root, config=config, connect_timeout_ms=connect_timeout_ms
+    )
+
+
+@contextmanager
+def connect(settings: ZooKeeperSettings) -> Iterator[KazooClient]:
+    """A started kazoo client; waits at most ``connect_timeout_ms`` and always closes it.
+
+    Any kazoo failure escaping the block (lost connection, expired session, refused call that
+    the caller did not handle) becomes a one-line :class:`ZooKeeperError`.
+    """
+    client = KazooClient(
+        hosts=settings.connect_string,
+        timeout=settings.session_timeout_ms / 1000,
+        logger=_KAZOO_LOGGER,
+    )
+    try:
+        client.start(timeout=settings.connect_timeout_ms / 1000)
+    except KazooTimeoutError:
+        raise ZooKeeperError(
+            f"cannot connect to ZooKeeper at {settings.connect_string} "
+            f"(no answer within {settings.connect_timeout_ms} ms)"
+        ) from None
+    try:
+        yield client
+    except KazooException as e:
+        raise ZooKeeperError(f"ZooKeeper at {settings.connect_string}: {describe(e)}") from None
+    finally:
+        client.stop()
+        client.close()
+
+
+def describe(error: KazooException) -> str:
+    """kazoo's exceptions often have no message; their class name says what happened."""
+    detail = str(error).strip()
+    name = type(error).__name__
+    return f"{name} ({detail})" if detail and detail != "()" else name

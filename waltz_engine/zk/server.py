@@ -1,0 +1,338 @@
+"""An embedded, standalone ZooKeeper run from the jars that ship inside pyspark (no extra install).
+
+Everything about one instance lives in its data directory: ``zoo.cfg`` (so ``stop``/``status``
+only need the directory), ``zookeeper.pid``, ``zookeeper.log`` and ZooKeeper's own snapshots.
+Readiness and status use the ``ruok``/``srvr`` four-letter words on the client port.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from waltz_engine.errors import WaltzError
+
+ZOOKEEPER_MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
+DEFAULT_PORT = 2181
+DEFAULT_ADDRESS = "127.0.0.1"
+TICK_TIME_MS = 2000
+JVM_MAX_HEAP = "512m"
+START_TIMEOUT_MS = 30_000
+STOP_TIMEOUT_MS = 10_000
+PROBE_TIMEOUT_MS = 1_000
+POLL_INTERVAL_MS = 100
+PROBE_REPLY_MAX_SIZE_BYTES = 4096
+
+CONFIG_FILE_NAME = "zoo.cfg"
+PID_FILE_NAME = "zookeeper.pid"
+LOG_FILE_NAME = "zookeeper.log"
+LOG4J_FILE_NAME = "log4j2.properties"
+
+_LOG4J_CONFIG = """\
+status = error
+appender.console.type = Console
+appender.console.name = console
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{ISO8601} %-5p [%t] %c{1} - %m%n
+rootLogger.level = info
+rootLogger.appenderRef.console.ref = console
+"""
+
+# Processes started by this Python process, so that stopping one also reaps it (a zombie
+# would otherwise still look alive) and dropping the handle does not warn.
+_STARTED: dict[int, subprocess.Popen[bytes]] = {}
+
+
+class EmbeddedZooKeeperError(WaltzError):
+    """The embedded ZooKeeper cannot be started, stopped or inspected."""
+
+
+def find_java() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and (Path(java_home) / "bin" / "java").is_file():
+        return str(Path(java_home) / "bin" / "java")
+    found = shutil.which("java")
+    if found is None:
+        raise EmbeddedZooKeeperError(
+            "java not found: install Java 17 (e.g. `apt-get install openjdk-17-jre-headless`) "
+            "or set JAVA_HOME"
+        )
+    return found
+
+
+def zookeeper_classpath() -> str:
+    """``<pyspark>/jars/*``: pyspark bundles the ZooKeeper server and everything it needs."""
+    try:
+        import pyspark
+    except ImportError:
+        raise EmbeddedZooKeeperError("pyspark is not installed; it provides the ZooKeeper jars") from None
+    jars = Path(pyspark.__file__).resolve().parent / "jars"
+    if not any(jars.glob("zookeeper-*.jar")):
+        raise EmbeddedZooKeeperError(f"no zookeeper-*.jar in {jars}; reinstall pyspark")
+    return f"{jars}/*"
+
+
+class ServerStatus(NamedTuple):
+    running: bool
+    pid: int | None
+    address: str
+    port: int
+    data_dir: str
+    version: str | None  # from `srvr`, when the server answers
+    mode: str | None
+
+    @property
+    def connect_string(self) -> str:
+        return f"{self.address}:{self.port}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "running": self.running,
+            "pid": self.pid,
+            "connectString": self.connect_string,
+            "dataDir": self.data_dir,
+            "version": self.version,
+            "mode": self.mode,
+        }
+
+
+def four_letter_word(address: str, port: int, word: str, timeout_ms: int = PROBE_TIMEOUT_MS) -> str | None:
+    """The server's reply to a four-letter command, or None when nothing answers."""
+    assert len(word) == 4
+    try:
+        with socket.create_connection((address, port), timeout=timeout_ms / 1000) as sock:
+            sock.sendall(word.encode("ascii"))
+            reply = b""
+            while len(reply) < PROBE_REPLY_MAX_SIZE_BYTES:
+                chunk = sock.recv(PROBE_REPLY_MAX_SIZE_BYTES)
+                if not chunk:
+                    break
+                reply += chunk
+    except OSError:
+        return None
+    return reply.decode("utf-8", "replace")
+
+
+def _port_is_free(address: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # ZooKeeper binds with SO_REUSEADDR too, so a port in TIME_WAIT counts as free.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((address, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return False
+            raise EmbeddedZooKeeperError(f"cannot bind {address}:{port}: {e.strerror}") from None
+    return True
+
+
+def _process_alive(pid: int) -> bool:
+    child = _STARTED.get(pid)
+    if child is not None:
+        return child.poll() is None
+    proc = Path(f"/proc/{pid}")
+    if proc.parent.is_dir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return False
+        # Guard against a recycled pid, and treat a zombie as gone.
+        return ZOOKEEPER_MAIN_CLASS.encode() in cmdline and state != "Z"
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class EmbeddedZooKeeper:
+    """One standalone ZooKeeper bound to ``address:port`` with its state in ``data_dir``.
+
+    ``port=None`` takes the port from an existing ``zoo.cfg`` in ``data_dir`` (what ``stop`` and
+    ``status`` need), else :data:`DEFAULT_PORT`.
+    """
+
+    def __init__(self, data_dir: Path | str, port: int | None = None, address: str = DEFAULT_ADDRESS) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        configured = self._configured_port()
+        self.port = port if port is not None else (configured if configured is not None else DEFAULT_PORT)
+        if not 0 < self.port < 65536:
+            raise EmbeddedZooKeeperError(f"port must be in 1..65535, got {self.port}")
+        self.address = address
+
+    @property
+    def connect_string(self) -> str:
+        return f"{self.address}:{self.port}"
+
+    @property
+    def config_file(self) -> Path:
+        return self.data_dir / CONFIG_FILE_NAME
+
+    @property
+    def pid_file(self) -> Path:
+        return self.data_dir / PID_FILE_NAME
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / LOG_FILE_NAME
+
+    def _configured_port(self) -> int | None:
+        try:
+            lines = self.config_file.read_text(encoding="utf-8").splitlines()
+        except OSError:
+            return None
+        for line in lines:
+            key, _, value = line.partition("=")
+            if key.strip() == "clientPort" and value.strip().isdigit():
+                return int(value.strip())
+        return None
+
+    def pid(self) -> int | None:
+        """The pid of the running server, or None (a stale pid file is removed)."""
+        try:
+            text = self.pid_file.read_text(encoding="ascii").strip()
+        except OSError:
+            return None
+        if text.isdigit() and _process_alive(int(text)):
+            return int(text)
+        self.pid_file.unlink(missing_ok=True)
+        return None
+
+    def is_running(self) -> bool:
+        return self.pid() is not None
+
+    def is_serving(self) -> bool:
+        return four_letter_word(self.address, self.port, "ruok") == "imok"
+
+    def status(self) -> ServerStatus:
+        pid = self.pid()
+        version = mode = None
+        reply = four_letter_word(self.address, self.port, "srvr") if pid is not None else None
+        for line in (reply or "").splitlines():
+            key, _, value = line.partition(":")
+            if key == "Zookeeper version":
+                version = value.strip().split(",")[0]
+            elif key == "Mode":
+                mode = value.strip()
+        return ServerStatus(pid is not None, pid, self.address, self.port, str(self.data_dir), version, mode)
+
+    def _write_config(self) -> None:
+        self.config_file.write_text(
+            "\n".join(
+                (
+                    f"tickTime={TICK_TIME_MS}",
+                    f"dataDir={self.data_dir}",
+                    f"clientPort={self.port}",
+                    f"clientPortAddress={self.address}",
+                    # Every Waltz process of a local cluster connects from the same address.
+                    "maxClientCnxns=0",
+                    "admin.enableServer=false",
+                    "4lw.commands.whitelist=ruok,srvr",
+                    "",
+                )
+            ),
+            encoding="utf-8",
+        )
+        (self.data_dir / LOG4J_FILE_NAME).write_text(_LOG4J_CONFIG, encoding="utf-8")
+
+    def start(self, wait_timeout_ms: int = START_TIMEOUT_MS) -> int:
+        """Launch the server detached (own session) and return its pid once it answers ``ruok``."""
+        assert wait_timeout_ms > 0
+        running = self.pid()
+        if running is not None:
+            raise EmbeddedZooKeeperError(
+                f"ZooKeeper is already running from {self.data_dir} (pid {running}, port {self.port})"
+            )
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if not _port_is_free(self.address, self.port):
+            raise EmbeddedZooKeeperError(f"port {self.port} on {self.address} is already in use")
+        command = [
+            find_java(),
+            f"-Xmx{JVM_MAX_HEAP}",
+            f"-Dlog4j2.configurationFile={self.data_dir / LOG4J_FILE_NAME}",
+            "-cp",
+            zookeeper_classpath(),
+            ZOOKEEPER_MAIN_CLASS,
+            str(self.config_file),
+        ]
+        self._write_config()
+        with self.log_file.open("ab") as log:
+            process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.data_dir,
+                start_new_session=True,  # Ctrl-C in our terminal must not reach it directly
+            )
+        _STARTED[process.pid] = process
+        self.pid_file.write_text(f"{process.pid}\n", encoding="ascii")
+        self._await_ready(process, wait_timeout_ms)
+        return process.pid
+
+    def _await_ready(self, process: subprocess.Popen[bytes], wait_timeout_ms: int) -> None:
+        deadline = time.monotonic() + wait_timeout_ms / 1000
+        while not self.is_serving():
+            if process.poll() is not None:
+                self.pid_file.unlink(missing_ok=True)
+                raise EmbeddedZooKeeperError(
+                    f"ZooKeeper exited during startup (exit code {process.returncode}); {self._last_error()}"
+                )
+            if time.monotonic() > deadline:
+                self.stop()
+                raise EmbeddedZooKeeperError(
+                    f"ZooKeeper did not answer on {self.connect_string} within {wait_timeout_ms} ms; "
+                    f"see {self.log_file}"
+                )
+            time.sleep(POLL_INTERVAL_MS / 1000)
+
+    def _last_error(self) -> str:
+        try:
+            lines = self.log_file.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            return f"see {self.log_file}"
+        errors = [line for line in lines if " ERROR " in line or "Exception" in line]
+        return f"{errors[0].strip()} (see {self.log_file})" if errors else f"see {self.log_file}"
+
+    def wait(self) -> int:
+        """Block until a server started by this process exits; returns its exit code."""
+        pid = self.pid()
+        if pid is None or pid not in _STARTED:
+            raise EmbeddedZooKeeperError(f"no ZooKeeper started by this process runs from {self.data_dir}")
+        code = _STARTED[pid].wait()
+        self._forget(pid)
+        return code
+
+    def stop(self, timeout_ms: int = STOP_TIMEOUT_MS) -> bool:
+        """SIGTERM, then SIGKILL after ``timeout_ms``; False when nothing was running."""
+        pid = self.pid()
+        if pid is None:
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_ms / 1000
+        while _process_alive(pid) and time.monotonic() < deadline:
+            time.sleep(POLL_INTERVAL_MS / 1000)
+        if _process_alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        child = _STARTED.get(pid)
+        if child is not None:
+            child.wait(timeout=timeout_ms / 1000)
+        self._forget(pid)
+        return True
+
+    def _forget(self, pid: int) -> None:
+        _STARTED.pop(pid, None)
+        self.pid_file.unlink(missing_ok=True)
