@@ -1,0 +1,103 @@
+"""Framed TLS connections over real loopback sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+
+from waltz_engine.net import ConnectionClosedError, FramedConnection, connect, serve
+from waltz_engine.tls import TlsConfig, client_context, server_context
+from waltz_engine.wire.client_messages import CLIENT_CODECS
+from waltz_engine.wire.errors import HandshakeFailedError
+from waltz_engine.wire.hello import HELLO_CODEC, Hello
+from waltz_engine.wire.storage_messages import STORAGE_CODEC, StorageOpenRequest
+
+STORAGE = {0: STORAGE_CODEC}
+
+
+async def _echo_server(received: list[Any], closed: asyncio.Event) -> tuple[asyncio.Server, int]:
+    async def handler(conn: FramedConnection) -> None:
+        try:
+            while (msg := await conn.receive()) is not None:
+                received.append(msg)
+                await conn.send(msg)
+        finally:
+            closed.set()
+
+    server = await serve(
+        "127.0.0.1", 0, server_context(TlsConfig()), STORAGE, "Waltz Storage Server", handler, "test"
+    )
+    return server, server.sockets[0].getsockname()[1]
+
+
+def test_handshake_and_round_trip() -> None:
+    async def go() -> None:
+        received: list[Any] = []
+        server, port = await _echo_server(received, asyncio.Event())
+        try:
+            conn = await connect(
+                "127.0.0.1", port, client_context(TlsConfig()), STORAGE, "Waltz Storage Client"
+            )
+            assert conn.peer_hello.message == "Waltz Storage Server" and conn.version == 0
+            msg = StorageOpenRequest(-1, -1, -1, uuid.UUID(int=7), 4)
+            await conn.send(msg)
+            assert await conn.receive() == msg
+            await conn.close()
+        finally:
+            server.close()
+            await server.wait_closed()
+        assert received == [msg]
+
+    asyncio.run(go())
+
+
+def test_no_common_version_fails_the_handshake_and_the_server_keeps_serving() -> None:
+    async def go() -> None:
+        server, port = await _echo_server([], asyncio.Event())
+        try:
+            with pytest.raises(HandshakeFailedError):
+                await connect("127.0.0.1", port, client_context(TlsConfig()), {4: CLIENT_CODECS[4]}, "x")
+            conn = await connect("127.0.0.1", port, client_context(TlsConfig()), STORAGE, "ok")
+            await conn.close()
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(go())
+
+
+def test_second_hello_and_garbage_close_only_that_connection() -> None:
+    async def go() -> None:
+        closed = asyncio.Event()
+        server, port = await _echo_server([], closed)
+        try:
+            conn = await connect("127.0.0.1", port, client_context(TlsConfig()), STORAGE, "x")
+            conn.send_frame(HELLO_CODEC.encode_frame(Hello((0,), "again")))
+            await conn.drain()
+            assert await asyncio.wait_for(conn.receive(), 5) is None  # server closed it
+            await asyncio.wait_for(closed.wait(), 5)
+            # Raw garbage instead of a TLS handshake, then a healthy client.
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"\x00garbage" * 100)
+            await writer.drain()
+            writer.close()
+            good = await connect("127.0.0.1", port, client_context(TlsConfig()), STORAGE, "y")
+            await good.close()
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(go())
+
+
+def test_connect_to_a_closed_port_is_a_clear_error() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ConnectionClosedError, match=f"cannot connect to 127.0.0.1:{port}"):
+        asyncio.run(connect("127.0.0.1", port, client_context(TlsConfig()), STORAGE, "x", timeout_ms=2000))

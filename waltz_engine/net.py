@@ -1,0 +1,194 @@
+"""Framed TLS connections with the Hello handshake: what every Waltz port speaks (reference §0.1).
+
+Both sides send a Hello (their codec versions and a text) on connect and switch to the
+highest version they share; a second Hello, a wrong magic or a bad length closes the
+connection. Reading is pulled by the owner of the connection: a handler that stops
+calling :meth:`FramedConnection.receive` stops reading from the socket, which is how back
+pressure reaches the peer (TCP flow control), with no unbounded buffer in between.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from waltz_engine.errors import ProtocolError, WaltzError
+from waltz_engine.wire.codec import MessageCodec
+from waltz_engine.wire.frame import MAX_FRAME_SIZE_BYTES, read_frame
+from waltz_engine.wire.hello import HELLO_CODEC, HELLO_MAGIC, HELLO_VERSION, Hello, negotiate_version
+
+log = logging.getLogger(__name__)
+
+HANDSHAKE_TIMEOUT_MS = 10_000
+CONNECT_TIMEOUT_MS = 10_000
+# Above this many unsent bytes a sender waits (the original's 32 KiB write high-water mark).
+WRITE_BUFFER_HIGH_BYTES = 32 * 1024
+WRITE_BUFFER_LOW_BYTES = 16 * 1024
+STREAM_READ_LIMIT_BYTES = 1024 * 1024
+
+
+class ConnectionClosedError(WaltzError):
+    """The peer closed the connection, or it was closed under a pending call."""
+
+
+class FramedConnection:
+    """One connection after a successful handshake: messages of one negotiated codec."""
+
+    __slots__ = ("reader", "writer", "codec", "peer_hello", "peer", "_closed")
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        codec: MessageCodec[Any],
+        peer_hello: Hello,
+    ) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.codec = codec
+        self.peer_hello = peer_hello
+        peername = writer.get_extra_info("peername")
+        self.peer = f"{peername[0]}:{peername[1]}" if peername else "?"
+        self._closed = False
+        writer.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES, low=WRITE_BUFFER_LOW_BYTES)
+
+    @property
+    def version(self) -> int:
+        return self.codec.version
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or self.writer.is_closing()
+
+    async def receive(self) -> Any | None:
+        """The next message (keep-alives are skipped); None when the peer closed cleanly.
+
+        Bad bytes raise a ProtocolError subclass: the caller logs it and closes.
+        """
+        while True:
+            frame = await read_frame(
+                self.reader, self.codec.magic, self.codec.version, max_frame_size_bytes=MAX_FRAME_SIZE_BYTES
+            )
+            if frame is None:
+                return None
+            message = self.codec.decode_frame(frame)
+            if message is not None:
+                return message
+
+    def send_frame(self, frame: bytes) -> None:
+        """Queue an encoded frame; pair with :meth:`drain` to respect the write buffer limit."""
+        if self.closed:
+            raise ConnectionClosedError(f"connection to {self.peer} is closed")
+        self.writer.write(frame)
+
+    async def send(self, message: Any) -> None:
+        self.send_frame(self.codec.encode_frame(message))
+        await self.drain()
+
+    async def drain(self) -> None:
+        try:
+            await self.writer.drain()
+        except (ConnectionError, ssl.SSLError) as e:
+            raise ConnectionClosedError(f"connection to {self.peer} lost: {e}") from e
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.writer.close()
+        # The peer is gone either way; waiting only lets TLS say goodbye.
+        with contextlib.suppress(ConnectionError, ssl.SSLError, TimeoutError):
+            await asyncio.wait_for(self.writer.wait_closed(), HANDSHAKE_TIMEOUT_MS / 1000)
+
+
+async def handshake(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    codecs: Mapping[int, MessageCodec[Any]],
+    hello_text: str,
+    timeout_ms: int = HANDSHAKE_TIMEOUT_MS,
+) -> FramedConnection:
+    """Exchange Hellos and pick the codec; raises ProtocolError (or TimeoutError) on failure."""
+    assert codecs, "a connection needs at least one codec version"
+    writer.write(HELLO_CODEC.encode_frame(Hello(tuple(sorted(codecs)), hello_text)))
+    frame = await asyncio.wait_for(read_frame(reader, HELLO_MAGIC, HELLO_VERSION), timeout_ms / 1000)
+    if frame is None:
+        raise ConnectionClosedError("peer closed the connection during the handshake")
+    hello = HELLO_CODEC.decode_frame(frame)
+    if hello is None:
+        raise ProtocolError("a keep-alive frame arrived before the Hello")
+    version = negotiate_version(codecs, hello.versions)
+    return FramedConnection(reader, writer, codecs[version], hello)
+
+
+async def connect(
+    host: str,
+    port: int,
+    ssl_context: ssl.SSLContext,
+    codecs: Mapping[int, MessageCodec[Any]],
+    hello_text: str,
+    timeout_ms: int = CONNECT_TIMEOUT_MS,
+) -> FramedConnection:
+    """Open a TLS connection and complete the handshake, all within ``timeout_ms``."""
+
+    async def go() -> FramedConnection:
+        reader, writer = await asyncio.open_connection(
+            host, port, ssl=ssl_context, limit=STREAM_READ_LIMIT_BYTES
+        )
+        try:
+            return await handshake(reader, writer, codecs, hello_text, timeout_ms)
+        except BaseException:
+            writer.close()
+            raise
+
+    try:
+        return await asyncio.wait_for(go(), timeout_ms / 1000)
+    except TimeoutError:
+        raise ConnectionClosedError(f"no answer from {host}:{port} within {timeout_ms} ms") from None
+    except (OSError, ssl.SSLError) as e:
+        raise ConnectionClosedError(f"cannot connect to {host}:{port}: {e}") from e
+
+
+ConnectionHandler = Callable[[FramedConnection], Awaitable[None]]
+
+
+async def serve(
+    host: str,
+    port: int,
+    ssl_context: ssl.SSLContext,
+    codecs: Mapping[int, MessageCodec[Any]],
+    hello_text: str,
+    handler: ConnectionHandler,
+    name: str,
+) -> asyncio.Server:
+    """Accept TLS connections; each gets a handshake, then ``handler`` owns it until it returns.
+
+    A failed handshake or a protocol error is logged with its reason and only that
+    connection is closed; the server keeps serving the others.
+    """
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peername = writer.get_extra_info("peername")
+        peer = f"{peername[0]}:{peername[1]}" if peername else "?"
+        try:
+            conn = await handshake(reader, writer, codecs, hello_text)
+        except (ProtocolError, ConnectionClosedError, TimeoutError, ConnectionError, ssl.SSLError) as e:
+            log.warning(
+                "%s: closed connection from %s during handshake: %s", name, peer, e or type(e).__name__
+            )
+            writer.close()
+            return
+        try:
+            await handler(conn)
+        except ProtocolError as e:
+            log.warning("%s: closed connection from %s: %s", name, peer, e)
+        except (ConnectionClosedError, ConnectionError, ssl.SSLError) as e:
+            log.info("%s: connection from %s ended: %s", name, peer, e)
+        finally:
+            await conn.close()
+
+    return await asyncio.start_server(accept, host, port, ssl=ssl_context, limit=STREAM_READ_LIMIT_BYTES)
