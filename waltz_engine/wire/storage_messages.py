@@ -1,0 +1,272 @@
+"""Server/tool <-> storage data-port messages, magic 'S', version 0 (reference §1.2).
+
+Common header: ``type:int8, sessionId:int64, seqNum:int64, partitionId:int32``. Several
+requests end with ``usedByOfflineRecovery:bool`` (reference §0.5 item 4).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, NamedTuple, TypeAlias
+
+from waltz_engine.record import Record, RecordHeader
+from waltz_engine.wire.codec import Field, HeaderLayout, MessageCodec, MessageSpec, field_spec, fixed_spec
+from waltz_engine.wire.primitives import (
+    SessionInfo,
+    StorageRpcException,
+    read_bool,
+    read_i32,
+    read_optional_record,
+    read_optional_record_header,
+    read_record_headers,
+    read_records,
+    read_rpc_exception,
+    read_session_info,
+    read_uuid,
+    write_bool,
+    write_i32,
+    write_optional_record,
+    write_optional_record_header,
+    write_record_headers,
+    write_records,
+    write_rpc_exception,
+    write_session_info,
+    write_uuid,
+)
+
+STORAGE_MAGIC = ord("S")
+STORAGE_VERSION = 0
+# OPEN_REQUEST and its reply carry no session, sequence number or partition.
+NO_SESSION_ID = -1
+NO_SEQ_NUM = -1
+NO_PARTITION_ID = -1
+
+
+class StorageOpenRequest(NamedTuple):
+    session_id: int
+    seq_num: int
+    partition_id: int
+    key: uuid.UUID
+    num_partitions: int
+
+
+class StorageLastSessionInfoRequest(NamedTuple):
+    session_id: int
+    seq_num: int
+    partition_id: int
+    used_by_offline_recovery: bool
+
+
+class StorageLastSessionInfoResponse(NamedTuple):
+    session_id: int
+    seq_num: int
+    partition_id: int
+    last_session_info: SessionInfo
+
+
+class StorageSetLowWaterMarkRequest(NamedTuple):
+    session_id: int
+    seq_num: int
+    partition_id: int
+    low_water_mark: int
+    used_by_offline_recovery: bool
+
+
+class StorageTruncateRequest(NamedTuple):
+    session_id: int
+    seq_num: int
+    partition_id: int
+    transaction_id: int
+    used_by_offline_recovery: bool
+
+
+class StorageAppendRequest(NamedTuple):
+    session_id: int
+    seq_num: int
+    partition_id: int
+    records: tuple[Record, ...]
+    used_by_offline_recovery: bool
+
+
+class StorageSuccessResponse(NamedTuple):
+    session_id: int
+    seq_num: int
+    partition_id: int
+
+
+class StorageFailureResponse(NamedTuple):
+    session_id: int
+    seq_num: int
+    partition_id: int
+    exception: StorageRpcException
+
+
+class StorageRecordHeaderRequest(NamedTuple):
+    session_id: int
+    seq_num: int
+    partition_id: int
+    transaction_id: int
+
+
+class StorageRecordHeaderResponse(NamedTuple):
+    session_id: int
+    seq_num: int
+    partition_id: int
+    record_header: RecordHeader | None
+
+
+class StorageRecordRequest(NamedTuple):
+    session_id: int
+    seq_num: int
+    partition_id: int
+    transaction_id: int
+
+
+class StorageRecordResponse(NamedTuple):
+    session_id: int
+    seq_num: int
+    partition_id: int
+    record: Record | None
+
+
+class StorageMaxTransactionIdRequest(NamedTuple):
+    session_id: int
+    seq_num: int
+    partition_id: int
+    used_by_offline_recovery: bool
+
+
+class StorageMaxTransactionIdResponse(NamedTuple):
+    session_id: int
+    seq_num: int
+    partition_id: int
+    transaction_id: int
+
+
+class StorageRecordHeaderListRequest(NamedTuple):
+    session_id: int
+    seq_num: int
+    partition_id: int
+    transaction_id: int
+    max_num_records: int
+
+
+class StorageRecordHeaderListResponse(NamedTuple):
+    session_id: int
+    seq_num: int
+    partition_id: int
+    record_headers: tuple[RecordHeader, ...]
+
+
+class StorageRecordListRequest(NamedTuple):
+    session_id: int
+    seq_num: int
+    partition_id: int
+    transaction_id: int
+    max_num_records: int
+
+
+class StorageRecordListResponse(NamedTuple):
+    session_id: int
+    seq_num: int
+    partition_id: int
+    records: tuple[Record, ...]
+
+
+StorageMessage: TypeAlias = (
+    StorageOpenRequest
+    | StorageLastSessionInfoRequest
+    | StorageLastSessionInfoResponse
+    | StorageSetLowWaterMarkRequest
+    | StorageTruncateRequest
+    | StorageAppendRequest
+    | StorageSuccessResponse
+    | StorageFailureResponse
+    | StorageRecordHeaderRequest
+    | StorageRecordHeaderResponse
+    | StorageRecordRequest
+    | StorageRecordResponse
+    | StorageMaxTransactionIdRequest
+    | StorageMaxTransactionIdResponse
+    | StorageRecordHeaderListRequest
+    | StorageRecordHeaderListResponse
+    | StorageRecordListRequest
+    | StorageRecordListResponse
+)
+
+_HEADER_FIELD_COUNT = 3
+
+
+def _header_to_wire(msg: Any) -> tuple[Any, ...]:
+    head: tuple[Any, ...] = msg[:_HEADER_FIELD_COUNT]
+    return head
+
+
+def _header_from_wire(values: Any) -> tuple[Any, ...]:
+    return tuple(values)
+
+
+HEADER = HeaderLayout("qqi", _HEADER_FIELD_COUNT, _header_to_wire, _header_from_wire)
+
+_BOOL = Field(read_bool, write_bool)
+
+
+def _specs() -> list[MessageSpec]:
+    h = HEADER
+    return [
+        field_spec(
+            1,
+            "OPEN_REQUEST",
+            StorageOpenRequest,
+            h,
+            [Field(read_uuid, write_uuid), Field(read_i32, write_i32)],
+        ),
+        fixed_spec(2, "LAST_SESSION_INFO_REQUEST", StorageLastSessionInfoRequest, h, "?"),
+        field_spec(
+            3,
+            "LAST_SESSION_INFO_RESPONSE",
+            StorageLastSessionInfoResponse,
+            h,
+            [Field(read_session_info, write_session_info)],
+        ),
+        fixed_spec(4, "SET_LOW_WATER_MARK_REQUEST", StorageSetLowWaterMarkRequest, h, "q?"),
+        fixed_spec(5, "TRUNCATE_REQUEST", StorageTruncateRequest, h, "q?"),
+        field_spec(6, "APPEND_REQUEST", StorageAppendRequest, h, [Field(read_records, write_records), _BOOL]),
+        fixed_spec(7, "SUCCESS_RESPONSE", StorageSuccessResponse, h, ""),
+        field_spec(
+            8, "FAILURE_RESPONSE", StorageFailureResponse, h, [Field(read_rpc_exception, write_rpc_exception)]
+        ),
+        fixed_spec(9, "RECORD_HEADER_REQUEST", StorageRecordHeaderRequest, h, "q"),
+        field_spec(
+            10,
+            "RECORD_HEADER_RESPONSE",
+            StorageRecordHeaderResponse,
+            h,
+            [Field(read_optional_record_header, write_optional_record_header)],
+        ),
+        fixed_spec(11, "RECORD_REQUEST", StorageRecordRequest, h, "q"),
+        field_spec(
+            12,
+            "RECORD_RESPONSE",
+            StorageRecordResponse,
+            h,
+            [Field(read_optional_record, write_optional_record)],
+        ),
+        fixed_spec(13, "MAX_TRANSACTION_ID_REQUEST", StorageMaxTransactionIdRequest, h, "?"),
+        fixed_spec(14, "MAX_TRANSACTION_ID_RESPONSE", StorageMaxTransactionIdResponse, h, "q"),
+        fixed_spec(15, "RECORD_HEADER_LIST_REQUEST", StorageRecordHeaderListRequest, h, "qi"),
+        field_spec(
+            16,
+            "RECORD_HEADER_LIST_RESPONSE",
+            StorageRecordHeaderListResponse,
+            h,
+            [Field(read_record_headers, write_record_headers)],
+        ),
+        fixed_spec(17, "RECORD_LIST_REQUEST", StorageRecordListRequest, h, "qi"),
+        field_spec(
+            18, "RECORD_LIST_RESPONSE", StorageRecordListResponse, h, [Field(read_records, write_records)]
+        ),
+    ]
+
+
+STORAGE_CODEC: MessageCodec[StorageMessage] = MessageCodec(STORAGE_MAGIC, STORAGE_VERSION, _specs())
