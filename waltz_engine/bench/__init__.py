@@ -1,0 +1,1 @@
+"""Benchmarks (never tests): the on-disk engine against a raw write+fsync loop, CRC-32 options."""

@@ -1,0 +1,295 @@
+"""A partition on disk: its segments, the current (writable) one, and the operations a storage
+node serves for it (reference §1.2 request semantics, §1.5 rollover, §1.6 open).
+
+Thread-safety contract: every public method takes the partition's lock, so calls from
+several threads are safe and serialize per partition. The intended use is one worker
+thread per partition (as the original's "Storage-P<id>" task) plus occasional admin calls;
+blocking I/O (fsync) happens under the lock, so do not call from an event loop thread.
+Session fencing (the in-memory session id, ASSIGNED/AVAILABLE permission checks) belongs
+to the node that routes requests here, not to this class.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from waltz_engine.crc import to_signed32
+from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
+from waltz_engine.errors import FormatError, StorageError
+from waltz_engine.record import Record, RecordHeader
+from waltz_engine.storage.constants import (
+    DEFAULT_SEGMENT_CACHE_CAPACITY,
+    DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES,
+    INDEX_SUFFIX,
+    SEGMENT_SUFFIX,
+    now_ms,
+    segment_paths,
+)
+from waltz_engine.storage.control_file import PartitionInfo, SessionInfo
+from waltz_engine.storage.lru import LRUCache
+from waltz_engine.storage.segment import Segment, create_segment_files
+from waltz_engine.storage.segment_finder import find_segment
+
+log = logging.getLogger(__name__)
+
+
+def _clean_interrupted_files(directory: Path) -> None:
+    """Remove what a crash can leave half made, which the original would refuse to open.
+
+    * an ``.idx`` without its ``.seg``: a truncate died between deleting the two files, or a
+      rollover died between creating them; no data was ever stored under that name;
+    * the newest segment with a ``.seg`` shorter than a header: a rollover died while
+      creating it (records are written only after both headers are synced).
+    """
+    for idx_path in directory.glob("*" + INDEX_SUFFIX):
+        if not idx_path.with_suffix(SEGMENT_SUFFIX).exists():
+            log.warning("removing index file without data file (interrupted): %s", idx_path)
+            idx_path.unlink()
+    seg_paths = sorted(directory.glob("*" + SEGMENT_SUFFIX))
+    if seg_paths and seg_paths[-1].stat().st_size < HEADER_SIZE_BYTES:
+        log.warning("removing segment whose creation was interrupted: %s", seg_paths[-1])
+        seg_paths[-1].with_suffix(INDEX_SUFFIX).unlink(missing_ok=True)
+        seg_paths[-1].unlink()
+
+
+def _first_transaction_id_of(seg_path: Path) -> int:
+    try:
+        return int(seg_path.stem)
+    except ValueError as e:
+        raise FormatError(f"unexpected segment file name: {seg_path}") from e
+
+
+class Partition:
+    """An open partition directory. Create with :meth:`open`; close when done."""
+
+    def __init__(
+        self,
+        key: uuid.UUID,
+        directory: Path,
+        info: PartitionInfo,
+        segment_size_threshold_bytes: int,
+        segment_cache_capacity: int,
+        clock_ms: Callable[[], int],
+    ) -> None:
+        assert segment_size_threshold_bytes > 0 and segment_cache_capacity >= 0
+        self.key = key
+        self.directory = directory
+        self.info = info
+        self._threshold_bytes = segment_size_threshold_bytes
+        self._clock_ms = clock_ms
+        self._segments: list[Segment] = []
+        self._cache: LRUCache[Segment] = LRUCache(segment_cache_capacity, self._evict)
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def partition_id(self) -> int:
+        return self.info.partition_id
+
+    @classmethod
+    def open(
+        cls,
+        key: uuid.UUID,
+        directory: Path,
+        info: PartitionInfo,
+        *,
+        segment_size_threshold_bytes: int = DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES,
+        segment_cache_capacity: int = DEFAULT_SEGMENT_CACHE_CAPACITY,
+        clock_ms: Callable[[], int] = now_ms,
+    ) -> Partition:
+        """Open (recovering) every segment in ``directory``; create segment 0 if there is none."""
+        partition = cls(key, directory, info, segment_size_threshold_bytes, segment_cache_capacity, clock_ms)
+        try:
+            partition._load()
+        except BaseException:
+            for segment in partition._segments:
+                segment.close_files()
+            raise
+        return partition
+
+    def _load(self) -> None:
+        directory = self.directory
+        directory.mkdir(exist_ok=True)
+        _clean_interrupted_files(directory)
+        local_low_water_mark = self.info.current.local_low_water_mark
+        seg_paths = sorted(directory.glob("*" + SEGMENT_SUFFIX), key=_first_transaction_id_of)
+        if not seg_paths:
+            seg_path, idx_path = segment_paths(directory, 0)
+            create_segment_files(self.key, self.partition_id, seg_path, idx_path, 0, self._clock_ms)
+            seg_paths = [seg_path]
+        for seg_path in seg_paths:
+            segment = Segment.open(
+                self.key,
+                self.partition_id,
+                seg_path,
+                seg_path.with_suffix(INDEX_SUFFIX),
+                local_low_water_mark,
+                self._threshold_bytes,
+            )
+            if self._segments and segment.first_transaction_id != self._segments[-1].next_transaction_id:
+                segment.close_files()
+                raise FormatError(
+                    f"{seg_path}: segment starts at transaction {segment.first_transaction_id}, the "
+                    f"previous one ends at {self._segments[-1].max_transaction_id}"
+                )
+            self._segments.append(segment)
+            if len(self._segments) > 1:
+                self._cache.touch(self._segments[-2])
+        self._segments[-1].writable = True
+
+    def _evict(self, segment: Segment) -> None:
+        if not segment.writable and not segment.closed:
+            segment.close_files()
+
+    @property
+    def _current(self) -> Segment:
+        return self._segments[-1]
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageError(f"partition {self.partition_id} is closed")
+
+    # --- requests ------------------------------------------------------------------------
+
+    def max_transaction_id(self) -> int:
+        with self._lock:
+            self._check_open()
+            return self._current.max_transaction_id
+
+    def last_session_info(self) -> SessionInfo:
+        return self.info.last_session_info()
+
+    def append(self, records: Sequence[Record]) -> None:
+        """Append consecutive records starting at the next txid; durable when this returns."""
+        with self._lock:
+            self._check_open()
+            next_transaction_id = self._current.next_transaction_id
+            for i, record in enumerate(records):
+                if record.transaction_id != next_transaction_id + i:
+                    raise StorageError("transaction out of order")
+            start = 0
+            while start < len(records):
+                if self._current.size_bytes > self._threshold_bytes:
+                    self._roll_over()
+                start = self._current.append(records, start)
+
+    def _roll_over(self) -> None:
+        sealed = self._current
+        sealed.flush()
+        sealed.writable = False
+        self._cache.touch(sealed)
+        first = sealed.next_transaction_id
+        seg_path, idx_path = segment_paths(self.directory, first)
+        create_segment_files(self.key, self.partition_id, seg_path, idx_path, first, self._clock_ms)
+        segment = Segment.open(self.key, self.partition_id, seg_path, idx_path, -1, self._threshold_bytes)
+        segment.writable = True
+        self._segments.append(segment)
+
+    def truncate(self, transaction_id: int) -> int:
+        """Keep transactions up to ``transaction_id``; return the new max txid."""
+        with self._lock:
+            self._check_open()
+            if transaction_id < -1:
+                raise StorageError(f"transaction id out of range: {transaction_id}")
+            if self._current.max_transaction_id <= transaction_id:
+                return self._current.max_transaction_id
+            while len(self._segments) > 1 and transaction_id + 1 < self._current.first_transaction_id:
+                doomed = self._segments.pop()
+                self._cache.remove(doomed)
+                doomed.delete()
+            current = self._current
+            self._cache.remove(current)
+            current.ensure_open()
+            current.writable = True
+            current.truncate(transaction_id)
+            return current.max_transaction_id
+
+    def set_low_water_mark(self, session_id: int, low_water_mark: int) -> None:
+        """Start a session: persist its low-water mark and our max txid as local low-water mark."""
+        with self._lock:
+            self._check_open()
+            current = self._current
+            if current.max_transaction_id > low_water_mark:
+                raise StorageError("low-water mark is lower than the max transaction id")
+            current.flush()
+            self.info.set_low_water_mark(session_id, low_water_mark, current.max_transaction_id)
+
+    def record(self, transaction_id: int) -> Record | None:
+        records = self.records(transaction_id, 1)
+        return records[0] if records else None
+
+    def record_header(self, transaction_id: int) -> RecordHeader | None:
+        headers = self.record_headers(transaction_id, 1)
+        return headers[0] if headers else None
+
+    def records(self, transaction_id: int, max_records: int) -> list[Record]:
+        """Records ``transaction_id`` .. ``+max_records-1``, stopping at the first missing one."""
+        result: list[Record] = []
+        with self._lock:
+            while len(result) < max_records:
+                segment = self._segment_for_read(transaction_id + len(result))
+                if segment is None:
+                    break
+                result += segment.read_records(transaction_id + len(result), max_records - len(result))
+        return result
+
+    def record_headers(self, transaction_id: int, max_records: int) -> list[RecordHeader]:
+        result: list[RecordHeader] = []
+        with self._lock:
+            while len(result) < max_records:
+                segment = self._segment_for_read(transaction_id + len(result))
+                if segment is None:
+                    break
+                result += segment.read_record_headers(transaction_id + len(result), max_records - len(result))
+        return result
+
+    def _segment_for_read(self, transaction_id: int) -> Segment | None:
+        self._check_open()
+        segment = find_segment(self._segments, transaction_id)
+        if segment is not None and not segment.writable:
+            segment.ensure_open()
+            self._cache.touch(segment)
+        return segment
+
+    def checksum(self) -> int:
+        """CRC-32 over every segment's data after its header (the original's replica check)."""
+        with self._lock:
+            self._check_open()
+            crc = 0
+            for segment in self._segments:
+                was_open = segment.files_open
+                segment.ensure_open()
+                crc = segment.checksum(crc)
+                if not was_open:
+                    segment.close_files()
+            return to_signed32(crc)
+
+    @property
+    def segments(self) -> list[tuple[int, int]]:
+        """(first, max) txid of each segment, oldest first: for tools and tests."""
+        with self._lock:
+            return [(s.first_transaction_id, s.max_transaction_id) for s in self._segments]
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for segment in self._segments:
+                self._cache.remove(segment)
+                segment.close()
+
+    def delete_segments(self) -> None:
+        """Remove every segment's files (unassignment with deleteStorageFiles)."""
+        with self._lock:
+            self._closed = True
+            for segment in self._segments:
+                self._cache.remove(segment)
+                segment.delete()
+            self._segments.clear()
