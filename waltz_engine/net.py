@@ -171,15 +171,19 @@ async def serve(
     connection is closed; the server keeps serving the others.
     """
 
-    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peername = writer.get_extra_info("peername")
-        peer = f"{peername[0]}:{peername[1]}" if peername else "?"
+    loop = asyncio.get_running_loop()
+
+    async def accept(transport: asyncio.BaseTransport, peer: str) -> None:
+        try:
+            reader, writer = await _start_server_tls(loop, transport, ssl_context)
+        except (TimeoutError, ConnectionError, ssl.SSLError) as e:
+            log.warning("%s: closed connection from %s: TLS handshake failed: %s", name, peer, e or "timeout")
+            transport.close()
+            return
         try:
             conn = await handshake(reader, writer, codecs, hello_text)
         except (ProtocolError, ConnectionClosedError, TimeoutError, ConnectionError, ssl.SSLError) as e:
-            log.warning(
-                "%s: closed connection from %s during handshake: %s", name, peer, e or type(e).__name__
-            )
+            log.warning("%s: closed connection from %s during handshake: %s", name, peer, e or "timeout")
             writer.close()
             return
         try:
@@ -191,4 +195,36 @@ async def serve(
         finally:
             await conn.close()
 
-    return await asyncio.start_server(accept, host, port, ssl=ssl_context, limit=STREAM_READ_LIMIT_BYTES)
+    tasks: set[asyncio.Task[None]] = set()
+
+    class _Accept(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            # Nothing may be read before TLS takes over the socket, or the peer's first TLS
+            # bytes would be lost; start_tls resumes reading.
+            assert isinstance(transport, asyncio.Transport)
+            transport.pause_reading()
+            peername = transport.get_extra_info("peername")
+            peer = f"{peername[0]}:{peername[1]}" if peername else "?"
+            task = loop.create_task(accept(transport, peer), name=f"{name}-accept-{peer}")
+            tasks.add(task)  # the loop keeps only weak references to tasks
+            task.add_done_callback(tasks.discard)
+
+    return await loop.create_server(_Accept, host, port)
+
+
+async def _start_server_tls(
+    loop: asyncio.AbstractEventLoop, transport: asyncio.BaseTransport, ssl_context: ssl.SSLContext
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """The server side of a TLS handshake on an accepted socket, as streams."""
+    reader = asyncio.StreamReader(limit=STREAM_READ_LIMIT_BYTES, loop=loop)
+    protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+    tls_transport = await loop.start_tls(
+        transport,  # type: ignore[arg-type]
+        protocol,
+        ssl_context,
+        server_side=True,
+        ssl_handshake_timeout=HANDSHAKE_TIMEOUT_MS / 1000,
+    )
+    assert tls_transport is not None
+    protocol.connection_made(tls_transport)
+    return reader, asyncio.StreamWriter(tls_transport, protocol, reader, loop)

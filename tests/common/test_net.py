@@ -101,3 +101,22 @@ def test_connect_to_a_closed_port_is_a_clear_error() -> None:
         port = s.getsockname()[1]
     with pytest.raises(ConnectionClosedError, match=f"cannot connect to 127.0.0.1:{port}"):
         asyncio.run(connect("127.0.0.1", port, client_context(TlsConfig()), STORAGE, "x", timeout_ms=2000))
+
+
+def test_garbage_instead_of_tls_is_logged_with_its_reason(caplog: pytest.LogCaptureFixture) -> None:
+    async def go() -> None:
+        closed = asyncio.Event()
+        server, port = await _echo_server([], closed)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET / HTTP/1.1\r\n\r\n" + bytes(range(256)))
+            await writer.drain()
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the server
+            writer.close()
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    with caplog.at_level("WARNING", logger="waltz_engine.net"):
+        asyncio.run(go())
+    assert any("TLS handshake failed" in r.getMessage() for r in caplog.records)
