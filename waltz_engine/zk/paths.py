@@ -44,6 +44,11 @@ class ClusterPaths(NamedTuple):
         return f"{self.server_descriptors}/{SERVER_DESCRIPTOR_PREFIX}"
 
     @property
+    def forced_assignments(self) -> str:
+        """Our extension (original issue #6); Java servers ignore znodes they do not know."""
+        return f"{self.root}/forcedAssignments"
+
+    @property
     def ids(self) -> str:
         return f"{self.root}/ids"
 
@@ -88,6 +93,7 @@ class ClusterPaths(NamedTuple):
         fixed = {
             self.root: "ClusterParams",
             self.server_descriptors: "PartitionAssignment",
+            self.forced_assignments: "ForcedAssignments",
             self.client_ids: "Integer",
             self.server_ids: "Integer",
             self.store: "StoreParams",

@@ -28,6 +28,7 @@ CLUSTER_PARAMS_VERSION = 1
 PARTITION_ASSIGNMENT_VERSION = 3
 SERVER_DESCRIPTOR_VERSION = 1
 STORE_METADATA_VERSION = 1  # StoreParams, PartitionMetadata, ReplicaState, ReplicaId and the three maps
+FORCED_ASSIGNMENTS_VERSION = 1  # our extension (issue #6 of the original); Java servers never read it
 
 UNRESOLVED_HIGH_WATER_MARK = INT64_MIN  # ReplicaState.UNRESOLVED = Long.MIN_VALUE
 
@@ -452,6 +453,41 @@ class ConnectionMetadata(NamedTuple):
         ]
 
 
+class ForcedAssignments(NamedTuple):
+    """``<root>/forcedAssignments`` (our extension): partition → the server id it must go to.
+
+    ``version:int8 = 1, n:int32, n × (partitionId:int32, serverId:int32)``, ascending partition
+    ids, so equal contents are equal bytes.
+    """
+
+    assignments: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def of(cls, assignments: dict[int, int]) -> ForcedAssignments:
+        return cls(tuple(sorted(assignments.items())))
+
+    def as_dict(self) -> dict[int, int]:
+        return dict(self.assignments)
+
+    def to_bytes(self) -> bytes:
+        writer = DataWriter().write_int8(FORCED_ASSIGNMENTS_VERSION).write_int32(len(self.assignments))
+        for partition_id, server_id in self.assignments:
+            writer.write_int32(partition_id).write_int32(server_id)
+        return writer.to_bytes()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> ForcedAssignments:
+        reader = DataReader(data, "forced assignments")
+        _check_version(reader, FORCED_ASSIGNMENTS_VERSION, "forced assignments")
+        count = reader.read_count(_PARTITION_INFO_SIZE_BYTES)
+        result = cls(tuple((reader.read_int32(), reader.read_int32()) for _ in range(count)))
+        _finish(reader)
+        return result
+
+    def to_json(self) -> Any:
+        return [{"partitionId": partition, "serverId": server} for partition, server in self.assignments]
+
+
 # The vectors' `kind` names → decoders.
 PAYLOAD_KINDS: dict[str, Callable[[bytes], Payload]] = {
     "ClusterParams": ClusterParams.from_bytes,
@@ -463,6 +499,7 @@ PAYLOAD_KINDS: dict[str, Callable[[bytes], Payload]] = {
     "ReplicaAssignments": ReplicaAssignments.from_bytes,
     "GroupDescriptor": GroupDescriptor.from_bytes,
     "ConnectionMetadata": ConnectionMetadata.from_bytes,
+    "ForcedAssignments": ForcedAssignments.from_bytes,
 }
 
 
