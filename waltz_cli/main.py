@@ -32,11 +32,12 @@ def _root(
 
 def _register() -> None:
     # Imported here so that `waltz --help` stays one place that lists every group.
-    from waltz_cli.commands import bench, inspect, zk
+    from waltz_cli.commands import bench, inspect, storage, zk
 
     app.command("create-cluster")(zk.create_cluster)
     app.add_typer(inspect.app, name="inspect")
     app.add_typer(zk.app, name="zk")
+    app.add_typer(storage.app, name="storage")
     app.add_typer(bench.app, name="bench")
 
 
@@ -45,3 +46,7 @@ _register()
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""kill -9 (and SIGTERM) in the middle of a stream of pipelined appends: every append answered
+SUCCESS survives the restart, and the files verify clean."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from storage_node_support import StorageNodeProcess, make_records, start_storage_node
+
+from waltz_engine.inspect import verify
+from waltz_engine.storage.client import StorageClient, StorageRpcError
+
+PARTITION = 0
+SESSION_ID = 1
+RECORDS_PER_APPEND = 5
+APPENDS_IN_FLIGHT = 32
+# The signal is sent once this many appends have been acknowledged, while more are in flight.
+ACKS_BEFORE_SIGNAL = 150
+MAX_APPENDS_PER_ROUND = 5_000
+ROUNDS = 2
+
+
+async def _stream_until_signal(node: StorageNodeProcess, first_txid: int, sig: int) -> int:
+    """Pipelined appends from ``first_txid``; returns the highest txid answered SUCCESS."""
+    client: StorageClient = node.data_client()
+    await client.open()
+    acked: list[int] = []  # last txid of each acknowledged append
+    window = asyncio.Semaphore(APPENDS_IN_FLIGHT)
+    signalled = False
+
+    async def one(txid: int) -> None:
+        nonlocal signalled
+        try:
+            await client.append(SESSION_ID, PARTITION, make_records(txid, RECORDS_PER_APPEND, PARTITION, 64))
+            acked.append(txid + RECORDS_PER_APPEND - 1)
+            if len(acked) >= ACKS_BEFORE_SIGNAL and not signalled:
+                signalled = True
+                os.kill(node.pid, sig)
+        except StorageRpcError:
+            pass  # in flight when the node went away: may or may not be durable
+        finally:
+            window.release()
+
+    tasks = []
+    txid = first_txid
+    for _ in range(MAX_APPENDS_PER_ROUND):
+        await window.acquire()
+        if not client.is_open:
+            window.release()
+            break
+        tasks.append(asyncio.create_task(one(txid)))
+        txid += RECORDS_PER_APPEND
+    await asyncio.gather(*tasks)
+    await client.close()
+    assert signalled, "the node was not signalled: the stream ended first"
+    # Acknowledgements arrive in order of the txids (one partition, one connection).
+    assert acked == sorted(acked)
+    return acked[-1]
+
+
+async def _check_durable(node: StorageNodeProcess, max_acked: int) -> int:
+    client = node.data_client()
+    await client.open()
+    try:
+        max_txid = await client.max_transaction_id(SESSION_ID, PARTITION)
+        assert max_txid >= max_acked
+        assert (max_txid + 1) % RECORDS_PER_APPEND == 0  # whole appends only
+        stored = await client.records(SESSION_ID, PARTITION, 0, max_txid + 1)
+        assert stored == make_records(0, max_txid + 1, PARTITION, 64)
+        return max_txid
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "sigterm"])
+def test_acknowledged_appends_survive_signal(zookeeper: str, tmp_path: Path, sig: int) -> None:
+    node = start_storage_node(zookeeper, tmp_path, 1)
+    try:
+        next_txid = 0
+        for _ in range(ROUNDS):
+            max_acked = node.run(_stream_until_signal(node, next_txid, sig))
+            exit_code = node.wait_exit()
+            if sig == signal.SIGTERM:
+                assert exit_code == 0, node.log_text()
+            node.start()
+            next_txid = node.run(_check_durable(node, max_acked)) + 1
+        assert node.terminate() == 0
+        report = verify(node.directory)
+        assert report.ok, [str(p) for p in report.problems]
+        assert report.records == next_txid
+    finally:
+        node.close()

@@ -1,0 +1,274 @@
+"""Every data and admin request against a real `waltz storage start` node, via the client library."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from storage_node_support import StorageNodeProcess, client_ssl, make_records, start_storage_node
+
+from waltz_engine.record import Record
+from waltz_engine.storage.client import StorageClient, StorageRpcError, encode_append_records
+from waltz_engine.wire.storage_messages import STORAGE_CODEC, StorageAppendRequest
+
+NUM_PARTITIONS = 8
+ASSIGNED = list(range(NUM_PARTITIONS - 1))
+UNASSIGNED = NUM_PARTITIONS - 1
+
+
+@pytest.fixture(scope="module")
+def node(zookeeper: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[StorageNodeProcess]:
+    node = start_storage_node(zookeeper, tmp_path_factory.mktemp("node"), NUM_PARTITIONS, assign=ASSIGNED)
+    try:
+        yield node
+    finally:
+        assert node.terminate() == 0, node.log_text()
+
+
+async def _opened(node: StorageNodeProcess, **kwargs: bool) -> StorageClient:
+    client = node.data_client(**kwargs)
+    await client.open()
+    return client
+
+
+def test_data_requests_round_trip(node: StorageNodeProcess) -> None:
+    p, session = 0, 1
+
+    async def go() -> None:
+        client = await _opened(node)
+        try:
+            assert await client.last_session_info(session, p) == (-1, -1, -1)
+            assert await client.max_transaction_id(session, p) == -1
+            assert await client.record(session, p, 0) is None
+            assert await client.record_header(session, p, 0) is None
+            await client.set_low_water_mark(session, p, -1)
+            records = make_records(0, 10, p)
+            await client.append(session, p, records[:4])
+            await client.append(session, p, records[4:])
+            assert await client.max_transaction_id(session, p) == 9
+            assert await client.record(session, p, 3) == records[3]
+            assert await client.record_header(session, p, 3) == records[3].record_header()
+            assert await client.records(session, p, 2, 5) == records[2:7]
+            assert await client.records(session, p, 8, 100) == records[8:]
+            assert await client.record_headers(session, p, 0, 3) == [r.record_header() for r in records[:3]]
+            assert await client.truncate(session, p, 20) == 9  # nothing beyond 9: max stays
+            assert await client.truncate(session, p, 6) == 6
+            assert await client.records(session, p, 0, 100) == records[:7]
+            with pytest.raises(StorageRpcError, match="transaction out of order"):
+                await client.append(session, p, make_records(9, 1, p))
+            await client.set_low_water_mark(session, p, 6)
+            assert await client.last_session_info(session, p) == (session, 6, 6)
+            with pytest.raises(StorageRpcError, match="low-water mark is lower than the max transaction id"):
+                await client.set_low_water_mark(session, p, 5)
+        finally:
+            await client.close()
+
+    node.run(go())
+
+
+def test_pipelined_appends_and_encoded_append(node: StorageNodeProcess) -> None:
+    p, session, count = 1, 5, 300
+    records = make_records(0, count, p, size_bytes=100)
+
+    async def go() -> None:
+        client = await _opened(node)
+        other = await _opened(node)
+        try:
+            # Many in flight on one connection; each answered by its own sequence number.
+            await asyncio.gather(*(client.append(session, p, [r]) for r in records[:200]))
+            # One encoding sent to two connections (the replication path), byte-identical to append().
+            encoded = encode_append_records(records[200:250])
+            msg = StorageAppendRequest(session, 0, p, tuple(records[200:250]), False)
+            assert STORAGE_CODEC.encode(msg).endswith(encoded + b"\x00")
+            await client.append_encoded(session, p, encoded, 50)
+            with pytest.raises(StorageRpcError, match="transaction out of order"):
+                await other.append_encoded(session, p, encoded, 50)
+            await other.append(session, p, records[250:])
+            assert await other.records(session, p, 0, count) == records
+        finally:
+            await client.close()
+            await other.close()
+
+    node.run(go())
+
+
+def test_older_session_fails_after_newer_seen(node: StorageNodeProcess) -> None:
+    p = 2
+
+    async def go() -> None:
+        old, new = await _opened(node), await _opened(node)
+        try:
+            await old.set_low_water_mark(3, p, -1)
+            await old.append(3, p, make_records(0, 2, p))
+            assert await new.max_transaction_id(4, p) == 1  # session 4 is seen
+            with pytest.raises(
+                StorageRpcError, match="ConcurrentUpdateException: session id has changed to 4"
+            ):
+                await old.append(3, p, make_records(2, 1, p))
+            with pytest.raises(StorageRpcError, match="session id has changed to 4"):
+                await old.max_transaction_id(3, p)
+            await new.set_low_water_mark(4, p, 1)
+            await new.append(4, p, make_records(2, 1, p))
+            assert await new.last_session_info(4, p) == (4, 1, 1)
+        finally:
+            await old.close()
+            await new.close()
+
+    node.run(go())
+
+
+def test_wrong_cluster_key_or_partition_count_refused_at_open(node: StorageNodeProcess) -> None:
+    async def go() -> None:
+        for key, n, expected in [
+            (uuid.uuid4(), NUM_PARTITIONS, "Provided cluster key is inconsistent"),
+            (node.key, NUM_PARTITIONS + 1, "Provided number of partitions is inconsistent"),
+        ]:
+            client = StorageClient(node.host, node.port, client_ssl(), key, n)
+            with pytest.raises(StorageRpcError, match=expected):
+                await client.open()
+            assert not client.is_open
+            with pytest.raises(StorageRpcError, match="disconnected"):
+                await client.max_transaction_id(1, 0)
+            admin = node.admin_client()
+            admin.key, admin.num_partitions = key, n
+            with pytest.raises(StorageRpcError, match=expected):
+                await admin.open()
+
+    node.run(go())
+
+
+def test_unassigned_partition_answers_not_assigned(node: StorageNodeProcess) -> None:
+    async def go() -> None:
+        client = await _opened(node)
+        admin = node.admin_client()
+        await admin.open()
+        try:
+            for p in (UNASSIGNED, 99, -1):
+                with pytest.raises(StorageRpcError, match=f"Partition:{p} is not assigned."):
+                    await client.max_transaction_id(1, p)
+            status = await admin.assigned_partition_status()
+            assert status == {p: True for p in ASSIGNED}
+            # Unassign with file deletion, then the partition is gone; reassign starts it empty.
+            p = 3
+            await client.append(-1, p, make_records(0, 3, p))
+            await admin.set_partition_assignment([p], False, True)
+            assert not list((node.directory / str(p)).glob("*.seg"))
+            with pytest.raises(StorageRpcError, match=f"Partition:{p} is not assigned."):
+                await client.max_transaction_id(-1, p)
+            assert p not in await admin.assigned_partition_status()
+            await admin.set_partition_assignment([p], True, False)
+            assert await client.max_transaction_id(-1, p) == -1
+            with pytest.raises(StorageRpcError, match="out of range"):
+                await admin.set_partition_assignment([NUM_PARTITIONS], True, False)
+        finally:
+            await client.close()
+            await admin.close()
+
+    node.run(go())
+
+
+def test_availability_flags_and_offline_recovery_rules(node: StorageNodeProcess) -> None:
+    p = 4
+
+    async def go() -> None:
+        client = await _opened(node)
+        offline = await _opened(node, used_by_offline_recovery=True)
+        admin = node.admin_client()
+        await admin.open()
+        try:
+            await client.set_low_water_mark(7, p, -1)
+            await client.append(7, p, make_records(0, 5, p))
+            with pytest.raises(
+                StorageRpcError, match="cannot run offline recovery while partition is online"
+            ):
+                await offline.max_transaction_id(7, p)
+
+            await admin.set_partition_available([p], False)
+            assert (await admin.assigned_partition_status())[p] is False
+            disabled = (
+                f"StorageException: read and write for partition={p} have been disabled on storage node"
+            )
+            with pytest.raises(StorageRpcError, match=disabled):
+                await client.record(7, p, 0)
+            with pytest.raises(StorageRpcError, match=disabled):
+                await client.append(7, p, make_records(5, 1, p))
+            # Offline recovery: partition unavailable and the persisted session id.
+            with pytest.raises(StorageRpcError, match="partition last session id has changed to 7"):
+                await offline.max_transaction_id(8, p)
+            assert await offline.max_transaction_id(7, p) == 4
+            assert await offline.truncate(7, p, 2) == 2
+            await offline.append(7, p, make_records(3, 4, p))
+            await offline.set_low_water_mark(7, p, 6)
+            assert await offline.last_session_info(7, p) == (7, 6, 6)
+            assert await admin.last_session_info(p) == (7, 6, 6)
+            assert await admin.record_list(p, 0, 100) == make_records(0, 7, p)
+
+            await admin.set_partition_available([p], True)
+            # The refused offline request with session 8 still raised the fencing session id.
+            with pytest.raises(StorageRpcError, match="session id has changed to 8"):
+                await client.records(7, p, 5, 10)
+            assert await client.records(8, p, 5, 10) == make_records(5, 2, p)
+        finally:
+            await client.close()
+            await offline.close()
+            await admin.close()
+
+    node.run(go())
+
+
+def test_admin_metrics_and_record_list(node: StorageNodeProcess) -> None:
+    p = 5
+
+    async def go() -> None:
+        client = await _opened(node)
+        admin = node.admin_client()
+        await admin.open()
+        try:
+            records: list[Record] = make_records(0, 3, p)
+            await client.append(-1, p, records)
+            assert await admin.record_list(p, 1, 10) == records[1:]
+            with pytest.raises(StorageRpcError, match=f"Partition:{UNASSIGNED} is not assigned."):
+                await admin.record_list(UNASSIGNED, 0, 10)
+            metrics = await admin.metrics()
+            gauges = metrics["gauges"]
+            assert gauges["waltz-storage.waltz-storage-partition-ids"]["value"] == ASSIGNED
+            assert gauges["waltz-storage.waltz-storage-num-partitions"]["value"] == len(ASSIGNED)
+            assert gauges[f"waltz-storage.partition-{p}.max-transaction-id"]["value"] == 2
+            assert metrics["meters"][f"waltz-storage.partition-{p}.append"]["count"] == 1
+            assert f"waltz-storage.partition-{UNASSIGNED}.flags" not in gauges
+        finally:
+            await client.close()
+            await admin.close()
+
+    node.run(go())
+
+
+def test_requests_before_open_fail_and_close(node: StorageNodeProcess) -> None:
+    from waltz_engine.net import connect
+    from waltz_engine.wire.hello import STORAGE_CLIENT_HELLO_TEXT
+    from waltz_engine.wire.storage_messages import StorageFailureResponse, StorageMaxTransactionIdRequest
+
+    async def go() -> None:
+        conn = await connect(
+            node.host, node.port, client_ssl(), {0: STORAGE_CODEC}, STORAGE_CLIENT_HELLO_TEXT
+        )
+        try:
+            await conn.send(StorageMaxTransactionIdRequest(1, 0, 0, False))
+            reply = await asyncio.wait_for(conn.receive(), 10)
+            assert isinstance(reply, StorageFailureResponse) and reply.seq_num == 0
+            assert reply.exception.message is not None and "OPEN_REQUEST" in reply.exception.message
+            assert await asyncio.wait_for(conn.receive(), 10) is None  # closed by the node
+        finally:
+            await conn.close()
+
+    node.run(go())
+    assert "before a successful OPEN_REQUEST" in node.log_text()
+
+
+def test_data_directory_layout(node: StorageNodeProcess) -> None:
+    names = {p.name for p in node.directory.iterdir()}
+    assert names == {"waltz-storage.ctl", *(str(p) for p in ASSIGNED)}  # never-assigned 7 has none
+    assert (node.directory / "0" / "0000000000000000000.seg").is_file()
+    assert (node.directory / "0" / "0000000000000000000.idx").is_file()

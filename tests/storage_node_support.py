@@ -1,0 +1,297 @@
+"""Run real storage nodes (`waltz storage start --config FILE`) for tests.
+
+Usage::
+
+    node = start_storage_node(zookeeper, tmp_path, num_partitions=4)   # cluster + node + assign all
+    try:
+        asyncio.run(...)  # StorageClient("127.0.0.1", node.port, client_ssl(), node.key, node.num_partitions)
+        node.kill(); node.restart()
+    finally:
+        node.close()
+
+Every wait is bounded; a node that dies while starting raises with its log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from waltz_engine.net import ConnectionClosedError
+from waltz_engine.record import Record
+from waltz_engine.reqid import ReqId
+from waltz_engine.storage.client import StorageAdminClient, StorageClient, StorageRpcError
+from waltz_engine.tls import TlsConfig, client_context
+from waltz_engine.zk.cluster import create_cluster
+from waltz_engine.zk.connection import ZooKeeperSettings, connect
+
+T = TypeVar("T")
+
+HOST = "127.0.0.1"
+DEFAULT_NUM_PARTITIONS = 4
+NODE_READY_TIMEOUT_S = 60.0
+NODE_EXIT_TIMEOUT_S = 30.0
+READY_POLL_INTERVAL_S = 0.1
+PROBE_TIMEOUT_MS = 2_000
+CLI_TIMEOUT_S = 60.0
+ZK_SESSION_TIMEOUT_MS = 10_000
+
+
+def free_tcp_port() -> int:
+    """A port nothing listens on right now (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def client_ssl() -> ssl.SSLContext:
+    """The insecure client context (no trust store), as the original's tools by default."""
+    return client_context(TlsConfig())
+
+
+# waltz_cli.main has no __main__ guard; this is what the `waltz` script runs.
+_WALTZ_MAIN = "from waltz_cli.main import main; main()"
+
+
+def waltz_command(*args: str) -> list[str]:
+    return [sys.executable, "-c", _WALTZ_MAIN, *args]
+
+
+def run_waltz(*args: str, timeout_s: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    """Run a `waltz` command to completion (bounded), capturing its output."""
+    return subprocess.run(
+        waltz_command(*args), capture_output=True, text=True, timeout=timeout_s, check=False
+    )
+
+
+def create_test_cluster(
+    zookeeper: str, num_partitions: int = DEFAULT_NUM_PARTITIONS, root: str | None = None
+) -> tuple[str, uuid.UUID]:
+    """A new cluster in ZooKeeper: (cluster root, key)."""
+    root = root or f"/test-{uuid.uuid4().hex[:16]}/cluster"
+    with connect(ZooKeeperSettings(zookeeper, root)) as client:
+        params = create_cluster(client, root, "test-cluster", num_partitions)
+    return root, params.key
+
+
+def make_records(
+    first_transaction_id: int, count: int, partition_id: int = 0, size_bytes: int = 32
+) -> list[Record]:
+    """Consecutive records with recognizable data and a correct data checksum."""
+    import zlib
+
+    from waltz_engine.crc import to_signed32
+
+    records = []
+    for txid in range(first_transaction_id, first_transaction_id + count):
+        data = (f"txn-{txid}-".encode() * (size_bytes // 8 + 1))[:size_bytes]
+        req_id = ReqId(1, 1, partition_id, txid + 1)
+        records.append(Record(txid, req_id, txid % 7, data, to_signed32(zlib.crc32(data))))
+    return records
+
+
+def directory_digest(directory: Path) -> dict[str, str]:
+    """sha256 of every file under ``directory`` by relative path (to prove nothing changed)."""
+    return {
+        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
+
+
+class StorageNodeProcess:
+    """One `waltz storage start` subprocess on its own directory and free ports."""
+
+    def __init__(
+        self,
+        zookeeper: str,
+        cluster_root: str,
+        key: uuid.UUID,
+        num_partitions: int,
+        work_dir: Path,
+        *,
+        jetty: bool = True,
+        extra_config: dict[str, Any] | None = None,
+    ) -> None:
+        self.zookeeper = zookeeper
+        self.cluster_root = cluster_root
+        self.key = key
+        self.num_partitions = num_partitions
+        self.work_dir = Path(work_dir)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.directory = self.work_dir / "data"
+        self.config_path = self.work_dir / "storage.yml"
+        self.log_path = self.work_dir / "storage.log"
+        self.host = HOST
+        self.port = free_tcp_port()
+        self.admin_port = free_tcp_port()
+        self.jetty_port: int | None = free_tcp_port() if jetty else None
+        config: dict[str, Any] = {
+            "storage.host": HOST,
+            "storage.port": self.port,
+            "storage.admin.port": self.admin_port,
+            "storage.directory": str(self.directory),
+            "zookeeper.connectString": zookeeper,
+            "zookeeper.sessionTimeout": ZK_SESSION_TIMEOUT_MS,
+            "cluster.root": cluster_root,
+        }
+        if self.jetty_port is not None:
+            config["storage.jetty.port"] = self.jetty_port
+        config.update(extra_config or {})
+        self.config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def start(self, wait: bool = True) -> StorageNodeProcess:
+        assert self.process is None or self.process.poll() is not None, "node already running"
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                waltz_command("storage", "start", "--config", str(self.config_path)),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        if wait:
+            self.wait_ready()
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace") if self.log_path.exists() else ""
+
+    def wait_ready(self, timeout_s: float = NODE_READY_TIMEOUT_S) -> None:
+        """Until the admin port completes an OPEN; raises if the node exits or time runs out."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"storage node exited with {self.process.returncode}:\n{self.log_text()}")
+            try:
+                self.run(self._probe())
+                return
+            except (StorageRpcError, ConnectionClosedError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"storage node not ready within {timeout_s} s:\n{self.log_text()}")
+            time.sleep(READY_POLL_INTERVAL_S)
+
+    async def _probe(self) -> None:
+        admin = self.admin_client()
+        await admin.open(PROBE_TIMEOUT_MS)
+        await admin.close()
+
+    def wait_exit(self, timeout_s: float = NODE_EXIT_TIMEOUT_S) -> int:
+        assert self.process is not None
+        return self.process.wait(timeout=timeout_s)
+
+    def kill(self) -> None:
+        """SIGKILL (kill -9) and reap."""
+        if self.running:
+            os.kill(self.pid, signal.SIGKILL)
+            self.wait_exit()
+
+    def terminate(self, sig: int = signal.SIGTERM) -> int:
+        """SIGTERM (or ``sig``) and wait for a clean exit; returns the exit code."""
+        assert self.process is not None
+        if self.running:
+            os.kill(self.pid, sig)
+        return self.wait_exit()
+
+    def restart(self, wait: bool = True) -> StorageNodeProcess:
+        if self.running:
+            self.terminate()
+        return self.start(wait)
+
+    def close(self) -> None:
+        """Stop the node however it is (for finally blocks)."""
+        if self.running:
+            try:
+                self.terminate()
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def __enter__(self) -> StorageNodeProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- clients ---------------------------------------------------------------------------
+
+    @staticmethod
+    def run(coro: Awaitable[T]) -> T:
+        async def go() -> T:
+            return await coro
+
+        return asyncio.run(go())
+
+    def admin_client(self) -> StorageAdminClient:
+        return StorageAdminClient(self.host, self.admin_port, client_ssl(), self.key, self.num_partitions)
+
+    def data_client(self, *, used_by_offline_recovery: bool = False) -> StorageClient:
+        return StorageClient(
+            self.host,
+            self.port,
+            client_ssl(),
+            self.key,
+            self.num_partitions,
+            used_by_offline_recovery=used_by_offline_recovery,
+        )
+
+    async def with_admin(self, action: Callable[[StorageAdminClient], Awaitable[T]]) -> T:
+        admin = self.admin_client()
+        await admin.open()
+        try:
+            return await action(admin)
+        finally:
+            await admin.close()
+
+    def assign(self, partition_ids: Sequence[int] | None = None, assigned: bool = True) -> None:
+        """ASSIGN (or unassign) partitions over the admin port; all partitions by default."""
+        ids = list(range(self.num_partitions)) if partition_ids is None else list(partition_ids)
+        self.run(self.with_admin(lambda a: a.set_partition_assignment(ids, assigned, False)))
+
+
+def start_storage_node(
+    zookeeper: str,
+    work_dir: Path,
+    num_partitions: int = DEFAULT_NUM_PARTITIONS,
+    *,
+    assign: Sequence[int] | None = None,
+    jetty: bool = True,
+    extra_config: dict[str, Any] | None = None,
+) -> StorageNodeProcess:
+    """Create a cluster, start a node on it, wait until ready, assign ``assign`` (default: all)."""
+    root, key = create_test_cluster(zookeeper, num_partitions)
+    node = StorageNodeProcess(
+        zookeeper, root, key, num_partitions, work_dir, jetty=jetty, extra_config=extra_config
+    )
+    node.start()
+    try:
+        node.assign(assign)
+    except BaseException:
+        node.close()
+        raise
+    return node

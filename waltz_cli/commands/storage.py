@@ -1,0 +1,33 @@
+"""`waltz storage ...`: run a storage node, and administer running ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from waltz_cli.commands import storage_admin
+
+app = typer.Typer(help="Run a storage node and administer running storage nodes.", no_args_is_help=True)
+
+storage_admin.register(app)
+
+
+ConfigFileOption = Annotated[
+    Path,
+    typer.Option("--config", "-c", help="Storage node YAML (storage.port, storage.directory ...)."),
+]
+LogLevelOption = Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")]
+
+
+@app.command("start")
+def start(config: ConfigFileOption, log_level: LogLevelOption = "info") -> None:
+    """Run a storage node until SIGTERM/SIGINT (the original's WaltzStorage).
+
+    Example: waltz storage start --config storage.yml
+    """
+    # Imported here so that other `waltz` commands do not pay for the node's imports.
+    from waltz_engine.storage.node import run
+
+    raise typer.Exit(run(config, log_level))

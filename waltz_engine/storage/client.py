@@ -1,0 +1,466 @@
+"""Clients of a storage node's data port and admin port (reference §1.9).
+
+One TLS connection each, with the Hello handshake and an OPEN (seqNum -1) that checks the
+cluster key. Calls are pipelined: every request gets the next sequence number of the
+connection, its future waits in a table until the response with that number arrives, and
+a single read task per connection resolves them. A disconnect fails every pending call
+with :class:`StorageRpcError` ("disconnected ..."); every call is bounded by a timeout.
+
+Sending never awaits between taking a sequence number and writing the frame, so requests
+issued in order by concurrent tasks reach the node in that order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import ssl
+import struct
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from waltz_engine.errors import ProtocolError, WaltzError
+from waltz_engine.net import CONNECT_TIMEOUT_MS, ConnectionClosedError, FramedConnection, connect
+from waltz_engine.record import Record, RecordHeader
+from waltz_engine.wire.admin_messages import (
+    ADMIN_CODEC,
+    AdminAssignedPartitionStatusRequest,
+    AdminAssignedPartitionStatusResponse,
+    AdminFailureResponse,
+    AdminLastSessionInfoRequest,
+    AdminLastSessionInfoResponse,
+    AdminMetricsRequest,
+    AdminMetricsResponse,
+    AdminOpenRequest,
+    AdminPartitionAssignmentRequest,
+    AdminPartitionAvailableRequest,
+    AdminRecordListRequest,
+    AdminRecordListResponse,
+    AdminSuccessResponse,
+)
+from waltz_engine.wire.codec import MessageCodec
+from waltz_engine.wire.frame import FRAME_HEADER, check_frame_length
+from waltz_engine.wire.hello import STORAGE_ADMIN_CLIENT_HELLO_TEXT, STORAGE_CLIENT_HELLO_TEXT
+from waltz_engine.wire.primitives import I32, SessionInfo, write_records
+from waltz_engine.wire.storage_messages import (
+    NO_PARTITION_ID,
+    NO_SESSION_ID,
+    STORAGE_CODEC,
+    STORAGE_MAGIC,
+    STORAGE_VERSION,
+    StorageAppendRequest,
+    StorageFailureResponse,
+    StorageLastSessionInfoRequest,
+    StorageLastSessionInfoResponse,
+    StorageMaxTransactionIdRequest,
+    StorageMaxTransactionIdResponse,
+    StorageOpenRequest,
+    StorageRecordHeaderListRequest,
+    StorageRecordHeaderListResponse,
+    StorageRecordHeaderRequest,
+    StorageRecordHeaderResponse,
+    StorageRecordListRequest,
+    StorageRecordListResponse,
+    StorageRecordRequest,
+    StorageRecordResponse,
+    StorageSetLowWaterMarkRequest,
+    StorageSuccessResponse,
+    StorageTruncateRequest,
+)
+
+__all__ = [
+    "DEFAULT_REQUEST_TIMEOUT_MS",
+    "SessionInfo",
+    "StorageAdminClient",
+    "StorageClient",
+    "StorageRpcError",
+    "StorageTimeoutError",
+    "encode_append_records",
+]
+
+log = logging.getLogger(__name__)
+
+# How long one call waits for its response before giving up (the connection stays usable).
+DEFAULT_REQUEST_TIMEOUT_MS = 30_000
+OPEN_SEQ_NUM = -1
+FIRST_SEQ_NUM = 0
+APPEND_REQUEST_TYPE = 6
+# type, sessionId, seqNum, partitionId: the part of an APPEND frame that differs per connection.
+_APPEND_HEAD = struct.Struct(">bqqi")
+_BOOL = struct.Struct(">?")
+
+R = TypeVar("R")
+
+
+class StorageRpcError(WaltzError):
+    """The node answered FAILURE_RESPONSE (its message), or the connection was lost."""
+
+
+class StorageTimeoutError(StorageRpcError):
+    """No response within the call's timeout."""
+
+
+def encode_append_records(records: Sequence[Record]) -> bytes:
+    """The records part of an APPEND_REQUEST (count + records), encoded once for many replicas."""
+    out = bytearray()
+    write_records(out, records)
+    return bytes(out)
+
+
+class _RpcConnection:
+    """What both clients share: connect + OPEN, sequence numbers, pending futures, read loop."""
+
+    def __init__(
+        self,
+        name: str,
+        host: str,
+        port: int,
+        ssl_context: ssl.SSLContext,
+        codec: MessageCodec[Any],
+        hello_text: str,
+        request_timeout_ms: int,
+    ) -> None:
+        assert request_timeout_ms > 0
+        self.name = name
+        self.host = host
+        self.port = port
+        self.request_timeout_ms = request_timeout_ms
+        self._ssl_context = ssl_context
+        self._codec = codec
+        self._hello_text = hello_text
+        self._conn: FramedConnection | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._next_seq_num = FIRST_SEQ_NUM
+        self._closed_reason: str | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def is_open(self) -> bool:
+        return self._conn is not None and self._closed_reason is None and not self._conn.closed
+
+    async def _open(self, open_frame: bytes, timeout_ms: int) -> None:
+        assert self._conn is None, "a client opens once; make a new one to reconnect"
+        self._conn = await connect(
+            self.host,
+            self.port,
+            self._ssl_context,
+            {self._codec.version: self._codec},
+            self._hello_text,
+            timeout_ms,
+        )
+        self._reader = asyncio.create_task(self._read_loop(self._conn), name=f"{self.name}-reader")
+        try:
+            response = await self._exchange(OPEN_SEQ_NUM, [open_frame], timeout_ms)
+        except BaseException:
+            await self.close()
+            raise
+        if not self._is_success(response):
+            await self.close()
+            raise StorageRpcError(f"{self.name} {self.endpoint}: unexpected OPEN response {response!r}")
+
+    def _is_success(self, response: Any) -> bool:
+        raise NotImplementedError
+
+    def _failure_message(self, response: Any) -> str | None:
+        """The node's message when ``response`` is a FAILURE_RESPONSE, else None."""
+        raise NotImplementedError
+
+    def _take_seq_num(self) -> int:
+        seq_num = self._next_seq_num
+        self._next_seq_num += 1
+        return seq_num
+
+    async def _exchange(self, seq_num: int, frames: Sequence[bytes], timeout_ms: int | None = None) -> Any:
+        """Send the frames of one request, wait for its response; FAILURE raises StorageRpcError."""
+        conn = self._conn
+        if conn is None or self._closed_reason is not None:
+            raise StorageRpcError(
+                f"{self.name} {self.endpoint}: disconnected ({self._closed_reason or 'not open'})"
+            )
+        assert seq_num not in self._pending, f"sequence number {seq_num} already in flight"
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[seq_num] = future
+        try:
+            for frame in frames:
+                conn.send_frame(frame)
+            await conn.drain()
+        except ConnectionClosedError as e:
+            self._pending.pop(seq_num, None)
+            raise StorageRpcError(f"{self.name} {self.endpoint}: disconnected ({e})") from None
+        wait_ms = self.request_timeout_ms if timeout_ms is None else timeout_ms
+        try:
+            response = await asyncio.wait_for(future, wait_ms / 1000)
+        except TimeoutError:
+            raise StorageTimeoutError(
+                f"{self.name} {self.endpoint}: no response to request {seq_num} within {wait_ms} ms"
+            ) from None
+        finally:
+            self._pending.pop(seq_num, None)
+        message = self._failure_message(response)
+        if message is not None:
+            raise StorageRpcError(message)
+        return response
+
+    async def _call(self, build: Callable[[int], Any], expected: type[R]) -> R:
+        seq_num = self._take_seq_num()
+        response = await self._exchange(seq_num, [self._codec.encode_frame(build(seq_num))])
+        if type(response) is not expected:
+            raise StorageRpcError(
+                f"{self.name} {self.endpoint}: expected {expected.__name__}, got {type(response).__name__}"
+            )
+        return response
+
+    async def _read_loop(self, conn: FramedConnection) -> None:
+        reason = "closed by the node"
+        try:
+            while (message := await conn.receive()) is not None:
+                future = self._pending.get(message.seq_num)
+                if future is None:
+                    # A late answer to a call that timed out: nobody waits for it any more.
+                    log.debug("%s %s: response to no pending call: %r", self.name, self.endpoint, message)
+                elif not future.done():
+                    future.set_result(message)
+        except ProtocolError as e:
+            reason = f"bad data from the node: {e}"
+            log.warning("%s %s: %s", self.name, self.endpoint, reason)
+        except (ConnectionClosedError, ConnectionError, ssl.SSLError, asyncio.IncompleteReadError) as e:
+            reason = f"connection lost: {e or type(e).__name__}"
+        except asyncio.CancelledError:
+            reason = "client closed"
+            raise
+        finally:
+            self._fail_all(reason)
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    def _fail_all(self, reason: str) -> None:
+        if self._closed_reason is None:
+            self._closed_reason = reason
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(StorageRpcError(f"{self.name} {self.endpoint}: disconnected ({reason})"))
+
+    async def close(self) -> None:
+        self._fail_all("client closed")
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+        if self._conn is not None:
+            await self._conn.close()
+
+    async def __aenter__(self: Any) -> Any:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class StorageClient(_RpcConnection):
+    """A connection to a storage node's data port (``storage.port``)."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        ssl_context: ssl.SSLContext,
+        key: uuid.UUID,
+        num_partitions: int,
+        *,
+        used_by_offline_recovery: bool = False,
+        request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
+    ) -> None:
+        super().__init__(
+            "storage", host, port, ssl_context, STORAGE_CODEC, STORAGE_CLIENT_HELLO_TEXT, request_timeout_ms
+        )
+        self.key = key
+        self.num_partitions = num_partitions
+        self.used_by_offline_recovery = used_by_offline_recovery
+
+    async def open(self, timeout_ms: int = CONNECT_TIMEOUT_MS) -> None:
+        request = StorageOpenRequest(
+            NO_SESSION_ID, OPEN_SEQ_NUM, NO_PARTITION_ID, self.key, self.num_partitions
+        )
+        await self._open(STORAGE_CODEC.encode_frame(request), timeout_ms)
+
+    def _is_success(self, response: Any) -> bool:
+        return type(response) is StorageSuccessResponse
+
+    def _failure_message(self, response: Any) -> str | None:
+        if type(response) is StorageFailureResponse:
+            return response.exception.message or "storage node failure (no message)"
+        return None
+
+    async def last_session_info(self, session_id: int, partition_id: int) -> SessionInfo:
+        offline = self.used_by_offline_recovery
+        response = await self._call(
+            lambda s: StorageLastSessionInfoRequest(session_id, s, partition_id, offline),
+            StorageLastSessionInfoResponse,
+        )
+        return response.last_session_info
+
+    async def set_low_water_mark(self, session_id: int, partition_id: int, low_water_mark: int) -> None:
+        offline = self.used_by_offline_recovery
+        await self._call(
+            lambda s: StorageSetLowWaterMarkRequest(session_id, s, partition_id, low_water_mark, offline),
+            StorageSuccessResponse,
+        )
+
+    async def truncate(self, session_id: int, partition_id: int, transaction_id: int) -> int:
+        offline = self.used_by_offline_recovery
+        response = await self._call(
+            lambda s: StorageTruncateRequest(session_id, s, partition_id, transaction_id, offline),
+            StorageMaxTransactionIdResponse,
+        )
+        return response.transaction_id
+
+    async def append(self, session_id: int, partition_id: int, records: Sequence[Record]) -> None:
+        offline = self.used_by_offline_recovery
+        await self._call(
+            lambda s: StorageAppendRequest(session_id, s, partition_id, tuple(records), offline),
+            StorageSuccessResponse,
+        )
+
+    async def append_encoded(self, session_id: int, partition_id: int, encoded: bytes, count: int) -> None:
+        """APPEND the output of :func:`encode_append_records` (``count`` records) without re-encoding it."""
+        assert len(encoded) >= I32.size and I32.unpack_from(encoded, 0)[0] == count, "count does not match"
+        seq_num = self._take_seq_num()
+        head = _APPEND_HEAD.pack(APPEND_REQUEST_TYPE, session_id, seq_num, partition_id)
+        length = len(head) + len(encoded) + _BOOL.size
+        check_frame_length(length)
+        frame_head = FRAME_HEADER.pack(STORAGE_MAGIC, STORAGE_VERSION, length) + head
+        tail = _BOOL.pack(self.used_by_offline_recovery)
+        response = await self._exchange(seq_num, [frame_head, encoded, tail])
+        if type(response) is not StorageSuccessResponse:
+            raise StorageRpcError(f"storage {self.endpoint}: expected SUCCESS, got {type(response).__name__}")
+
+    async def record_header(
+        self, session_id: int, partition_id: int, transaction_id: int
+    ) -> RecordHeader | None:
+        response = await self._call(
+            lambda s: StorageRecordHeaderRequest(session_id, s, partition_id, transaction_id),
+            StorageRecordHeaderResponse,
+        )
+        return response.record_header
+
+    async def record(self, session_id: int, partition_id: int, transaction_id: int) -> Record | None:
+        response = await self._call(
+            lambda s: StorageRecordRequest(session_id, s, partition_id, transaction_id), StorageRecordResponse
+        )
+        return response.record
+
+    async def record_headers(
+        self, session_id: int, partition_id: int, transaction_id: int, max_records: int
+    ) -> list[RecordHeader]:
+        response = await self._call(
+            lambda s: StorageRecordHeaderListRequest(
+                session_id, s, partition_id, transaction_id, max_records
+            ),
+            StorageRecordHeaderListResponse,
+        )
+        return list(response.record_headers)
+
+    async def records(
+        self, session_id: int, partition_id: int, transaction_id: int, max_records: int
+    ) -> list[Record]:
+        response = await self._call(
+            lambda s: StorageRecordListRequest(session_id, s, partition_id, transaction_id, max_records),
+            StorageRecordListResponse,
+        )
+        return list(response.records)
+
+    async def max_transaction_id(self, session_id: int, partition_id: int) -> int:
+        offline = self.used_by_offline_recovery
+        response = await self._call(
+            lambda s: StorageMaxTransactionIdRequest(session_id, s, partition_id, offline),
+            StorageMaxTransactionIdResponse,
+        )
+        return response.transaction_id
+
+
+class StorageAdminClient(_RpcConnection):
+    """A connection to a storage node's admin port (``storage.admin.port``)."""
+
+    def __init__(
+        self,
+        host: str,
+        admin_port: int,
+        ssl_context: ssl.SSLContext,
+        key: uuid.UUID,
+        num_partitions: int,
+        *,
+        request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
+    ) -> None:
+        super().__init__(
+            "storage admin",
+            host,
+            admin_port,
+            ssl_context,
+            ADMIN_CODEC,
+            STORAGE_ADMIN_CLIENT_HELLO_TEXT,
+            request_timeout_ms,
+        )
+        self.key = key
+        self.num_partitions = num_partitions
+
+    async def open(self, timeout_ms: int = CONNECT_TIMEOUT_MS) -> None:
+        request = AdminOpenRequest(OPEN_SEQ_NUM, self.key, self.num_partitions)
+        await self._open(ADMIN_CODEC.encode_frame(request), timeout_ms)
+
+    def _is_success(self, response: Any) -> bool:
+        return type(response) is AdminSuccessResponse
+
+    def _failure_message(self, response: Any) -> str | None:
+        if type(response) is AdminFailureResponse:
+            return response.exception.message or "storage node failure (no message)"
+        return None
+
+    async def set_partition_available(self, partition_ids: Sequence[int], available: bool) -> None:
+        ids = tuple(partition_ids)
+        await self._call(lambda s: AdminPartitionAvailableRequest(s, ids, available), AdminSuccessResponse)
+
+    async def set_partition_assignment(
+        self, partition_ids: Sequence[int], assigned: bool, delete_storage_files: bool
+    ) -> None:
+        ids = tuple(partition_ids)
+        await self._call(
+            lambda s: AdminPartitionAssignmentRequest(s, ids, assigned, delete_storage_files),
+            AdminSuccessResponse,
+        )
+
+    async def metrics(self) -> dict[str, Any]:
+        response = await self._call(AdminMetricsRequest, AdminMetricsResponse)
+        if response.metrics_json is None:
+            raise StorageRpcError(f"storage admin {self.endpoint}: METRICS_RESPONSE without metrics")
+        try:
+            metrics: dict[str, Any] = json.loads(response.metrics_json)
+        except ValueError as e:
+            raise StorageRpcError(f"storage admin {self.endpoint}: metrics are not JSON: {e}") from None
+        return metrics
+
+    async def record_list(self, partition_id: int, transaction_id: int, max_records: int) -> list[Record]:
+        response = await self._call(
+            lambda s: AdminRecordListRequest(s, partition_id, transaction_id, max_records),
+            AdminRecordListResponse,
+        )
+        return list(response.records)
+
+    async def assigned_partition_status(self) -> dict[int, bool]:
+        response = await self._call(AdminAssignedPartitionStatusRequest, AdminAssignedPartitionStatusResponse)
+        return dict(response.partition_status_map)
+
+    async def last_session_info(self, partition_id: int) -> SessionInfo:
+        response = await self._call(
+            lambda s: AdminLastSessionInfoRequest(s, partition_id), AdminLastSessionInfoResponse
+        )
+        return response.last_session_info

@@ -1,0 +1,142 @@
+"""The admin port (``storage.admin.port``): assignment, availability, status, metrics, raw reads
+(reference §1.3). Requests of one connection are served in order; disk work runs on the
+node's admin thread, so the event loop and the partitions' threads are never held up."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from waltz_engine.errors import ProtocolError, StorageError
+from waltz_engine.metrics import MetricsRegistry
+from waltz_engine.net import FramedConnection
+from waltz_engine.storage.node.data_handler import NOT_OPENED_MESSAGE, check_open
+from waltz_engine.storage.node.failures import NotOpenedError, PartitionNotAssignedError, rpc_exception
+from waltz_engine.storage.storage_manager import StorageManager
+from waltz_engine.wire.admin_messages import (
+    AdminAssignedPartitionStatusRequest,
+    AdminAssignedPartitionStatusResponse,
+    AdminFailureResponse,
+    AdminLastSessionInfoRequest,
+    AdminLastSessionInfoResponse,
+    AdminMetricsRequest,
+    AdminMetricsResponse,
+    AdminOpenRequest,
+    AdminPartitionAssignmentRequest,
+    AdminPartitionAvailableRequest,
+    AdminRecordListRequest,
+    AdminRecordListResponse,
+    AdminSuccessResponse,
+)
+from waltz_engine.wire.primitives import SessionInfo
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+# Jackson's pretty printer indents by two spaces.
+METRICS_JSON_INDENT = 2
+
+
+class AdminHandler:
+    """``handler(conn)`` for :func:`waltz_engine.net.serve` on the admin port."""
+
+    def __init__(
+        self,
+        manager: StorageManager,
+        metrics: MetricsRegistry,
+        executor: ThreadPoolExecutor,
+        on_assignment_changed: Callable[[], Awaitable[None]],
+    ) -> None:
+        self._manager = manager
+        self._metrics = metrics
+        self._executor = executor
+        self._on_assignment_changed = on_assignment_changed
+
+    async def _off_loop(self, work: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, work)
+
+    async def __call__(self, conn: FramedConnection) -> None:
+        opened = False
+        while (msg := await conn.receive()) is not None:
+            if type(msg) is AdminOpenRequest:
+                error = await check_open(self._manager, msg.key, msg.num_partitions)
+                opened = error is None
+                if error is not None:
+                    log.warning("admin port: OPEN from %s refused: %s", conn.peer, error)
+                await conn.send(
+                    AdminSuccessResponse(msg.seq_num) if error is None else self._reply(msg, error)
+                )
+                continue
+            if not opened:
+                await conn.send(self._reply(msg, NotOpenedError(NOT_OPENED_MESSAGE)))
+                raise ProtocolError(f"{type(msg).__name__} before a successful OPEN_REQUEST")
+            try:
+                reply = await self._serve(msg)
+            except (StorageError, OSError) as e:
+                log.warning("admin port: %s from %s failed: %s", type(msg).__name__, conn.peer, e)
+                reply = self._reply(msg, e)
+            await conn.send(reply)
+
+    @staticmethod
+    def _reply(msg: Any, error: BaseException) -> AdminFailureResponse:
+        return AdminFailureResponse(msg.seq_num, rpc_exception(error))
+
+    def _partition_ids(self, ids: tuple[int, ...] | None) -> tuple[int, ...]:
+        if ids is None:
+            raise StorageError("partition id list is null")
+        for partition_id in ids:
+            if not 0 <= partition_id < self._manager.num_partitions:
+                raise StorageError(
+                    f"partition id {partition_id} is out of range [0, {self._manager.num_partitions})"
+                )
+        return ids
+
+    async def _serve(self, msg: Any) -> Any:
+        manager = self._manager
+        kind = type(msg)
+        if kind is AdminPartitionAvailableRequest:
+            ids = self._partition_ids(msg.partition_ids)
+            await self._off_loop(lambda: manager.set_partition_available(ids, msg.toggled))
+            log.info("partitions %s set %s", list(ids), "available" if msg.toggled else "unavailable")
+            return AdminSuccessResponse(msg.seq_num)
+        if kind is AdminPartitionAssignmentRequest:
+            ids = self._partition_ids(msg.partition_ids)
+            try:
+                await self._off_loop(
+                    lambda: manager.set_partition_assignment(ids, msg.toggled, msg.delete_storage_files)
+                )
+            finally:
+                await self._on_assignment_changed()
+            log.info(
+                "partitions %s %s%s",
+                list(ids),
+                "assigned" if msg.toggled else "unassigned",
+                " (files deleted)" if msg.delete_storage_files and not msg.toggled else "",
+            )
+            return AdminSuccessResponse(msg.seq_num)
+        if kind is AdminRecordListRequest:
+            records = await self._off_loop(
+                lambda: self._assigned(msg.partition_id).records(msg.transaction_id, msg.max_num_records)
+            )
+            return AdminRecordListResponse(msg.seq_num, msg.partition_id, tuple(records))
+        if kind is AdminLastSessionInfoRequest:
+            info = await self._off_loop(lambda: manager.partition_info(msg.partition_id).last_session_info())
+            return AdminLastSessionInfoResponse(msg.seq_num, msg.partition_id, SessionInfo(*info))
+        if kind is AdminMetricsRequest:
+            return AdminMetricsResponse(
+                msg.seq_num, json.dumps(self._metrics.to_json(), indent=METRICS_JSON_INDENT)
+            )
+        if kind is AdminAssignedPartitionStatusRequest:
+            status = await self._off_loop(manager.assigned_partition_status)
+            return AdminAssignedPartitionStatusResponse(msg.seq_num, tuple(sorted(status.items())))
+        raise ProtocolError(f"{kind.__name__} is not a request the storage admin port serves")
+
+    def _assigned(self, partition_id: int) -> Any:
+        try:
+            return self._manager.partition(partition_id)
+        except StorageError:
+            raise PartitionNotAssignedError(partition_id) from None

@@ -1,0 +1,77 @@
+"""The data port (``storage.port``): OPEN, then requests routed to their partition's worker."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from waltz_engine.errors import ProtocolError, StorageError
+from waltz_engine.net import FramedConnection
+from waltz_engine.storage.node.failures import NotOpenedError, PartitionNotAssignedError
+from waltz_engine.storage.node.partition_worker import PARTITION_REQUEST_TYPES, PartitionWorker, failure_frame
+from waltz_engine.storage.storage_manager import StorageManager
+from waltz_engine.wire.storage_messages import (
+    NO_PARTITION_ID,
+    NO_SEQ_NUM,
+    NO_SESSION_ID,
+    STORAGE_CODEC,
+    StorageOpenRequest,
+    StorageSuccessResponse,
+)
+
+log = logging.getLogger(__name__)
+
+NOT_OPENED_MESSAGE = "the connection is not open: the first request must be OPEN_REQUEST"
+_OPEN_SUCCESS_FRAME = STORAGE_CODEC.encode_frame(
+    StorageSuccessResponse(NO_SESSION_ID, NO_SEQ_NUM, NO_PARTITION_ID)
+)
+
+
+async def check_open(manager: StorageManager, key: Any, num_partitions: int) -> StorageError | None:
+    """Validate an OPEN off the event loop (the manager's lock may be held by an admin change)."""
+    try:
+        await asyncio.get_running_loop().run_in_executor(None, manager.open, key, num_partitions)
+    except StorageError as e:
+        return e
+    return None
+
+
+class DataHandler:
+    """``handler(conn)`` for :func:`waltz_engine.net.serve` on the data port."""
+
+    def __init__(self, manager: StorageManager, worker_of: Callable[[int], PartitionWorker | None]) -> None:
+        self._manager = manager
+        self._worker_of = worker_of
+
+    async def __call__(self, conn: FramedConnection) -> None:
+        opened = False
+        while True:
+            # Replies pile up when the client does not read them: stop reading its requests too.
+            await conn.drain()
+            msg = await conn.receive()
+            if msg is None:
+                return
+            kind = type(msg)
+            if kind is StorageOpenRequest:
+                error = await check_open(self._manager, msg.key, msg.num_partitions)
+                if error is None:
+                    opened = True
+                    conn.send_frame(_OPEN_SUCCESS_FRAME)
+                else:
+                    # As the original, the connection stays; a client closes after a failed OPEN.
+                    log.warning("data port: OPEN from %s refused: %s", conn.peer, error)
+                    conn.send_frame(failure_frame(msg, error))
+                continue
+            if kind not in PARTITION_REQUEST_TYPES:
+                raise ProtocolError(f"{kind.__name__} is not a request the storage data port serves")
+            if not opened:
+                conn.send_frame(failure_frame(msg, NotOpenedError(NOT_OPENED_MESSAGE)))
+                await conn.drain()
+                raise ProtocolError(f"{kind.__name__} before a successful OPEN_REQUEST")
+            worker = self._worker_of(msg.partition_id)
+            if worker is None:
+                conn.send_frame(failure_frame(msg, PartitionNotAssignedError(msg.partition_id)))
+            else:
+                await worker.submit(conn, msg)

@@ -1,0 +1,42 @@
+"""FAILURE_RESPONSE bodies as the original writes them: ``StorageRpcException(cause)`` carries
+``cause.toString()``, i.e. the Java class name, ": ", and the message (reference §1.2)."""
+
+from __future__ import annotations
+
+from waltz_engine.errors import StorageError
+from waltz_engine.storage.control_file import ConcurrentUpdateError
+from waltz_engine.wire.primitives import StorageRpcException
+
+JAVA_STORAGE_EXCEPTION = "com.wepay.waltz.storage.exception.StorageException"
+JAVA_CONCURRENT_UPDATE_EXCEPTION = "com.wepay.waltz.storage.exception.ConcurrentUpdateException"
+JAVA_IO_EXCEPTION = "java.io.IOException"
+JAVA_EXCEPTION = "java.lang.Exception"
+
+
+class PartitionNotAssignedError(StorageError):
+    """The partition is not open on this node (the original throws a plain ``Exception``)."""
+
+    def __init__(self, partition_id: int) -> None:
+        super().__init__(f"Partition:{partition_id} is not assigned.")
+
+
+class NotOpenedError(StorageError):
+    """A request came before a successful OPEN_REQUEST on this connection."""
+
+
+def java_class_of(error: BaseException) -> str:
+    if isinstance(error, ConcurrentUpdateError):
+        return JAVA_CONCURRENT_UPDATE_EXCEPTION
+    if isinstance(error, PartitionNotAssignedError):
+        return JAVA_EXCEPTION
+    if isinstance(error, StorageError):
+        return JAVA_STORAGE_EXCEPTION
+    if isinstance(error, OSError):
+        return JAVA_IO_EXCEPTION
+    return JAVA_EXCEPTION
+
+
+def rpc_exception(error: BaseException) -> StorageRpcException:
+    """What a client reads as the failure message. No stack frames: ours mean nothing to Java."""
+    text = str(error) if not isinstance(error, OSError) else (error.strerror or str(error))
+    return StorageRpcException(f"{java_class_of(error)}: {text}", ())

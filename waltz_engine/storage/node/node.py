@@ -1,0 +1,264 @@
+"""A storage node: read StoreParams from ZooKeeper, open the storage directory, serve the data
+port, the admin port and HTTP until SIGTERM/SIGINT (reference §1.1)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from waltz_engine import __version__
+from waltz_engine.errors import StorageError, WaltzError
+from waltz_engine.http_endpoints import HttpEndpoints
+from waltz_engine.metrics import MetricsRegistry
+from waltz_engine.net import FramedConnection, serve
+from waltz_engine.storage.node.admin_handler import AdminHandler
+from waltz_engine.storage.node.config import StorageConfig
+from waltz_engine.storage.node.data_handler import DataHandler
+from waltz_engine.storage.node.partition_worker import PartitionWorker
+from waltz_engine.storage.partition import Partition
+from waltz_engine.storage.storage_manager import StorageManager
+from waltz_engine.tls import server_context
+from waltz_engine.wire.admin_messages import ADMIN_CODEC
+from waltz_engine.wire.hello import STORAGE_ADMIN_SERVER_HELLO_TEXT, STORAGE_SERVER_HELLO_TEXT
+from waltz_engine.wire.storage_messages import STORAGE_CODEC
+from waltz_engine.zk.connection import connect
+from waltz_engine.zk.store_metadata import read_store_params
+from waltz_engine.zk.znodes import ClusterNotFoundError
+
+log = logging.getLogger("waltz_engine.storage.node")
+
+T = TypeVar("T")
+
+SERVICE_NAME = "waltz-storage"
+METRIC_GROUP = "waltz-storage"
+HEALTH_CHECK_NAME = "storage-health-check"
+# How long stopping waits for connection handlers to end once cancelled.
+STOP_CONNECTIONS_TIMEOUT_S = 10.0
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def read_cluster_params(config: StorageConfig) -> tuple[uuid.UUID, int]:
+    """Key and partition count from ``<cluster.root>/store``; bounded by the ZooKeeper timeouts."""
+    settings = config.zookeeper
+    try:
+        with connect(settings) as client:
+            params = read_store_params(client, settings.cluster_root)
+    except ClusterNotFoundError as e:
+        raise StorageError(
+            f"no cluster at {settings.cluster_root} in ZooKeeper {settings.connect_string} ({e}); "
+            "create it first (waltz create-cluster)"
+        ) from None
+    return params.key, params.num_partitions
+
+
+class StorageNode:
+    """One storage node in this process: ``await start()``, then ``await stop()``."""
+
+    def __init__(self, config: StorageConfig) -> None:
+        self.config = config
+        self.metrics = MetricsRegistry()
+        self.manager: StorageManager | None = None
+        self.workers: dict[int, PartitionWorker] = {}
+        self._admin_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="storage-admin")
+        self._servers: list[asyncio.Server] = []
+        self._http: HttpEndpoints | None = None
+        self._connection_tasks: set[asyncio.Task[Any]] = set()
+        self._stopped = False
+
+    async def _off_loop(self, work: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._admin_executor, work)
+
+    def worker_of(self, partition_id: int) -> PartitionWorker | None:
+        worker = self.workers.get(partition_id)
+        return worker if worker is not None and worker.partition is not None else None
+
+    def assigned_partition_ids(self) -> list[int]:
+        return sorted(p for p, w in self.workers.items() if w.partition is not None)
+
+    async def start(self) -> None:
+        config = self.config
+        ssl_context = server_context(config.tls)
+        key, num_partitions = await self._off_loop(lambda: read_cluster_params(config))
+        log.info("cluster %s: key %s, %d partitions", config.zookeeper.cluster_root, key, num_partitions)
+
+        def open_manager() -> StorageManager:
+            config.directory.mkdir(parents=True, exist_ok=True)
+            return StorageManager(
+                config.directory,
+                key,
+                num_partitions,
+                segment_size_threshold_bytes=config.segment_size_threshold_bytes,
+                segment_cache_capacity=config.segment_cache_capacity,
+            )
+
+        self.manager = manager = await self._off_loop(open_manager)
+        self._register_metrics()
+        await self.refresh_partitions()
+        data = DataHandler(manager, self.worker_of)
+        admin = AdminHandler(manager, self.metrics, self._admin_executor, self.refresh_partitions)
+        self._servers.append(
+            await serve(
+                config.host,
+                config.port,
+                ssl_context,
+                {STORAGE_CODEC.version: STORAGE_CODEC},
+                STORAGE_SERVER_HELLO_TEXT,
+                self._tracked(data),
+                "storage data port",
+            )
+        )
+        self._servers.append(
+            await serve(
+                config.host,
+                config.admin_port,
+                ssl_context,
+                {ADMIN_CODEC.version: ADMIN_CODEC},
+                STORAGE_ADMIN_SERVER_HELLO_TEXT,
+                self._tracked(admin),
+                "storage admin port",
+            )
+        )
+        if config.jetty_port is not None:
+            self._http = HttpEndpoints(SERVICE_NAME, self.metrics)
+            self._http.add_health_check(HEALTH_CHECK_NAME, lambda: (True, {"storage": "true"}))
+            await self._http.start(config.host, config.jetty_port)
+        else:
+            log.warning("storage.jetty.port is not set: no HTTP endpoints (health, metrics)")
+        log.info(
+            "storage node ready: host %s, data port %d, admin port %d, http port %s, directory %s, "
+            "assigned partitions %s",
+            config.host,
+            config.port,
+            config.admin_port,
+            config.jetty_port if config.jetty_port is not None else "none",
+            config.directory,
+            self.assigned_partition_ids(),
+        )
+
+    def _register_metrics(self) -> None:
+        self.metrics.gauge(
+            METRIC_GROUP, "waltz-storage-num-partitions", lambda: len(self.assigned_partition_ids())
+        )
+        self.metrics.gauge(METRIC_GROUP, "waltz-storage-partition-ids", self.assigned_partition_ids)
+        self.metrics.gauge(METRIC_GROUP, "waltz-version-id", lambda: __version__)
+
+    async def refresh_partitions(self) -> None:
+        """Attach every open partition to its worker, detach the unassigned ones."""
+        manager = self.manager
+        assert manager is not None
+
+        def snapshot() -> dict[int, tuple[Partition, int]]:
+            opened: dict[int, tuple[Partition, int]] = {}
+            for partition_id in manager.assigned_partition_ids():
+                partition = manager.partition(partition_id)
+                opened[partition_id] = (partition, partition.max_transaction_id())
+            return opened
+
+        opened = await self._off_loop(snapshot)
+        for partition_id, worker in self.workers.items():
+            if partition_id not in opened and worker.partition is not None:
+                worker.detach()
+        for partition_id, (partition, max_transaction_id) in opened.items():
+            if partition_id not in self.workers:
+                self.workers[partition_id] = PartitionWorker(partition_id, self.metrics)
+            worker = self.workers[partition_id]
+            if worker.partition is not partition:
+                worker.attach(partition, max_transaction_id)
+
+    def _tracked(self, handler: Callable[[FramedConnection], Any]) -> Callable[[FramedConnection], Any]:
+        """Remember each connection's task so that stopping can end it."""
+
+        async def run(conn: FramedConnection) -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            self._connection_tasks.add(task)
+            try:
+                await handler(conn)
+            finally:
+                self._connection_tasks.discard(task)
+
+        return run
+
+    async def stop(self) -> None:
+        """Stop accepting, end connections, finish the batch in hand, close files, release the lock."""
+        if self._stopped:
+            return
+        self._stopped = True
+        for server in self._servers:
+            server.close()
+        tasks = list(self._connection_tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=STOP_CONNECTIONS_TIMEOUT_S)
+        for server in self._servers:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(server.wait_closed(), STOP_CONNECTIONS_TIMEOUT_S)
+        for worker in self.workers.values():
+            await worker.stop()
+        if self._http is not None:
+            await self._http.close()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._admin_executor.shutdown, True)
+        if self.manager is not None:
+            await loop.run_in_executor(None, self.manager.close)
+        log.info("storage node stopped: %s closed and unlocked", self.config.directory)
+
+
+async def _serve_until_signalled(config: StorageConfig) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    node = StorageNode(config)
+    try:
+        await node.start()
+    except (WaltzError, OSError) as e:
+        await node.stop()
+        _print_error(e)
+        return 1
+    await stop.wait()
+    log.info("stopping on signal")
+    await node.stop()
+    return 0
+
+
+def _print_error(error: BaseException) -> None:
+    if isinstance(error, OSError) and not isinstance(error, WaltzError):
+        where = f"{error.filename}: " if error.filename else ""
+        text = f"{where}{error.strerror or error}"
+    else:
+        text = str(error)
+    sys.stderr.write(f"error: {text}\n")
+    sys.stderr.flush()
+
+
+def configure_logging(log_level: str) -> None:
+    level = log_level.strip().upper()
+    if level.lower() not in LOG_LEVELS:
+        raise ValueError(f"log level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}")
+    logging.basicConfig(stream=sys.stderr, level=level, format=LOG_FORMAT)
+
+
+def run(config_path: Path | str, log_level: str = "info") -> int:
+    """`waltz storage start`: serve until SIGTERM/SIGINT; 0 on a clean stop, 1 on a startup error."""
+    try:
+        configure_logging(log_level)
+    except ValueError as e:
+        _print_error(e)
+        return 1
+    try:
+        config = StorageConfig.load(config_path)
+    except WaltzError as e:
+        _print_error(e)
+        return 1
+    return asyncio.run(_serve_until_signalled(config))

@@ -1,0 +1,339 @@
+"""One partition's request processing: a bounded queue and one disk thread (the original's
+"Storage-P<id>" task, reference §1.2), with session fencing and the flag checks.
+
+The connection handlers decode a request once and :meth:`PartitionWorker.submit` it; when
+the queue is full they wait, and so stop reading their socket (back pressure). The worker
+takes whatever is queued (up to a whole queue) and processes it in order on its own thread,
+so one partition's fsync never blocks another partition, the admin port or the event loop.
+Consecutive APPENDs that would each succeed alone are written with one fsync (group
+commit); each SUCCESS is still sent only after its records are durable. The replies are
+encoded on the disk thread and written on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from waltz_engine.errors import StorageError
+from waltz_engine.metrics import Counter, Meter, MetricsRegistry, Timer
+from waltz_engine.net import ConnectionClosedError, FramedConnection
+from waltz_engine.record import Record
+from waltz_engine.storage.control_file import ConcurrentUpdateError
+from waltz_engine.storage.node.failures import PartitionNotAssignedError, rpc_exception
+from waltz_engine.storage.partition import Partition
+from waltz_engine.wire.primitives import SessionInfo
+from waltz_engine.wire.storage_messages import (
+    STORAGE_CODEC,
+    StorageAppendRequest,
+    StorageFailureResponse,
+    StorageLastSessionInfoRequest,
+    StorageLastSessionInfoResponse,
+    StorageMaxTransactionIdRequest,
+    StorageMaxTransactionIdResponse,
+    StorageRecordHeaderListRequest,
+    StorageRecordHeaderListResponse,
+    StorageRecordHeaderRequest,
+    StorageRecordHeaderResponse,
+    StorageRecordListRequest,
+    StorageRecordListResponse,
+    StorageRecordRequest,
+    StorageRecordResponse,
+    StorageSetLowWaterMarkRequest,
+    StorageSuccessResponse,
+    StorageTruncateRequest,
+)
+
+log = logging.getLogger(__name__)
+
+# The original's ArrayBlockingQueue(100) per partition.
+PARTITION_QUEUE_CAPACITY = 100
+# Requests taken from the queue for one trip to the disk thread.
+MAX_BATCH_REQUESTS = PARTITION_QUEUE_CAPACITY
+METRIC_GROUP_PREFIX = "waltz-storage.partition-"
+
+# Requests that carry usedByOfflineRecovery; the others are always normal requests.
+_OFFLINE_CAPABLE = (
+    StorageLastSessionInfoRequest,
+    StorageSetLowWaterMarkRequest,
+    StorageTruncateRequest,
+    StorageAppendRequest,
+    StorageMaxTransactionIdRequest,
+)
+PARTITION_REQUEST_TYPES = (
+    *_OFFLINE_CAPABLE,
+    StorageRecordHeaderRequest,
+    StorageRecordRequest,
+    StorageRecordHeaderListRequest,
+    StorageRecordListRequest,
+)
+
+Reply = tuple[FramedConnection, bytes]
+Pending = tuple[FramedConnection, Any]
+
+
+def metric_group(partition_id: int) -> str:
+    return f"{METRIC_GROUP_PREFIX}{partition_id}"
+
+
+def failure_frame(msg: Any, error: BaseException) -> bytes:
+    """FAILURE_RESPONSE echoing the request's session id, seq num and partition id."""
+    response = StorageFailureResponse(msg.session_id, msg.seq_num, msg.partition_id, rpc_exception(error))
+    return STORAGE_CODEC.encode_frame(response)
+
+
+def _consecutive(records: tuple[Record, ...], first_transaction_id: int) -> bool:
+    return all(r.transaction_id == first_transaction_id + i for i, r in enumerate(records))
+
+
+class _PartitionMetrics:
+    """The original's per-partition metrics (reference §1.8); registered while assigned."""
+
+    def __init__(self, registry: MetricsRegistry, worker: PartitionWorker) -> None:
+        group = metric_group(worker.partition_id)
+        self.group = group
+        self.append: Meter = registry.meter(group, "append")
+        self.append_latency: Timer = registry.timer(group, "append-latency")
+
+        def info_field(read: Callable[[Any], int]) -> Callable[[], int | None]:
+            def gauge() -> int | None:
+                partition = worker.partition
+                return None if partition is None else read(partition.info.current)
+
+            return gauge
+
+        registry.gauge(group, "session-id", info_field(lambda s: s.session_id))
+        registry.gauge(group, "process-queue-size", worker.queue.qsize)
+        registry.gauge(group, "low-water-mark", info_field(lambda s: s.low_water_mark))
+        registry.gauge(group, "local-low-water-mark", info_field(lambda s: s.local_low_water_mark))
+        registry.gauge(group, "flags", info_field(lambda s: s.flags))
+        registry.gauge(group, "sequence-number", info_field(lambda s: s.sequence_number))
+        # Cached by the disk thread: reading the partition would wait for an fsync in progress.
+        registry.gauge(group, "max-transaction-id", lambda: worker.max_transaction_id)
+        self.counters: dict[type[Any], Counter] = {
+            StorageLastSessionInfoRequest: registry.counter(group, "last-session-info-request"),
+            StorageSetLowWaterMarkRequest: registry.counter(group, "set-low-water-mark-request"),
+            StorageTruncateRequest: registry.counter(group, "truncate-request"),
+            StorageRecordHeaderRequest: registry.counter(group, "record-header-request"),
+            StorageRecordRequest: registry.counter(group, "record-request"),
+            StorageMaxTransactionIdRequest: registry.counter(group, "max-transaction-request"),
+            StorageRecordHeaderListRequest: registry.counter(group, "record-header-list-request"),
+            StorageRecordListRequest: registry.counter(group, "record-list-request"),
+        }
+
+
+class PartitionWorker:
+    """Lives as long as the node; serves whichever :class:`Partition` object is attached."""
+
+    def __init__(self, partition_id: int, registry: MetricsRegistry) -> None:
+        self.partition_id = partition_id
+        self.partition: Partition | None = None
+        # The fencing session id: raised on receipt, checked when processed (reference §1.2).
+        self.session_id = -1
+        self.max_transaction_id = -1
+        self.queue: asyncio.Queue[Pending] = asyncio.Queue(PARTITION_QUEUE_CAPACITY)
+        self._registry = registry
+        self._metrics: _PartitionMetrics | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"Storage-P{partition_id}")
+        self._task: asyncio.Task[None] | None = None
+
+    # --- lifecycle (event loop thread) ---------------------------------------------------------
+
+    def attach(self, partition: Partition, max_transaction_id: int) -> None:
+        """Serve ``partition`` (just assigned or opened at start)."""
+        assert partition.partition_id == self.partition_id
+        self.partition = partition
+        self.session_id = partition.info.current.session_id
+        self.max_transaction_id = max_transaction_id
+        self._metrics = _PartitionMetrics(self._registry, self)
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"Storage-P{self.partition_id}")
+
+    def detach(self) -> None:
+        """The partition was unassigned: queued requests fail, metrics go away."""
+        self.partition = None
+        if self._metrics is not None:
+            self._registry.remove_group(self._metrics.group)
+            self._metrics = None
+
+    async def stop(self) -> None:
+        """Stop taking requests; the batch in hand (an append and its fsync) completes first."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown, True)
+
+    async def submit(self, conn: FramedConnection, msg: Any) -> None:
+        """Queue a request; waits while the queue is full, which stops the caller's reads."""
+        if msg.session_id > self.session_id:
+            self.session_id = msg.session_id
+        await self.queue.put((conn, msg))
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        queue = self.queue
+        while True:
+            batch = [await queue.get()]
+            while len(batch) < MAX_BATCH_REQUESTS and not queue.empty():
+                batch.append(queue.get_nowait())
+            replies = await loop.run_in_executor(self._executor, self._process_batch, batch)
+            for conn, frame in replies:
+                # The client may be gone; its requests were processed all the same.
+                with contextlib.suppress(ConnectionClosedError):
+                    conn.send_frame(frame)
+
+    # --- processing (disk thread) ----------------------------------------------------------------
+
+    def _process_batch(self, batch: list[Pending]) -> list[Reply]:
+        replies: list[Reply] = []
+        i = 0
+        while i < len(batch):
+            if type(batch[i][1]) is StorageAppendRequest:
+                i = self._append_group(batch, i, replies)
+            else:
+                conn, msg = batch[i]
+                replies.append((conn, self._process_one(msg)))
+                i += 1
+        partition = self.partition
+        if partition is not None:
+            with contextlib.suppress(StorageError):
+                self.max_transaction_id = partition.max_transaction_id()
+        return replies
+
+    def _check_permissions(self, partition: Partition | None, msg: Any) -> Partition:
+        """The original's ``checkPermissions``; returns the partition to work on."""
+        if partition is None:
+            raise PartitionNotAssignedError(self.partition_id)
+        info = partition.info.current
+        if not info.assigned:
+            raise StorageError(f"partition {self.partition_id} is not assigned to storage node.")
+        if type(msg) in _OFFLINE_CAPABLE and msg.used_by_offline_recovery:
+            if info.available:
+                raise StorageError("cannot run offline recovery while partition is online")
+            if msg.session_id != info.session_id:
+                raise StorageError(
+                    f"partition last session id has changed to {info.session_id}, but request context "
+                    f"contains {msg.session_id}"
+                )
+        else:
+            if not info.available:
+                raise StorageError(
+                    f"read and write for partition={self.partition_id} have been disabled on storage node"
+                )
+            if msg.session_id != self.session_id:
+                raise ConcurrentUpdateError(
+                    f"session id has changed to {self.session_id}, but request context contains "
+                    f"{msg.session_id}"
+                )
+        return partition
+
+    def _append_group(self, batch: list[Pending], start: int, replies: list[Reply]) -> int:
+        """Append the run of consecutive APPENDs from ``start`` that would each succeed alone, with
+        one fsync; return the index after the run. A request that would fail stops the run and is
+        then processed alone, so the outcome of every request is the same as one by one."""
+        partition = self.partition
+        try:
+            partition = self._check_permissions(partition, batch[start][1])
+            expected = partition.max_transaction_id() + 1
+        except Exception:
+            conn, msg = batch[start]
+            replies.append((conn, self._process_one(msg)))
+            return start + 1
+        group: list[Pending] = []
+        records: list[Record] = []
+        end = start
+        while end < len(batch) and type(batch[end][1]) is StorageAppendRequest:
+            msg = batch[end][1]
+            try:
+                self._check_permissions(partition, msg)
+            except Exception:
+                break
+            if not _consecutive(msg.records, expected):
+                break
+            group.append(batch[end])
+            records += msg.records
+            expected += len(msg.records)
+            end += 1
+        if not group:
+            conn, msg = batch[start]
+            replies.append((conn, self._process_one(msg)))
+            return start + 1
+        metrics = self._metrics
+        started_ns = time.perf_counter_ns()
+        try:
+            partition.append(records)
+        except Exception as e:
+            self._log_failure(group[0][1], e)
+            replies += [(conn, failure_frame(msg, e)) for conn, msg in group]
+            return end
+        if metrics is not None:
+            metrics.append.mark(len(group))
+            latency_ms = (time.perf_counter_ns() - started_ns) / 1e6
+            for _ in group:
+                metrics.append_latency.update_ms(latency_ms)
+        for conn, msg in group:
+            reply = StorageSuccessResponse(msg.session_id, msg.seq_num, msg.partition_id)
+            replies.append((conn, STORAGE_CODEC.encode_frame(reply)))
+        return end
+
+    def _process_one(self, msg: Any) -> bytes:
+        try:
+            partition = self._check_permissions(self.partition, msg)
+            metrics = self._metrics
+            if metrics is not None:
+                counter = metrics.counters.get(type(msg))
+                if counter is not None:
+                    counter.inc()
+            return STORAGE_CODEC.encode_frame(self._serve(partition, msg))
+        except Exception as e:
+            self._log_failure(msg, e)
+            return failure_frame(msg, e)
+
+    def _serve(self, partition: Partition, msg: Any) -> Any:
+        session_id, seq_num, partition_id = msg.session_id, msg.seq_num, msg.partition_id
+        kind = type(msg)
+        if kind is StorageRecordRequest:
+            return StorageRecordResponse(
+                session_id, seq_num, partition_id, partition.record(msg.transaction_id)
+            )
+        if kind is StorageRecordListRequest:
+            records = partition.records(msg.transaction_id, msg.max_num_records)
+            return StorageRecordListResponse(session_id, seq_num, partition_id, tuple(records))
+        if kind is StorageRecordHeaderRequest:
+            header = partition.record_header(msg.transaction_id)
+            return StorageRecordHeaderResponse(session_id, seq_num, partition_id, header)
+        if kind is StorageRecordHeaderListRequest:
+            headers = partition.record_headers(msg.transaction_id, msg.max_num_records)
+            return StorageRecordHeaderListResponse(session_id, seq_num, partition_id, tuple(headers))
+        if kind is StorageMaxTransactionIdRequest:
+            return StorageMaxTransactionIdResponse(
+                session_id, seq_num, partition_id, partition.max_transaction_id()
+            )
+        if kind is StorageLastSessionInfoRequest:
+            info = SessionInfo(*partition.last_session_info())
+            return StorageLastSessionInfoResponse(session_id, seq_num, partition_id, info)
+        if kind is StorageSetLowWaterMarkRequest:
+            partition.set_low_water_mark(session_id, msg.low_water_mark)
+            return StorageSuccessResponse(session_id, seq_num, partition_id)
+        if kind is StorageTruncateRequest:
+            # The original replies min(max txid, t): truncate returns exactly that.
+            new_max = partition.truncate(msg.transaction_id)
+            return StorageMaxTransactionIdResponse(session_id, seq_num, partition_id, new_max)
+        if kind is StorageAppendRequest:
+            # Reached only for an append that cannot join a group: it fails alone here.
+            partition.append(msg.records)
+            return StorageSuccessResponse(session_id, seq_num, partition_id)
+        raise StorageError(f"unknown message type: {kind.__name__}")
+
+    def _log_failure(self, msg: Any, error: BaseException) -> None:
+        if isinstance(error, StorageError):
+            log.info("partition %d: %s failed: %s", self.partition_id, type(msg).__name__, error)
+        else:
+            log.error("partition %d: %s failed", self.partition_id, type(msg).__name__, exc_info=error)
