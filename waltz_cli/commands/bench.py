@@ -97,3 +97,117 @@ def crc(as_json: JsonOption = False) -> None:
     for r in results:
         table.add_row(r.implementation, f"{r.input_bytes} B", f"{r.ns_per_call:,.0f}", f"{r.mb_per_s:,.0f}")
     console.print(table)
+
+
+@app.command("storage")
+@one_line_errors
+def storage(
+    directory: Annotated[
+        Path,
+        typer.Option(
+            "--dir", help="Disk to measure: scratch ZooKeeper, node directory and raw-loop file go under it."
+        ),
+    ] = Path("."),
+    seconds: Annotated[
+        float | None, typer.Option("--seconds", min=0.1, help="Append for this long in all (default 5).")
+    ] = None,
+    requests: Annotated[
+        int | None, typer.Option("--requests", min=1, help="Send this many APPEND requests instead.")
+    ] = None,
+    records_per_request: Annotated[
+        int, typer.Option("--records-per-request", min=1, help="1 KiB records in each APPEND request.")
+    ] = 100,
+    in_flight: Annotated[
+        int, typer.Option("--in-flight", min=1, help="APPEND requests outstanding at once on the connection.")
+    ] = 8,
+    storage_address: Annotated[
+        str | None,
+        typer.Option(
+            "--storage", "-s", help="Measure this running node, host:data_port (with --admin-port, -z/-r)."
+        ),
+    ] = None,
+    admin_port: Annotated[int | None, typer.Option("--admin-port", help="Admin port of --storage.")] = None,
+    partition: Annotated[
+        int, typer.Option("--partition", "-p", help="Partition of --storage to append to.")
+    ] = 0,
+    zookeeper: Annotated[
+        str | None, typer.Option("--zookeeper", "-z", help="ZooKeeper of --storage.")
+    ] = None,
+    cluster_root: Annotated[
+        str | None, typer.Option("--cluster-root", "-r", help="Cluster root of --storage.")
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="Tools YAML (ZooKeeper, root).")
+    ] = None,
+    ssl_config: Annotated[
+        Path | None, typer.Option("--ssl-config", help="server.ssl.* YAML for the client's TLS.")
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Append 100 x 1 KiB records per request to a storage node over TLS, pipelined, beside a
+    raw write+fsync loop on the same disk.
+
+    Without --storage it starts an embedded ZooKeeper (Java) and a node under --dir.
+
+    Example: waltz bench storage --dir /var/lib/waltz-storage --seconds 10 --in-flight 8
+    """
+    import tempfile
+
+    from waltz_engine.bench import storage_node
+    from waltz_engine.storage import admin_ops
+    from waltz_engine.zk.connection import connect, load_settings
+
+    if seconds is not None and requests is not None:
+        fail("give --seconds or --requests, not both")
+    directory.mkdir(parents=True, exist_ok=True)
+    ssl_context = admin_ops.client_ssl_context(ssl_config)
+
+    def measure(target: storage_node.NodeTarget, started_by_bench: bool) -> storage_node.StorageBenchResult:
+        return storage_node.run(
+            target,
+            directory,
+            seconds=seconds,
+            requests=requests,
+            records_per_request=records_per_request,
+            in_flight=in_flight,
+            node_started_by_bench=started_by_bench,
+            progress=lambda message: err_console.print(f"[dim]{message}[/]"),
+        )
+
+    if storage_address is not None:
+        if admin_port is None:
+            fail("--storage needs --admin-port")
+        address = admin_ops.parse_address(storage_address, "host:data_port")
+        settings = load_settings(config, zookeeper, cluster_root)
+        with connect(settings) as client:
+            layout = admin_ops.read_store_layout(client, settings.cluster_root)
+        target = storage_node.NodeTarget(address, admin_port, layout.context(ssl_context), partition)
+        result = measure(target, False)
+    else:
+        with tempfile.TemporaryDirectory(prefix="waltz-bench-storage-", dir=directory) as work:
+            err_console.print("[dim]starting an embedded ZooKeeper and a storage node[/]")
+            with storage_node.own_node(Path(work), ssl_context) as target:
+                result = measure(target, True)
+    if as_json:
+        print_json({"machine": _machine(), "result": result.to_json()})
+        return
+    node, raw = result.node, result.raw
+    table = Table(
+        title=f"storage node over TLS: {records_per_request} x {engine_bench.RECORD_DATA_BYTES} B records "
+        f"per APPEND, {in_flight} in flight, one connection"
+    )
+    for column in ("loop", "records", "rec/s", "MB/s", "p50 ms", "p99 ms"):
+        table.add_column(column, justify="right")
+    table.add_row(
+        "node",
+        str(node.records),
+        f"{node.records_per_s:,.0f}",
+        f"{node.mb_per_s:.2f}",
+        f"{node.percentile_ms(50):.2f}",
+        f"{node.percentile_ms(99):.2f}",
+    )
+    table.add_row(
+        "raw write+fsync", str(raw.records), f"{raw.records_per_s:,.0f}", f"{raw.mb_per_s:.2f}", "", ""
+    )
+    console.print(table)
+    console.print(f"node/raw: {result.ratio:.2f}")

@@ -85,7 +85,7 @@ class _Budget:
         return time.perf_counter() - started_s >= self.seconds
 
 
-def _payloads() -> list[tuple[bytes, int]]:
+def make_payloads() -> list[tuple[bytes, int]]:
     payloads = [os.urandom(RECORD_DATA_BYTES) for _ in range(PAYLOAD_POOL_SIZE)]
     return [(p, crc32(p)) for p in payloads]
 
@@ -99,7 +99,7 @@ class _EngineLoop:
         self.manager.set_partition_assignment([0], True)
         self.partition = self.manager.partition(0)
         self.batch_size = batch_size
-        self.payloads = _payloads()
+        self.payloads = make_payloads()
         self.next_txid = 0
 
     def run(self, budget: _Budget) -> LoopResult:
@@ -123,11 +123,11 @@ class _EngineLoop:
         self.manager.close()
 
 
-class _RawLoop:
+class RawLoop:
     """Writes ``batch_size`` KiB to one file, then fsyncs it: the disk's own cost."""
 
     def __init__(self, directory: Path, batch_size: int) -> None:
-        payloads = _payloads()
+        payloads = make_payloads()
         self.buffers = [
             b"".join(payloads[(i + j) % PAYLOAD_POOL_SIZE][0] for j in range(batch_size))
             for i in range(PAYLOAD_POOL_SIZE)
@@ -176,7 +176,7 @@ def run(
         work.mkdir(parents=True)
         try:
             progress(f"batch {batch_size}: {ROUNDS} rounds of engine, then raw write+fsync")
-            engine_loop, raw_loop = _EngineLoop(work / "storage", batch_size), _RawLoop(work, batch_size)
+            engine_loop, raw_loop = _EngineLoop(work / "storage", batch_size), RawLoop(work, batch_size)
             engine_rounds, raw_rounds = [], []
             try:
                 for _ in range(ROUNDS):
