@@ -28,7 +28,7 @@ def print_json(value: Any) -> None:
 
 def fail(message: str, code: int = 1) -> NoReturn:
     """Print ``error: message`` on stderr as one line and exit non-zero."""
-    err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True, markup=True)
+    err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True, markup=True, emoji=False)
     raise typer.Exit(code)
 
 

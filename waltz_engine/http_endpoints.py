@@ -54,7 +54,7 @@ class HttpEndpoints:
         """Status code and body of /health: 200 all healthy, 500 any unhealthy, 501 none."""
         if not self.health_checks:
             return 501, {}
-        now = datetime.datetime.now(datetime.timezone.utc).isoformat()
+        now = datetime.datetime.now(datetime.UTC).isoformat()
         body: dict[str, Any] = {}
         healthy_all = True
         for name, check in sorted(self.health_checks.items()):

@@ -74,7 +74,7 @@ def _self_signed_pair() -> tuple[str, str]:
 
             key = ec.generate_private_key(ec.SECP256R1())
             name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "waltz-self-signed")])
-            now = datetime.datetime.now(datetime.timezone.utc)
+            now = datetime.datetime.now(datetime.UTC)
             cert = (
                 x509.CertificateBuilder()
                 .subject_name(name)

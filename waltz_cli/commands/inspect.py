@@ -7,7 +7,7 @@ library function, then renders its result as a table (people) or JSON (``--json`
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -223,7 +223,7 @@ def _text(value: object) -> str:
 
 def _time(millis: int) -> str:
     try:
-        moment = datetime.fromtimestamp(millis / MILLIS_PER_SECOND, tz=timezone.utc)
+        moment = datetime.fromtimestamp(millis / MILLIS_PER_SECOND, tz=UTC)
     except (OverflowError, ValueError, OSError):
         return str(millis)  # a damaged header; the raw number is all there is
     return f"{millis} ({moment.isoformat(timespec='milliseconds')})"

@@ -1,0 +1,30 @@
+"""The `waltz` command itself: every group listed, a version, a clean error for unknown input."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from waltz_cli.main import app
+from waltz_engine import __version__
+
+runner = CliRunner()
+GROUPS = ("create-cluster", "inspect", "zk", "storage", "bench")
+
+
+def test_help_lists_every_group() -> None:
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    for group in GROUPS:
+        assert group in result.output
+
+
+def test_version() -> None:
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert __version__ in result.output and "0.13.2" in result.output
+
+
+def test_unknown_command_is_a_usage_error_without_traceback() -> None:
+    result = runner.invoke(app, ["no-such-command"])
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
