@@ -1,29 +1,18 @@
-"""Shared fixtures: where the original's golden vectors are."""
+"""Fixtures shared by every test: the golden vectors and one real ZooKeeper per session.
+
+Plain helpers are in testkit.py; they are re-exported here only for older imports.
+"""
 
 from __future__ import annotations
 
-import json
-import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit import free_tcp_port, read_jsonl, unique_cluster_root, vectors_dir
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def vectors_dir() -> Path:
-    """The golden vectors made by Waltz 0.13.2: $WALTZ_VECTORS, else ../shared/vectors."""
-    configured = os.environ.get("WALTZ_VECTORS")
-    path = Path(configured) if configured else REPO_ROOT.parent / "shared" / "vectors"
-    if not (path / "README.md").is_file():
-        pytest.fail(f"golden vectors not found at {path}; set WALTZ_VECTORS to the vectors folder")
-    return path
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    with path.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+__all__ = ["free_tcp_port", "read_jsonl", "unique_cluster_root", "vectors_dir"]
 
 
 @pytest.fixture(scope="session")
@@ -31,28 +20,8 @@ def vectors() -> Path:
     return vectors_dir()
 
 
-# --- ZooKeeper: one real, embedded server per test session ------------------------------------
-
-
-def free_tcp_port() -> int:
-    """A port nothing listens on right now (the kernel picks it)."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def unique_cluster_root(name: str = "cluster") -> str:
-    """A cluster root no other test uses, so tests can share the session's ZooKeeper."""
-    import uuid
-
-    return f"/test-{uuid.uuid4().hex[:16]}/{name}"
-
-
 @pytest.fixture(scope="session")
-def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Connect string (127.0.0.1:PORT) of a real ZooKeeper started for this test session."""
     from waltz_engine.zk.server import EmbeddedZooKeeper
 
@@ -70,7 +39,7 @@ def cluster_root() -> str:
 
 
 @pytest.fixture
-def zk_client(zookeeper: str, cluster_root: str) -> Any:
+def zk_client(zookeeper: str, cluster_root: str) -> Iterator[Any]:
     """A connected kazoo client on the session's ZooKeeper (closed after the test)."""
     from waltz_engine.zk.connection import ZooKeeperSettings, connect
 

@@ -18,7 +18,6 @@ import asyncio
 import hashlib
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+from testkit import free_tcp_port
 
 from waltz_engine.net import ConnectionClosedError
 from waltz_engine.record import Record
@@ -48,14 +48,6 @@ READY_POLL_INTERVAL_S = 0.1
 PROBE_TIMEOUT_MS = 2_000
 CLI_TIMEOUT_S = 60.0
 ZK_SESSION_TIMEOUT_MS = 10_000
-
-
-def free_tcp_port() -> int:
-    """A port nothing listens on right now (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def client_ssl() -> ssl.SSLContext:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import uuid
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from typer.testing import CliRunner, Result
@@ -19,20 +17,7 @@ from waltz_engine.disk.record_format import encode_records
 from waltz_engine.record import Record
 from waltz_engine.reqid import ReqId
 
-TESTS_DIR = Path(__file__).resolve().parent.parent
 KEY = uuid.UUID("dad1ea14-6351-4aca-a2fd-ba73d70294b2")
-
-
-def _shared_conftest() -> ModuleType:
-    # Loaded by path: the module name "conftest" is shared by every test directory's conftest.
-    spec = importlib.util.spec_from_file_location("waltz_shared_conftest", TESTS_DIR / "conftest.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-read_jsonl = _shared_conftest().read_jsonl
 
 
 def run(*args: str | Path) -> Result:

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from inspect_helpers import read_jsonl, run, run_json, write_segment
+from inspect_helpers import run, run_json, write_segment
+from testkit import read_jsonl
 
 from waltz_engine.inspect import inspect_segment
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from inspect_helpers import read_jsonl, run, run_json, write_segment
+from inspect_helpers import run, run_json, write_segment
+from testkit import read_jsonl
 
 from waltz_engine.inspect import segment_stats
 

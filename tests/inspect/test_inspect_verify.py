@@ -10,7 +10,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from inspect_helpers import copy_storage, read_jsonl, run, run_json, write_segment
+from inspect_helpers import copy_storage, run, run_json, write_segment
+from testkit import read_jsonl
 
 from waltz_engine.inspect import inspect_segment, verify
 

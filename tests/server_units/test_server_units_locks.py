@@ -6,9 +6,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from conftest import read_jsonl
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from testkit import read_jsonl
 
 from waltz_engine.lock_hash import java_long_hash, partition_local_lock_hash
 from waltz_engine.server.locks import (

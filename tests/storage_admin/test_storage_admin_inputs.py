@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 import pytest
-from conftest import free_tcp_port
+from testkit import free_tcp_port
 from typer.testing import CliRunner, Result
 
 from waltz_cli.main import app

@@ -6,7 +6,7 @@ import re
 import uuid
 from typing import Any
 
-from conftest import read_jsonl, vectors_dir
+from testkit import read_jsonl, vectors_dir
 
 from waltz_engine.record import Record, RecordHeader
 from waltz_engine.reqid import ReqId

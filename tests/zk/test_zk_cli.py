@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import free_tcp_port, read_jsonl
 from kazoo.client import KazooClient
+from testkit import free_tcp_port, read_jsonl
 from typer.testing import CliRunner, Result
 
 from waltz_cli.main import app

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import read_jsonl
 from kazoo.client import KazooClient
+from testkit import read_jsonl
 
 from waltz_engine.zk import store_metadata
 from waltz_engine.zk.admin_lock import AdminLockTimeoutError, admin_lock

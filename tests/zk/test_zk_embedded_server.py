@@ -7,7 +7,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from conftest import free_tcp_port
+from testkit import free_tcp_port
 from typer.testing import CliRunner, Result
 
 from waltz_cli.main import app

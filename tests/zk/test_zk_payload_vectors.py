@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import read_jsonl
+from testkit import read_jsonl
 
 from waltz_engine.zk.java_io import JavaFormatError
 from waltz_engine.zk.paths import ClusterPaths, ClusterRootError, normalize_root

@@ -7,9 +7,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import read_jsonl
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from testkit import read_jsonl
 
 from waltz_engine.zk.assignment_policy import (
     AssignmentPolicyError,

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import read_jsonl
 from kazoo.client import KazooClient
+from testkit import read_jsonl
 
 from waltz_engine.zk.cluster import create_cluster, next_server_id
 from waltz_engine.zk.cluster_manager import (

@@ -1,0 +1,45 @@
+"""Plain helpers shared by tests: import them with ``from testkit import ...``.
+
+They live here, not in conftest.py, because conftest modules are pytest's to import: a
+second conftest.py anywhere in the tree would shadow ``import conftest``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def vectors_dir() -> Path:
+    """The golden vectors made by Waltz 0.13.2: $WALTZ_VECTORS, else ../shared/vectors."""
+    configured = os.environ.get("WALTZ_VECTORS")
+    path = Path(configured) if configured else REPO_ROOT.parent / "shared" / "vectors"
+    if not (path / "README.md").is_file():
+        pytest.fail(f"golden vectors not found at {path}; set WALTZ_VECTORS to the vectors folder")
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def free_tcp_port() -> int:
+    """A port nothing listens on right now (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def unique_cluster_root(name: str = "cluster") -> str:
+    """A cluster root no other test uses, so tests can share the session's ZooKeeper."""
+    return f"/test-{uuid.uuid4().hex[:16]}/{name}"
