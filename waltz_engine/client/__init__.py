@@ -1,0 +1,48 @@
+"""The Waltz client: asyncio-native :class:`WaltzClient`, blocking :class:`SyncWaltzClient`, mock driver.
+
+See the original's WaltzClient API (reference §3.1): an application subclasses
+:class:`TransactionContext`, implements :class:`WaltzClientCallbacks` and submits contexts.
+"""
+
+from waltz_engine.client.callbacks import WaltzClientCallbacks
+from waltz_engine.client.client import WaltzClient
+from waltz_engine.client.config import WaltzClientConfig
+from waltz_engine.client.errors import (
+    ClientAheadError,
+    ClientClosedError,
+    ClientTimeoutError,
+    DataChecksumError,
+    InvalidOperationError,
+    PartitionInactiveError,
+    PartitionNotFoundError,
+    RpcError,
+    WaltzClientError,
+)
+from waltz_engine.client.mock_driver import MockDriver, MockServerPartition
+from waltz_engine.client.sync_client import SyncWaltzClient
+from waltz_engine.client.transaction import Transaction
+from waltz_engine.client.transaction_builder import PartitionLocalLock, Serializer, TransactionBuilder
+from waltz_engine.client.transaction_context import TransactionContext
+
+__all__ = [
+    "ClientAheadError",
+    "ClientClosedError",
+    "ClientTimeoutError",
+    "DataChecksumError",
+    "InvalidOperationError",
+    "MockDriver",
+    "MockServerPartition",
+    "PartitionInactiveError",
+    "PartitionLocalLock",
+    "PartitionNotFoundError",
+    "RpcError",
+    "Serializer",
+    "SyncWaltzClient",
+    "Transaction",
+    "TransactionBuilder",
+    "TransactionContext",
+    "WaltzClient",
+    "WaltzClientCallbacks",
+    "WaltzClientConfig",
+    "WaltzClientError",
+]

@@ -1,0 +1,132 @@
+"""What the stream and RPC clients share: one network client per server, partitions mapped to them.
+
+The original's ``InternalBaseClient``: endpoints and generations come from the cluster
+manager; a partition is *mounted* on the network client of the server that owns it once that
+client's connection is up, and moved when the assignment changes or the connection drops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from abc import ABC, abstractmethod
+
+from waltz_engine.client.network_client import Endpoint, NetworkClient, OpenChannel
+from waltz_engine.wire.client_messages import ClientMessage
+from waltz_engine.zk.payloads import PartitionInfo
+
+log = logging.getLogger(__name__)
+
+FIRST_SEQ_NUM = 1
+NO_GENERATION = -1
+
+
+class BaseClient(ABC):
+    def __init__(self, open_channel: OpenChannel, reconnect_delay_ms: int) -> None:
+        self._open_channel = open_channel
+        self._reconnect_delay_ms = reconnect_delay_ms
+        self._network_clients: dict[Endpoint, NetworkClient] = {}
+        self._assigned: dict[int, NetworkClient] = {}
+        self._generations: dict[int, int] = {}
+        self._closing: set[asyncio.Task[None]] = set()  # the loop keeps only weak references
+        self._closed = False
+
+    # -- hooks -----------------------------------------------------------------------------
+
+    @abstractmethod
+    def _on_assigned(self, partition_id: int, network_client: NetworkClient | None) -> None:
+        """``partition_id`` now belongs to ``network_client`` (None: to no server we know)."""
+
+    @abstractmethod
+    def _on_mountable(self, network_client: NetworkClient, partition_id: int) -> None:
+        """``network_client`` is connected and owns ``partition_id``: mount it."""
+
+    @abstractmethod
+    async def on_message(self, network_client: NetworkClient, message: ClientMessage) -> None: ...
+
+    # -- cluster changes -------------------------------------------------------------------
+
+    def generation(self, partition_id: int) -> int:
+        return self._generations.get(partition_id, NO_GENERATION)
+
+    def network_client_of(self, partition_id: int) -> NetworkClient | None:
+        return self._assigned.get(partition_id)
+
+    def set_endpoints(self, endpoints: dict[Endpoint, list[PartitionInfo]]) -> None:
+        if self._closed:
+            return
+        wanted: dict[int, tuple[Endpoint, int]] = {}
+        for endpoint, partitions in endpoints.items():
+            for info in partitions:
+                wanted[info.partition_id] = (endpoint, info.generation)
+        for partition_id, (endpoint, generation) in wanted.items():
+            old_generation = self.generation(partition_id)
+            self._generations[partition_id] = max(old_generation, generation)
+            network_client = self._network_client_for(endpoint)
+            if self._assigned.get(partition_id) is not network_client or generation > old_generation:
+                self._assign(partition_id, network_client)
+        for partition_id in [p for p in self._assigned if p not in wanted]:
+            del self._assigned[partition_id]
+            self._on_assigned(partition_id, None)
+        for endpoint in [e for e in self._network_clients if e not in endpoints]:
+            self._drop_network_client(endpoint)
+
+    def remove_server(self, endpoint: Endpoint) -> None:
+        """A server left the cluster: its partitions wait for the next assignment."""
+        if endpoint in self._network_clients:
+            for partition_id in [p for p, nc in self._assigned.items() if nc.endpoint == endpoint]:
+                del self._assigned[partition_id]
+                self._on_assigned(partition_id, None)
+            self._drop_network_client(endpoint)
+
+    def _assign(self, partition_id: int, network_client: NetworkClient) -> None:
+        self._assigned[partition_id] = network_client
+        self._on_assigned(partition_id, network_client)
+        if network_client.ready:
+            self._on_mountable(network_client, partition_id)
+
+    def _network_client_for(self, endpoint: Endpoint, seq_num: int = FIRST_SEQ_NUM) -> NetworkClient:
+        network_client = self._network_clients.get(endpoint)
+        if network_client is None:
+            network_client = NetworkClient(
+                endpoint, seq_num, self._open_channel, self, self._reconnect_delay_ms
+            )
+            self._network_clients[endpoint] = network_client
+            network_client.start()
+        return network_client
+
+    def _drop_network_client(self, endpoint: Endpoint) -> None:
+        network_client = self._network_clients.pop(endpoint)
+        # Closing awaits the reader task; nothing here needs to wait for it.
+        task = asyncio.create_task(network_client.close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    # -- network client callbacks ----------------------------------------------------------
+
+    def on_channel_ready(self, network_client: NetworkClient) -> None:
+        for partition_id, owner in list(self._assigned.items()):
+            if owner is network_client:
+                self._on_mountable(network_client, partition_id)
+
+    def on_disconnected(self, network_client: NetworkClient) -> None:
+        endpoint = network_client.endpoint
+        if self._closed or self._network_clients.get(endpoint) is not network_client:
+            return
+        replacement = NetworkClient(
+            endpoint, network_client.seq_num + 1, self._open_channel, self, self._reconnect_delay_ms
+        )
+        log.info("reconnecting to %s (seq %d)", endpoint, replacement.seq_num)
+        self._network_clients[endpoint] = replacement
+        for partition_id, owner in list(self._assigned.items()):
+            if owner is network_client:
+                self._assign(partition_id, replacement)
+        replacement.start()
+
+    async def close(self) -> None:
+        self._closed = True
+        clients = list(self._network_clients.values())
+        self._network_clients.clear()
+        self._assigned.clear()
+        for network_client in clients:
+            await network_client.close()

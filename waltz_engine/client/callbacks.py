@@ -1,0 +1,35 @@
+"""How the client talks to the application (the original's ``WaltzClientCallbacks``, §3.1)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from waltz_engine.client.transaction import Transaction
+
+
+class WaltzClientCallbacks(ABC):
+    """Implemented by the application.
+
+    ``get_client_high_water_mark`` and ``apply_transaction`` may be plain methods or coroutines
+    (with the asyncio client). With :class:`SyncWaltzClient` they run on the consumer threads
+    (``client.numConsumerThreads``), so they may block, e.g. on ``transaction.get_data()``.
+    """
+
+    @abstractmethod
+    def get_client_high_water_mark(self, partition_id: int) -> int | Awaitable[int]:
+        """The id of the last transaction of ``partition_id`` the application applied (-1: none)."""
+
+    @abstractmethod
+    def apply_transaction(self, transaction: Transaction) -> None | Awaitable[None]:
+        """Apply one committed transaction; called strictly in transaction id order per partition.
+
+        The application must store ``transaction.transaction_id`` as its new high-water mark
+        atomically with the effects. Raising makes the client reconnect and feed it again.
+        """
+
+    @abstractmethod
+    def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
+        """``apply_transaction`` raised ``exception``."""

@@ -1,0 +1,387 @@
+"""The application's entry point (the original's ``WaltzClient``, §3.1), asyncio-native.
+
+One event loop runs everything: the stream client (mount, feed, appends), the RPC client
+(transaction data, high-water marks), the retry workers (``client.numTransactionRetryThreads``
+tasks re-submitting failed contexts) and the nudge that flushes appends waiting longer than
+``client.longWaitThreshold``. Application callbacks run on the loop unless a
+``callback_executor`` is given (SyncWaltzClient gives its consumer thread pool).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import Executor
+from functools import partial
+from typing import Any, TypeVar
+
+from waltz_engine.client.callbacks import WaltzClientCallbacks
+from waltz_engine.client.config import WaltzClientConfig
+from waltz_engine.client.driver import DriverInfo, WaltzClientDriver, ZooKeeperDriver
+from waltz_engine.client.errors import (
+    ClientClosedError,
+    ClientTimeoutError,
+    InvalidOperationError,
+    WaltzClientError,
+)
+from waltz_engine.client.network_client import Endpoint
+from waltz_engine.client.partition import Partition, call_hook
+from waltz_engine.client.rpc_client import RpcClient
+from waltz_engine.client.stream_client import StreamClient, TransactionApplicationError
+from waltz_engine.client.transaction import Transaction
+from waltz_engine.client.transaction_builder import TransactionBuilder
+from waltz_engine.client.transaction_context import TransactionContext
+from waltz_engine.client.transaction_monitor import TransactionFuture
+from waltz_engine.errors import WaltzError
+from waltz_engine.metrics import MetricsRegistry
+from waltz_engine.reqid import ReqId
+from waltz_engine.wire.client_messages import AppendRequest
+from waltz_engine.zk.payloads import PartitionInfo
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+METRIC_GROUP = "waltz-client"
+
+
+class WaltzClient:
+    def __init__(
+        self,
+        callbacks: WaltzClientCallbacks,
+        config: WaltzClientConfig,
+        *,
+        callback_executor: Executor | None = None,
+        metrics: MetricsRegistry | None = None,
+    ) -> None:
+        self._callbacks = callbacks
+        self.config = config
+        self._executor = callback_executor
+        self._metrics = metrics
+        self._driver: WaltzClientDriver = (
+            config.mock_driver
+            if config.mock_driver is not None
+            else ZooKeeperDriver(config.zookeeper, config.tls)  # type: ignore[arg-type]
+        )
+        self._info: DriverInfo | None = None
+        self._stream: StreamClient | None = None
+        self._rpc: RpcClient | None = None
+        self._early_endpoints: dict[Endpoint, list[PartitionInfo]] | None = None
+        self._early_removed: list[Endpoint] = []
+        self._retry_queue: asyncio.Queue[TransactionContext] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._closed = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @classmethod
+    async def create(
+        cls, callbacks: WaltzClientCallbacks, config: WaltzClientConfig, **kwargs: Any
+    ) -> WaltzClient:
+        client = cls(callbacks, config, **kwargs)
+        await client.start()
+        return client
+
+    async def __aenter__(self) -> WaltzClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        assert self._info is None, "start() once"
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.current_thread()
+        try:
+            self._info = await self._driver.start(self._on_endpoints, self._on_server_removed)
+            self._build_clients(self._info)
+            if self.config.auto_mount:
+                for partition_id in range(self._info.num_partitions):
+                    await self._activate(partition_id)
+            if self._early_endpoints is not None:
+                self._on_endpoints(self._early_endpoints)
+            for endpoint in self._early_removed:
+                self._on_server_removed(endpoint)
+        except BaseException:
+            await self.close()
+            raise
+        for worker in range(self.config.num_transaction_retry_threads):
+            self._tasks.append(asyncio.create_task(self._retry_worker(), name=f"waltz-client-retry-{worker}"))
+        self._tasks.append(asyncio.create_task(self._nudge(), name="waltz-client-nudge"))
+        self._register_metrics()
+
+    def _build_clients(self, info: DriverInfo) -> None:
+        config = self.config
+        self._rpc = RpcClient(
+            info.client_id,
+            info.num_partitions,
+            self._driver.open_channel,
+            config.reconnect_delay_ms,
+            config.rpc_timeout_ms,
+        )
+        self._stream = StreamClient(
+            info.client_id,
+            info.num_partitions,
+            config.max_concurrent_transactions,
+            self._driver.open_channel,
+            config.reconnect_delay_ms,
+            config.not_ready_retry_ms,
+            self._deliver,
+            self._rpc.get_high_water_mark,
+        )
+
+    async def close(self) -> None:
+        """Fail everything pending with ClientClosedError and release connections and ZooKeeper."""
+        if self._closed:
+            return
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        while not self._retry_queue.empty():
+            call_hook(self._retry_queue.get_nowait().on_exception, ClientClosedError())
+        if self._stream is not None:
+            await self._stream.close()
+        if self._rpc is not None:
+            await self._rpc.close()
+        with contextlib.suppress(WaltzError, OSError):
+            await self._driver.close()
+        if self._metrics is not None:
+            self._metrics.remove_group(METRIC_GROUP)
+            for partition_id in range(self._info.num_partitions if self._info is not None else 0):
+                self._metrics.remove_group(_partition_metric_group(partition_id))
+
+    # -- identity --------------------------------------------------------------------------
+
+    @property
+    def client_id(self) -> int:
+        return self._started().client_id
+
+    @property
+    def cluster_name(self) -> str:
+        return self._started().cluster_name
+
+    @property
+    def num_partitions(self) -> int:
+        return self._started().num_partitions
+
+    @property
+    def rpc_client(self) -> RpcClient:
+        self._started()
+        assert self._rpc is not None
+        return self._rpc
+
+    # -- transactions ----------------------------------------------------------------------
+
+    async def submit(self, context: TransactionContext) -> None:
+        """Execute ``context`` and send its transaction; the outcome arrives through its hooks.
+
+        Returns once the append is sent (or declined). Raises, after ``on_exception``, when it
+        cannot be sent at all: inactive partition, no mount within the timeout, client closed.
+        """
+        try:
+            stream = self._stream_client()
+            request = await self._build(stream, context)
+            if request is None:
+                call_hook(context.on_completion, False)  # nothing to do: no retry
+                return
+            future = await stream.append(
+                request, context, self.config.registration_timeout_ms, self.config.flush_timeout_ms
+            )
+            future.add_done_callback(partial(self._on_result, context))
+            network_client = stream.partitions[request.req_id.partition_id].network_client
+            if network_client is not None:
+                await network_client.drain()
+        except Exception as e:
+            call_hook(context.on_exception, e)
+            raise
+
+    async def _build(self, stream: StreamClient, context: TransactionContext) -> AppendRequest | None:
+        partition_id = context.partition_id(stream.num_partitions)
+        partition = stream.partition(partition_id)
+        await partition.ensure_mounted(self.config.ensure_mounted_timeout_ms, stream.check_ahead)
+        # The client HWM as cached now (PR #67): what the server checks the locks against.
+        builder = TransactionBuilder(partition.next_req_id(), partition.client_high_water_mark)
+        if not await self._invoke(context.execute, builder):
+            return None
+        return builder.build_request()
+
+    def _on_result(self, context: TransactionContext, future: TransactionFuture) -> None:
+        if future.cancelled():
+            return
+        error = future.exception()
+        if error is not None:
+            call_hook(context.on_exception, error)
+        elif not future.result():
+            if self._closed:
+                call_hook(context.on_exception, ClientClosedError())
+            elif self.config.num_transaction_retry_threads > 0:
+                self._retry_queue.put_nowait(context)
+        # Success: on_completion(True) was called when the feed delivered it (before on_application).
+
+    async def _retry_worker(self) -> None:
+        while True:
+            context = await self._retry_queue.get()
+            with contextlib.suppress(WaltzError):
+                await self.submit(context)  # failures were reported through on_exception
+
+    async def _nudge(self) -> None:
+        interval_s = self.config.long_wait_threshold_ms / 1000
+        stream = self._stream_client()
+        while True:
+            await asyncio.sleep(interval_s)
+            stream.nudge_waiting_transactions(self.config.long_wait_threshold_ms)
+
+    async def flush(self) -> None:
+        """Wait until every append sent so far is decided (committed or failed)."""
+        stream = self._stream_client()
+        waits = []
+        for partition in stream.partitions.values():
+            if partition.is_active and partition.monitor.last_enqueued() is not None:
+                await partition.ensure_mounted(self.config.ensure_mounted_timeout_ms, stream.check_ahead)
+                future = partition.flush_async()
+                if future is not None:
+                    waits.append((partition.partition_id, future))
+        for partition_id, future in waits:
+            if not await future.wait_flushed(self.config.flush_timeout_ms):
+                raise ClientTimeoutError(
+                    f"partition {partition_id}: flush not answered within {self.config.flush_timeout_ms} ms"
+                )
+
+    flush_transactions = flush
+
+    def has_pending_transactions(self) -> bool:
+        return self._stream_client().has_pending_transactions or not self._retry_queue.empty()
+
+    async def high_water_mark(self, partition_id: int) -> int:
+        """The server's high-water mark of ``partition_id`` (RPC)."""
+        self._check_partition_id(partition_id)
+        return await self.rpc_client.get_high_water_mark(partition_id)
+
+    get_high_water_mark = high_water_mark
+
+    # -- partitions ------------------------------------------------------------------------
+
+    async def set_partitions(self, partition_ids: Iterable[int]) -> None:
+        """Work with exactly these partitions (only with ``client.autoMount`` false)."""
+        if self.config.auto_mount:
+            raise InvalidOperationError("set_partitions needs client.autoMount=false")
+        wanted = set(partition_ids)
+        for partition_id in wanted:
+            self._check_partition_id(partition_id)
+        stream = self._stream_client()
+        for partition in stream.partitions.values():
+            if partition.is_active and partition.partition_id not in wanted:
+                await partition.deactivate(self.config.flush_timeout_ms)
+        for partition_id in sorted(wanted):
+            if not stream.partitions[partition_id].is_active:
+                await self._activate(partition_id)
+
+    def get_partitions(self) -> set[int]:
+        return {p.partition_id for p in self._stream_client().partitions.values() if p.is_active}
+
+    async def _activate(self, partition_id: int) -> None:
+        stream = self._stream_client()
+        high_water_mark = await self._invoke(self._callbacks.get_client_high_water_mark, partition_id)
+        partition = stream.partitions[partition_id]
+        partition.activate(int(high_water_mark))
+        stream.mount(partition)
+
+    def _check_partition_id(self, partition_id: int) -> None:
+        self._stream_client().partition(partition_id)  # raises PartitionNotFoundError
+
+    # -- driver callbacks ------------------------------------------------------------------
+
+    def _on_endpoints(self, endpoints: dict[Endpoint, list[PartitionInfo]]) -> None:
+        if self._stream is None or self._rpc is None:
+            self._early_endpoints = endpoints
+            return
+        self._rpc.set_endpoints(endpoints)
+        self._stream.set_endpoints(endpoints)
+
+    def _on_server_removed(self, endpoint: Endpoint) -> None:
+        if self._stream is None or self._rpc is None:
+            self._early_removed.append(endpoint)
+            return
+        self._rpc.remove_server(endpoint)
+        self._stream.remove_server(endpoint)
+
+    # -- application callbacks -------------------------------------------------------------
+
+    async def _deliver(self, transaction_id: int, header: int, req_id: ReqId) -> None:
+        assert self._rpc is not None and self._loop is not None and self._loop_thread is not None
+        transaction = Transaction(transaction_id, header, req_id, self._rpc, self._loop, self._loop_thread)
+        try:
+            await self._invoke(self._callbacks.apply_transaction, transaction)
+        except Exception as e:
+            log.error(
+                "failed to apply transaction: partition=%d txid=%d: %s",
+                req_id.partition_id,
+                transaction_id,
+                e,
+            )
+            try:
+                self._callbacks.uncaught_exception(req_id.partition_id, transaction_id, e)
+            except Exception:
+                log.exception("callback error [uncaught_exception]")
+            raise TransactionApplicationError(
+                f"apply_transaction failed on transaction {transaction_id} "
+                f"of partition {req_id.partition_id}: {e}"
+            ) from e
+
+    async def _invoke(self, function: Callable[..., Any], *args: Any) -> Any:
+        if self._executor is None:
+            result = function(*args)
+        else:
+            result = await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _started(self) -> DriverInfo:
+        if self._closed:
+            raise ClientClosedError()
+        if self._info is None:
+            raise WaltzClientError("the client is not started: use 'await WaltzClient.create(...)'")
+        return self._info
+
+    def _stream_client(self) -> StreamClient:
+        self._started()
+        assert self._stream is not None
+        return self._stream
+
+    def _register_metrics(self) -> None:
+        registry, stream, info = self._metrics, self._stream, self._info
+        if registry is None or stream is None or info is None:
+            return
+        registry.gauge(METRIC_GROUP, "cluster-name", lambda: info.cluster_name)
+        registry.gauge(METRIC_GROUP, "client-id", lambda: info.client_id)
+        registry.gauge(METRIC_GROUP, "num-active-partitions", lambda: len(self.get_partitions()))
+        registry.gauge(METRIC_GROUP, "active-partition-ids", lambda: sorted(self.get_partitions()))
+        for partition in stream.partitions.values():
+            _register_partition_metrics(registry, partition)
+
+
+def _partition_metric_group(partition_id: int) -> str:
+    return f"{METRIC_GROUP}-stream.partition-{partition_id}"
+
+
+def _register_partition_metrics(registry: MetricsRegistry, partition: Partition) -> None:
+    group = _partition_metric_group(partition.partition_id)
+    registry.gauge(group, "is-mounted", lambda: partition.mounted)
+    registry.gauge(group, "is-partition-active", lambda: partition.is_active)
+    registry.gauge(group, "high-water-mark", lambda: partition.client_high_water_mark)
+    registry.gauge(group, "num-registered-transactions", lambda: partition.monitor.registered_count)
+    registry.gauge(group, "lock-failure", lambda: partition.lock_failures)
+    registry.gauge(group, "transaction-monitor-timeout", lambda: partition.registration_timeouts)

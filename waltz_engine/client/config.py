@@ -1,0 +1,99 @@
+"""Client configuration: the original's keys and defaults (``WaltzClientConfig``, §3.2).
+
+Timeouts the original hard-codes are fields here with the original's values, so tests and
+impatient applications can shorten them; they are not YAML keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from waltz_engine.config import Config, ConfigError
+from waltz_engine.tls import TlsConfig
+from waltz_engine.zk.connection import ZooKeeperSettings
+
+if TYPE_CHECKING:
+    from waltz_engine.client.driver import WaltzClientDriver
+
+KEY_AUTO_MOUNT = "client.autoMount"
+KEY_NUM_TRANSACTION_RETRY_THREADS = "client.numTransactionRetryThreads"
+KEY_NUM_CONSUMER_THREADS = "client.numConsumerThreads"
+KEY_LONG_WAIT_THRESHOLD = "client.longWaitThreshold"
+KEY_MAX_CONCURRENT_TRANSACTIONS = "client.maxConcurrentTransactions"
+KEY_MOCK_DRIVER = "client.mockDriver"
+
+DEFAULT_AUTO_MOUNT = True
+DEFAULT_NUM_TRANSACTION_RETRY_THREADS = 1
+DEFAULT_NUM_CONSUMER_THREADS = 10
+DEFAULT_LONG_WAIT_THRESHOLD_MS = 5_000
+DEFAULT_MAX_CONCURRENT_TRANSACTIONS = 5
+
+# The original's internal constants (CL/internal/Partition.java, InternalBaseClient.java).
+REGISTRATION_TIMEOUT_MS = 10_000
+ENSURE_MOUNTED_TIMEOUT_MS = 10_000
+NOT_READY_RETRY_MS = 500
+RECONNECT_DELAY_MS = 1_000
+# Ours: the original waits for RPC answers and flushes without a bound.
+RPC_TIMEOUT_MS = 10_000
+FLUSH_TIMEOUT_MS = 10_000
+
+
+@dataclass(frozen=True)
+class WaltzClientConfig:
+    zookeeper: ZooKeeperSettings | None = None
+    auto_mount: bool = DEFAULT_AUTO_MOUNT
+    num_transaction_retry_threads: int = DEFAULT_NUM_TRANSACTION_RETRY_THREADS
+    num_consumer_threads: int = DEFAULT_NUM_CONSUMER_THREADS
+    long_wait_threshold_ms: int = DEFAULT_LONG_WAIT_THRESHOLD_MS
+    max_concurrent_transactions: int = DEFAULT_MAX_CONCURRENT_TRANSACTIONS
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    mock_driver: WaltzClientDriver | None = None
+    registration_timeout_ms: int = REGISTRATION_TIMEOUT_MS
+    ensure_mounted_timeout_ms: int = ENSURE_MOUNTED_TIMEOUT_MS
+    not_ready_retry_ms: int = NOT_READY_RETRY_MS
+    reconnect_delay_ms: int = RECONNECT_DELAY_MS
+    rpc_timeout_ms: int = RPC_TIMEOUT_MS
+    flush_timeout_ms: int = FLUSH_TIMEOUT_MS
+
+    def __post_init__(self) -> None:
+        if self.mock_driver is None and self.zookeeper is None:
+            raise ConfigError(
+                "a Waltz client needs zookeeper.connectString and cluster.root (or a mock driver)"
+            )
+        for name in ("num_consumer_threads", "long_wait_threshold_ms", "max_concurrent_transactions"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.num_transaction_retry_threads < 0:
+            raise ConfigError("client.numTransactionRetryThreads must not be negative")
+
+    @classmethod
+    def from_config(
+        cls,
+        config: Config | Mapping[str, Any],
+        mock_driver: WaltzClientDriver | None = None,
+        **overrides: Any,
+    ) -> WaltzClientConfig:
+        """The original's keys from a YAML config (or a dot-keyed mapping); ``overrides`` win."""
+        conf = config if isinstance(config, Config) else Config(config, "<client config>")
+        driver = mock_driver if mock_driver is not None else conf.as_dict().get(KEY_MOCK_DRIVER)
+        zookeeper = None
+        if driver is None or conf.optional_str("zookeeper.connectString") is not None:
+            zookeeper = ZooKeeperSettings.from_config(conf)
+        values: dict[str, Any] = {
+            "zookeeper": zookeeper,
+            "auto_mount": conf.get_bool(KEY_AUTO_MOUNT, DEFAULT_AUTO_MOUNT),
+            "num_transaction_retry_threads": conf.get_int(
+                KEY_NUM_TRANSACTION_RETRY_THREADS, DEFAULT_NUM_TRANSACTION_RETRY_THREADS
+            ),
+            "num_consumer_threads": conf.get_int(KEY_NUM_CONSUMER_THREADS, DEFAULT_NUM_CONSUMER_THREADS),
+            "long_wait_threshold_ms": conf.get_long(KEY_LONG_WAIT_THRESHOLD, DEFAULT_LONG_WAIT_THRESHOLD_MS),
+            "max_concurrent_transactions": conf.get_int(
+                KEY_MAX_CONCURRENT_TRANSACTIONS, DEFAULT_MAX_CONCURRENT_TRANSACTIONS
+            ),
+            "tls": TlsConfig.from_flat(conf.as_dict(), "client"),
+            "mock_driver": driver,
+        }
+        values.update(overrides)
+        return cls(**values)

@@ -1,0 +1,52 @@
+"""What a client call can fail with (the original's ``com.wepay.waltz.exception`` classes, §3.1).
+
+Every error derives from :class:`WaltzClientError` (a :class:`WaltzError`), so an application
+needs one ``except`` for everything the client reports.
+"""
+
+from __future__ import annotations
+
+from waltz_engine.errors import WaltzError
+
+
+class WaltzClientError(WaltzError):
+    """Base of the client's errors (the original's ``WaltzClientRuntimeException``)."""
+
+
+class ClientClosedError(WaltzClientError):
+    """The client was closed while the call was pending, or before it was made."""
+
+    def __init__(self, message: str = "the Waltz client is closed") -> None:
+        super().__init__(message)
+
+
+class ClientTimeoutError(WaltzClientError):
+    """A bounded wait (mount, registration, flush, RPC) ran out: no usable server answered."""
+
+
+class ClientAheadError(WaltzClientError):
+    """The application's stored high-water mark is beyond what the server has (MOUNT → CLIENT_AHEAD)."""
+
+
+class DataChecksumError(WaltzClientError):
+    """Transaction data kept failing its CRC-32 check after every allowed attempt."""
+
+
+class InvalidOperationError(WaltzClientError):
+    """The call is not allowed in this configuration (e.g. set_partitions with client.autoMount on)."""
+
+
+class PartitionInactiveError(WaltzClientError):
+    """The partition is not one this client works with (see set_partitions)."""
+
+    def __init__(self, partition_id: int) -> None:
+        super().__init__(f"partition {partition_id} is not active in this client")
+        self.partition_id = partition_id
+
+
+class PartitionNotFoundError(WaltzClientError):
+    """A partition id outside ``0 .. num_partitions - 1``."""
+
+
+class RpcError(WaltzClientError):
+    """A server answered an RPC with an error message."""

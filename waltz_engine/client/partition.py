@@ -1,0 +1,272 @@
+"""The stream client's view of one partition (the original's ``CL/internal/Partition.java``).
+
+It holds the client high-water mark (the last transaction applied through the callbacks),
+the mount state of the partition's current network client and the transaction monitor, and
+decides when a pending append has failed: feed, flush answers (deferred until the client has
+applied up to the flushed high-water mark) and lock failures (deferred until the client has
+applied the conflicting transaction, so a retry builds on data at least that new).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import heapq
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from waltz_engine.client.errors import (
+    ClientClosedError,
+    ClientTimeoutError,
+    PartitionInactiveError,
+)
+from waltz_engine.client.transaction_monitor import TransactionFuture, TransactionMonitor
+from waltz_engine.reqid import ReqId
+from waltz_engine.wire.client_messages import AppendRequest, FlushRequest, LockFailure
+
+if TYPE_CHECKING:
+    from waltz_engine.client.network_client import NetworkClient
+    from waltz_engine.client.transaction_context import TransactionContext
+
+log = logging.getLogger(__name__)
+
+INT32_MIN = -(1 << 31)
+INT32_RANGE = 1 << 32
+NO_HIGH_WATER_MARK = -1
+
+Deliver = Callable[[int, int, ReqId], Awaitable[None]]
+
+
+def next_seq_num(seq_num: int) -> int:
+    """Java's ``AtomicInteger.incrementAndGet``: wraps from 2^31 - 1 to -2^31."""
+    return (seq_num + 1 - INT32_MIN) % INT32_RANGE + INT32_MIN
+
+
+def call_hook(hook: Callable[..., Any], *args: Any) -> None:
+    """An application hook that raises must not break the client's bookkeeping."""
+    try:
+        hook(*args)
+    except Exception:
+        log.exception("transaction context hook %s failed", getattr(hook, "__qualname__", hook))
+
+
+class PartitionState(enum.Enum):
+    ACTIVE = "active"
+    INACTIVE = "inactive"
+    CLOSED = "closed"
+
+
+class Partition:
+    def __init__(self, partition_id: int, client_id: int, max_concurrent_transactions: int) -> None:
+        self.partition_id = partition_id
+        self.client_id = client_id
+        self.generation = -1
+        self.state = PartitionState.INACTIVE
+        self.client_high_water_mark = NO_HIGH_WATER_MARK
+        self.monitor = TransactionMonitor(max_concurrent_transactions)
+        self.network_client: NetworkClient | None = None
+        self.mounted = False
+        self.client_ahead = False
+        self.session: ReqId | None = None  # the ReqId of the MountRequest whose answers count
+        self.lock_failures = 0
+        self.registration_timeouts = 0
+        self._seq_num = 0
+        self._lock_failure_queue: list[tuple[int, int, ReqId]] = []  # (lock hwm, arrival, reqId)
+        self._arrivals = 0
+        self._flush_points: deque[tuple[int, ReqId]] = deque()
+        self._application_failed: dict[ReqId, TransactionContext] = {}
+        self._application_lock = asyncio.Lock()
+        self._changed = asyncio.Event()
+
+    def __repr__(self) -> str:
+        return f"Partition(p={self.partition_id}, c={self.client_id}, hwm={self.client_high_water_mark})"
+
+    def next_req_id(self) -> ReqId:
+        self._seq_num = next_seq_num(self._seq_num)
+        return ReqId(self.client_id, self.generation, self.partition_id, self._seq_num)
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def is_active(self) -> bool:
+        return self.state is PartitionState.ACTIVE
+
+    def activate(self, client_high_water_mark: int) -> None:
+        if self.monitor.start():
+            self.client_high_water_mark = client_high_water_mark
+            self.state = PartitionState.ACTIVE
+            self._notify()
+
+    async def deactivate(self, flush_timeout_ms: int) -> None:
+        """Stop taking appends and wait (bounded) until the pending ones are decided."""
+        if self.monitor.stop():
+            future = self.flush_async()
+            while self.monitor.is_stopped and future is not None:
+                if not await future.wait_flushed(flush_timeout_ms):
+                    log.warning(
+                        "%r: pending appends undecided after %d ms; failing them", self, flush_timeout_ms
+                    )
+                    self.monitor.clear()
+                    break
+                future = self.flush_async()
+        self.process_auxiliary_queues()
+        if self.monitor.is_stopped:
+            self.state = PartitionState.INACTIVE
+            self.mounted = False
+            self._notify()
+
+    def close(self) -> None:
+        self.network_client = None
+        self.state = PartitionState.CLOSED
+        self.mounted = False
+        self.client_ahead = False
+        self.monitor.close()
+        self._notify()
+
+    # -- mounting --------------------------------------------------------------------------
+
+    def mounting(self, network_client: NetworkClient | None) -> None:
+        self.mounted = False
+        self.client_ahead = False
+        self.session = None
+        self.network_client = network_client
+        self._notify()
+
+    def mounted_by(self, network_client: NetworkClient) -> None:
+        if self.network_client is network_client:
+            log.info("partition mounted: %r on %r", self, network_client)
+            self.mounted = True
+            self._notify()
+        # Whatever the server had from us before the mount is decided now.
+        self.flush_async()
+
+    def partition_ahead(self) -> None:
+        self.client_ahead = True
+        self._notify()
+
+    async def ensure_mounted(
+        self, timeout_ms: int, check_ahead: Callable[[Partition], Awaitable[None]]
+    ) -> None:
+        if self.mounted and self.state is PartitionState.ACTIVE:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        while not self.mounted:
+            if self.state is PartitionState.CLOSED:
+                raise ClientClosedError()
+            if self.monitor.is_stopped:
+                raise PartitionInactiveError(self.partition_id)
+            if self.client_ahead:
+                await check_ahead(self)  # remounts if the server caught up, else raises ClientAheadError
+                continue
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                where = self.network_client.endpoint if self.network_client else "no server assigned"
+                raise ClientTimeoutError(
+                    f"partition {self.partition_id} was not mounted within {timeout_ms} ms ({where})"
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
+        if self.state is PartitionState.CLOSED:
+            raise ClientClosedError()
+
+    # -- appends ---------------------------------------------------------------------------
+
+    async def append(
+        self, request: AppendRequest, context: TransactionContext | None, registration_timeout_ms: int
+    ) -> TransactionFuture | None:
+        """Register and send; None when the registration timed out (the caller flushes and retries)."""
+        future = await self.monitor.register(request.req_id, context, registration_timeout_ms)
+        if future is None:
+            self.registration_timeouts += 1
+            return None
+        if not future.done():
+            network_client = self.network_client
+            if network_client is None or not network_client.send(request):
+                self.monitor.abort(request.req_id)  # not sent: fail it now, the retry waits for a mount
+        return future
+
+    def flush_async(self) -> TransactionFuture | None:
+        """Ask the server to decide every pending append; the future of the last one, if any."""
+        future = self.monitor.last_enqueued()
+        if future is None or future.is_flushed or self.state is PartitionState.CLOSED:
+            return None
+        network_client = self.network_client
+        if network_client is None or not network_client.send(FlushRequest(future.req_id)):
+            log.debug("%r: cannot send FlushRequest now; the mount will flush", self)
+        return future
+
+    def nudge(self, long_wait_threshold_ms: int) -> None:
+        last_ms = self.monitor.last_enqueued_time_ms()
+        if self.mounted and last_ms >= 0 and time.monotonic() * 1000 > last_ms + long_wait_threshold_ms:
+            self.flush_async()
+
+    def flush_completed(self, req_id: ReqId, high_water_mark: int) -> None:
+        if self.client_high_water_mark >= high_water_mark:
+            self.monitor.flush(req_id)
+        else:
+            self._flush_points.append((high_water_mark, req_id))
+
+    def lock_failed(self, lock_failure: LockFailure) -> None:
+        context = self.monitor.get_transaction_context(lock_failure.req_id)
+        if context is not None:
+            self.lock_failures += 1
+            call_hook(context.on_lock_failure)
+        if self.client_high_water_mark >= lock_failure.transaction_id:
+            self.monitor.abort(lock_failure.req_id)
+        else:
+            self._arrivals += 1
+            heapq.heappush(
+                self._lock_failure_queue, (lock_failure.transaction_id, self._arrivals, lock_failure.req_id)
+            )
+
+    def process_auxiliary_queues(self) -> None:
+        queue = self._lock_failure_queue
+        while queue and queue[0][0] <= self.client_high_water_mark:
+            self.monitor.abort(heapq.heappop(queue)[2])
+        points = self._flush_points
+        while points and points[0][0] <= self.client_high_water_mark:
+            self.monitor.flush(points.popleft()[1])
+
+    @property
+    def has_pending_transactions(self) -> bool:
+        return self.monitor.registered_count > 0
+
+    # -- the feed --------------------------------------------------------------------------
+
+    async def apply_transaction(
+        self, transaction_id: int, header: int, req_id: ReqId, deliver: Deliver
+    ) -> None:
+        """Apply the next transaction in order (others are duplicates or gaps and are ignored)."""
+        async with self._application_lock:
+            try:
+                if (
+                    self.state is not PartitionState.ACTIVE
+                    or transaction_id != self.client_high_water_mark + 1
+                ):
+                    return
+                context = self.monitor.committed(req_id)
+                if context is not None:
+                    call_hook(context.on_completion, True)
+                else:
+                    # The application failed on it before: the context still wants on_application.
+                    context = self._application_failed.pop(req_id, None)
+                try:
+                    await deliver(transaction_id, header, req_id)
+                except BaseException:
+                    if context is not None:
+                        self._application_failed[req_id] = context
+                    raise
+                self.client_high_water_mark += 1
+                if context is not None:
+                    call_hook(context.on_application)
+            finally:
+                self.process_auxiliary_queues()

@@ -1,0 +1,282 @@
+"""Request/response calls on their own connections (the original's ``InternalRpcClient``, §3.6).
+
+Transaction data and high-water marks are asked of whichever server owns the partition;
+pending requests are sent again when the partition lands on a new connection, and every wait
+is bounded by ``rpc_timeout_ms``. Admin-ish calls go to a named server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import Any, TypeVar
+
+from waltz_engine.client.base_client import BaseClient
+from waltz_engine.client.errors import ClientClosedError, ClientTimeoutError, DataChecksumError, RpcError
+from waltz_engine.client.network_client import Endpoint, NetworkClient, OpenChannel
+from waltz_engine.client.partition import next_seq_num
+from waltz_engine.crc import crc32
+from waltz_engine.reqid import ReqId
+from waltz_engine.wire.client_messages import (
+    AddPreferredPartitionRequest,
+    AddPreferredPartitionResponse,
+    CheckStorageConnectivityRequest,
+    CheckStorageConnectivityResponse,
+    ClientMessage,
+    HighWaterMarkRequest,
+    HighWaterMarkResponse,
+    RemovePreferredPartitionRequest,
+    RemovePreferredPartitionResponse,
+    ServerPartitionsAssignmentRequest,
+    ServerPartitionsAssignmentResponse,
+    ServerPartitionsHealthStatRequest,
+    ServerPartitionsHealthStatResponse,
+    TransactionDataRequest,
+    TransactionDataResponse,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_DATA_ATTEMPTS = 5  # checksum failures tolerated per fetch (the original's MAX_DATA_ATTEMPTS)
+# Transaction.getTransactionData's backoff after an error answer (a partition moving between servers).
+DATA_RETRY_INITIAL_MS = 10
+DATA_RETRY_MAX_MS = 5_000
+
+R = TypeVar("R")
+
+_ADMIN_RESPONSES: dict[type[Any], type[Any]] = {
+    CheckStorageConnectivityRequest: CheckStorageConnectivityResponse,
+    ServerPartitionsAssignmentRequest: ServerPartitionsAssignmentResponse,
+    ServerPartitionsHealthStatRequest: ServerPartitionsHealthStatResponse,
+    AddPreferredPartitionRequest: AddPreferredPartitionResponse,
+    RemovePreferredPartitionRequest: RemovePreferredPartitionResponse,
+}
+
+
+class _DataFuture:
+    __slots__ = ("future", "attempts")
+
+    def __init__(self, attempts: int) -> None:
+        self.future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self.attempts = attempts
+
+
+class _RpcPartition:
+    __slots__ = ("partition_id", "seq_num", "data", "high_water_mark")
+
+    def __init__(self, partition_id: int) -> None:
+        self.partition_id = partition_id
+        self.seq_num = 0
+        self.data: dict[int, _DataFuture] = {}
+        self.high_water_mark: asyncio.Future[int] | None = None
+
+
+class RpcClient(BaseClient):
+    def __init__(
+        self,
+        client_id: int,
+        num_partitions: int,
+        open_channel: OpenChannel,
+        reconnect_delay_ms: int,
+        rpc_timeout_ms: int,
+    ) -> None:
+        super().__init__(open_channel, reconnect_delay_ms)
+        self.client_id = client_id
+        self.rpc_timeout_ms = rpc_timeout_ms
+        self._partitions = {p: _RpcPartition(p) for p in range(num_partitions)}
+        self._admin: dict[tuple[Endpoint, type[Any]], deque[asyncio.Future[Any]]] = {}
+
+    def _req_id(self, partition: _RpcPartition) -> ReqId:
+        partition.seq_num = next_seq_num(partition.seq_num)
+        return ReqId(
+            self.client_id, self.generation(partition.partition_id), partition.partition_id, partition.seq_num
+        )
+
+    def _send(self, partition: _RpcPartition, message: ClientMessage) -> None:
+        network_client = self.network_client_of(partition.partition_id)
+        if network_client is None or not network_client.send(message):
+            log.debug(
+                "partition %d: not connected; request goes out on the next mount", partition.partition_id
+            )
+
+    # -- BaseClient hooks ------------------------------------------------------------------
+
+    def _on_assigned(self, partition_id: int, network_client: NetworkClient | None) -> None:
+        pass  # nothing is mounted on RPC connections; pending requests go out when connected
+
+    def _on_mountable(self, network_client: NetworkClient, partition_id: int) -> None:
+        partition = self._partitions[partition_id]
+        for transaction_id in partition.data:
+            network_client.send(TransactionDataRequest(self._req_id(partition), transaction_id))
+        if partition.high_water_mark is not None:
+            network_client.send(HighWaterMarkRequest(self._req_id(partition)))
+
+    async def on_message(self, network_client: NetworkClient, message: ClientMessage) -> None:
+        if isinstance(message, TransactionDataResponse):
+            self._data_received(message)
+        elif isinstance(message, HighWaterMarkResponse):
+            partition = self._partitions.get(message.req_id.partition_id)
+            future = partition.high_water_mark if partition is not None else None
+            if partition is not None and future is not None:
+                partition.high_water_mark = None
+                if not future.done():
+                    future.set_result(message.transaction_id)
+        else:
+            waiters = self._admin.get((network_client.endpoint, type(message)))
+            if waiters:
+                waiter = waiters.popleft()
+                if not waiter.done():
+                    waiter.set_result(message)
+            else:
+                log.warning(
+                    "unexpected message on an RPC connection to %s: %s", network_client.endpoint, message
+                )
+
+    # -- transaction data ------------------------------------------------------------------
+
+    async def get_transaction_data(self, partition_id: int, transaction_id: int) -> bytes:
+        """The data of one transaction; retries error answers with backoff until the RPC timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.rpc_timeout_ms / 1000
+        backoff_ms = DATA_RETRY_INITIAL_MS
+        while True:
+            try:
+                return await self._await(
+                    self._data_future(partition_id, transaction_id), deadline, "transaction data"
+                )
+            except RpcError as e:
+                if loop.time() + backoff_ms / 1000 >= deadline:
+                    raise ClientTimeoutError(
+                        f"no data for transaction {transaction_id} of partition {partition_id} within "
+                        f"{self.rpc_timeout_ms} ms; last error: {e}"
+                    ) from None
+                await asyncio.sleep(backoff_ms / 1000)
+                backoff_ms = min(backoff_ms * 2, DATA_RETRY_MAX_MS)
+
+    def _data_future(
+        self, partition_id: int, transaction_id: int, attempts: int = 1
+    ) -> asyncio.Future[bytes]:
+        self._check_open()
+        partition = self._partitions[partition_id]
+        pending = partition.data.get(transaction_id)
+        if pending is None:
+            pending = partition.data[transaction_id] = _DataFuture(attempts)
+            self._send(partition, TransactionDataRequest(self._req_id(partition), transaction_id))
+        return pending.future
+
+    def _data_received(self, response: TransactionDataResponse) -> None:
+        partition = self._partitions.get(response.req_id.partition_id)
+        if partition is None:
+            return
+        pending = partition.data.pop(response.transaction_id, None)
+        if pending is None or pending.future.done():
+            return
+        if response.data is None:
+            pending.future.set_exception(
+                RpcError(response.exception_message or "no data and no error message")
+            )
+        elif crc32(response.data) == response.checksum:
+            pending.future.set_result(response.data)
+        elif pending.attempts < MAX_DATA_ATTEMPTS:
+            log.warning(
+                "transaction data checksum error, retrying: partition=%d txid=%d",
+                partition.partition_id,
+                response.transaction_id,
+            )
+            retry = self._data_future(partition.partition_id, response.transaction_id, pending.attempts + 1)
+            retry.add_done_callback(lambda f: _chain(f, pending.future))
+        else:
+            pending.future.set_exception(
+                DataChecksumError(
+                    f"transaction data checksum error: partition={partition.partition_id} "
+                    f"txid={response.transaction_id} after {MAX_DATA_ATTEMPTS} attempts"
+                )
+            )
+
+    # -- high-water mark -------------------------------------------------------------------
+
+    async def get_high_water_mark(self, partition_id: int) -> int:
+        self._check_open()
+        partition = self._partitions[partition_id]
+        future = partition.high_water_mark
+        if future is None:
+            future = partition.high_water_mark = asyncio.get_running_loop().create_future()
+            self._send(partition, HighWaterMarkRequest(self._req_id(partition)))
+        deadline = asyncio.get_running_loop().time() + self.rpc_timeout_ms / 1000
+        return await self._await(future, deadline, f"the high-water mark of partition {partition_id}")
+
+    # -- admin calls to one server ---------------------------------------------------------
+
+    async def call_server(self, endpoint: Endpoint, request: ClientMessage) -> Any:
+        """Send an admin request (13-21) to ``endpoint``; its response message."""
+        self._check_open()
+        response_type = _ADMIN_RESPONSES[type(request)]
+        loop = asyncio.get_running_loop()
+        network_client = self._network_client_for(endpoint)
+        deadline = loop.time() + self.rpc_timeout_ms / 1000
+        while not network_client.ready:
+            if loop.time() >= deadline:
+                raise ClientTimeoutError(f"cannot reach server {endpoint} within {self.rpc_timeout_ms} ms")
+            await asyncio.sleep(0.01)
+            network_client = self._network_client_for(endpoint)
+        future: asyncio.Future[Any] = loop.create_future()
+        self._admin.setdefault((endpoint, response_type), deque()).append(future)
+        network_client.send(request)
+        return await self._await(future, deadline, f"{type(request).__name__} from {endpoint}")
+
+    # -- common ----------------------------------------------------------------------------
+
+    async def _await(self, future: asyncio.Future[R], deadline: float, what: str) -> R:
+        remaining = deadline - asyncio.get_running_loop().time()
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), max(remaining, 0))
+        except TimeoutError:
+            error = ClientTimeoutError(f"no answer for {what} within {self.rpc_timeout_ms} ms")
+            if not future.done():
+                future.set_exception(error)  # every caller sharing it gives up together
+                future.exception()  # retrieved here; others sharing it see it too
+                self._forget(future)
+            raise error from None
+
+    def _forget(self, future: asyncio.Future[Any]) -> None:
+        for partition in self._partitions.values():
+            if partition.high_water_mark is future:
+                partition.high_water_mark = None
+            for transaction_id, pending in list(partition.data.items()):
+                if pending.future is future:
+                    del partition.data[transaction_id]
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosedError()
+
+    async def close(self) -> None:
+        await super().close()
+        error = ClientClosedError()
+        for partition in self._partitions.values():
+            futures: list[asyncio.Future[Any]] = [p.future for p in partition.data.values()]
+            if partition.high_water_mark is not None:
+                futures.append(partition.high_water_mark)
+            partition.data.clear()
+            partition.high_water_mark = None
+            for future in futures:
+                if not future.done():
+                    future.set_exception(error)
+                    future.exception()  # nobody may be waiting: do not warn "never retrieved"
+        for waiters in self._admin.values():
+            for future in waiters:
+                if not future.done():
+                    future.set_exception(error)
+                    future.exception()
+
+
+def _chain(source: asyncio.Future[bytes], target: asyncio.Future[bytes]) -> None:
+    if target.done():
+        return
+    if source.cancelled():
+        target.cancel()
+    elif (error := source.exception()) is not None:
+        target.set_exception(error)
+    else:
+        target.set_result(source.result())

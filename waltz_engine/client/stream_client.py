@@ -1,0 +1,220 @@
+"""Mount, feed, append and flush over the stream connections (the original's ``InternalStreamClient``).
+
+Messages of one connection are handled in order on that connection's reader, so a partition's
+feed is applied strictly in transaction id order; a MountResponse or FeedSuspended answering
+anything but the partition's current mount (its *session*) is obsolete and ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from waltz_engine.client.base_client import BaseClient
+from waltz_engine.client.errors import (
+    ClientAheadError,
+    ClientClosedError,
+    ClientTimeoutError,
+    PartitionNotFoundError,
+    WaltzClientError,
+)
+from waltz_engine.client.network_client import NetworkClient, OpenChannel
+from waltz_engine.client.partition import Deliver, Partition
+from waltz_engine.client.transaction_monitor import TransactionFuture
+from waltz_engine.wire.client_messages import (
+    PARTITION_STATE_CLIENT_AHEAD,
+    PARTITION_STATE_NOT_READY,
+    PARTITION_STATE_READY,
+    AppendRequest,
+    ClientMessage,
+    FeedData,
+    FeedRequest,
+    FeedSuspended,
+    FlushResponse,
+    LockFailure,
+    MountRequest,
+    MountResponse,
+)
+
+if TYPE_CHECKING:
+    from waltz_engine.client.transaction_context import TransactionContext
+
+log = logging.getLogger(__name__)
+
+
+class TransactionApplicationError(WaltzClientError):
+    """``apply_transaction`` raised: the stream connection is dropped; the feed resumes from the HWM."""
+
+
+class StreamClient(BaseClient):
+    def __init__(
+        self,
+        client_id: int,
+        num_partitions: int,
+        max_concurrent_transactions: int,
+        open_channel: OpenChannel,
+        reconnect_delay_ms: int,
+        not_ready_retry_ms: int,
+        deliver: Deliver,
+        server_high_water_mark: Callable[[int], Awaitable[int]],
+    ) -> None:
+        super().__init__(open_channel, reconnect_delay_ms)
+        self.client_id = client_id
+        self.num_partitions = num_partitions
+        self._not_ready_retry_ms = not_ready_retry_ms
+        self._deliver = deliver
+        self._server_high_water_mark = server_high_water_mark
+        self.partitions = {
+            p: Partition(p, client_id, max_concurrent_transactions) for p in range(num_partitions)
+        }
+
+    def partition(self, partition_id: int) -> Partition:
+        partition = self.partitions.get(partition_id)
+        if partition is None:
+            raise PartitionNotFoundError(
+                f"partition {partition_id} does not exist: "
+                f"the cluster has partitions 0..{self.num_partitions - 1}"
+            )
+        return partition
+
+    # -- mounting --------------------------------------------------------------------------
+
+    def _on_assigned(self, partition_id: int, network_client: NetworkClient | None) -> None:
+        partition = self.partitions[partition_id]
+        partition.generation = max(partition.generation, self.generation(partition_id))
+        partition.mounting(network_client)
+
+    def _on_mountable(self, network_client: NetworkClient, partition_id: int) -> None:
+        partition = self.partitions[partition_id]
+        if not partition.is_active or partition.network_client is not network_client:
+            return  # inactive partitions are mounted when set_partitions activates them
+        partition.mounting(network_client)
+        req_id = partition.next_req_id()
+        partition.session = req_id
+        log.info("sending MountRequest: %r to %r", partition, network_client)
+        network_client.send(MountRequest(req_id, partition.client_high_water_mark, network_client.seq_num))
+
+    def mount(self, partition: Partition) -> None:
+        network_client = partition.network_client
+        if network_client is not None and network_client.ready:
+            self._on_mountable(network_client, partition.partition_id)
+
+    async def check_ahead(self, partition: Partition) -> None:
+        """After CLIENT_AHEAD: remount if the server has caught up, else say why we cannot go on."""
+        try:
+            server_hwm = await self._server_high_water_mark(partition.partition_id)
+        except WaltzClientError as e:
+            raise ClientAheadError(
+                f"partition {partition.partition_id}: the client's stored high-water mark "
+                f"{partition.client_high_water_mark} is ahead of the server's (server's unknown: {e})"
+            ) from None
+        if partition.client_high_water_mark <= server_hwm:
+            partition.client_ahead = False  # the server caught up: mount again (now or when connected)
+            self.mount(partition)
+            return
+        raise ClientAheadError(
+            f"partition {partition.partition_id}: the client's stored high-water mark "
+            f"{partition.client_high_water_mark} is ahead of the server's {server_hwm}; the application's "
+            "state is newer than this Waltz cluster's log "
+            "(wrong cluster root, or a log that lost transactions)"
+        )
+
+    # -- messages --------------------------------------------------------------------------
+
+    async def on_message(self, network_client: NetworkClient, message: ClientMessage) -> None:
+        partition = self.partitions.get(message.req_id.partition_id)
+        if partition is None:
+            log.warning("message for unknown partition from %r: %s", network_client, message)
+            return
+        if isinstance(message, FeedData):
+            await self._apply(partition, network_client, message)
+        elif isinstance(message, MountResponse):
+            self._mount_response(partition, network_client, message)
+        elif isinstance(message, FeedSuspended):
+            if message.req_id == partition.session and partition.network_client is network_client:
+                network_client.send(FeedRequest(message.req_id, partition.client_high_water_mark))
+        elif isinstance(message, FlushResponse):
+            partition.flush_completed(message.req_id, message.transaction_id)
+        elif isinstance(message, LockFailure):
+            partition.lock_failed(message)
+        else:
+            log.warning("unexpected message on a stream connection from %r: %s", network_client, message)
+
+    def _mount_response(
+        self, partition: Partition, network_client: NetworkClient, message: MountResponse
+    ) -> None:
+        if message.req_id != partition.session or partition.network_client is not network_client:
+            log.debug("ignoring obsolete MountResponse %s", message)
+            return
+        if message.partition_state == PARTITION_STATE_READY:
+            partition.mounted_by(network_client)
+            network_client.send(FeedRequest(partition.session, partition.client_high_water_mark))
+        elif message.partition_state == PARTITION_STATE_NOT_READY:
+            session = partition.session
+
+            def retry() -> None:
+                if partition.session == session and partition.network_client is network_client:
+                    self._on_mountable(network_client, partition.partition_id)
+
+            asyncio.get_running_loop().call_later(self._not_ready_retry_ms / 1000, retry)
+        elif message.partition_state == PARTITION_STATE_CLIENT_AHEAD:
+            log.error(
+                "partition %d: client high-water mark %d is ahead of the server's",
+                partition.partition_id,
+                partition.client_high_water_mark,
+            )
+            partition.partition_ahead()
+        else:
+            log.error("MountResponse with an unknown partition state %d", message.partition_state)
+
+    async def _apply(self, partition: Partition, network_client: NetworkClient, message: FeedData) -> None:
+        try:
+            await partition.apply_transaction(
+                message.transaction_id, message.header, message.req_id, self._deliver
+            )
+        except TransactionApplicationError:
+            raise
+        except Exception as e:
+            raise TransactionApplicationError(f"applying transaction {message.transaction_id}: {e}") from e
+
+    # -- appends ---------------------------------------------------------------------------
+
+    async def append(
+        self,
+        request: AppendRequest,
+        context: TransactionContext | None,
+        registration_timeout_ms: int,
+        flush_timeout_ms: int,
+    ) -> TransactionFuture:
+        """Register and send; when the monitor stays full, flush and try again (bounded)."""
+        partition = self.partition(request.req_id.partition_id)
+        while True:
+            future = await partition.append(request, context, registration_timeout_ms)
+            if future is not None:
+                return future
+            pending = partition.flush_async()
+            if pending is not None and not await pending.wait_flushed(flush_timeout_ms):
+                raise ClientTimeoutError(
+                    f"partition {partition.partition_id}: {partition.monitor.max_capacity} appends "
+                    f"pending for "
+                    f"{registration_timeout_ms} ms and a flush was not answered within {flush_timeout_ms} ms"
+                )
+
+    def nudge_waiting_transactions(self, long_wait_threshold_ms: int) -> None:
+        for partition in self.partitions.values():
+            partition.nudge(long_wait_threshold_ms)
+
+    @property
+    def has_pending_transactions(self) -> bool:
+        return any(p.has_pending_transactions for p in self.partitions.values())
+
+    async def close(self) -> None:
+        for partition in self.partitions.values():
+            partition.close()
+        await super().close()
+
+    def require_open(self) -> None:
+        if self._closed:
+            raise ClientClosedError()

@@ -1,0 +1,117 @@
+"""A blocking facade for threaded programs: the asyncio client on a loop in a background thread.
+
+Callbacks (``execute``, ``get_client_high_water_mark``, ``apply_transaction``) run on a pool
+of ``client.numConsumerThreads`` threads, as the original's consumer threads, so they may
+block — e.g. ``transaction.get_data()``; feeds are still applied one at a time per partition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Coroutine, Iterable
+from typing import Any, TypeVar
+
+from waltz_engine.client.callbacks import WaltzClientCallbacks
+from waltz_engine.client.client import WaltzClient
+from waltz_engine.client.config import WaltzClientConfig
+from waltz_engine.client.transaction_context import TransactionContext
+from waltz_engine.metrics import MetricsRegistry
+
+T = TypeVar("T")
+
+# Joining the loop thread at close: the client's own close is bounded by its timeouts.
+LOOP_THREAD_JOIN_TIMEOUT_S = 30.0
+
+
+class SyncWaltzClient:
+    def __init__(
+        self,
+        callbacks: WaltzClientCallbacks,
+        config: WaltzClientConfig,
+        metrics: MetricsRegistry | None = None,
+    ) -> None:
+        self._consumers = concurrent.futures.ThreadPoolExecutor(
+            config.num_consumer_threads, thread_name_prefix="waltz-client-consumer"
+        )
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="waltz-client-loop", daemon=True)
+        self._thread.start()
+        self._client = WaltzClient(callbacks, config, callback_executor=self._consumers, metrics=metrics)
+        try:
+            self._run(self._client.start())
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        if threading.current_thread() is self._thread:
+            coroutine.close()
+            raise RuntimeError(
+                "SyncWaltzClient methods block; call them from your threads, not from callbacks"
+            )
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    @property
+    def async_client(self) -> WaltzClient:
+        return self._client
+
+    @property
+    def client_id(self) -> int:
+        return self._client.client_id
+
+    @property
+    def cluster_name(self) -> str:
+        return self._client.cluster_name
+
+    @property
+    def num_partitions(self) -> int:
+        return self._client.num_partitions
+
+    def submit(self, context: TransactionContext) -> None:
+        self._run(self._client.submit(context))
+
+    def flush(self) -> None:
+        self._run(self._client.flush())
+
+    flush_transactions = flush
+
+    def has_pending_transactions(self) -> bool:
+        pending: bool = self._run(_call(self._client.has_pending_transactions))
+        return pending
+
+    def high_water_mark(self, partition_id: int) -> int:
+        return self._run(self._client.high_water_mark(partition_id))
+
+    get_high_water_mark = high_water_mark
+
+    def set_partitions(self, partition_ids: Iterable[int]) -> None:
+        self._run(self._client.set_partitions(partition_ids))
+
+    def get_partitions(self) -> set[int]:
+        return self._run(_call(self._client.get_partitions))
+
+    def close(self) -> None:
+        if not self._loop.is_closed():
+            try:
+                self._run(self._client.close())
+            finally:
+                self._stop_loop()
+
+    def __enter__(self) -> SyncWaltzClient:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(LOOP_THREAD_JOIN_TIMEOUT_S)
+        self._loop.close()
+        self._consumers.shutdown(wait=False, cancel_futures=True)
+
+
+async def _call(function: Any) -> Any:
+    """Run a plain method on the loop thread, where the client's state lives."""
+    return function()

@@ -1,0 +1,228 @@
+"""Which of this client's appends are still pending, per partition (the original's TransactionMonitor, §3.5).
+
+The server never says "appended"; the feed does. Appends of one partition are processed in
+order, so when the feed shows one of ours, every older pending one of ours has failed. A flush
+answer (or a mount, which implies one) fails everything up to the flushed request.
+
+Everything runs on the client's event loop: no locks, and waiters are futures, not threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from waltz_engine.client.errors import ClientClosedError, PartitionInactiveError
+from waltz_engine.reqid import ReqId
+
+if TYPE_CHECKING:
+    from waltz_engine.client.transaction_context import TransactionContext
+
+log = logging.getLogger(__name__)
+
+
+class TransactionFuture(asyncio.Future[bool]):
+    """True: appended; False: not appended (retry); exception: given up.
+
+    *Flushed* means the monitor forgot the request: the server can no longer commit it.
+    """
+
+    def __init__(self, req_id: ReqId, context: TransactionContext | None) -> None:
+        super().__init__()
+        self.req_id = req_id
+        self.context = context
+        self._flushed = False
+        self._flush_waiters: list[asyncio.Future[None]] = []
+
+    @property
+    def is_flushed(self) -> bool:
+        return self._flushed
+
+    def mark_flushed(self) -> None:
+        self._flushed = True
+        for waiter in self._flush_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._flush_waiters.clear()
+
+    async def wait_flushed(self, timeout_ms: int) -> bool:
+        """Whether it was flushed within ``timeout_ms``."""
+        if self._flushed:
+            return True
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._flush_waiters.append(waiter)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), timeout_ms / 1000)
+        except TimeoutError:
+            return False
+        finally:
+            if waiter in self._flush_waiters:
+                self._flush_waiters.remove(waiter)
+        return True
+
+    def settle(self, result: bool) -> bool:
+        """Complete unless already done; whether this call completed it."""
+        if self.done():
+            return False
+        self.set_result(result)
+        return True
+
+
+class MonitorState(enum.Enum):
+    STARTED = "started"
+    STOPPED = "stopped"
+    CLOSED = "closed"
+
+
+class TransactionMonitor:
+    """Registered appends in send order; at most ``max_concurrent_transactions`` undecided ones."""
+
+    def __init__(self, max_concurrent_transactions: int) -> None:
+        assert max_concurrent_transactions >= 1
+        self.max_capacity = max_concurrent_transactions
+        self.state = MonitorState.STOPPED
+        self._registered: dict[ReqId, TransactionFuture] = {}  # insertion order = send order
+        self._num_registered = 0  # registered and not yet completed (aborted ones stay until flushed)
+        self._last_req_id: ReqId | None = None
+        self._last_time_ms = -1
+        self._space: asyncio.Event | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> bool:
+        if self.state is not MonitorState.STOPPED:
+            return False
+        self.state = MonitorState.STARTED
+        return True
+
+    def stop(self) -> bool:
+        if self.state is not MonitorState.STARTED:
+            return False
+        self.state = MonitorState.STOPPED
+        self._wake()
+        return True
+
+    @property
+    def is_stopped(self) -> bool:
+        return self.state is MonitorState.STOPPED
+
+    def close(self) -> None:
+        self.state = MonitorState.CLOSED
+        for future in self._registered.values():
+            if not future.done():
+                future.set_exception(ClientClosedError())
+            future.mark_flushed()
+        self._registered.clear()
+        self._num_registered = 0
+        self._wake()
+
+    def clear(self) -> None:
+        """The server has nothing pending from us (a mount completed): every request failed."""
+        for future in self._registered.values():
+            future.settle(False)
+            future.mark_flushed()
+        self._registered.clear()
+        self._num_registered = 0
+        self._wake()
+
+    # -- registration --------------------------------------------------------------------------
+
+    async def register(
+        self, req_id: ReqId, context: TransactionContext | None, timeout_ms: int
+    ) -> TransactionFuture | None:
+        """A future for ``req_id``; None when no slot freed within ``timeout_ms``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        while self.state is MonitorState.STARTED and self._num_registered >= self.max_capacity:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                log.warning(
+                    "transaction registration timeout: partition=%d after %d ms", req_id[2], timeout_ms
+                )
+                return None
+            if self._space is None:
+                self._space = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._space.wait(), remaining)
+            except TimeoutError:
+                continue
+        future = TransactionFuture(req_id, context)
+        if self.state is MonitorState.STARTED:
+            if req_id in self._registered:
+                log.error("duplicate reqId: %s", req_id)
+                future.set_result(False)
+            else:
+                self._last_req_id = req_id
+                self._last_time_ms = int(time.monotonic() * 1000)
+                self._registered[req_id] = future
+                self._num_registered += 1
+        elif self.state is MonitorState.STOPPED:
+            future.set_exception(PartitionInactiveError(req_id.partition_id))
+        else:
+            future.set_exception(ClientClosedError())
+        return future
+
+    # -- outcomes ------------------------------------------------------------------------------
+
+    def get_transaction_context(self, req_id: ReqId) -> TransactionContext | None:
+        future = self._registered.get(req_id)
+        return future.context if future is not None else None
+
+    def committed(self, req_id: ReqId) -> TransactionContext | None:
+        """The feed showed ``req_id``: it succeeded and every older one failed; its context."""
+        if self.state is MonitorState.CLOSED:
+            return None
+        future = self._registered.get(req_id)
+        if future is None:
+            return None
+        self._complete_through(req_id, True)
+        return future.context
+
+    def abort(self, req_id: ReqId) -> None:
+        """``req_id`` failed (lock failure); it stays registered, flushed later, as the original."""
+        if self.state is MonitorState.CLOSED:
+            return
+        future = self._registered.get(req_id)
+        if future is not None and future.settle(False):
+            self._num_registered -= 1
+            self._wake()
+
+    def flush(self, req_id: ReqId) -> None:
+        """A flush answered for ``req_id``: it and everything older are decided (failed if pending)."""
+        if self.state is not MonitorState.CLOSED and req_id in self._registered:
+            self._complete_through(req_id, False)
+
+    def _complete_through(self, req_id: ReqId, success: bool) -> None:
+        while self._registered:
+            other = next(iter(self._registered))
+            future = self._registered.pop(other)
+            future.mark_flushed()
+            if other == req_id:
+                if future.settle(success):
+                    self._num_registered -= 1
+                break
+            # Appends of a partition are processed in order: an older pending one failed.
+            if future.settle(False):
+                self._num_registered -= 1
+        self._wake()
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def last_enqueued(self) -> TransactionFuture | None:
+        return self._registered.get(self._last_req_id) if self._last_req_id is not None else None
+
+    def last_enqueued_time_ms(self) -> int:
+        """Monotonic ms of the last registration, -1 when nothing is registered."""
+        return self._last_time_ms if self.last_enqueued() is not None else -1
+
+    @property
+    def registered_count(self) -> int:
+        return self._num_registered
+
+    def _wake(self) -> None:
+        if self._space is not None:
+            self._space.set()
+            self._space = None
