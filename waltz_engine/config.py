@@ -182,3 +182,25 @@ class Config:
         for key in unknown:
             warn(f"{self.source}: unknown config key '{key}' (ignored)")
         return unknown
+
+
+MIN_PORT = 1
+MAX_PORT = 65535
+
+
+def require_ports(config: Config, required: Iterable[str], optional: Iterable[str] = ()) -> dict[str, int]:
+    """The listening ports a node's config names: each in range, all different (the original's
+    UniqueValidator). Optional keys that are absent are left out of the result."""
+    ports = {key: config.require_int(key) for key in required}
+    for key in optional:
+        value = config.optional_int(key)
+        if value is not None:
+            ports[key] = value
+    for key, port in ports.items():
+        if not MIN_PORT <= port <= MAX_PORT:
+            raise ConfigError(
+                f"{config.source}: key '{key}' must be a port in [{MIN_PORT}, {MAX_PORT}], got {port}"
+            )
+    if len(set(ports.values())) != len(ports):
+        raise ConfigError(f"{config.source}: {', '.join(repr(k) for k in ports)} must all be different ports")
+    return ports

@@ -18,7 +18,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
-from waltz_engine.config import Config
+from waltz_engine.config import Config, ConfigError
 from waltz_engine.errors import WaltzError
 from waltz_engine.zk.paths import normalize_root
 
@@ -138,3 +138,19 @@ def describe(error: KazooException) -> str:
     detail = str(error).strip()
     name = type(error).__name__
     return f"{name} ({detail})" if detail and detail != "()" else name
+
+
+def node_zookeeper_settings(config: Config) -> ZooKeeperSettings:
+    """A node's ZooKeeper settings: the original requires all three keys in a node's config
+    (``resolve`` alone would default the session timeout)."""
+    config.require_str(KEY_CONNECT_STRING)
+    config.require_int(KEY_SESSION_TIMEOUT)
+    config.require_str(KEY_CLUSTER_ROOT)
+    try:
+        return ZooKeeperSettings.from_config(config)
+    except ZooKeeperError as e:
+        raise ConfigError(f"{config.source}: {e}") from None
+
+
+# Every ZooKeeper key a node's config may hold (for its unknown-key warning).
+ZOOKEEPER_KEYS = (KEY_CONNECT_STRING, KEY_SESSION_TIMEOUT, KEY_CONNECT_TIMEOUT, KEY_CLUSTER_ROOT)

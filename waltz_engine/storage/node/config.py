@@ -6,13 +6,13 @@ import logging
 from pathlib import Path
 from typing import NamedTuple
 
-from waltz_engine.config import Config, ConfigError
+from waltz_engine.config import Config, ConfigError, require_ports
 from waltz_engine.storage.constants import (
     DEFAULT_SEGMENT_CACHE_CAPACITY,
     DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES,
 )
 from waltz_engine.tls import TlsConfig
-from waltz_engine.zk.connection import KEY_CONNECT_TIMEOUT, ZooKeeperError, ZooKeeperSettings
+from waltz_engine.zk.connection import ZOOKEEPER_KEYS, ZooKeeperSettings, node_zookeeper_settings
 
 log = logging.getLogger(__name__)
 
@@ -23,9 +23,6 @@ KEY_JETTY_PORT = "storage.jetty.port"
 KEY_DIRECTORY = "storage.directory"
 KEY_SEGMENT_SIZE_THRESHOLD = "storage.segment.size.threshold"
 KEY_SEGMENT_CACHE_CAPACITY = "storage.segment.cache.capacity"
-KEY_ZK_CONNECT_STRING = "zookeeper.connectString"
-KEY_ZK_SESSION_TIMEOUT = "zookeeper.sessionTimeout"
-KEY_CLUSTER_ROOT = "cluster.root"
 KNOWN_KEYS = (
     KEY_HOST,
     KEY_PORT,
@@ -34,18 +31,13 @@ KNOWN_KEYS = (
     KEY_DIRECTORY,
     KEY_SEGMENT_SIZE_THRESHOLD,
     KEY_SEGMENT_CACHE_CAPACITY,
-    KEY_ZK_CONNECT_STRING,
-    KEY_ZK_SESSION_TIMEOUT,
-    KEY_CONNECT_TIMEOUT,
-    KEY_CLUSTER_ROOT,
+    *ZOOKEEPER_KEYS,
 )
 # TLS keys are read by TlsConfig; Graphite is accepted (as the original) but not reported to.
 KNOWN_PREFIXES = ("storage.ssl.", "storage.graphite.")
 TLS_PREFIX = "storage"
 
 DEFAULT_HOST = "0.0.0.0"
-MIN_PORT = 1
-MAX_PORT = 65535
 
 
 class StorageConfig(NamedTuple):
@@ -69,20 +61,7 @@ class StorageConfig(NamedTuple):
     def from_config(cls, config: Config) -> StorageConfig:
         config.warn_unknown_keys(KNOWN_KEYS, log.warning, KNOWN_PREFIXES)
         src = config.source
-        ports = {
-            KEY_PORT: config.require_int(KEY_PORT),
-            KEY_ADMIN_PORT: config.require_int(KEY_ADMIN_PORT),
-        }
-        jetty_port = config.optional_int(KEY_JETTY_PORT)
-        if jetty_port is not None:
-            ports[KEY_JETTY_PORT] = jetty_port
-        for key, port in ports.items():
-            if not MIN_PORT <= port <= MAX_PORT:
-                raise ConfigError(
-                    f"{src}: key '{key}' must be a port in [{MIN_PORT}, {MAX_PORT}], got {port}"
-                )
-        if len(set(ports.values())) != len(ports):
-            raise ConfigError(f"{src}: {', '.join(repr(k) for k in ports)} must all be different ports")
+        ports = require_ports(config, (KEY_PORT, KEY_ADMIN_PORT), (KEY_JETTY_PORT,))
         threshold = config.get_long(KEY_SEGMENT_SIZE_THRESHOLD, DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES)
         if threshold <= 0:
             raise ConfigError(f"{src}: key '{KEY_SEGMENT_SIZE_THRESHOLD}' must be positive, got {threshold}")
@@ -95,19 +74,12 @@ class StorageConfig(NamedTuple):
         if not directory.strip():
             raise ConfigError(f"{src}: key '{KEY_DIRECTORY}' must not be empty")
         host = config.get_str(KEY_HOST, DEFAULT_HOST)
-        # The original requires these three; ZooKeeperSettings would default the timeout.
-        config.require_str(KEY_ZK_CONNECT_STRING)
-        config.require_int(KEY_ZK_SESSION_TIMEOUT)
-        config.require_str(KEY_CLUSTER_ROOT)
-        try:
-            zookeeper = ZooKeeperSettings.from_config(config)
-        except ZooKeeperError as e:
-            raise ConfigError(f"{src}: {e}") from None
+        zookeeper = node_zookeeper_settings(config)
         return cls(
             host=host,
             port=ports[KEY_PORT],
             admin_port=ports[KEY_ADMIN_PORT],
-            jetty_port=jetty_port,
+            jetty_port=ports.get(KEY_JETTY_PORT),
             directory=Path(directory),
             segment_size_threshold_bytes=threshold,
             segment_cache_capacity=capacity,

@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
-import sys
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -15,10 +13,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from waltz_engine import __version__
-from waltz_engine.errors import StorageError, WaltzError
+from waltz_engine.errors import StorageError
 from waltz_engine.http_endpoints import HttpEndpoints
 from waltz_engine.metrics import MetricsRegistry
 from waltz_engine.net import FramedConnection, serve
+from waltz_engine.process import run_service
 from waltz_engine.storage.node.admin_handler import AdminHandler
 from waltz_engine.storage.node.config import StorageConfig
 from waltz_engine.storage.node.data_handler import DataHandler
@@ -42,8 +41,6 @@ METRIC_GROUP = "waltz-storage"
 HEALTH_CHECK_NAME = "storage-health-check"
 # How long stopping waits for connection handlers to end once cancelled.
 STOP_CONNECTIONS_TIMEOUT_S = 10.0
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def read_cluster_params(config: StorageConfig) -> tuple[uuid.UUID, int]:
@@ -214,51 +211,6 @@ class StorageNode:
         log.info("storage node stopped: %s closed and unlocked", self.config.directory)
 
 
-async def _serve_until_signalled(config: StorageConfig) -> int:
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    node = StorageNode(config)
-    try:
-        await node.start()
-    except (WaltzError, OSError) as e:
-        await node.stop()
-        _print_error(e)
-        return 1
-    await stop.wait()
-    log.info("stopping on signal")
-    await node.stop()
-    return 0
-
-
-def _print_error(error: BaseException) -> None:
-    if isinstance(error, OSError) and not isinstance(error, WaltzError):
-        where = f"{error.filename}: " if error.filename else ""
-        text = f"{where}{error.strerror or error}"
-    else:
-        text = str(error)
-    sys.stderr.write(f"error: {text}\n")
-    sys.stderr.flush()
-
-
-def configure_logging(log_level: str) -> None:
-    level = log_level.strip().upper()
-    if level.lower() not in LOG_LEVELS:
-        raise ValueError(f"log level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}")
-    logging.basicConfig(stream=sys.stderr, level=level, format=LOG_FORMAT)
-
-
 def run(config_path: Path | str, log_level: str = "info") -> int:
     """`waltz storage start`: serve until SIGTERM/SIGINT; 0 on a clean stop, 1 on a startup error."""
-    try:
-        configure_logging(log_level)
-    except ValueError as e:
-        _print_error(e)
-        return 1
-    try:
-        config = StorageConfig.load(config_path)
-    except WaltzError as e:
-        _print_error(e)
-        return 1
-    return asyncio.run(_serve_until_signalled(config))
+    return run_service(lambda: StorageConfig.load(config_path), StorageNode, log_level)

@@ -1,0 +1,75 @@
+"""Running a node as a process: logging, signals, and one-line startup errors.
+
+Shared by `waltz storage start` and `waltz server start`: serve until SIGTERM or SIGINT,
+stop cleanly (exit 0), or fail at start-up with one line on stderr (exit 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from typing import Protocol, TypeVar
+
+from waltz_engine.errors import WaltzError
+
+log = logging.getLogger(__name__)
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+C = TypeVar("C")
+
+
+class Service(Protocol):
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+def configure_logging(log_level: str) -> None:
+    level = log_level.strip().upper()
+    if level.lower() not in LOG_LEVELS:
+        raise ValueError(f"log level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}")
+    logging.basicConfig(stream=sys.stderr, level=level, format=LOG_FORMAT)
+
+
+def print_error(error: BaseException) -> None:
+    """One line on stderr: what went wrong, never a traceback."""
+    if isinstance(error, OSError) and not isinstance(error, WaltzError):
+        where = f"{error.filename}: " if error.filename else ""
+        text = f"{where}{error.strerror or error}"
+    else:
+        text = str(error)
+    sys.stderr.write(f"error: {text}\n")
+    sys.stderr.flush()
+
+
+async def serve_until_signalled(service: Service) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await service.start()
+    except (WaltzError, OSError) as e:
+        await service.stop()
+        print_error(e)
+        return 1
+    await stop.wait()
+    log.info("stopping on signal")
+    await service.stop()
+    return 0
+
+
+def run_service(load_config: Callable[[], C], make_service: Callable[[C], Service], log_level: str) -> int:
+    """Configure logging, load the config, serve until signalled; the process's exit code."""
+    try:
+        configure_logging(log_level)
+        config = load_config()
+    except (ValueError, WaltzError) as e:
+        print_error(e)
+        return 1
+    return asyncio.run(serve_until_signalled(make_service(config)))
