@@ -1,0 +1,309 @@
+"""Replicated appends through a Store on three real storage nodes: quorum, failures, fencing."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kazoo.client import KazooClient
+from store_cluster_support import (
+    StorageCluster,
+    bounded,
+    caught_up,
+    node_connect_string,
+    open_store,
+    read_all,
+    register,
+    wait_until,
+)
+from tcp_proxy import TcpProxy
+
+from waltz_engine.crc import to_signed32
+from waltz_engine.reqid import ReqId
+from waltz_engine.server.store import GenerationMismatchError, Store, StoreConfig, StorePartition
+from waltz_engine.server.store.store_session import FAILED_TRANSACTION_ID
+from waltz_engine.zk.connection import ZooKeeperSettings, connect
+
+NUM_NODES = 3
+NUM_PARTITIONS = 2
+PARTITION_ID = 0
+GENERATION = 1
+CLIENT_ID = 7
+# How long an append must stay unresolved while only one storage answers (no timed success claim).
+NOT_RESOLVED_PROBE_S = 1.0
+
+
+@pytest.fixture
+def cluster(zookeeper: str, tmp_path: Path) -> Iterator[StorageCluster]:
+    storage_cluster = StorageCluster(zookeeper, tmp_path, NUM_NODES, NUM_PARTITIONS)
+    storage_cluster.start()
+    try:
+        yield storage_cluster
+    finally:
+        for node in storage_cluster.nodes:
+            if node.running:
+                os.kill(node.pid, signal.SIGCONT)
+        storage_cluster.close()
+
+
+@pytest.fixture
+def zk(cluster: StorageCluster, zookeeper: str) -> Iterator[KazooClient]:
+    with connect(ZooKeeperSettings(zookeeper, cluster.root)) as client:
+        yield client
+
+
+def register_nodes(zk: KazooClient, cluster: StorageCluster, storages: list[str] | None = None) -> list[str]:
+    names = storages or [node_connect_string(node) for node in cluster.nodes]
+    for name, node in zip(names, cluster.nodes, strict=True):
+        register(zk, cluster.root, name, node.admin_port, list(range(NUM_PARTITIONS)))
+    return names
+
+
+class Appender:
+    """Appends with distinct ReqIds and remembers every outcome."""
+
+    def __init__(self, partition: StorePartition, generation: int = GENERATION) -> None:
+        self.partition = partition
+        self.generation = generation
+        self.seq = 0
+        self.futures: dict[ReqId, asyncio.Future[int]] = {}
+
+    async def append(self) -> asyncio.Future[int]:
+        self.seq += 1
+        req_id = ReqId(CLIENT_ID, self.generation, PARTITION_ID, self.seq)
+        data = f"data-{self.seq}".encode()
+        future = await self.partition.append(req_id, self.seq % 5, data, to_signed32(zlib.crc32(data)))
+        self.futures[req_id] = future
+        return future
+
+    def committed(self) -> dict[int, ReqId]:
+        out: dict[int, ReqId] = {}
+        for req_id, future in self.futures.items():
+            if future.done() and not future.exception() and future.result() != FAILED_TRANSACTION_ID:
+                assert future.result() not in out, "two appends got the same txid"
+                out[future.result()] = req_id
+        return out
+
+
+async def check_log(cluster: StorageCluster, appender: Appender, hwm: int, session_id: int) -> None:
+    """Every acknowledged append is in the log at its txid, nothing else is, and txids are 0..hwm."""
+    committed = appender.committed()
+    assert sorted(committed) == list(range(hwm + 1)), "committed txids must be exactly 0..hwm"
+    records = await read_all(cluster.nodes[0], PARTITION_ID, session_id, hwm + 2)
+    assert [r.transaction_id for r in records] == list(range(hwm + 1))
+    for record in records:
+        assert record.req_id == committed[record.transaction_id]
+        assert record.data == f"data-{record.req_id.seq_num}".encode()
+
+
+async def stop_store_and_compare(cluster: StorageCluster, store: Store, storages: list[str]) -> None:
+    partition = store.partition(PARTITION_ID)
+    await wait_until(lambda: caught_up(partition.status(), storages), "every replica caught up")
+    await store.close()
+    for node in cluster.nodes:
+        node.close()
+    checksums = cluster.checksums(PARTITION_ID)
+    assert len(set(checksums)) == 1, f"replicas differ: {checksums}"
+
+
+def current_session_id(partition: StorePartition) -> int:
+    session = partition.status()["session"]
+    assert isinstance(session, dict)
+    return int(session["session_id"])
+
+
+def test_write_commits_only_when_a_quorum_has_it(cluster: StorageCluster, zk: KazooClient) -> None:
+    storages = register_nodes(zk, cluster)
+
+    async def go() -> None:
+        store = await open_store(zk, cluster.root)
+        try:
+            partition = store.partition(PARTITION_ID)
+            await partition.set_generation(GENERATION)
+            appender = Appender(partition)
+            assert await bounded(await appender.append()) == 0
+            await wait_until(lambda: caught_up(partition.status(), storages), "replicas in sync")
+            one, two = cluster.nodes[1], cluster.nodes[2]
+            os.kill(one.pid, signal.SIGSTOP)
+            os.kill(two.pid, signal.SIGSTOP)
+            future = await appender.append()
+            done, _ = await asyncio.wait([future], timeout=NOT_RESOLVED_PROBE_S)
+            assert not done, "one storage of three must not commit a write"
+            os.kill(one.pid, signal.SIGCONT)
+            assert await bounded(future) == 1
+            os.kill(two.pid, signal.SIGCONT)
+            assert await bounded(partition.flush()) == 1
+            await check_log(cluster, appender, 1, current_session_id(partition))
+            await stop_store_and_compare(cluster, store, storages)
+        finally:
+            await store.close()
+
+    asyncio.run(go())
+
+
+def test_storage_failures_stop_and_resume_appends_without_loss(
+    cluster: StorageCluster, zk: KazooClient
+) -> None:
+    storages = register_nodes(zk, cluster)
+    first, second = cluster.nodes[2], cluster.nodes[1]
+
+    async def append_some(appender: Appender, count: int) -> list[int]:
+        futures = [await appender.append() for _ in range(count)]
+        return [await bounded(f) for f in futures]
+
+    async def go() -> None:
+        store = await open_store(zk, cluster.root)
+        try:
+            partition = store.partition(PARTITION_ID)
+            await partition.set_generation(GENERATION)
+            appender = Appender(partition)
+            assert await append_some(appender, 50) == list(range(50))
+
+            first.kill()
+            # The session that saw the failure rolls; later appends commit on the two left.
+            await append_some(appender, 30)
+            results = await append_some(appender, 30)
+            assert all(txid >= 0 for txid in results)
+            assert partition.healthy
+
+            second.kill()
+            stuck = [await appender.append() for _ in range(5)]
+            await wait_until(lambda: not partition.healthy, "the partition reported unhealthy")
+            assert not any(f.done() and f.result() >= 0 for f in stuck[1:])
+
+            await asyncio.to_thread(first.start)
+            resolved = [await bounded(f) for f in stuck]
+            assert resolved[-1] >= 0 or resolved[-1] == FAILED_TRANSACTION_ID
+            assert all(txid >= 0 for txid in await append_some(appender, 30))
+            assert partition.healthy
+
+            await asyncio.to_thread(second.start)
+            hwm = await bounded(partition.flush())
+            await check_log(cluster, appender, hwm, current_session_id(partition))
+            await stop_store_and_compare(cluster, store, storages)
+        finally:
+            await store.close()
+
+    asyncio.run(go())
+
+
+def test_generation_fencing(cluster: StorageCluster, zk: KazooClient) -> None:
+    register_nodes(zk, cluster)
+
+    async def go() -> None:
+        old_store = await open_store(zk, cluster.root)
+        new_store = await open_store(zk, cluster.root)
+        try:
+            old = old_store.partition(PARTITION_ID)
+            await old.set_generation(GENERATION)
+            old_appender = Appender(old)
+            assert await bounded(await old_appender.append()) == 0
+
+            new = new_store.partition(PARTITION_ID)
+            await new.set_generation(GENERATION + 1)
+            new_appender = Appender(new, GENERATION + 1)
+            assert await bounded(await new_appender.append()) == 1
+
+            # The old owner's open session is fenced by the storage nodes (older session id) ...
+            fenced = await old_appender.append()
+            # ... and it cannot open a new one: ZooKeeper holds a newer generation.
+            with pytest.raises(GenerationMismatchError):
+                for _ in range(100):
+                    await bounded(old_appender.append())
+                    await asyncio.sleep(0.05)
+            assert not partition_has_committed(fenced)
+            # A request of another generation is refused at once.
+            with pytest.raises(GenerationMismatchError):
+                await Appender(new, GENERATION).append()
+
+            fresh_store = await open_store(zk, cluster.root)
+            try:
+                stale = fresh_store.partition(PARTITION_ID)
+                await stale.set_generation(GENERATION)
+                with pytest.raises(GenerationMismatchError):
+                    await bounded(stale.ensure_open())
+            finally:
+                await fresh_store.close()
+            assert await bounded(new.flush()) == 1
+        finally:
+            await old_store.close()
+            await new_store.close()
+
+    asyncio.run(go())
+
+
+def partition_has_committed(future: asyncio.Future[int]) -> bool:
+    return future.done() and not future.cancelled() and future.exception() is None and future.result() >= 0
+
+
+def test_random_connection_cuts_lose_and_duplicate_nothing(cluster: StorageCluster, zk: KazooClient) -> None:
+    num_appends = 1500
+    cut_every = 100
+    rng = random.Random(20240601)
+
+    async def go() -> None:
+        proxies = [await TcpProxy(node.host, node.port).start() for node in cluster.nodes]
+        storages = await asyncio.to_thread(register_nodes, zk, cluster, [p.connect_string for p in proxies])
+        store = await open_store(
+            zk,
+            cluster.root,
+            StoreConfig(max_batch_size=20, initial_retry_interval_ms=10, max_retry_interval_ms=100),
+        )
+        try:
+            partition = store.partition(PARTITION_ID)
+            await partition.set_generation(GENERATION)
+            appender = Appender(partition)
+            cuts = 0
+            for i in range(num_appends):
+                await appender.append()
+                if i % cut_every == cut_every - 1:
+                    for _ in range(rng.randint(1, 3)):
+                        cuts += rng.choice(proxies).disconnect_all()
+                    await asyncio.sleep(0)
+            hwm = await bounded(partition.flush())
+            for future in appender.futures.values():
+                assert future.done()
+            assert cuts > 0
+            assert hwm >= 0
+            await check_log(cluster, appender, hwm, current_session_id(partition))
+            await stop_store_and_compare(cluster, store, storages)
+        finally:
+            await store.close()
+            for proxy in proxies:
+                await proxy.close()
+
+    asyncio.run(go())
+
+
+def test_checkpoint_interval_forces_new_sessions(cluster: StorageCluster, zk: KazooClient) -> None:
+    register_nodes(zk, cluster)
+
+    async def go() -> None:
+        store = await open_store(
+            zk, cluster.root, StoreConfig(checkpoint_interval=40, initial_retry_interval_ms=10)
+        )
+        try:
+            partition = store.partition(PARTITION_ID)
+            await partition.set_generation(GENERATION)
+            appender = Appender(partition)
+            committed: list[int] = []
+            for _ in range(5):  # the checkpoint is checked against committed transactions
+                futures = [await appender.append() for _ in range(20)]
+                committed += [await bounded(f) for f in futures]
+            assert committed == list(range(100))
+            status = partition.status()["session"]
+            assert isinstance(status, dict)
+            # Sessions: [-1..39], [40..79], [80..] → the third session, low-water mark 79.
+            assert status["low_water_mark"] == 79
+            info = await cluster.nodes[0].with_admin(lambda a: a.last_session_info(PARTITION_ID))
+            assert info.low_water_mark == 79 and info.session_id == status["session_id"]
+        finally:
+            await store.close()
+
+    asyncio.run(go())

@@ -1,0 +1,25 @@
+"""Errors of the store layer (the original's ``SV/store/exception``)."""
+
+from __future__ import annotations
+
+from waltz_engine.errors import WaltzError
+
+
+class StoreError(WaltzError):
+    """A store operation failed; the callers in this package retry it with backoff."""
+
+
+class GenerationMismatchError(StoreError):
+    """The request's generation is not the partition's, or a newer owner holds the partition in ZK."""
+
+
+class SessionClosedError(StoreError):
+    """The store session closed under the caller; a new session takes over."""
+
+
+class RecoveryFailedError(StoreError):
+    """Recovery of a new store session failed or was aborted (the session closed)."""
+
+
+class StorePartitionClosedError(StoreError):
+    """The store partition (or the whole store) was closed."""

@@ -1,0 +1,367 @@
+"""Recovery of a new store session (``RecoveryManagerImpl``; design "Recovery Procedure").
+
+Every replica session, once connected, classifies its replica from the ZK ``ReplicaState`` and
+the storage's ``LastSessionInfo`` (voting / clean but behind), then takes part in resolving the
+closing high-water mark of the previous session by voting over the *previous* replica set.
+While absent replicas could still change the answer the decision waits; lagging replicas copy
+records from an "usher" meanwhile. Once resolved each replica truncates its dirty tail, sets the
+session's low-water mark and finishes catching up; when a quorum is done the replica states
+are written back to ZK with CAS.
+
+All replica sessions run on one event loop, so the shared state needs no lock; waiters are woken
+only when something they depend on actually changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import NamedTuple
+
+from kazoo.client import KazooClient
+
+from waltz_engine.server.store.config import RECOVERY_BATCH_SIZE
+from waltz_engine.server.store.errors import RecoveryFailedError
+from waltz_engine.server.store.replica_connection import ReplicaConnection
+from waltz_engine.zk.java_io import JavaHashMap
+from waltz_engine.zk.payloads import (
+    UNRESOLVED_HIGH_WATER_MARK,
+    PartitionMetadata,
+    ReplicaId,
+    ReplicaState,
+)
+from waltz_engine.zk.store_metadata import read_partition_metadata, write_partition_metadata
+from waltz_engine.zk.znodes import NO_VERSION, ConcurrentUpdateError
+
+log = logging.getLogger(__name__)
+
+NO_DUMMY_SESSION_ID = -1  # the session id a replica new to the partition gets in ZK
+UNKNOWN_HIGH_WATER_MARK = -1  # resolved high-water mark when the previous session had no replicas
+
+
+class _ReplicaRecoveryState(NamedTuple):
+    replica_id: ReplicaId
+    connection: ReplicaConnection
+    high_water_mark: int
+    is_new: bool
+
+
+class RecoveryManager:
+    def __init__(
+        self,
+        zk_client: KazooClient,
+        cluster_root: str,
+        partition_id: int,
+        generation: int,
+        session_id: int,
+        quorum: int,
+        replica_ids: list[ReplicaId],
+    ) -> None:
+        assert quorum >= 1
+        self.partition_id = partition_id
+        self.generation = generation
+        self.session_id = session_id
+        self.quorum = quorum
+        self._zk = zk_client
+        self._root = cluster_root
+        self._replica_ids = list(replica_ids)
+        self._metadata = PartitionMetadata.empty()
+        self._metadata_version = NO_VERSION
+        self._states: dict[ReplicaId, _ReplicaRecoveryState] = {}
+        self._recovered: set[ReplicaId] = set()
+        self._clean: set[ReplicaId] = set()
+        self._min_voting_high_water_mark: int | None = None
+        self.resolved_high_water_mark: int | None = None
+        self._aborted: RecoveryFailedError | None = None
+        self._started = asyncio.Event()
+        self._completed = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._update_lock = asyncio.Lock()
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load the partition metadata this session wrote; replica recoveries wait for it."""
+        try:
+            await self._load_metadata()
+        except BaseException as e:
+            self.abort(e)
+            raise
+        finally:
+            self._started.set()
+
+    def abort(self, cause: BaseException) -> None:
+        if self._aborted is None:
+            log.warning(
+                "partition %d session %d: recovery aborted: %s", self.partition_id, self.session_id, cause
+            )
+            self._aborted = (
+                cause
+                if isinstance(cause, RecoveryFailedError)
+                else RecoveryFailedError(f"recovery aborted: {cause}")
+            )
+            self._notify()
+            self._completed.set()
+
+    @property
+    def aborted(self) -> bool:
+        return self._aborted is not None
+
+    def _check_abort(self) -> None:
+        if self._aborted is not None:
+            raise self._aborted
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _wait_change(self) -> None:
+        await self._changed.wait()
+
+    async def high_water_mark(self) -> int:
+        """The resolved high-water mark, once a quorum of replicas has recovered and ZK is updated."""
+        await self._completed.wait()
+        self._check_abort()
+        if self.resolved_high_water_mark is None:
+            raise RecoveryFailedError("completed normally, but high-water mark is not resolved")
+        return self.resolved_high_water_mark
+
+    # --- one replica ----------------------------------------------------------------------------
+
+    async def recover(self, replica_id: ReplicaId, connection: ReplicaConnection) -> int:
+        """Classify, vote, truncate and catch up one replica; returns the resolved high-water mark."""
+        await self._started.wait()
+        self._check_abort()
+        try:
+            state = self._metadata_states().get(replica_id)
+            is_new = False
+            if state is None:
+                if not self._metadata.replica_states:
+                    state = ReplicaState(replica_id, NO_DUMMY_SESSION_ID, UNRESOLVED_HIGH_WATER_MARK)
+                else:
+                    is_new = True
+                    state = ReplicaState(replica_id, NO_DUMMY_SESSION_ID, UNKNOWN_HIGH_WATER_MARK)
+            info = await connection.last_session_info()
+            if info.session_id < state.session_id or is_new:
+                # A disk restored from an old copy (its session is older than ZK says), or a replica
+                # new to the partition: only records up to its own low-water mark are known clean.
+                if not is_new:
+                    log.warning(
+                        "%s: storage session %d < ZK %d, not voting",
+                        replica_id,
+                        info.session_id,
+                        state.session_id,
+                    )
+                max_transaction_id = await connection.truncate(info.low_water_mark)
+                voting = False
+            elif not state.is_unresolved:
+                # The closing high-water mark of its last session is known: anything above is dirty.
+                max_transaction_id = await connection.truncate(state.closing_high_water_mark)
+                voting = False
+            else:
+                max_transaction_id = await connection.max_transaction_id()
+                # Below its session's low-water mark the replica is clean but too far behind to vote.
+                voting = max_transaction_id >= info.low_water_mark
+            await self._resolve(replica_id, connection, voting, max_transaction_id)
+            assert self.resolved_high_water_mark is not None
+            return self.resolved_high_water_mark
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:
+            self.abort(e)
+            if isinstance(e, RecoveryFailedError):
+                raise
+            raise RecoveryFailedError(f"failed to recover {replica_id}: {e}") from e
+
+    async def end(self, replica_id: ReplicaId) -> None:
+        """This replica is clean and caught up; the quorum-th one writes the replica states to ZK."""
+        self._recovered.add(replica_id)
+        self._clean.add(replica_id)
+        if len(self._recovered) >= self.quorum:
+            try:
+                await self._update_replica_states()
+            except BaseException as e:
+                self.abort(e)
+                raise
+            self._completed.set()
+        else:
+            await self._completed.wait()
+        self._check_abort()
+
+    async def _resolve(
+        self, replica_id: ReplicaId, connection: ReplicaConnection, voting: bool, high_water_mark: int
+    ) -> None:
+        if voting:
+            if self._min_voting_high_water_mark is None or high_water_mark < self._min_voting_high_water_mark:
+                self._min_voting_high_water_mark = high_water_mark
+        else:
+            # A non-voting replica is clean by construction.
+            self._clean.add(replica_id)
+        last_replica_ids = {state.replica_id for state in self._metadata.replica_states}
+        last_quorum = len(last_replica_ids) // 2 + 1
+        self._notify()
+        if not last_replica_ids and self.resolved_high_water_mark is None:
+            self._set_resolved(UNKNOWN_HIGH_WATER_MARK)
+
+        state = _ReplicaRecoveryState(
+            replica_id, connection, high_water_mark, replica_id not in last_replica_ids
+        )
+        while True:
+            self._check_abort()
+            resolved = self.resolved_high_water_mark
+            if resolved is not None and state.high_water_mark >= resolved:
+                # Deviation from the original, which sets the low-water mark as soon as the mark is
+                # resolved and catches up afterwards: a real storage node refuses a local low-water
+                # mark (its max txid then) below the one it already has, which a replica truncated
+                # to an old closing mark can be under. Setting it once caught up (max == resolved)
+                # always satisfies the node and stores the same low-water mark.
+                state = state._replace(high_water_mark=await connection.truncate(resolved))
+                await connection.set_low_water_mark(resolved)
+                break
+            usher = self._evaluate(state, len(last_replica_ids), last_quorum)
+            if usher is not None:
+                state = state._replace(high_water_mark=await self._catch_up(state, usher, connection))
+            elif self.resolved_high_water_mark is None:
+                await self._wait_change()
+            elif self.resolved_high_water_mark > state.high_water_mark:
+                raise RecoveryFailedError(f"{replica_id}: no replica to catch up from")
+
+    def _evaluate(
+        self, state: _ReplicaRecoveryState, num_last_replicas: int, last_quorum: int
+    ) -> _ReplicaRecoveryState | None:
+        """Record ``state``, try to resolve the high-water mark; the replica to catch up from, if any."""
+        if self._states.get(state.replica_id) != state:
+            self._states[state.replica_id] = state
+            self._notify()
+        states = sorted(
+            (s for s in self._states.values() if not s.is_new), key=lambda s: s.high_water_mark, reverse=True
+        )
+        # Replicas of the previous session that have not reported (removed ones count too, as the original).
+        num_absent = num_last_replicas - len(states)
+        usher: _ReplicaRecoveryState | None = None
+        undecidable = False
+        supports = 0
+        min_voting = self._min_voting_high_water_mark
+        for i, other in enumerate(states):
+            if other.high_water_mark > state.high_water_mark:
+                usher = other
+            elif other.high_water_mark < state.high_water_mark:
+                break
+            if (
+                self.resolved_high_water_mark is None
+                and min_voting is not None
+                and min_voting <= state.high_water_mark
+            ):
+                supports += 1
+                last_of_level = i == len(states) - 1 or other.high_water_mark > states[i + 1].high_water_mark
+                if last_of_level:
+                    if supports < last_quorum <= supports + num_absent:
+                        # Not a quorum yet, but the absent replicas could still make it one (or not).
+                        undecidable = True
+                    if not undecidable and supports >= last_quorum:
+                        self._set_resolved(other.high_water_mark)
+        return usher
+
+    def _set_resolved(self, high_water_mark: int) -> None:
+        if self.resolved_high_water_mark is None:
+            log.info(
+                "partition %d session %d: resolved high-water mark %d",
+                self.partition_id,
+                self.session_id,
+                high_water_mark,
+            )
+            self.resolved_high_water_mark = high_water_mark
+            self._notify()
+
+    async def _catch_up(
+        self, state: _ReplicaRecoveryState, usher: _ReplicaRecoveryState, connection: ReplicaConnection
+    ) -> int:
+        current = state.high_water_mark
+        resolved = self.resolved_high_water_mark
+        target = resolved if resolved is not None else usher.high_water_mark
+        while current < target:
+            count = min(target - current, RECOVERY_BATCH_SIZE)
+            records = await usher.connection.records(current + 1, count)
+            if not records:
+                raise RecoveryFailedError(f"{usher.replica_id} has no record {current + 1} to copy")
+            await connection.append(records)
+            current += len(records)
+            resolved = self.resolved_high_water_mark
+            target = resolved if resolved is not None else target
+        return current
+
+    # --- ZooKeeper ------------------------------------------------------------------------------
+
+    def _metadata_states(self) -> dict[ReplicaId, ReplicaState]:
+        return {state.replica_id: state for state in self._metadata.replica_states}
+
+    async def _load_metadata(self) -> None:
+        try:
+            metadata, version = await asyncio.to_thread(
+                read_partition_metadata, self._zk, self._root, self.partition_id
+            )
+        except Exception as e:
+            raise RecoveryFailedError(f"failed to get partition metadata: {e}") from e
+        if version == NO_VERSION:
+            raise RecoveryFailedError("partition metadata node missing")
+        if metadata.session_id != self.session_id:
+            raise RecoveryFailedError(
+                f"session id mismatch: ZK has {metadata.session_id}, this session is {self.session_id}"
+            )
+        self._metadata = metadata
+        self._metadata_version = version
+
+    def _new_replica_states(self) -> JavaHashMap[ReplicaId, ReplicaState]:
+        resolved = self.resolved_high_water_mark
+        assert resolved is not None
+        old_states = self._metadata_states()
+        states: JavaHashMap[ReplicaId, ReplicaState] = JavaHashMap(ReplicaId.java_hash)
+        for replica_id in self._replica_ids:
+            old = old_states.get(replica_id)
+            if replica_id in self._clean:
+                new = ReplicaState(replica_id, self.session_id, UNRESOLVED_HIGH_WATER_MARK)
+            elif old is None:
+                new = ReplicaState(replica_id, NO_DUMMY_SESSION_ID, resolved)
+            elif old.session_id < self.session_id and old.is_unresolved:
+                # Active in an earlier session and not recovered yet: valid up to the resolved mark.
+                new = ReplicaState(replica_id, old.session_id, resolved)
+            else:
+                new = old
+            states.put(replica_id, new)
+        return states
+
+    async def _update_replica_states(self) -> None:
+        async with self._update_lock:
+            self._check_abort()
+            while self._metadata.session_id == self.session_id:
+                new = PartitionMetadata.of_map(self.generation, self.session_id, self._new_replica_states())
+                if _same_metadata(new, self._metadata):
+                    return
+                try:
+                    await asyncio.to_thread(
+                        write_partition_metadata,
+                        self._zk,
+                        self._root,
+                        self.partition_id,
+                        new,
+                        self._metadata_version,
+                    )
+                    await self._load_metadata()
+                    return
+                except ConcurrentUpdateError:
+                    log.debug(
+                        "partition %d: replica states changed concurrently, retrying", self.partition_id
+                    )
+                self._check_abort()
+                # Fails when another session took over, which ends this recovery.
+                await self._load_metadata()
+
+
+def _same_metadata(a: PartitionMetadata, b: PartitionMetadata) -> bool:
+    """Equal as the original's ``PartitionMetadata.equals`` (the replica states are a map)."""
+    return (
+        a.generation == b.generation
+        and a.session_id == b.session_id
+        and set(a.replica_states) == set(b.replica_states)
+        and len(a.replica_states) == len(b.replica_states)
+    )

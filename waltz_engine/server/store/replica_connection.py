@@ -1,0 +1,110 @@
+"""Connections to storage nodes, shared by every partition of a server (``ReplicaConnection*``).
+
+One :class:`StorageClient` per storage node; a :class:`ReplicaConnection` binds it to one
+partition and one store session id. A connection that was lost is replaced on the next
+:meth:`StorageConnections.get`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+import uuid
+from collections.abc import Sequence
+
+from waltz_engine.record import Record, RecordHeader
+from waltz_engine.storage.client import SessionInfo, StorageClient
+from waltz_engine.zk.store_metadata import parse_storage
+
+
+class StorageConnections:
+    def __init__(
+        self, ssl_context: ssl.SSLContext, key: uuid.UUID, num_partitions: int, request_timeout_ms: int
+    ) -> None:
+        self._ssl_context = ssl_context
+        self._key = key
+        self._num_partitions = num_partitions
+        self._request_timeout_ms = request_timeout_ms
+        self._clients: dict[str, StorageClient] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._closed = False
+
+    def new_client(self, storage: str) -> StorageClient:
+        host, port = parse_storage(storage)
+        return StorageClient(
+            host,
+            port,
+            self._ssl_context,
+            self._key,
+            self._num_partitions,
+            request_timeout_ms=self._request_timeout_ms,
+        )
+
+    async def get(self, storage: str) -> StorageClient:
+        """The open client of ``storage``, connecting (once, for all waiting callers) if needed."""
+        lock = self._locks.setdefault(storage, asyncio.Lock())
+        async with lock:
+            if self._closed:
+                raise ConnectionError("store closed")
+            client = self._clients.get(storage)
+            if client is not None and client.is_open:
+                return client
+            if client is not None:
+                await client.close()
+                del self._clients[storage]
+            client = self.new_client(storage)
+            await client.open(self._request_timeout_ms)
+            self._clients[storage] = client
+            return client
+
+    async def drop(self, storage: str) -> None:
+        """Close the client of a storage node that left the assignment."""
+        client = self._clients.pop(storage, None)
+        if client is not None:
+            await client.close()
+
+    async def close(self) -> None:
+        self._closed = True
+        clients, self._clients = self._clients, {}
+        for client in clients.values():
+            with contextlib.suppress(Exception):
+                await client.close()
+
+
+class ReplicaConnection:
+    """Storage calls for one replica (partition on one storage node) in one store session."""
+
+    def __init__(self, client: StorageClient, partition_id: int, session_id: int) -> None:
+        self.client = client
+        self.partition_id = partition_id
+        self.session_id = session_id
+
+    async def last_session_info(self) -> SessionInfo:
+        return await self.client.last_session_info(self.session_id, self.partition_id)
+
+    async def set_low_water_mark(self, low_water_mark: int) -> None:
+        await self.client.set_low_water_mark(self.session_id, self.partition_id, low_water_mark)
+
+    async def truncate(self, transaction_id: int) -> int:
+        return await self.client.truncate(self.session_id, self.partition_id, transaction_id)
+
+    async def max_transaction_id(self) -> int:
+        return await self.client.max_transaction_id(self.session_id, self.partition_id)
+
+    async def append(self, records: Sequence[Record]) -> None:
+        await self.client.append(self.session_id, self.partition_id, records)
+
+    async def append_encoded(self, encoded: bytes, count: int) -> None:
+        await self.client.append_encoded(self.session_id, self.partition_id, encoded, count)
+
+    async def records(self, transaction_id: int, max_records: int) -> list[Record]:
+        return await self.client.records(self.session_id, self.partition_id, transaction_id, max_records)
+
+    async def record(self, transaction_id: int) -> Record | None:
+        return await self.client.record(self.session_id, self.partition_id, transaction_id)
+
+    async def record_headers(self, transaction_id: int, max_records: int) -> list[RecordHeader]:
+        return await self.client.record_headers(
+            self.session_id, self.partition_id, transaction_id, max_records
+        )

@@ -1,0 +1,216 @@
+"""One replica (a partition on one storage node) within one store session (``ReplicaSession``).
+
+Its task connects with backoff, recovers the replica, then follows the store session: a batch
+that starts exactly at the replica's next transaction id is written and voted on; a replica
+behind the batch catches up from committed records (no vote). Any failure closes the replica
+session: its current and future votes become abstentions, which makes the store session roll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING, NamedTuple
+
+from waltz_engine.server.store.backoff import Backoff
+from waltz_engine.server.store.config import CATCH_UP_BATCH_SIZE, StoreConfig
+from waltz_engine.server.store.errors import RecoveryFailedError, StoreError
+from waltz_engine.server.store.latency_router import LatencyWeightedRoute
+from waltz_engine.server.store.recovery import RecoveryManager
+from waltz_engine.server.store.replica_connection import ReplicaConnection, StorageConnections
+from waltz_engine.server.store.voting import Voting
+from waltz_engine.zk.payloads import ReplicaId
+
+if TYPE_CHECKING:
+    from waltz_engine.server.store.store_session import StoreSession
+
+log = logging.getLogger(__name__)
+
+NO_TRANSACTION_ID = -1
+
+# Replica states shown by `status()`.
+STATE_CONNECTING = "connecting"
+STATE_RECOVERING = "recovering"
+STATE_VOTING = "voting"
+STATE_CATCHING_UP = "catching-up"
+STATE_CLOSED = "closed"
+
+
+class _Batch(NamedTuple):
+    first_transaction_id: int
+    encoded: bytes
+    num_records: int
+    voting: Voting
+
+
+class ReplicaSession(LatencyWeightedRoute):
+    def __init__(
+        self, replica_id: ReplicaId, session_id: int, connections: StorageConnections, config: StoreConfig
+    ) -> None:
+        super().__init__()
+        self.replica_id = replica_id
+        self.session_id = session_id
+        self.state = STATE_CONNECTING
+        self._connections = connections
+        self._backoff = Backoff(config.initial_retry_interval_ms, config.max_retry_interval_ms)
+        self._connection: ReplicaConnection | None = None
+        self._connect_finished = False  # connected, or gave up: the replica counts as a voter
+        self._closed = False
+        self._next_transaction_id = NO_TRANSACTION_ID  # the writer's; valid once recovered
+        self._batch_transaction_id = NO_TRANSACTION_ID  # first txid of the latest batch handed over
+        self._batch: _Batch | None = None
+        self._wakeup = asyncio.Event()
+        self._recovery: RecoveryManager | None = None
+        self._store_session: StoreSession | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.recovered = asyncio.Event()
+
+    @property
+    def storage(self) -> str:
+        return self.replica_id.storage
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def is_voter(self) -> bool:
+        """Counted in a batch's voting: connected once (a closed one abstains)."""
+        return self._connect_finished
+
+    @property
+    def connection(self) -> ReplicaConnection | None:
+        return self._connection
+
+    @property
+    def next_transaction_id(self) -> int:
+        return self._next_transaction_id
+
+    def open(self, recovery: RecoveryManager, store_session: StoreSession) -> None:
+        assert self._task is None, "a replica session opens once"
+        self._recovery = recovery
+        self._store_session = store_session
+        self._task = asyncio.create_task(
+            self._run(),
+            name=f"ReplicaSession-{self.replica_id.partition_id}-{self.session_id}-{self.storage}",
+        )
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._connect_finished = True
+        self.state = STATE_CLOSED
+        recovery, self._recovery = self._recovery, None
+        if recovery is not None and not self.recovered.is_set():
+            recovery.abort(
+                RecoveryFailedError(f"replica session closed: {self.replica_id} session {self.session_id}")
+            )
+        batch, self._batch = self._batch, None
+        if batch is not None:
+            batch.voting.abstain()
+        self._wakeup.set()
+        task = self._task
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+
+    async def wait_closed(self) -> None:
+        task = self._task
+        if task is not None and task is not asyncio.current_task():
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    def append(self, first_transaction_id: int, encoded: bytes, count: int, voting: Voting) -> None:
+        """Hand over the store session's next batch (the previous one, if never taken, abstains)."""
+        if self._closed:
+            voting.abstain()
+            return
+        if self._batch is not None:
+            self._batch.voting.abstain()
+        self._batch_transaction_id = first_transaction_id
+        self._batch = _Batch(first_transaction_id, encoded, count, voting)
+        self._wakeup.set()
+
+    async def _run(self) -> None:
+        try:
+            connection = await self._connect()
+            recovery = self._recovery
+            if recovery is None:
+                return
+            self.state = STATE_RECOVERING
+            self._next_transaction_id = await recovery.recover(self.replica_id, connection) + 1
+            await recovery.end(self.replica_id)
+            self._recovery = None
+            self.recovered.set()
+            self.state = STATE_VOTING
+            while not self._closed:
+                if not await self._try_current_batch(connection):
+                    await self._catch_up(connection)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            if not self._closed:
+                log.warning(
+                    "closing replica session %s (session %d): %s", self.replica_id, self.session_id, e
+                )
+        finally:
+            self.close()
+
+    async def _connect(self) -> ReplicaConnection:
+        while True:
+            try:
+                client = await self._connections.get(self.storage)
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                if self._backoff.at_max:
+                    log.warning("cannot connect to %s, retrying: %s", self.storage, e)
+            await self._backoff.wait()
+        self._connection = ReplicaConnection(client, self.replica_id.partition_id, self.session_id)
+        self._connect_finished = True
+        return self._connection
+
+    async def _try_current_batch(self, connection: ReplicaConnection) -> bool:
+        """Write the current batch if it starts at our next txid; False when we are behind it."""
+        batch = self._batch
+        if batch is not None and batch.first_transaction_id == self._next_transaction_id:
+            self._batch = None
+            try:
+                await connection.append_encoded(batch.encoded, batch.num_records)
+            except BaseException:
+                # We do not know whether it was written.
+                batch.voting.abstain()
+                raise
+            self._next_transaction_id += batch.num_records
+            self.state = STATE_VOTING
+            batch.voting.vote()
+            return True
+        if self._next_transaction_id > self._batch_transaction_id:
+            self._wakeup.clear()
+            await self._wakeup.wait()
+            return True
+        return False
+
+    async def _catch_up(self, connection: ReplicaConnection) -> None:
+        store_session = self._store_session
+        assert store_session is not None
+        self.state = STATE_CATCHING_UP
+        missing = self._batch_transaction_id - self._next_transaction_id
+        while missing > 0 and not self._closed:
+            records = await store_session.committed_records(
+                self._next_transaction_id, min(missing, CATCH_UP_BATCH_SIZE), exclude=self
+            )
+            if not records:
+                raise StoreError(f"no committed record {self._next_transaction_id} to catch up with")
+            await connection.append(records)
+            self._next_transaction_id += len(records)
+            missing = self._batch_transaction_id - self._next_transaction_id
+
+    def status(self) -> dict[str, object]:
+        return {
+            "storage": self.storage,
+            "state": self.state,
+            "expected_latency_ms": self.expected_latency_ms,
+        }

@@ -1,0 +1,347 @@
+"""One store session of a partition (``StoreSessionImpl``): recovery, then replicated appends.
+
+Appends queue up (at most ``QUEUE_CAPACITY_BATCHES`` batches); one task takes up to
+``max_batch_size`` of them, gives them consecutive txids, encodes the batch once and hands it
+to every replica session. The batch commits when a quorum (n/2 + 1) has written it; any
+abstention closes the session after that, and a failed vote closes it at once. Appends the
+session could not decide are resolved by the next session against its resolved high-water mark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import NamedTuple, TypeVar
+
+from kazoo.client import KazooClient
+
+from waltz_engine.record import Record, RecordHeader
+from waltz_engine.reqid import ReqId
+from waltz_engine.server.store.config import QUEUE_CAPACITY_BATCHES, StoreConfig
+from waltz_engine.server.store.errors import (
+    GenerationMismatchError,
+    RecoveryFailedError,
+    SessionClosedError,
+    StoreError,
+)
+from waltz_engine.server.store.latency_router import MAX_LATENCY_MS, LatencyWeightedRouter
+from waltz_engine.server.store.recovery import RecoveryManager
+from waltz_engine.server.store.replica_connection import ReplicaConnection
+from waltz_engine.server.store.replica_session import ReplicaSession
+from waltz_engine.server.store.voting import Voting
+from waltz_engine.storage.client import StorageRpcError, encode_append_records
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+FAILED_TRANSACTION_ID = -1
+COMMIT_ALL = 2**63 - 1
+
+
+class StoreAppendRequest(NamedTuple):
+    req_id: ReqId
+    header: int
+    data: bytes
+    checksum: int
+    future: asyncio.Future[int]
+
+    def commit(self, transaction_id: int) -> None:
+        if not self.future.done():
+            self.future.set_result(transaction_id)
+
+
+class StoreSession:
+    def __init__(
+        self,
+        partition_id: int,
+        generation: int,
+        session_id: int,
+        config: StoreConfig,
+        replica_sessions: list[ReplicaSession],
+        zk_client: KazooClient,
+        cluster_root: str,
+    ) -> None:
+        self.partition_id = partition_id
+        self.generation = generation
+        self.session_id = session_id
+        self.replica_sessions = replica_sessions
+        self.quorum = len(replica_sessions) // 2 + 1
+        self._max_batch_size = config.max_batch_size
+        self._queue_capacity = config.max_batch_size * QUEUE_CAPACITY_BATCHES
+        self._queue: deque[StoreAppendRequest] = deque()
+        self._in_flight: list[StoreAppendRequest] | None = None
+        self._num_pending = 0
+        self._changed = asyncio.Event()  # queue, pending count or running state changed
+        self._running = True
+        self.failed = False  # closed because a vote failed or a replica abstained
+        self.on_failure: Callable[[StoreSession], None] | None = None
+        self.low_water_mark = -1
+        self._next_transaction_id = 0
+        self._task: asyncio.Task[None] | None = None
+        self._router: LatencyWeightedRouter[ReplicaSession] = LatencyWeightedRouter(replica_sessions)
+        self._recovery: RecoveryManager | None = RecoveryManager(
+            zk_client,
+            cluster_root,
+            partition_id,
+            generation,
+            session_id,
+            self.quorum,
+            [session.replica_id for session in replica_sessions],
+        )
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Run recovery; the resolved high-water mark becomes this session's low-water mark."""
+        recovery = self._recovery
+        assert recovery is not None
+        if not self.replica_sessions:
+            self.close()
+            raise StoreError(f"partition {self.partition_id}: not enough replicas (none assigned)")
+        try:
+            await recovery.start()
+            for replica_session in self.replica_sessions:
+                replica_session.open(recovery, self)
+            self.low_water_mark = await recovery.high_water_mark()
+            self._next_transaction_id = self.low_water_mark + 1
+        except BaseException as e:
+            self.close()
+            if isinstance(e, RecoveryFailedError | asyncio.CancelledError):
+                raise
+            raise StoreError(f"partition {self.partition_id}: failed to recover: {e}") from e
+        finally:
+            self._recovery = None
+        if not self._running:
+            raise RecoveryFailedError("store session closed while recovering")
+        self._task = asyncio.create_task(
+            self._append_loop(), name=f"StoreSession-{self.partition_id}-{self.session_id}"
+        )
+
+    def close(self) -> None:
+        if not self._running:
+            return
+        self._running = False
+        if self._recovery is not None:
+            self._recovery.abort(RecoveryFailedError("store session closed"))
+        for replica_session in self.replica_sessions:
+            replica_session.close()
+        task = self._task
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+        self._wake()
+
+    async def wait_closed(self) -> None:
+        task = self._task
+        if task is not None and task is not asyncio.current_task():
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for replica_session in self.replica_sessions:
+            await replica_session.wait_closed()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    @property
+    def writable(self) -> bool:
+        return self._running
+
+    @property
+    def high_water_mark(self) -> int:
+        return self._next_transaction_id - 1
+
+    @property
+    def num_pending_appends(self) -> int:
+        return self._num_pending
+
+    # --- appends --------------------------------------------------------------------------------
+
+    async def append(self, request: StoreAppendRequest) -> None:
+        """Queue ``request`` (waiting while the queue is full)."""
+        while self._running and len(self._queue) >= self._queue_capacity:
+            await self._changed.wait()
+        if not self._running:
+            raise SessionClosedError(f"partition {self.partition_id}: store session {self.session_id} closed")
+        if request.req_id.generation != self.generation:
+            raise GenerationMismatchError(
+                f"partition {self.partition_id}: request generation {request.req_id.generation} "
+                f"!= {self.generation}"
+            )
+        self._queue.append(request)
+        self._num_pending += 1
+        self._wake()
+
+    async def flush(self) -> int:
+        """Wait until every queued append is resolved; the high-water mark."""
+        while self._num_pending > 0:
+            if not self._running:
+                raise SessionClosedError(
+                    f"partition {self.partition_id}: store session {self.session_id} closed"
+                )
+            await self._changed.wait()
+        return self.high_water_mark
+
+    def resolve_all(self, high_water_mark: int) -> None:
+        """Called on the closed session by its successor: commit what reached ``high_water_mark``."""
+        assert not self._running, "only a closed session's appends are resolved by its successor"
+        self._resolve_in_flight(high_water_mark)
+        self._in_flight = list(self._queue)
+        self._queue.clear()
+        self._resolve_in_flight(high_water_mark)
+
+    def fail_all(self, error: BaseException) -> None:
+        """The partition is closing: nobody will resolve these appends."""
+        for request in [*(self._in_flight or ()), *self._queue]:
+            if not request.future.done():
+                request.future.set_exception(error)
+        self._in_flight = None
+        self._queue.clear()
+        self._num_pending = 0
+        self._wake()
+
+    def _resolve_in_flight(self, high_water_mark: int) -> None:
+        batch, self._in_flight = self._in_flight, None
+        if batch is None:
+            return
+        for request in batch:
+            if self._next_transaction_id <= high_water_mark:
+                request.commit(self._next_transaction_id)
+                self._next_transaction_id += 1
+            else:
+                request.commit(FAILED_TRANSACTION_ID)
+        self._num_pending -= len(batch)
+        assert self._num_pending >= 0
+        self._wake()
+
+    async def _append_loop(self) -> None:
+        try:
+            while self._running:
+                if not self._queue:
+                    await self._changed.wait()
+                    continue
+                count = min(len(self._queue), self._max_batch_size)
+                batch = [self._queue.popleft() for _ in range(count)]
+                assert self._in_flight is None, "one batch in flight per session"
+                self._in_flight = batch
+                self._wake()  # room in the queue
+                first = self._next_transaction_id
+                records = [
+                    Record(first + i, r.req_id, r.header, r.data, r.checksum) for i, r in enumerate(batch)
+                ]
+                encoded = encode_append_records(records)
+                num_voters = sum(1 for replica in self.replica_sessions if replica.is_voter)
+                voting = Voting(self.quorum, num_voters)
+                for replica in self.replica_sessions:
+                    replica.append(first, encoded, count, voting)
+                if not await voting.wait():
+                    log.warning(
+                        "partition %d session %d: no quorum (%r)", self.partition_id, self.session_id, voting
+                    )
+                    self._close_failed()
+                    return
+                self._resolve_in_flight(COMMIT_ALL)
+                if voting.has_abstention:
+                    # A replica may have missed the batch: roll to a new session, which recovers it.
+                    self._close_failed()
+                    return
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("partition %d session %d: append task failed", self.partition_id, self.session_id)
+            self._close_failed()
+
+    def _close_failed(self) -> None:
+        self.failed = True
+        self.close()
+        if self.on_failure is not None:
+            self.on_failure(self)
+
+    # --- reads ----------------------------------------------------------------------------------
+
+    async def committed_records(
+        self, transaction_id: int, max_records: int, exclude: ReplicaSession | None = None
+    ) -> list[Record]:
+        count = min(self._next_transaction_id - transaction_id, max_records)
+        if count <= 0:
+            return []
+        return await self._read(
+            transaction_id, lambda r: _connection_of(r).records(transaction_id, count), exclude
+        )
+
+    async def record_headers(self, transaction_id: int, max_records: int) -> list[RecordHeader]:
+        count = min(self._next_transaction_id - transaction_id, max_records)
+        if count <= 0:
+            return []
+        return await self._read(
+            transaction_id, lambda r: _connection_of(r).record_headers(transaction_id, count)
+        )
+
+    async def record(self, transaction_id: int) -> Record | None:
+        if transaction_id >= self._next_transaction_id:
+            return None
+        return await self._read(transaction_id, lambda r: _connection_of(r).record(transaction_id))
+
+    async def _read(
+        self,
+        transaction_id: int,
+        call: Callable[[ReplicaSession], Awaitable[T]],
+        exclude: ReplicaSession | None = None,
+    ) -> T:
+        """From the replica of least expected latency that has the record; lagging ones are penalised."""
+        for _ in range(len(self.replica_sessions) * 2):
+            if not self._running:
+                break
+            replica = self._router.get_route()
+            if replica is None:
+                self.close()
+                break
+            if (
+                replica is exclude
+                or transaction_id >= replica.next_transaction_id
+                or not replica.recovered.is_set()
+            ):
+                replica.update_expected_latency(MAX_LATENCY_MS)
+                continue
+            started_s = time.monotonic()
+            try:
+                value = await call(replica)
+            except StorageRpcError as e:
+                log.warning("read from %s failed: %s", replica.replica_id, e)
+                replica.close()
+                continue
+            replica.update_expected_latency((time.monotonic() - started_s) * 1000)
+            return value
+        raise SessionClosedError(
+            f"partition {self.partition_id}: no replica can serve transaction {transaction_id}"
+        )
+
+    def status(self) -> dict[str, object]:
+        hwm = self.high_water_mark
+        replicas = []
+        for replica in self.replica_sessions:
+            info = replica.status()
+            max_txid = replica.next_transaction_id - 1 if replica.recovered.is_set() else None
+            info["max_transaction_id"] = max_txid
+            info["lag"] = None if max_txid is None else hwm - max_txid
+            replicas.append(info)
+        return {
+            "session_id": self.session_id,
+            "generation": self.generation,
+            "low_water_mark": self.low_water_mark,
+            "high_water_mark": hwm,
+            "writable": self._running,
+            "pending_appends": self._num_pending,
+            "replicas": replicas,
+        }
+
+
+def _connection_of(replica: ReplicaSession) -> ReplicaConnection:
+    connection = replica.connection
+    if connection is None:
+        raise StorageRpcError(f"{replica.replica_id} is not connected")
+    return connection

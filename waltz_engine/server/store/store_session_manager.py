@@ -1,0 +1,171 @@
+"""The store sessions of one partition, one after another (``StoreSessionManager``).
+
+A new session id is the stored one + 1, written with CAS on ``store/partition/<id>``; the stored
+generation must not be newer than ours (a newer owner fences us off). Opening the session runs
+recovery; then the previous session's undecided appends are resolved against the new session's
+resolved high-water mark, before any new append is accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from kazoo.client import KazooClient
+
+from waltz_engine.server.store.backoff import Backoff
+from waltz_engine.server.store.config import (
+    METADATA_INITIAL_RETRY_INTERVAL_MS,
+    METADATA_MAX_RETRY_INTERVAL_MS,
+    StoreConfig,
+)
+from waltz_engine.server.store.errors import (
+    GenerationMismatchError,
+    StorePartitionClosedError,
+)
+from waltz_engine.server.store.replica_connection import StorageConnections
+from waltz_engine.server.store.replica_session import ReplicaSession
+from waltz_engine.server.store.store_session import StoreSession
+from waltz_engine.zk.payloads import PartitionMetadata, ReplicaId
+from waltz_engine.zk.store_metadata import read_partition_metadata, write_partition_metadata
+from waltz_engine.zk.znodes import ConcurrentUpdateError
+
+log = logging.getLogger(__name__)
+
+NO_GENERATION = -1
+
+
+class StoreSessionManager:
+    def __init__(
+        self,
+        partition_id: int,
+        config: StoreConfig,
+        zk_client: KazooClient,
+        cluster_root: str,
+        connections: StorageConnections,
+        replica_ids: Callable[[int], list[ReplicaId]],
+    ) -> None:
+        self.partition_id = partition_id
+        self.generation = NO_GENERATION
+        self.healthy = True
+        self._config = config
+        self._zk = zk_client
+        self._root = cluster_root
+        self._connections = connections
+        self._replica_ids = replica_ids
+        self._current: StoreSession | None = None
+        self._opening: StoreSession | None = None
+        self._lock = asyncio.Lock()
+        self._running = True
+        self.last_high_water_mark = -1
+        # Called when a session fails with appends only a successor can resolve.
+        self.on_session_failure: Callable[[], None] | None = None
+
+    @property
+    def current_session(self) -> StoreSession | None:
+        return self._current
+
+    def set_generation(self, generation: int) -> None:
+        """Monotonic: a newer generation makes the next use open a new session."""
+        self.generation = max(self.generation, generation)
+
+    def close_current_session(self) -> bool:
+        """Close the open session (its undecided appends go to the next one); True if there was one."""
+        session = self._current
+        if session is None or not session.writable:
+            return False
+        session.close()
+        return True
+
+    async def get_store_session(self, generation: int | None = None) -> StoreSession:
+        async with self._lock:
+            if generation is not None and generation != self.generation:
+                raise GenerationMismatchError(
+                    f"partition {self.partition_id}: generation {generation} != current {self.generation}"
+                )
+            while self._running:
+                session = self._current
+                if session is not None and session.generation == self.generation and session.writable:
+                    return session
+                await self._create_session(self.generation)
+            self.healthy = False
+            raise StorePartitionClosedError(f"partition {self.partition_id} is closed")
+
+    async def _create_session(self, generation: int) -> None:
+        previous = self._current
+        if previous is not None:
+            previous.close()
+            if previous.failed:
+                self.healthy = False
+        session: StoreSession | None = None
+        try:
+            session_id = await self._next_session_id(generation)
+            replica_sessions = [
+                ReplicaSession(replica_id, session_id, self._connections, self._config)
+                for replica_id in self._replica_ids(self.partition_id)
+            ]
+            session = StoreSession(
+                self.partition_id,
+                generation,
+                session_id,
+                self._config,
+                replica_sessions,
+                self._zk,
+                self._root,
+            )
+            self._opening = session
+            await session.open()
+        except BaseException:
+            self.healthy = False
+            if session is not None:
+                session.close()
+            raise
+        finally:
+            self._opening = None
+        self.healthy = True
+        if previous is not None:
+            await previous.wait_closed()
+            previous.resolve_all(session.high_water_mark)
+        if self._running:
+            session.on_failure = self._session_failed
+            self._current = session
+            self.last_high_water_mark = session.high_water_mark
+        else:
+            session.close()
+
+    def _session_failed(self, session: StoreSession) -> None:
+        if session.num_pending_appends > 0 and self.on_session_failure is not None:
+            self.on_session_failure()
+
+    async def _next_session_id(self, generation: int) -> int:
+        """CAS ``sessionId + 1`` (and our generation) into the partition metadata."""
+        backoff = Backoff(METADATA_INITIAL_RETRY_INTERVAL_MS, METADATA_MAX_RETRY_INTERVAL_MS)
+        while True:
+            old, version = await asyncio.to_thread(
+                read_partition_metadata, self._zk, self._root, self.partition_id
+            )
+            if old.generation > generation:
+                raise GenerationMismatchError(
+                    f"partition {self.partition_id}: generation {old.generation} in ZooKeeper is newer "
+                    f"than ours ({generation})"
+                )
+            new = PartitionMetadata.of_map(generation, old.session_id + 1, old.states_map())
+            try:
+                await asyncio.to_thread(
+                    write_partition_metadata, self._zk, self._root, self.partition_id, new, version
+                )
+                return new.session_id
+            except ConcurrentUpdateError:
+                await backoff.wait()
+
+    async def close(self, error: BaseException) -> None:
+        self._running = False
+        self.healthy = False
+        if self._opening is not None:
+            self._opening.close()  # aborts its recovery
+        session, self._current = self._current, None
+        if session is not None:
+            session.close()
+            await session.wait_closed()
+            session.fail_all(error)
