@@ -1,0 +1,252 @@
+"""The client port: one handler per connection (reference §2.4, the original's ``WaltzServerHandler``).
+
+The first message sets the connection's client id. Partition requests go to the partition named
+by ``reqId.partitionId``; for a partition this server does not own, MOUNT is answered NOT_READY,
+TRANSACTION_DATA with the error "partition not ready", and the rest are dropped. Admin requests
+(13-22) are answered here.
+
+Back pressure: the handler reads the next request only after the previous one was handed over
+(a full append queue stops reading) and only while the connection's write buffer is below its
+high-water mark, so a client that does not read stops being read, as Netty's auto-read toggling
+does. Requests that wait on storage or ZooKeeper run as tasks, at most
+``MAX_PENDING_RPCS_PER_CONNECTION`` per connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from waltz_engine.net import WRITE_BUFFER_HIGH_BYTES, ConnectionClosedError, FramedConnection
+from waltz_engine.server.feeds import FeedContext
+from waltz_engine.server.partition import Partition
+from waltz_engine.wire.client_messages import (
+    PARTITION_STATE_NOT_READY,
+    AddPreferredPartitionRequest,
+    AddPreferredPartitionResponse,
+    AppendRequest,
+    CheckStorageConnectivityRequest,
+    CheckStorageConnectivityResponse,
+    FeedRequest,
+    FlushRequest,
+    HighWaterMarkRequest,
+    MountRequest,
+    MountResponse,
+    RemovePreferredPartitionRequest,
+    RemovePreferredPartitionResponse,
+    ServerPartitionsAssignmentRequest,
+    ServerPartitionsAssignmentResponse,
+    ServerPartitionsHealthStatRequest,
+    ServerPartitionsHealthStatResponse,
+    TransactionDataRequest,
+    TransactionDataResponse,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_PENDING_RPCS_PER_CONNECTION = 100
+PARTITION_NOT_READY = "partition not ready"
+
+
+class ServerServices(Protocol):
+    """What a connection needs from the server (implemented by ``server.ServerCore``)."""
+
+    def partition(self, partition_id: int) -> Partition | None: ...
+
+    def partition_ids(self) -> list[int]: ...
+
+    def partitions_health(self) -> dict[int, bool]: ...
+
+    async def check_storage_connectivity(self) -> dict[str, bool]: ...
+
+    async def add_preferred_partitions(self, partition_ids: tuple[int, ...]) -> bool: ...
+
+    async def remove_preferred_partitions(self, partition_ids: tuple[int, ...]) -> bool: ...
+
+
+class ClientConnection:
+    """A client connection as partitions and feeds see it (``feeds.FeedClient``)."""
+
+    __slots__ = ("conn", "codec", "client_id", "_parked", "_drainer", "_rpc_slots", "_rpcs")
+
+    def __init__(self, conn: FramedConnection) -> None:
+        self.conn = conn
+        self.codec = conn.codec
+        self.client_id: int | None = None
+        self._parked: list[FeedContext] = []
+        self._drainer: asyncio.Task[None] | None = None
+        self._rpc_slots = asyncio.Semaphore(MAX_PENDING_RPCS_PER_CONNECTION)
+        self._rpcs: set[asyncio.Task[None]] = set()
+
+    @property
+    def version(self) -> int:
+        return self.codec.version
+
+    @property
+    def closed(self) -> bool:
+        return self.conn.closed
+
+    def write_buffer_size_bytes(self) -> int:
+        return self.conn.writer.transport.get_write_buffer_size()
+
+    def writable(self) -> bool:
+        return not self.closed and self.write_buffer_size_bytes() <= WRITE_BUFFER_HIGH_BYTES
+
+    def send(self, message: Any) -> None:
+        self.send_frame(self.codec.encode_frame(message))
+
+    def send_frame(self, frame: bytes) -> None:
+        # A response to a client that is gone has nobody to go to.
+        with contextlib.suppress(ConnectionClosedError):
+            self.conn.send_frame(frame)
+
+    def park(self, context: FeedContext) -> None:
+        """Holds a feed until the write buffer drains; one drain task per connection at most."""
+        self._parked.append(context)
+        if self._drainer is None:
+            self._drainer = asyncio.get_running_loop().create_task(self._drain_and_resume())
+
+    def num_parked(self) -> int:
+        return len(self._parked)
+
+    async def _drain_and_resume(self) -> None:
+        try:
+            await self.conn.drain()
+        except ConnectionClosedError:
+            self._parked.clear()
+            return
+        finally:
+            self._drainer = None
+        parked, self._parked = self._parked, []
+        for context in parked:
+            context.resume(context)
+
+    async def run_rpc(self, work: Callable[[], Awaitable[Any]]) -> None:
+        """Answers a request that waits on storage or ZooKeeper without blocking the reading."""
+        await self._rpc_slots.acquire()
+
+        async def go() -> None:
+            try:
+                response = await work()
+                self.send(response)
+            finally:
+                self._rpc_slots.release()
+
+        task = asyncio.get_running_loop().create_task(go())
+        self._rpcs.add(task)
+        task.add_done_callback(self._rpc_done)
+
+    def _rpc_done(self, task: asyncio.Task[None]) -> None:
+        self._rpcs.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("client %s: request failed", self.client_id, exc_info=task.exception())
+
+    async def close(self) -> None:
+        tasks = list(self._rpcs)
+        if self._drainer is not None:
+            tasks.append(self._drainer)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        self._parked.clear()
+
+
+class ClientHandler:
+    """``net.serve`` handler for the client port."""
+
+    def __init__(self, services: ServerServices) -> None:
+        self.services = services
+        self.connections: set[ClientConnection] = set()
+
+    async def __call__(self, conn: FramedConnection) -> None:
+        client = ClientConnection(conn)
+        self.connections.add(client)
+        try:
+            while (message := await conn.receive()) is not None:
+                if client.client_id is None:
+                    client.client_id = message.req_id.client_id
+                await self._dispatch(client, message)
+                if client.write_buffer_size_bytes() > WRITE_BUFFER_HIGH_BYTES:
+                    await conn.drain()
+        finally:
+            self.connections.discard(client)
+            for partition_id in self.services.partition_ids():
+                partition = self.services.partition(partition_id)
+                if partition is not None:
+                    partition.remove_client(client, client.client_id)
+            await client.close()
+
+    async def _dispatch(self, client: ClientConnection, message: Any) -> None:
+        req_id = message.req_id
+        if isinstance(message, (MountRequest, AppendRequest, FeedRequest, FlushRequest)):
+            partition = self.services.partition(req_id.partition_id)
+            if partition is None:
+                if isinstance(message, MountRequest):
+                    client.send(MountResponse(req_id, PARTITION_STATE_NOT_READY))
+                return
+            if isinstance(message, AppendRequest):
+                await partition.append(client, message)
+            elif isinstance(message, MountRequest):
+                await partition.mount(client, message)
+            elif isinstance(message, FeedRequest):
+                await partition.feed(client, message)
+            else:
+                await partition.flush(client, message)
+        elif isinstance(message, TransactionDataRequest):
+            partition = self.services.partition(req_id.partition_id)
+            if partition is None:
+                client.send(
+                    TransactionDataResponse(
+                        req_id, message.transaction_id, exception_message=PARTITION_NOT_READY
+                    )
+                )
+                return
+            owner = partition
+            # Through the fetcher even when cached: it counts the cache misses, once.
+            await client.run_rpc(lambda: owner.transaction_data(message))
+        elif isinstance(message, HighWaterMarkRequest):
+            partition = self.services.partition(req_id.partition_id)
+            # Not listed by the original's partitionNotFound: dropped like APPEND/FEED/FLUSH.
+            if partition is not None:
+                await partition.high_water_mark_request(client, message)
+        else:
+            await self._admin(client, message)
+
+    async def _admin(self, client: ClientConnection, message: Any) -> None:
+        services = self.services
+        req_id = message.req_id
+        if isinstance(message, ServerPartitionsAssignmentRequest):
+            client.send(ServerPartitionsAssignmentResponse(req_id, tuple(services.partition_ids())))
+        elif isinstance(message, ServerPartitionsHealthStatRequest):
+            stats = tuple(sorted(services.partitions_health().items()))
+            client.send(ServerPartitionsHealthStatResponse(req_id, stats))
+        elif isinstance(message, CheckStorageConnectivityRequest):
+
+            async def connectivity() -> CheckStorageConnectivityResponse:
+                found = await services.check_storage_connectivity()
+                return CheckStorageConnectivityResponse(req_id, tuple(sorted(found.items())))
+
+            await client.run_rpc(connectivity)
+        elif isinstance(message, AddPreferredPartitionRequest):
+            ids = message.partition_ids
+
+            async def add() -> AddPreferredPartitionResponse:
+                return AddPreferredPartitionResponse(req_id, await services.add_preferred_partitions(ids))
+
+            await client.run_rpc(add)
+        elif isinstance(message, RemovePreferredPartitionRequest):
+            ids = message.partition_ids
+
+            async def remove() -> RemovePreferredPartitionResponse:
+                return RemovePreferredPartitionResponse(
+                    req_id, await services.remove_preferred_partitions(ids)
+                )
+
+            await client.run_rpc(remove)
+        else:
+            # Responses (types a client sends only by mistake) are logged and ignored.
+            log.warning("client %s: unexpected %s ignored", client.client_id, type(message).__name__)

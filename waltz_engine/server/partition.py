@@ -1,0 +1,412 @@
+"""One partition served by this server (reference §2.5, §2.6; the original's ``Partition``).
+
+Three tasks per partition, as the original's three threads: the append task (a bounded queue of
+appends, flushes and mounts, in arrival order) and the realtime and catch-up feed workers. Commits
+arrive as callbacks on the store's append futures (in txid order), never as tasks: each one fills
+the feed and transaction caches, commits the lock slots, raises the commit high-water mark and
+wakes the feed workers.
+
+Connection validity (PR #167): a MOUNT registers its connection for the client id unless the
+registered one is newer by (generation, network-client seqNum); APPEND, FEED and MOUNT from any
+other connection of that client are ignored (a stale network client).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, NamedTuple, Protocol
+
+from waltz_engine.errors import WaltzError
+from waltz_engine.metrics import MetricsRegistry
+from waltz_engine.record import Record, RecordHeader
+from waltz_engine.reqid import ReqId
+from waltz_engine.server.config import EngineSettings
+from waltz_engine.server.feed_cache import FeedCache
+from waltz_engine.server.feeds import FeedClient, FeedContext, FeedWorker
+from waltz_engine.server.locks import NUM_HASH_FUNCS, LockRequest, Locks
+from waltz_engine.server.transaction_cache import TransactionData, TransactionFetcher
+from waltz_engine.wire.client_messages import (
+    NO_LOCKS,
+    PARTITION_STATE_CLIENT_AHEAD,
+    PARTITION_STATE_READY,
+    AppendRequest,
+    FeedRequest,
+    FeedSuspended,
+    FlushRequest,
+    FlushResponse,
+    HighWaterMarkRequest,
+    HighWaterMarkResponse,
+    LockFailure,
+    MountRequest,
+    MountResponse,
+    TransactionDataRequest,
+    TransactionDataResponse,
+)
+
+log = logging.getLogger(__name__)
+
+APPEND_QUEUE_SIZE = 100  # the original's ArrayBlockingQueue(100)
+METRIC_GROUP_PREFIX = "waltz-server.partition-"
+NO_HIGH_WATER_MARK = -1  # before the store partition opened, and of an empty partition
+
+
+class StorePartitionLike(Protocol):
+    """The part of the store layer's StorePartition this engine uses."""
+
+    partition_id: int
+
+    async def set_generation(self, generation: int) -> None: ...
+
+    async def append(self, req_id: ReqId, header: int, data: bytes, checksum: int) -> asyncio.Future[int]: ...
+
+    async def flush(self) -> int: ...
+
+    @property
+    def high_water_mark(self) -> int: ...
+
+    async def ensure_open(self) -> None: ...
+
+    async def record_headers(self, transaction_id: int, max_records: int) -> list[RecordHeader]: ...
+
+    async def record(self, transaction_id: int) -> Record | None: ...
+
+    @property
+    def healthy(self) -> bool: ...
+
+
+class _Registration(NamedTuple):
+    client: FeedClient
+    generation: int
+    seq_num: int
+
+
+# Kinds of work on the append queue.
+_APPEND = 0
+_FLUSH = 1
+_MOUNT = 2
+_FEED = 3
+_HIGH_WATER_MARK = 4
+
+
+def metric_group(partition_id: int) -> str:
+    return f"{METRIC_GROUP_PREFIX}{partition_id}"
+
+
+def lock_request(request: AppendRequest) -> LockRequest:
+    return LockRequest(
+        request.write_lock_request or NO_LOCKS,
+        request.read_lock_request or NO_LOCKS,
+        request.append_lock_request or NO_LOCKS,
+    )
+
+
+class Partition:
+    """Owns one partition's append path, lock table and feeds; all on the event loop."""
+
+    def __init__(
+        self,
+        partition_id: int,
+        generation: int,
+        store: StorePartitionLike,
+        feed_cache: FeedCache,
+        fetcher: TransactionFetcher,
+        settings: EngineSettings,
+        metrics: MetricsRegistry,
+    ) -> None:
+        self.partition_id = partition_id
+        self.generation = generation
+        self.store = store
+        self.feed_cache = feed_cache
+        self.fetcher = fetcher
+        self.settings = settings
+        self.commit_high_water_mark = NO_HIGH_WATER_MARK
+        self.closed = False
+        self.pending_appends = 0
+        self._settled = asyncio.Event()  # no append future is unresolved
+        self._settled.set()
+        self._ready = asyncio.Event()  # the store partition is open and the lock table built
+        self._locks: Locks | None = None
+        self._queue: asyncio.Queue[tuple[int, FeedClient | None, Any]] = asyncio.Queue(APPEND_QUEUE_SIZE)
+        self._clients: dict[int, _Registration] = {}
+        self.realtime = FeedWorker(
+            f"Feed-R-P{partition_id}", True, self, feed_cache, settings.realtime_threshold, self._route
+        )
+        self.catch_up = FeedWorker(
+            f"Feed-C-P{partition_id}", False, self, feed_cache, settings.realtime_threshold, self._route
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+        self.metrics = metrics
+        group = metric_group(partition_id)
+        self._transaction_meter = metrics.meter(group, "transaction")
+        self._success_meter = metrics.meter(group, "successful-append")
+        self._rejection_meter = metrics.meter(group, "rejected-append")
+        self._latency_timer = metrics.timer(group, "response-latency")
+        metrics.gauge(group, "pending-append", lambda: self.pending_appends)
+        metrics.gauge(group, "is-closed", lambda: self.closed)
+        metrics.gauge(group, "generation", lambda: self.generation)
+        metrics.gauge(group, "append-queue-size", self._queue.qsize)
+        metrics.gauge(group, "total-real-time-feed-context-added", lambda: self.realtime.total_added)
+        metrics.gauge(group, "total-real-time-feed-context-removed", lambda: self.realtime.total_removed)
+        metrics.gauge(group, "total-catchup-feed-context-added", lambda: self.catch_up.total_added)
+        metrics.gauge(group, "total-catchup-feed-context-removed", lambda: self.catch_up.total_removed)
+        metrics.gauge(group, "high-water-mark", lambda: self.commit_high_water_mark)
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        await self.store.set_generation(self.generation)
+        loop = asyncio.get_running_loop()
+        name = f"P{self.partition_id}"
+        self._tasks = [
+            loop.create_task(self._append_task(), name=f"Append-{name}"),
+            loop.create_task(self.realtime.run(), name=self.realtime.name),
+            loop.create_task(self.catch_up.run(), name=self.catch_up.name),
+        ]
+        for task in self._tasks:
+            task.add_done_callback(self._task_ended)
+
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("partition %d: %s died", self.partition_id, task.get_name(), exc_info=task.exception())
+
+    async def set_generation(self, generation: int) -> None:
+        if generation > self.generation:
+            self.generation = generation
+            await self.store.set_generation(generation)
+
+    async def close(self) -> None:
+        """Stops the tasks; feeds in progress end (the clients remount wherever it went)."""
+        if self.closed:
+            return
+        self.closed = True
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks)
+        self.realtime.contexts.clear()
+        self.catch_up.contexts.clear()
+        self._clients.clear()
+        self.metrics.remove_group(metric_group(self.partition_id))
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    @property
+    def healthy(self) -> bool:
+        return self.store.healthy
+
+    @property
+    def high_water_mark(self) -> int:
+        """The committed high-water mark feeds read up to (FeedSource)."""
+        return self.commit_high_water_mark
+
+    def record_headers(self, transaction_id: int, max_num: int) -> Any:
+        return self.store.record_headers(transaction_id, max_num)
+
+    def append_queue_size(self) -> int:
+        return self._queue.qsize()
+
+    # --- clients ---------------------------------------------------------------------------
+
+    def _register(self, client: FeedClient, client_id: int, generation: int, seq_num: int) -> None:
+        current = self._clients.get(client_id)
+        if current is None or (generation, seq_num) > (current.generation, current.seq_num):
+            self._clients[client_id] = _Registration(client, generation, seq_num)
+
+    def _is_valid(self, client: FeedClient, client_id: int) -> bool:
+        registration = self._clients.get(client_id)
+        return registration is not None and registration.client is client
+
+    def remove_client(self, client: FeedClient, client_id: int | None) -> None:
+        """The connection closed; its feed contexts are dropped as the workers reach them."""
+        if client_id is not None and self._is_valid(client, client_id):
+            del self._clients[client_id]
+
+    # --- requests (from the connection handler) ------------------------------------------
+
+    async def mount(self, client: FeedClient, request: MountRequest) -> None:
+        req_id = request.req_id
+        self._register(client, req_id.client_id, req_id.generation, request.seq_num)
+        if self._is_valid(client, req_id.client_id):
+            await self._queue.put((_MOUNT, client, request))  # after the appends queued before it
+
+    async def append(self, client: FeedClient, request: AppendRequest) -> None:
+        self._transaction_meter.mark()
+        if self._is_valid(client, request.req_id.client_id):
+            await self._queue.put((_APPEND, client, request))
+
+    async def flush(self, client: FeedClient, request: FlushRequest) -> None:
+        await self._queue.put((_FLUSH, client, request))
+
+    async def feed(self, client: FeedClient, request: FeedRequest) -> None:
+        if not self._is_valid(client, request.req_id.client_id):
+            return
+        if self.ready:
+            self._start_feed(client, request)
+        else:
+            await self._queue.put((_FEED, client, request))
+
+    async def high_water_mark_request(self, client: FeedClient, request: HighWaterMarkRequest) -> None:
+        if self.ready:
+            client.send(HighWaterMarkResponse(request.req_id, self.commit_high_water_mark))
+        else:
+            await self._queue.put((_HIGH_WATER_MARK, client, request))
+
+    async def transaction_data(self, request: TransactionDataRequest) -> TransactionDataResponse:
+        txid = request.transaction_id
+        try:
+            data, checksum = await self.fetcher.fetch(self.partition_id, txid, lambda: self._load(txid))
+        except (WaltzError, OSError, TimeoutError) as e:
+            if not self.closed:
+                log.warning("partition %d: transaction data of %d: %s", self.partition_id, txid, e)
+            return TransactionDataResponse(request.req_id, txid, exception_message=f"{type(e).__name__}: {e}")
+        return TransactionDataResponse(request.req_id, txid, data, checksum)
+
+    async def _load(self, transaction_id: int) -> TransactionData:
+        if transaction_id > self.commit_high_water_mark or transaction_id < 0:
+            raise TransactionNotFoundError(f"transaction {transaction_id} not found")
+        record = await self.store.record(transaction_id)
+        if record is None:
+            raise TransactionNotFoundError(f"transaction {transaction_id} not found")
+        return record.data, record.checksum
+
+    # --- the append task -----------------------------------------------------------------
+
+    async def _append_task(self) -> None:
+        await self.store.ensure_open()
+        # PR #150: the commit high-water mark starts at the store's, not at "unknown".
+        self.commit_high_water_mark = self.store.high_water_mark
+        self._locks = Locks(self.settings.lock_table_size, NUM_HASH_FUNCS, self.commit_high_water_mark)
+        self._ready.set()
+        self.realtime.wake()
+        queue = self._queue
+        while True:
+            kind, client, message = await queue.get()
+            assert client is not None
+            try:
+                if kind == _APPEND:
+                    await self._append(client, message)
+                elif kind == _FLUSH:
+                    client.send(FlushResponse(message.req_id, await self._flush_store()))
+                elif kind == _MOUNT:
+                    await self._flush_store()
+                    self._start_mount_feed(client, message)
+                elif kind == _FEED:
+                    self._start_feed(client, message)
+                else:
+                    assert kind == _HIGH_WATER_MARK, kind
+                    client.send(HighWaterMarkResponse(message.req_id, self.commit_high_water_mark))
+            except WaltzError as e:
+                # A refused append (generation mismatch, closed store session) is dropped silently
+                # for the client, as the original: it learns the outcome from flush or feed.
+                log.debug("partition %d: %s failed: %s", self.partition_id, type(message).__name__, e)
+
+    async def _flush_store(self) -> int:
+        """The store's HWM once every append queued so far is resolved and its callback ran."""
+        high_water_mark = await self.store.flush()
+        await self._settled.wait()
+        self.commit_high_water_mark = max(self.commit_high_water_mark, high_water_mark)
+        return high_water_mark
+
+    async def _append(self, client: FeedClient, request: AppendRequest) -> None:
+        locks = self._locks
+        assert locks is not None
+        lock_req = lock_request(request)
+        while not locks.begin(lock_req):
+            if self.pending_appends == 0:
+                # Nothing in flight can hold these slots: the table is inconsistent.
+                log.error(
+                    "partition %d: failed to begin lock with nothing to flush (%d active); resetting",
+                    self.partition_id,
+                    locks.num_active_locks(),
+                )
+                locks.reset(self.commit_high_water_mark)
+            else:
+                await self._flush_store()
+        lock_high_water_mark = locks.get_lock_high_water_mark(lock_req)
+        if lock_high_water_mark > request.client_high_water_mark:
+            self._rejection_meter.mark()
+            locks.end(lock_req)
+            client.send(LockFailure(request.req_id, lock_high_water_mark))
+            return
+        data = request.data if request.data is not None else b""
+        try:
+            future = await self.store.append(request.req_id, request.header, data, request.checksum)
+        except BaseException:
+            locks.end(lock_req)
+            raise
+        self.pending_appends += 1
+        self._settled.clear()
+        started_s = time.monotonic()
+
+        def committed(done: asyncio.Future[int]) -> None:
+            self.pending_appends -= 1
+            if self.pending_appends == 0:
+                self._settled.set()
+            locks.end(lock_req)
+            transaction_id = -1 if done.cancelled() or done.exception() is not None else done.result()
+            self._latency_timer.update_ms((time.monotonic() - started_s) * 1000.0)
+            if transaction_id < 0 or self.closed:
+                return
+            assert transaction_id > self.commit_high_water_mark, (transaction_id, self.commit_high_water_mark)
+            self.feed_cache.add(self.partition_id, transaction_id, request.req_id, request.header)
+            self.fetcher.cache.put(self.partition_id, transaction_id, data, request.checksum)
+            locks.commit(lock_req, transaction_id)
+            self._success_meter.mark()
+            self.commit_high_water_mark = transaction_id
+            self.realtime.wake()
+            self.catch_up.wake()
+
+        future.add_done_callback(committed)
+
+    # --- feeds ---------------------------------------------------------------------------
+
+    def _start_mount_feed(self, client: FeedClient, request: MountRequest) -> None:
+        fetch_size = self.commit_high_water_mark - request.client_high_water_mark
+        if fetch_size < 0:
+            client.send(MountResponse(request.req_id, PARTITION_STATE_CLIENT_AHEAD))
+        elif fetch_size == 0:
+            client.send(MountResponse(request.req_id, PARTITION_STATE_READY))
+        else:
+            ready = MountResponse(request.req_id, PARTITION_STATE_READY)
+            self._add_context(client, request.req_id, request.client_high_water_mark, fetch_size, ready)
+
+    def _start_feed(self, client: FeedClient, request: FeedRequest) -> None:
+        fetch_size = self.commit_high_water_mark - request.client_high_water_mark
+        if fetch_size < 0:
+            # The original throws "client is ahead of store" here and sends nothing.
+            log.warning(
+                "partition %d: feed request from a client ahead of the store: %s", self.partition_id, request
+            )
+            return
+        fetch_size = max(fetch_size, self.settings.min_fetch_size)
+        suspended = FeedSuspended(request.req_id)
+        self._add_context(client, request.req_id, request.client_high_water_mark, fetch_size, suspended)
+
+    def _add_context(
+        self, client: FeedClient, req_id: ReqId, client_high_water_mark: int, fetch_size: int, terminal: Any
+    ) -> None:
+        context = FeedContext(client, req_id, client_high_water_mark, fetch_size, terminal, self._route)
+        if client.writable():
+            self._route(context)
+        else:
+            client.park(context)
+
+    def _route(self, context: FeedContext) -> None:
+        """Realtime if the context lags less than ``realtimeThreshold``, else catch-up."""
+        if self.closed or context.client.closed:
+            return
+        if context.lag(self.commit_high_water_mark) < self.settings.realtime_threshold:
+            self.realtime.add(context)
+        else:
+            self.catch_up.add(context)
+
+    def num_feed_contexts(self) -> int:
+        return self.realtime.num_contexts() + self.catch_up.num_contexts()
+
+
+class TransactionNotFoundError(WaltzError):
+    """A TRANSACTION_DATA_REQUEST for a txid this partition has not committed."""
