@@ -8,7 +8,7 @@ from waltz_cli.main import app
 from waltz_engine import __version__
 
 runner = CliRunner()
-GROUPS = ("create-cluster", "inspect", "zk", "storage", "bench")
+GROUPS = ("create-cluster", "recover", "truncate", "inspect", "zk", "storage", "server", "cluster", "bench")
 
 
 def test_help_lists_every_group() -> None:

@@ -32,12 +32,16 @@ def _root(
 
 def _register() -> None:
     # Imported here so that `waltz --help` stays one place that lists every group.
-    from waltz_cli.commands import bench, inspect, storage, zk
+    from waltz_cli.commands import bench, cluster, inspect, recovery, server, storage, zk
 
     app.command("create-cluster")(zk.create_cluster)
+    app.command("recover")(recovery.recover)
+    app.command("truncate")(recovery.truncate)
     app.add_typer(inspect.app, name="inspect")
     app.add_typer(zk.app, name="zk")
     app.add_typer(storage.app, name="storage")
+    app.add_typer(server.app, name="server")
+    app.add_typer(cluster.app, name="cluster")
     app.add_typer(bench.app, name="bench")
 
 

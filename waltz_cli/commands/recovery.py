@@ -1,0 +1,124 @@
+"""`waltz recover` and `waltz truncate`: partition repair commands (top-level; the lead registers them).
+
+``recover`` opens a store session from this process (recovery runs now); ``truncate`` cuts a
+replica's tail offline. Thin skins over :mod:`waltz_engine.cluster_ops`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from waltz_cli.commands.cluster import say
+from waltz_cli.commands.storage_admin import AdminStorageOption, SslConfigOption, TimeoutOption
+from waltz_cli.commands.zk import ConfigOption, ConnectTimeoutOption, JsonOption, RootOption, ZooKeeperOption
+from waltz_cli.output import console, one_line_errors, print_json
+from waltz_engine import cluster_ops
+from waltz_engine.cluster_ops import RecoverResult
+from waltz_engine.storage import admin_ops
+from waltz_engine.storage.admin_ops import parse_address
+from waltz_engine.zk.connection import connect, load_settings
+
+PartitionOption = Annotated[int, typer.Option("--partition", "-p", help="One partition id.")]
+
+
+@one_line_errors
+def recover(
+    partition: PartitionOption,
+    timeout_s: Annotated[
+        float, typer.Option("--timeout", "-t", help="Seconds to wait for the recovery to finish.")
+    ] = cluster_ops.DEFAULT_RECOVER_TIMEOUT_S,
+    zookeeper: ZooKeeperOption = None,
+    cluster_root: RootOption = None,
+    config: ConfigOption = None,
+    connect_timeout_ms: ConnectTimeoutOption = None,
+    ssl_config: SslConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Run a partition's recovery now: open a new store session from this process.
+
+    The session takes the partition's current generation from ZooKeeper and the next session
+    id, which FENCES the owning server's session: that server opens a new session (and runs
+    recovery again) on its next use of the partition. Prints the resolved high-water mark and
+    each replica's state; a quorum of the partition's replicas must be reachable.
+
+    Example: waltz recover -c tools.yml -p 0
+    """
+    settings = load_settings(config, zookeeper, cluster_root, connect_timeout_ms)
+    ssl_context = admin_ops.client_ssl_context(ssl_config)
+    with connect(settings) as client:
+        result = asyncio.run(
+            cluster_ops.recover_partition(
+                client, settings.cluster_root, partition, ssl_context, timeout_s=timeout_s
+            )
+        )
+    if as_json:
+        print_json(result.to_json())
+        return
+    _render_recovery(result)
+
+
+def _cell(value: Any) -> Text:
+    return Text("-" if value is None else str(value))
+
+
+def _render_recovery(result: RecoverResult) -> None:
+    say(
+        f"partition {result.partition_id}: recovered in session {result.session_id} "
+        f"(generation {result.generation}); high-water mark {result.high_water_mark}"
+    )
+    table = Table(title="replicas", title_justify="left")
+    columns = ("storage", "state", "max transaction id", "lag")
+    for column in columns:
+        table.add_column(column)
+    for replica in result.replicas:
+        table.add_row(*(_cell(replica.get(key)) for key in ("storage", "state", "max_transaction_id", "lag")))
+    console.print(table)
+
+
+@one_line_errors
+def truncate(
+    storage: AdminStorageOption,
+    storage_port: Annotated[
+        int, typer.Option("--storage-port", "-sp", help="The node's data (non-admin) port.")
+    ],
+    partition: PartitionOption,
+    to: Annotated[int, typer.Option("--to", help="Keep transactions up to this id (-1: keep none).")],
+    force: Annotated[
+        bool, typer.Option("--force", help="Cut below the replica's low-water mark (committed data).")
+    ] = False,
+    zookeeper: ZooKeeperOption = None,
+    cluster_root: RootOption = None,
+    config: ConfigOption = None,
+    connect_timeout_ms: ConnectTimeoutOption = None,
+    ssl_config: SslConfigOption = None,
+    timeout_ms: TimeoutOption = admin_ops.DEFAULT_TIMEOUT_MS,
+    as_json: JsonOption = False,
+) -> None:
+    """Remove a replica's transactions after --to, offline.
+
+    The partition must be unavailable on that node (`waltz storage availability ... --online
+    false`); cutting below the replica's low-water mark needs --force.
+
+    Example: waltz truncate -c tools.yml -s localhost:55281 -sp 55280 -p 0 --to 41
+    """
+    address = parse_address(storage)
+    settings = load_settings(config, zookeeper, cluster_root, connect_timeout_ms)
+    with connect(settings) as client:
+        layout = admin_ops.read_store_layout(client, settings.cluster_root)
+    context = layout.context(admin_ops.client_ssl_context(ssl_config), timeout_ms)
+    result = asyncio.run(
+        cluster_ops.truncate_partition(context, address, storage_port, partition, to, force=force)
+    )
+    if as_json:
+        print_json(result.to_json())
+        return
+    say(
+        f"partition {result.partition_id} on {result.storage}: max transaction id "
+        f"{result.old_max_transaction_id} -> {result.new_max_transaction_id} "
+        f"({result.removed} transaction(s) removed)"
+    )
