@@ -1,0 +1,107 @@
+"""A running local Waltz cluster (real ZooKeeper, storage and server processes) for any test.
+
+Usage, module-scoped (one cluster for the whole test module)::
+
+    from cluster_support import local_cluster
+
+    @pytest.fixture(scope="module")
+    def cluster(tmp_path_factory):
+        with local_cluster(tmp_path_factory, storages=3, servers=1, partitions=4) as c:
+            yield c
+
+    def test_x(cluster):
+        cluster.client_config_path   # client YAML (zookeeper.connectString, cluster.root)
+        cluster.zookeeper            # ZooKeeper connect string
+        cluster.cluster_root
+        cluster.storages[0].kill(); cluster.storages[0].restart()   # also pause()/resume()/stop()
+        cluster.servers[0].port; cluster.storages[0].admin_port; node.log_text()
+        cluster.wait_verified()      # until `cluster verify` passes again (bounded)
+        waltz_client_config(cluster) # a WaltzClientConfig for this cluster
+
+Pass ``zookeeper=<the session fixture's connect string>`` to share the session's ZooKeeper
+(saves a JVM); the cluster then gets a unique root. The cluster is always stopped on exit; if
+it fails to come up, the error carries the failing node's log tail.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from testkit import unique_cluster_root
+
+from waltz_engine.client import WaltzClientConfig
+from waltz_engine.config import Config
+from waltz_engine.devcluster import DEFAULT_CLUSTER_ROOT, LocalCluster
+
+CLUSTER_UP_TIMEOUT_MS = 120_000
+CLI_TIMEOUT_S = 120.0
+
+# The `dev`, `tail`, `append` and `client` commands registered as waltz_cli/main.py does, so
+# tests of them do not depend on the rest of the top level.
+WALTZ_CLI_MAIN = """
+import sys, typer
+from waltz_cli.commands import client, dev, feed
+app = typer.Typer(pretty_exceptions_enable=False)
+app.command("tail")(feed.tail)
+app.command("append")(feed.append)
+app.add_typer(client.app, name="client")
+app.add_typer(dev.app, name="dev")
+sys.argv[0] = "waltz"
+app()
+"""
+
+
+def waltz_cli_command(*args: str) -> list[str]:
+    return [sys.executable, "-c", WALTZ_CLI_MAIN, *args]
+
+
+def run_waltz_cli(
+    *args: str, cwd: Path | None = None, stdin: str | None = None, timeout_s: float = CLI_TIMEOUT_S
+) -> subprocess.CompletedProcess[str]:
+    """Run `waltz ARGS...` (dev/tail/append/client) to completion (bounded), capturing its output."""
+    return subprocess.run(
+        waltz_cli_command(*args),
+        capture_output=True,
+        text=True,
+        input=stdin,
+        cwd=cwd,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+@contextmanager
+def local_cluster(
+    tmp_path_factory: pytest.TempPathFactory,
+    storages: int = 3,
+    servers: int = 1,
+    partitions: int = 4,
+    *,
+    zookeeper: str | None = None,
+    wait_timeout_ms: int = CLUSTER_UP_TIMEOUT_MS,
+) -> Iterator[LocalCluster]:
+    """A healthy cluster (``cluster verify`` passed) in a fresh directory; stopped on exit."""
+    cluster = LocalCluster(
+        tmp_path_factory.mktemp("waltz-cluster"),
+        storages,
+        servers,
+        partitions,
+        zookeeper=zookeeper,
+        cluster_root=unique_cluster_root() if zookeeper is not None else DEFAULT_CLUSTER_ROOT,
+    )
+    try:
+        cluster.up(wait_timeout_ms)
+        yield cluster
+    finally:
+        cluster.down()
+
+
+def waltz_client_config(cluster: LocalCluster, **overrides: Any) -> WaltzClientConfig:
+    """The client config of ``cluster`` (its client.yml); ``overrides`` as WaltzClientConfig fields."""
+    return WaltzClientConfig.from_config(Config.load(cluster.client_config_path), **overrides)

@@ -1,0 +1,107 @@
+"""`waltz dev up | status | down` with real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+from cluster_support import run_waltz_cli, waltz_cli_command
+
+from waltz_engine.cluster_ops import read_cluster_view, verify
+from waltz_engine.devcluster import LocalCluster
+from waltz_engine.tls import TlsConfig, client_context
+from waltz_engine.zk.connection import connect
+
+READY_LINE_WAIT_S = 120.0
+PROCESS_EXIT_TIMEOUT_S = 60.0
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def verify_passes(directory: Path) -> bool:
+    cluster = LocalCluster.open(directory)
+    with connect(cluster.zookeeper_settings()) as zk:
+        view = read_cluster_view(zk, cluster.cluster_root)
+    return asyncio.run(verify(view, client_context(TlsConfig()))).passed
+
+
+def test_up_detach_status_down_and_up_again_reuses_data(tmp_path: Path) -> None:
+    directory = tmp_path / "dev"
+    topology = ["--storages", "2", "--servers", "1", "--partitions", "2"]
+    try:
+        out = ok(run_waltz_cli("dev", "up", "--detach", "--dir", str(directory), *topology))
+        assert f"client      {directory / 'client.yml'}" in out
+        assert verify_passes(directory)
+        status = json.loads(ok(run_waltz_cli("dev", "status", "--json", "--dir", str(directory))))
+        assert status["healthy"] and [n["name"] for n in status["nodes"]] == [
+            "storage-0",
+            "storage-1",
+            "server-0",
+        ]
+
+        config = ["--config", str(directory / "client.yml")]
+        txid = ok(run_waltz_cli("append", "-p", "1", "kept", *config)).strip()
+        ok(run_waltz_cli("dev", "down", "--dir", str(directory)))
+        stopped = run_waltz_cli("dev", "status", "--json", "--dir", str(directory))
+        assert stopped.returncode == 1
+        assert not any(n["running"] for n in json.loads(stopped.stdout)["nodes"])
+
+        mismatch = run_waltz_cli("dev", "up", "--detach", "--dir", str(directory), "--storages", "3")
+        assert mismatch.returncode == 1 and "holds a cluster of 2 storage nodes" in mismatch.stderr
+
+        ok(run_waltz_cli("dev", "up", "--detach", "--dir", str(directory)))  # topology from the saved state
+        again = json.loads(ok(run_waltz_cli("dev", "status", "--json", "--dir", str(directory))))
+        assert [n["ports"] for n in again["nodes"]] == [n["ports"] for n in status["nodes"]]
+        assert again["zookeeper"] == status["zookeeper"]
+        tailed = ok(run_waltz_cli("tail", "-p", "1", "--no-follow", "--json", "--data", *config))
+        assert [json.loads(line)["data_hex"] for line in tailed.splitlines()] == [b"kept".hex()]
+        assert json.loads(tailed)["transaction_id"] == int(txid)
+    finally:
+        run_waltz_cli("dev", "down", "--clean", "--dir", str(directory))
+    assert not directory.exists()
+
+
+def _read_lines(stream: object, lines: queue.Queue[str]) -> None:
+    for line in stream:  # type: ignore[attr-defined]
+        lines.put(line)
+
+
+def test_foreground_up_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
+    directory = tmp_path / "fg"
+    up = subprocess.Popen(
+        waltz_cli_command("dev", "up", "--dir", str(directory),
+         "--storages", "1", "--servers", "1", "--partitions", "1"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=_read_lines, args=(up.stdout, lines), daemon=True).start()
+    try:
+        try:
+            while not lines.get(timeout=READY_LINE_WAIT_S).startswith("client "):
+                pass
+        except queue.Empty:
+            up.kill()
+            raise AssertionError(f"dev up never got ready: {up.communicate()[1]}") from None
+        assert LocalCluster.open(directory).status().healthy
+        # The relay in a terminal: the nodes are in their own sessions, only `up` gets SIGINT.
+        up.send_signal(signal.SIGINT)
+        try:
+            code = up.wait(PROCESS_EXIT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            up.kill()
+            raise AssertionError(f"dev up did not stop on SIGINT: {up.communicate()[1]}") from None
+        assert code == 0, up.stderr.read() if up.stderr else ""
+        assert not LocalCluster.open(directory).is_running()
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait(PROCESS_EXIT_TIMEOUT_S)
+        LocalCluster.open(directory).down()

@@ -1,0 +1,696 @@
+"""A whole Waltz cluster on one machine, for development and tests (the original's
+``bin/test-cluster.sh``, without Docker; reference §4.8).
+
+Layout of a cluster directory::
+
+    devcluster.json          state: topology, ports, pids (so another process can stop it)
+    client.yml               a client config for this cluster (zookeeper + cluster.root)
+    zookeeper/               the embedded ZooKeeper (its own zoo.cfg, pid file and log)
+    storage-<i>/             storage.yml, storage.log, data/
+    server-<j>/              server.yml, server.log
+
+Every node is a detached subprocess (its own session, so Ctrl-C in a terminal reaches only
+the process that owns the cluster, which then stops the nodes in order). ``up`` on a
+directory that already holds a cluster reuses its ports and data. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import yaml
+from kazoo.client import KazooClient
+
+from waltz_engine.cluster_ops import read_cluster_view, verify
+from waltz_engine.errors import WaltzError
+from waltz_engine.storage.admin_ops import add_partitions, client_ssl_context, read_store_layout
+from waltz_engine.tls import TlsConfig, client_context
+from waltz_engine.zk import store_metadata
+from waltz_engine.zk.cluster import create_cluster, delete_cluster, read_cluster_params
+from waltz_engine.zk.connection import ZooKeeperSettings, connect
+from waltz_engine.zk.server import EmbeddedZooKeeper
+
+HOST = "127.0.0.1"
+STATE_FILE_NAME = "devcluster.json"
+CLIENT_CONFIG_FILE_NAME = "client.yml"
+ZOOKEEPER_DIR_NAME = "zookeeper"
+DEFAULT_DIRECTORY = ".waltz-dev"
+DEFAULT_CLUSTER_ROOT = "/waltz_cluster"  # as bin/test-cluster.sh
+DEFAULT_CLUSTER_NAME = "waltz-dev"
+DEFAULT_STORAGES = 3
+DEFAULT_SERVERS = 1
+DEFAULT_PARTITIONS = 4
+STORAGE_GROUP = 0  # test-cluster.sh: `add-storage-node -g 0`; every node holds every partition
+STATE_VERSION = 1
+
+DEFAULT_WAIT_TIMEOUT_MS = 120_000
+NODE_STOP_TIMEOUT_MS = 30_000
+ZK_SESSION_TIMEOUT_MS = 10_000
+ZK_CONNECT_TIMEOUT_MS = 10_000
+VERIFY_RPC_TIMEOUT_S = 5
+ADMIN_TIMEOUT_MS = 10_000
+HEALTH_HTTP_TIMEOUT_S = 2.0
+POLL_INTERVAL_S = 0.1
+VERIFY_RETRY_INTERVAL_S = 0.5
+LOG_TAIL_LINES = 20
+# Short store retries: a local cluster is restarted often and should heal in seconds, not in
+# the original's 20 s backoff cap.
+SERVER_STORAGE_INITIAL_RETRY_MS = 50
+SERVER_STORAGE_MAX_RETRY_MS = 1_000
+
+PORTS_PER_STORAGE = 3  # data, admin, http
+PORTS_PER_SERVER = 2  # client, http
+MAX_PORT = 65_535
+
+STORAGE = "storage"
+SERVER = "server"
+# Run the command groups directly (not `waltz_cli.main`), so a node does not depend on which
+# other groups are registered at the top level.
+_NODE_MAIN = {
+    STORAGE: "import sys; from waltz_cli.commands.storage import app; sys.argv[0] = 'waltz storage'; app()",
+    SERVER: "import sys; from waltz_cli.commands.server import app; sys.argv[0] = 'waltz server'; app()",
+}
+# The line each node logs once it serves (storage/node/node.py, server/server.py).
+_READY_MARKER = {STORAGE: "storage node ready:", SERVER: " ready: cluster "}
+
+# Children started by this Python process: reaped when stopped so that they do not linger as
+# zombies (a zombie would still look alive through /proc).
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+class DevClusterError(WaltzError):
+    """The local cluster cannot be brought up, inspected or stopped; one line for a person."""
+
+
+def free_port() -> int:
+    """A port nothing listens on right now (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _pid_alive(pid: int, marker: str) -> bool:
+    """Whether ``pid`` is a live process whose command line contains ``marker``.
+
+    The marker (the node's config path) guards against a recycled pid; a zombie counts as dead.
+    """
+    child = _CHILDREN.get(pid)
+    if child is not None:
+        return child.poll() is None
+    proc = Path(f"/proc/{pid}")
+    try:
+        cmdline = (proc / "cmdline").read_bytes()
+        state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return marker.encode() in cmdline and state != "Z"
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _http_status(port: int, path: str) -> int | None:
+    try:
+        with urllib.request.urlopen(f"http://{HOST}:{port}{path}", timeout=HEALTH_HTTP_TIMEOUT_S) as r:
+            status: int = r.status
+            return status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except (OSError, TimeoutError):
+        return None
+
+
+class NodeStatus(NamedTuple):
+    name: str
+    kind: str
+    pid: int | None
+    running: bool
+    healthy: bool
+    ports: dict[str, int]
+    log: str
+
+    def to_json(self) -> dict[str, Any]:
+        return self._asdict()
+
+
+@dataclass
+class LocalNode:
+    """One storage node or server process of a :class:`LocalCluster`."""
+
+    kind: str
+    index: int
+    cluster_dir: Path
+    ports: dict[str, int]
+    pid: int | None = None
+    on_change: Callable[[], None] = field(default=lambda: None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}-{self.index}"
+
+    @property
+    def directory(self) -> Path:
+        return self.cluster_dir / self.name
+
+    @property
+    def config_path(self) -> Path:
+        return self.directory / f"{self.kind}.yml"
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / f"{self.kind}.log"
+
+    @property
+    def port(self) -> int:
+        """The data port (storage) or client port (server)."""
+        return self.ports["port"]
+
+    @property
+    def jetty_port(self) -> int:
+        return self.ports["jetty_port"]
+
+    @property
+    def admin_port(self) -> int:
+        assert self.kind == STORAGE, "only storage nodes have an admin port"
+        return self.ports["admin_port"]
+
+    @property
+    def connect_string(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    def is_running(self) -> bool:
+        return self.pid is not None and _pid_alive(self.pid, str(self.config_path))
+
+    def is_healthy(self) -> bool:
+        return self.is_running() and _http_status(self.jetty_port, "/health") == 200
+
+    def status(self) -> NodeStatus:
+        running = self.is_running()
+        healthy = running and _http_status(self.jetty_port, "/health") == 200
+        return NodeStatus(
+            self.name,
+            self.kind,
+            self.pid if running else None,
+            running,
+            healthy,
+            dict(self.ports),
+            str(self.log_path),
+        )
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace") if self.log_path.exists() else ""
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def start(self, wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS) -> None:
+        """Launch the node (detached) and wait until it logs that it serves."""
+        self.await_ready(self.launch(), wait_timeout_ms)
+
+    def launch(self) -> int:
+        """Start the process (detached); returns the log offset :meth:`await_ready` needs."""
+        if self.is_running():
+            raise DevClusterError(f"{self.name} is already running (pid {self.pid})")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        # Only a ready line written after this offset counts: the log survives restarts.
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with self.log_path.open("ab") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-c", _NODE_MAIN[self.kind], "start", "--config", str(self.config_path)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.directory,
+                start_new_session=True,
+            )
+        _CHILDREN[process.pid] = process
+        self.pid = process.pid
+        self.on_change()
+        return offset
+
+    def await_ready(self, log_offset: int, wait_timeout_ms: int) -> None:
+        """Until the node logs (after ``log_offset``) that it serves; raises if it exits."""
+        assert wait_timeout_ms > 0
+        deadline = time.monotonic() + wait_timeout_ms / 1000
+        marker = _READY_MARKER[self.kind].encode()
+        while True:
+            with self.log_path.open("rb") as log:
+                log.seek(log_offset)
+                if marker in log.read():
+                    return
+            if not self.is_running():
+                raise DevClusterError(
+                    f"{self.name} exited during startup; end of {self.log_path}:\n{_tail(self.log_path)}"
+                )
+            if time.monotonic() > deadline:
+                raise DevClusterError(f"{self.name} not ready in time; see {self.log_path}")
+            time.sleep(POLL_INTERVAL_S)
+
+    def _signal(self, sig: signal.Signals) -> bool:
+        if not self.is_running():
+            return False
+        assert self.pid is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, sig)
+        return True
+
+    def _await_exit(self, timeout_ms: int) -> bool:
+        deadline = time.monotonic() + timeout_ms / 1000
+        while self.is_running():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(POLL_INTERVAL_S)
+        self._forget()
+        return True
+
+    def _forget(self) -> None:
+        if self.pid is not None:
+            child = _CHILDREN.pop(self.pid, None)
+            if child is not None:
+                child.wait(timeout=NODE_STOP_TIMEOUT_MS / 1000)
+        self.pid = None
+        self.on_change()
+
+    def stop(self, timeout_ms: int = NODE_STOP_TIMEOUT_MS) -> bool:
+        """SIGTERM (a paused node is resumed first), SIGKILL after ``timeout_ms``.
+
+        False when it was not running.
+        """
+        if not self._signal(signal.SIGTERM):
+            self._forget()
+            return False
+        self._signal(signal.SIGCONT)  # a stopped process would never act on SIGTERM
+        if not self._await_exit(timeout_ms):
+            self.kill()
+        return True
+
+    def kill(self) -> None:
+        """SIGKILL (a crash: nothing is flushed or closed) and reap."""
+        self._signal(signal.SIGKILL)
+        if not self._await_exit(NODE_STOP_TIMEOUT_MS):
+            raise DevClusterError(f"{self.name} (pid {self.pid}) survived SIGKILL")
+
+    def restart(self, wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS) -> None:
+        self.stop()
+        self.start(wait_timeout_ms)
+
+    def pause(self) -> None:
+        """SIGSTOP: the process holds its sockets but answers nothing (a hung node)."""
+        if not self._signal(signal.SIGSTOP):
+            raise DevClusterError(f"{self.name} is not running")
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause`."""
+        if not self._signal(signal.SIGCONT):
+            raise DevClusterError(f"{self.name} is not running")
+
+
+class ClusterStatus(NamedTuple):
+    directory: str
+    cluster_root: str
+    zookeeper: str
+    zookeeper_running: bool
+    client_config: str
+    nodes: list[NodeStatus]
+
+    @property
+    def healthy(self) -> bool:
+        return self.zookeeper_running and all(n.healthy for n in self.nodes)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "directory": self.directory,
+            "clusterRoot": self.cluster_root,
+            "zookeeper": {"connectString": self.zookeeper, "running": self.zookeeper_running},
+            "clientConfig": self.client_config,
+            "healthy": self.healthy,
+            "nodes": [n.to_json() for n in self.nodes],
+        }
+
+
+def _allocate_ports(base_port: int | None, count: int) -> Iterator[int]:
+    if base_port is None:
+        # Bound together so that the kernel does not hand the same port out twice.
+        sockets = []
+        try:
+            for _ in range(count):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockets.append(sock)
+                sock.bind((HOST, 0))
+            ports = [s.getsockname()[1] for s in sockets]
+        finally:
+            for sock in sockets:
+                sock.close()
+        yield from ports
+        return
+    if base_port <= 0 or base_port + count - 1 > MAX_PORT:
+        raise DevClusterError(f"ports {base_port}..{base_port + count - 1} are not all valid ports")
+    yield from range(base_port, base_port + count)
+
+
+class LocalCluster:
+    """ZooKeeper, ``storages`` storage nodes (group 0, every partition on each) and ``servers``
+    servers, all under ``directory``.
+
+    ``zookeeper`` given: use that ZooKeeper (e.g. a test session's) instead of starting one.
+    ``base_port`` given: ZooKeeper on it, then 3 ports per storage node and 2 per server;
+    otherwise free ports. On a directory that already holds a cluster the saved topology and
+    ports win (a mismatch with what was asked is an error).
+    """
+
+    def __init__(
+        self,
+        directory: Path | str,
+        storages: int = DEFAULT_STORAGES,
+        servers: int = DEFAULT_SERVERS,
+        partitions: int = DEFAULT_PARTITIONS,
+        base_port: int | None = None,
+        *,
+        zookeeper: str | None = None,
+        cluster_root: str = DEFAULT_CLUSTER_ROOT,
+    ) -> None:
+        if storages < 1 or servers < 0 or partitions < 1:
+            raise DevClusterError("a cluster needs at least 1 storage node and 1 partition, and 0+ servers")
+        self.directory = Path(directory).resolve()
+        self.num_partitions = partitions
+        self.cluster_root = cluster_root
+        self.external_zookeeper = zookeeper
+        saved = self._load_state()
+        if saved is not None:
+            self._restore(saved, storages, servers, partitions)
+            return
+        ports = _allocate_ports(base_port, 1 + PORTS_PER_STORAGE * storages + PORTS_PER_SERVER * servers)
+        zk_port = next(ports)
+        self.zookeeper_port = zk_port if zookeeper is None else None
+        self.storages = [
+            self._node(
+                STORAGE, i, {"port": next(ports), "admin_port": next(ports), "jetty_port": next(ports)}
+            )
+            for i in range(storages)
+        ]
+        self.servers = [
+            self._node(SERVER, j, {"port": next(ports), "jetty_port": next(ports)}) for j in range(servers)
+        ]
+
+    @classmethod
+    def open(cls, directory: Path | str) -> LocalCluster:
+        """The cluster saved in ``directory`` (for status/down from another process)."""
+        state_path = Path(directory) / STATE_FILE_NAME
+        try:
+            state = json.loads(state_path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise DevClusterError(
+                f"no local cluster in {Path(directory).resolve()} (no {STATE_FILE_NAME})"
+            ) from None
+        except (OSError, ValueError) as e:
+            raise DevClusterError(f"cannot read {state_path}: {e}") from None
+        return cls(
+            directory,
+            len(state["storages"]),
+            len(state["servers"]),
+            state["partitions"],
+            zookeeper=state.get("external_zookeeper"),
+            cluster_root=state["cluster_root"],
+        )
+
+    @staticmethod
+    def exists(directory: Path | str) -> bool:
+        return (Path(directory) / STATE_FILE_NAME).is_file()
+
+    # --- state ---------------------------------------------------------------------------
+
+    def _node(self, kind: str, index: int, ports: dict[str, int], pid: int | None = None) -> LocalNode:
+        return LocalNode(kind, index, self.directory, ports, pid, self._save_state)
+
+    @property
+    def state_path(self) -> Path:
+        return self.directory / STATE_FILE_NAME
+
+    @property
+    def client_config_path(self) -> Path:
+        return self.directory / CLIENT_CONFIG_FILE_NAME
+
+    @property
+    def nodes(self) -> list[LocalNode]:
+        return [*self.storages, *self.servers]
+
+    def _load_state(self) -> dict[str, Any] | None:
+        try:
+            state: dict[str, Any] = json.loads(self.state_path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            raise DevClusterError(f"cannot read {self.state_path}: {e}") from None
+        if state.get("version") != STATE_VERSION:
+            raise DevClusterError(f"{self.state_path}: unknown state version {state.get('version')}")
+        return state
+
+    def _restore(self, state: dict[str, Any], storages: int, servers: int, partitions: int) -> None:
+        found = (len(state["storages"]), len(state["servers"]), state["partitions"])
+        if found != (storages, servers, partitions):
+            raise DevClusterError(
+                f"{self.directory} holds a cluster of {found[0]} storage nodes, {found[1]} servers and "
+                f"{found[2]} partitions, not {storages}/{servers}/{partitions}; "
+                "use it as it is or remove it (down --clean)"
+            )
+        self.cluster_root = state["cluster_root"]
+        self.external_zookeeper = state.get("external_zookeeper")
+        self.zookeeper_port = state.get("zookeeper_port")
+        self.storages = [
+            self._node(STORAGE, i, n["ports"], n.get("pid")) for i, n in enumerate(state["storages"])
+        ]
+        self.servers = [
+            self._node(SERVER, j, n["ports"], n.get("pid")) for j, n in enumerate(state["servers"])
+        ]
+
+    def _save_state(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        state = {
+            "version": STATE_VERSION,
+            "cluster_root": self.cluster_root,
+            "partitions": self.num_partitions,
+            "zookeeper_port": self.zookeeper_port,
+            "external_zookeeper": self.external_zookeeper,
+            "storages": [{"ports": n.ports, "pid": n.pid} for n in self.storages],
+            "servers": [{"ports": n.ports, "pid": n.pid} for n in self.servers],
+        }
+        temporary = self.state_path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
+        temporary.replace(self.state_path)  # atomic: a concurrent `status` never reads half a file
+
+    # --- ZooKeeper -----------------------------------------------------------------------
+
+    @property
+    def embedded_zookeeper(self) -> EmbeddedZooKeeper | None:
+        if self.external_zookeeper is not None:
+            return None
+        return EmbeddedZooKeeper(self.directory / ZOOKEEPER_DIR_NAME, self.zookeeper_port, HOST)
+
+    @property
+    def zookeeper(self) -> str:
+        """The ZooKeeper connect string."""
+        if self.external_zookeeper is not None:
+            return self.external_zookeeper
+        return f"{HOST}:{self.zookeeper_port}"
+
+    def zookeeper_settings(self) -> ZooKeeperSettings:
+        return ZooKeeperSettings(
+            self.zookeeper, self.cluster_root, ZK_SESSION_TIMEOUT_MS, ZK_CONNECT_TIMEOUT_MS
+        )
+
+    def _zookeeper_running(self) -> bool:
+        embedded = self.embedded_zookeeper
+        return embedded.is_serving() if embedded is not None else True
+
+    # --- up ------------------------------------------------------------------------------
+
+    def up(self, wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS) -> None:
+        """Start whatever is not running and return once ``cluster verify`` passes."""
+        assert wait_timeout_ms > 0
+        deadline = time.monotonic() + wait_timeout_ms / 1000
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._save_state()
+        embedded = self.embedded_zookeeper
+        if embedded is not None and not embedded.is_running():
+            embedded.start(wait_timeout_ms)
+        with connect(self.zookeeper_settings()) as zk:
+            self._ensure_metadata(zk)
+            self._write_node_configs()
+            self._start_all(self.storages, deadline)
+            asyncio.run(self._assign_on_nodes(zk))
+            self._start_all(self.servers, deadline)
+            self._write_client_config()
+            if self.servers:
+                self.wait_verified(zk, deadline)
+
+    def _start_all(self, nodes: list[LocalNode], deadline: float) -> None:
+        # Launched together, then awaited: each node takes about a second to import and bind.
+        launched = [(node, node.launch()) for node in nodes if not node.is_running()]
+        for node, log_offset in launched:
+            node.await_ready(log_offset, self._remaining_ms(deadline))
+
+    @staticmethod
+    def _remaining_ms(deadline: float) -> int:
+        remaining = int((deadline - time.monotonic()) * 1000)
+        if remaining <= 0:
+            raise DevClusterError("the local cluster did not come up in time")
+        return remaining
+
+    def _ensure_metadata(self, zk: KazooClient) -> None:
+        """What test-cluster.sh does with ZooKeeperCli: create, add-storage-node -g 0, assign-partition."""
+        if zk.exists(self.cluster_root) is None:
+            create_cluster(zk, self.cluster_root, DEFAULT_CLUSTER_NAME, self.num_partitions)
+        found = read_cluster_params(zk, self.cluster_root).num_partitions
+        if found != self.num_partitions:
+            raise DevClusterError(
+                f"the cluster at {self.cluster_root} has {found} partitions, not {self.num_partitions}"
+            )
+        wanted = set(range(self.num_partitions))
+        for node in self.storages:
+            assigned = store_metadata.read_replica_assignments(zk, self.cluster_root).as_dict()
+            if node.connect_string not in assigned:
+                store_metadata.add_storage_node(
+                    zk, self.cluster_root, node.connect_string, STORAGE_GROUP, node.admin_port
+                )
+            missing = sorted(wanted - set(assigned.get(node.connect_string, ())))
+            if missing:
+                store_metadata.assign_partitions(zk, self.cluster_root, node.connect_string, missing)
+
+    def _common_config(self) -> dict[str, Any]:
+        return {
+            "zookeeper.connectString": self.zookeeper,
+            "zookeeper.sessionTimeout": ZK_SESSION_TIMEOUT_MS,
+            "cluster.root": self.cluster_root,
+        }
+
+    def _write_node_configs(self) -> None:
+        for node in self.storages:
+            config = {
+                **self._common_config(),
+                "storage.host": HOST,
+                "storage.port": node.port,
+                "storage.admin.port": node.admin_port,
+                "storage.jetty.port": node.jetty_port,
+                "storage.directory": str(node.directory / "data"),
+            }
+            self._write_yaml(node.config_path, config)
+        for node in self.servers:
+            config = {
+                **self._common_config(),
+                "server.host": HOST,
+                "server.advertisedHost": HOST,
+                "server.port": node.port,
+                "server.jetty.port": node.jetty_port,
+                "storage.initialRetryInterval": SERVER_STORAGE_INITIAL_RETRY_MS,
+                "storage.maxRetryInterval": SERVER_STORAGE_MAX_RETRY_MS,
+            }
+            self._write_yaml(node.config_path, config)
+
+    def _write_client_config(self) -> None:
+        self._write_yaml(self.client_config_path, {**self._common_config(), "client.autoMount": True})
+
+    @staticmethod
+    def _write_yaml(path: Path, config: dict[str, Any]) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+
+    async def _assign_on_nodes(self, zk: KazooClient) -> None:
+        """``StorageCli add-partition`` on every node (a no-op for partitions it already has)."""
+        layout = read_store_layout(zk, self.cluster_root)
+        context = layout.context(client_ssl_context(None), ADMIN_TIMEOUT_MS)
+        partitions = list(range(self.num_partitions))
+        for node in self.storages:
+            await add_partitions(context, layout.admin_address(node.connect_string), partitions)
+
+    def wait_verified(self, zk: KazooClient | None = None, deadline: float | None = None) -> None:
+        """Until every one of ``cluster verify``'s validations passes (bounded)."""
+        if zk is None:
+            with connect(self.zookeeper_settings()) as client:
+                self.wait_verified(client, deadline)
+            return
+        deadline = deadline if deadline is not None else time.monotonic() + DEFAULT_WAIT_TIMEOUT_MS / 1000
+        ssl_context = client_context(TlsConfig())
+        while True:
+            report = asyncio.run(
+                verify(read_cluster_view(zk, self.cluster_root), ssl_context, VERIFY_RPC_TIMEOUT_S)
+            )
+            if report.passed:
+                return
+            if time.monotonic() > deadline:
+                failures = [line for line in report.original_text() if "error" in line.lower()]
+                raise DevClusterError(
+                    "cluster verify did not pass in time: " + (failures[0].strip() if failures else "failed")
+                )
+            time.sleep(VERIFY_RETRY_INTERVAL_S)
+
+    # --- status / down -------------------------------------------------------------------
+
+    def _adopt_saved_pids(self) -> None:
+        """Take the pids from the state file: whoever last started a node wrote its pid there."""
+        state = self._load_state()
+        if state is None:
+            return
+        for node, saved in zip(self.nodes, [*state["storages"], *state["servers"]], strict=True):
+            node.pid = saved.get("pid")
+
+    def status(self) -> ClusterStatus:
+        self._adopt_saved_pids()
+        return ClusterStatus(
+            str(self.directory),
+            self.cluster_root,
+            self.zookeeper,
+            self._zookeeper_running(),
+            str(self.client_config_path),
+            [node.status() for node in self.nodes],
+        )
+
+    def is_running(self) -> bool:
+        """Whether any node (or the embedded ZooKeeper) runs."""
+        embedded = self.embedded_zookeeper
+        return any(n.is_running() for n in self.nodes) or (embedded is not None and embedded.is_running())
+
+    def down(self, clean: bool = False) -> None:
+        """SIGTERM servers, then storage nodes, then ZooKeeper; ``clean`` also deletes the data."""
+        self._adopt_saved_pids()
+        for node in [*self.servers, *self.storages]:
+            node.stop()
+        embedded = self.embedded_zookeeper
+        if embedded is not None:
+            embedded.stop()
+        if not clean:
+            return
+        if self.external_zookeeper is not None:
+            with contextlib.suppress(WaltzError), connect(self.zookeeper_settings()) as zk:
+                if zk.exists(self.cluster_root) is not None:
+                    delete_cluster(zk, self.cluster_root, DEFAULT_CLUSTER_NAME, force=True)
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def stop(self) -> None:
+        """:meth:`down` keeping the data (the name tests use for other nodes too)."""
+        self.down()
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
