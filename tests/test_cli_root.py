@@ -8,7 +8,21 @@ from waltz_cli.main import app
 from waltz_engine import __version__
 
 runner = CliRunner()
-GROUPS = ("create-cluster", "recover", "truncate", "inspect", "zk", "storage", "server", "cluster", "bench")
+GROUPS = (
+    "tail",
+    "append",
+    "create-cluster",
+    "recover",
+    "truncate",
+    "inspect",
+    "zk",
+    "storage",
+    "server",
+    "cluster",
+    "client",
+    "dev",
+    "bench",
+)
 
 
 def test_help_lists_every_group() -> None:

@@ -32,8 +32,10 @@ def _root(
 
 def _register() -> None:
     # Imported here so that `waltz --help` stays one place that lists every group.
-    from waltz_cli.commands import bench, cluster, inspect, recovery, server, storage, zk
+    from waltz_cli.commands import bench, client, cluster, dev, feed, inspect, recovery, server, storage, zk
 
+    app.command("tail")(feed.tail)
+    app.command("append")(feed.append)
     app.command("create-cluster")(zk.create_cluster)
     app.command("recover")(recovery.recover)
     app.command("truncate")(recovery.truncate)
@@ -42,6 +44,8 @@ def _register() -> None:
     app.add_typer(storage.app, name="storage")
     app.add_typer(server.app, name="server")
     app.add_typer(cluster.app, name="cluster")
+    app.add_typer(client.app, name="client")
+    app.add_typer(dev.app, name="dev")
     app.add_typer(bench.app, name="bench")
 
 
