@@ -32,6 +32,11 @@ class TcpProxy:
         return port
 
     @property
+    def num_connections(self) -> int:
+        """Proxied connections open right now."""
+        return len(self._pairs)
+
+    @property
     def connect_string(self) -> str:
         return f"{HOST}:{self.port}"
 

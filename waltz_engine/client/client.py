@@ -65,7 +65,7 @@ class WaltzClient:
         self._driver: WaltzClientDriver = (
             config.mock_driver
             if config.mock_driver is not None
-            else ZooKeeperDriver(config.zookeeper, config.tls)  # type: ignore[arg-type]
+            else ZooKeeperDriver(config.zookeeper, config.tls, config.endpoint_overrides)  # type: ignore[arg-type]
         )
         self._info: DriverInfo | None = None
         self._stream: StreamClient | None = None

@@ -56,6 +56,9 @@ class WaltzClientConfig:
     reconnect_delay_ms: int = RECONNECT_DELAY_MS
     rpc_timeout_ms: int = RPC_TIMEOUT_MS
     flush_timeout_ms: int = FLUSH_TIMEOUT_MS
+    # Server endpoint as the cluster publishes it ("host:port") -> the address to connect to
+    # instead, e.g. a TCP proxy or an SSH tunnel (the original's tests swap in a ProxyClientDriver).
+    endpoint_overrides: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.mock_driver is None and self.zookeeper is None:

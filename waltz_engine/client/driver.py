@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import ssl
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from kazoo.client import KazooClient
@@ -61,9 +61,15 @@ class WaltzClientDriver(ABC):
 
 
 class ZooKeeperDriver(WaltzClientDriver):
-    def __init__(self, settings: ZooKeeperSettings, tls: TlsConfig) -> None:
+    def __init__(
+        self,
+        settings: ZooKeeperSettings,
+        tls: TlsConfig,
+        endpoint_overrides: Mapping[Endpoint, Endpoint] | None = None,
+    ) -> None:
         self._settings = settings
         self._ssl: ssl.SSLContext = client_context(tls)
+        self._endpoint_overrides = dict(endpoint_overrides or {})
         self._zk: KazooClient | None = None
         self._watcher: ClusterWatcher | None = None
 
@@ -90,7 +96,7 @@ class ZooKeeperDriver(WaltzClientDriver):
         return DriverInfo(client_id, params.name, params.num_partitions)
 
     async def open_channel(self, endpoint: Endpoint) -> Channel:
-        return await open_framed_channel(endpoint, self._ssl)
+        return await open_framed_channel(self._endpoint_overrides.get(endpoint, endpoint), self._ssl)
 
     async def close(self) -> None:
         if self._watcher is not None:

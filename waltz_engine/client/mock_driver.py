@@ -261,12 +261,17 @@ class MockChannel:
     def _arrive(self, message: ClientMessage) -> None:
         if self._closed:
             return
-        if self._driver.feed_suspended and (self._held or isinstance(message, _HELD_WHILE_SUSPENDED)):
+        if self._held or (self._driver.feed_suspended and isinstance(message, _HELD_WHILE_SUSPENDED)):
             self._held.append(message)  # everything after a held message waits too: order is kept
         else:
             self._inbox.put_nowait(message)
 
     def release_held(self) -> None:
+        # resume_feed may run on any thread (a test driving a SyncWaltzClient); the inbox is the loop's.
+        if not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._release_held)
+
+    def _release_held(self) -> None:
         held, self._held = self._held, []
         for message in held:
             self._inbox.put_nowait(message)

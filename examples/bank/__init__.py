@@ -1,0 +1,17 @@
+"""A bank-account service on Waltz (the original's demo bank app, ``DemoBankApp``).
+
+Run it against a local cluster (``waltz dev up`` writes ``.waltz-dev/client.yml``)::
+
+    waltz dev up
+    python -m examples.bank --config .waltz-dev/client.yml --db bank1.sqlite deposit 1 100
+    python -m examples.bank --config .waltz-dev/client.yml --db bank2.sqlite withdraw 1 30
+    python -m examples.bank --config .waltz-dev/client.yml --db bank1.sqlite balance 1      # 70
+    python -m examples.bank --config .waltz-dev/client.yml --db bank1.sqlite               # interactive
+
+Each ``--db`` file is one instance of the service; every instance applies the whole log, so
+both files end up with the same balances.
+"""
+
+from examples.bank.service import DEPOSIT, WITHDRAW, Bank, BankCallbacks, InsufficientFunds, Operation
+
+__all__ = ["DEPOSIT", "WITHDRAW", "Bank", "BankCallbacks", "InsufficientFunds", "Operation"]

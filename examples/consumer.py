@@ -1,0 +1,65 @@
+"""Print every transaction in the Waltz log, then every new one as it arrives (Ctrl-C stops).
+
+Against a local cluster (``waltz dev up`` writes ``.waltz-dev/client.yml``)::
+
+    python examples/consumer.py --config .waltz-dev/client.yml
+    python examples/producer.py --config .waltz-dev/client.yml hello   # in another terminal
+
+This consumer keeps its high-water marks in memory, so each run starts from the beginning.
+An application that must not apply a transaction twice stores them with its state, in one
+database transaction: see ``waltz_engine/client/dbapi_callbacks.py`` and ``examples/bank``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import threading
+
+from waltz_engine.client import SyncWaltzClient, Transaction, WaltzClientCallbacks, WaltzClientConfig
+from waltz_engine.config import Config
+
+NO_TRANSACTION = -1
+
+
+class PrintingCallbacks(WaltzClientCallbacks):
+    def __init__(self) -> None:
+        self.high_water_marks: dict[int, int] = {}
+        self.lock = threading.Lock()  # partitions are applied on several consumer threads
+
+    def get_client_high_water_mark(self, partition_id: int) -> int:
+        # Where the feed starts: after the last transaction applied (-1: from the beginning).
+        with self.lock:
+            return self.high_water_marks.get(partition_id, NO_TRANSACTION)
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        # Called once per transaction, in transaction id order within a partition. The data is
+        # not in the feed: get_data() fetches it from the server (blocking is fine here).
+        text = transaction.get_data().decode(errors="replace")
+        print(
+            f"partition {transaction.partition_id} transaction {transaction.transaction_id}: {text}",
+            flush=True,
+        )
+        with self.lock:
+            self.high_water_marks[transaction.partition_id] = transaction.transaction_id
+
+    def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
+        # apply_transaction raised: the client reconnects and feeds the transaction again.
+        print(f"partition {partition_id} transaction {transaction_id} failed: {exception}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--config", required=True, help="client YAML, e.g. .waltz-dev/client.yml")
+    args = parser.parse_args()
+
+    config = WaltzClientConfig.from_config(Config.load(args.config))
+    # The client mounts every partition and the feed starts; Ctrl-C closes it.
+    with SyncWaltzClient(PrintingCallbacks(), config), contextlib.suppress(KeyboardInterrupt):
+        threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()
