@@ -85,6 +85,7 @@ def local_cluster(
     *,
     zookeeper: str | None = None,
     wait_timeout_ms: int = CLUSTER_UP_TIMEOUT_MS,
+    storage_config: dict[str, Any] | None = None,
 ) -> Iterator[LocalCluster]:
     """A healthy cluster (``cluster verify`` passed) in a fresh directory; stopped on exit."""
     cluster = LocalCluster(
@@ -94,6 +95,7 @@ def local_cluster(
         partitions,
         zookeeper=zookeeper,
         cluster_root=unique_cluster_root() if zookeeper is not None else DEFAULT_CLUSTER_ROOT,
+        storage_config=storage_config,
     )
     try:
         cluster.up(wait_timeout_ms)

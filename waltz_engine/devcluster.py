@@ -388,6 +388,7 @@ class LocalCluster:
         *,
         zookeeper: str | None = None,
         cluster_root: str = DEFAULT_CLUSTER_ROOT,
+        storage_config: dict[str, Any] | None = None,
     ) -> None:
         if storages < 1 or servers < 0 or partitions < 1:
             raise DevClusterError("a cluster needs at least 1 storage node and 1 partition, and 0+ servers")
@@ -395,6 +396,8 @@ class LocalCluster:
         self.num_partitions = partitions
         self.cluster_root = cluster_root
         self.external_zookeeper = zookeeper
+        # Extra keys for every storage node's YAML (e.g. a small segment size in tests); not saved.
+        self.storage_config = dict(storage_config or {})
         saved = self._load_state()
         if saved is not None:
             self._restore(saved, storages, servers, partitions)
@@ -592,6 +595,7 @@ class LocalCluster:
                 "storage.admin.port": node.admin_port,
                 "storage.jetty.port": node.jetty_port,
                 "storage.directory": str(node.directory / "data"),
+                **self.storage_config,
             }
             self._write_yaml(node.config_path, config)
         for node in self.servers:

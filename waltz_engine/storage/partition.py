@@ -21,6 +21,7 @@ from waltz_engine.crc import to_signed32
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
 from waltz_engine.errors import FormatError, StorageError
 from waltz_engine.record import Record, RecordHeader
+from waltz_engine.retention import BelowRetainedStartError, removable_head_segments
 from waltz_engine.storage.constants import (
     DEFAULT_SEGMENT_CACHE_CAPACITY,
     DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES,
@@ -30,6 +31,7 @@ from waltz_engine.storage.constants import (
     segment_paths,
 )
 from waltz_engine.storage.control_file import PartitionInfo, SessionInfo
+from waltz_engine.storage.fileio import fsync_directory
 from waltz_engine.storage.lru import LRUCache
 from waltz_engine.storage.segment import Segment, create_segment_files
 from waltz_engine.storage.segment_finder import find_segment
@@ -160,6 +162,17 @@ class Partition:
             self._check_open()
             return self._current.max_transaction_id
 
+    def first_transaction_id(self) -> int:
+        """The retained start: the first txid the partition holds (above 0 once retention ran)."""
+        with self._lock:
+            self._check_open()
+            return self._segments[0].first_transaction_id
+
+    def _check_retained(self, transaction_id: int) -> None:
+        start = self._segments[0].first_transaction_id
+        if 0 <= transaction_id < start:
+            raise BelowRetainedStartError(self.partition_id, transaction_id, start)
+
     def last_session_info(self) -> SessionInfo:
         return self.info.last_session_info()
 
@@ -195,6 +208,8 @@ class Partition:
             self._check_open()
             if transaction_id < -1:
                 raise StorageError(f"transaction id out of range: {transaction_id}")
+            # Records removed by retention cannot come back: refuse rather than leave a gap.
+            self._check_retained(transaction_id + 1)
             if self._current.max_transaction_id <= transaction_id:
                 return self._current.max_transaction_id
             while len(self._segments) > 1 and transaction_id + 1 < self._current.first_transaction_id:
@@ -230,6 +245,8 @@ class Partition:
         """Records ``transaction_id`` .. ``+max_records-1``, stopping at the first missing one."""
         result: list[Record] = []
         with self._lock:
+            self._check_open()
+            self._check_retained(transaction_id)
             while len(result) < max_records:
                 segment = self._segment_for_read(transaction_id + len(result))
                 if segment is None:
@@ -240,6 +257,8 @@ class Partition:
     def record_headers(self, transaction_id: int, max_records: int) -> list[RecordHeader]:
         result: list[RecordHeader] = []
         with self._lock:
+            self._check_open()
+            self._check_retained(transaction_id)
             while len(result) < max_records:
                 segment = self._segment_for_read(transaction_id + len(result))
                 if segment is None:
@@ -267,6 +286,59 @@ class Partition:
                 if not was_open:
                     segment.close_files()
             return to_signed32(crc)
+
+    # --- retention -----------------------------------------------------------------------
+
+    def remove_head_segments(self, bound: int) -> list[tuple[int, int]]:
+        """Remove the oldest segments lying wholly below ``bound`` and the local low-water mark + 1
+        (never the current one); return their (first, max) txids.
+
+        Oldest first, each ``.seg`` before its ``.idx``, so a crash leaves a contiguous log whose
+        only leftover is an index without data, which :meth:`open` removes. The directory is
+        synced so that a removal, once reported, stays done.
+        """
+        with self._lock:
+            self._check_open()
+            spans = [(s.first_transaction_id, s.max_transaction_id) for s in self._segments]
+            count = removable_head_segments(spans, bound, self.info.current.local_low_water_mark)
+            for _ in range(count):
+                doomed = self._segments.pop(0)
+                self._cache.remove(doomed)
+                doomed.delete()
+            if count:
+                fsync_directory(self.directory)
+            return spans[:count]
+
+    def is_empty(self) -> bool:
+        """Never held a record: one segment, starting at 0, with nothing in it."""
+        with self._lock:
+            self._check_open()
+            return len(self._segments) == 1 and self._current.max_transaction_id == -1
+
+    def start_at(self, transaction_id: int) -> None:
+        """Make an empty partition's log begin at ``transaction_id`` (a replica filled after
+        retention removed the head everywhere else). The caller checks retention allows it.
+
+        The empty segment 0 goes first: a crash before the new one exists leaves no segment, and
+        :meth:`open` recreates segment 0, i.e. the state before this call.
+        """
+        with self._lock:
+            self._check_open()
+            if not (len(self._segments) == 1 and self._current.max_transaction_id == -1):
+                raise StorageError(f"partition {self.partition_id} is not empty: cannot start it later")
+            if transaction_id <= 0:
+                raise StorageError(f"transaction id out of range: {transaction_id}")
+            empty = self._segments.pop()
+            empty.delete()
+            fsync_directory(self.directory)
+            seg_path, idx_path = segment_paths(self.directory, transaction_id)
+            create_segment_files(
+                self.key, self.partition_id, seg_path, idx_path, transaction_id, self._clock_ms
+            )
+            segment = Segment.open(self.key, self.partition_id, seg_path, idx_path, -1, self._threshold_bytes)
+            segment.writable = True
+            self._segments.append(segment)
+            log.info("partition %d: log starts at transaction %d", self.partition_id, transaction_id)
 
     @property
     def segments(self) -> list[tuple[int, int]]:

@@ -23,3 +23,11 @@ class RecoveryFailedError(StoreError):
 
 class StorePartitionClosedError(StoreError):
     """The store partition (or the whole store) was closed."""
+
+
+class RetainedStartError(StoreError):
+    """A read asked for a transaction that retention removed; the log now starts later."""
+
+    def __init__(self, message: str, retained_start: int) -> None:
+        super().__init__(message)
+        self.retained_start = retained_start

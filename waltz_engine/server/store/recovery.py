@@ -23,6 +23,8 @@ from kazoo.client import KazooClient
 from waltz_engine.server.store.config import RECOVERY_BATCH_SIZE
 from waltz_engine.server.store.errors import RecoveryFailedError
 from waltz_engine.server.store.replica_connection import ReplicaConnection
+from waltz_engine.server.store.retained_start import restart_at_retained_start, retained_start_error
+from waltz_engine.storage.client import StorageRpcError
 from waltz_engine.zk.java_io import JavaHashMap
 from waltz_engine.zk.payloads import (
     UNRESOLVED_HIGH_WATER_MARK,
@@ -281,7 +283,17 @@ class RecoveryManager:
         target = resolved if resolved is not None else usher.high_water_mark
         while current < target:
             count = min(target - current, RECOVERY_BATCH_SIZE)
-            records = await usher.connection.records(current + 1, count)
+            try:
+                records = await usher.connection.records(current + 1, count)
+            except StorageRpcError as e:
+                retained = retained_start_error(e)
+                if retained is None:
+                    raise
+                # Retention removed what this replica lacks: it continues at the retained start.
+                current = await restart_at_retained_start(
+                    connection, state.replica_id, current, retained.retained_start
+                )
+                continue
             if not records:
                 raise RecoveryFailedError(f"{usher.replica_id} has no record {current + 1} to copy")
             await connection.append(records)

@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from waltz_engine.server.store.backoff import Backoff
 from waltz_engine.server.store.config import CATCH_UP_BATCH_SIZE, StoreConfig
-from waltz_engine.server.store.errors import RecoveryFailedError, StoreError
+from waltz_engine.server.store.errors import RecoveryFailedError, RetainedStartError, StoreError
 from waltz_engine.server.store.latency_router import LatencyWeightedRoute
 from waltz_engine.server.store.recovery import RecoveryManager
 from waltz_engine.server.store.replica_connection import ReplicaConnection, StorageConnections
+from waltz_engine.server.store.retained_start import restart_at_retained_start
 from waltz_engine.server.store.voting import Voting
 from waltz_engine.zk.payloads import ReplicaId
 
@@ -199,13 +200,33 @@ class ReplicaSession(LatencyWeightedRoute):
         self.state = STATE_CATCHING_UP
         missing = self._batch_transaction_id - self._next_transaction_id
         while missing > 0 and not self._closed:
-            records = await store_session.committed_records(
-                self._next_transaction_id, min(missing, CATCH_UP_BATCH_SIZE), exclude=self
-            )
-            if not records:
-                raise StoreError(f"no committed record {self._next_transaction_id} to catch up with")
-            await connection.append(records)
-            self._next_transaction_id += len(records)
+            # A batch the store session still holds encoded goes as it is (no read from another
+            # replica, no encoding); records are read only up to where such a batch starts.
+            kept = store_session.committed_encoded_batch(self._next_transaction_id)
+            if kept is not None and kept[1] <= missing:
+                encoded, count = kept
+                await connection.append_encoded(encoded, count)
+                self._next_transaction_id += count
+            else:
+                chunk = min(missing, CATCH_UP_BATCH_SIZE)
+                boundary = store_session.next_encoded_batch(self._next_transaction_id)
+                if boundary is not None:
+                    chunk = min(chunk, boundary - self._next_transaction_id)
+                try:
+                    records = await store_session.committed_records(
+                        self._next_transaction_id, chunk, exclude=self
+                    )
+                except RetainedStartError as e:
+                    # Retention removed what this replica lacks: it continues at the retained start.
+                    self._next_transaction_id = 1 + await restart_at_retained_start(
+                        connection, self.replica_id, self._next_transaction_id - 1, e.retained_start
+                    )
+                    missing = self._batch_transaction_id - self._next_transaction_id
+                    continue
+                if not records:
+                    raise StoreError(f"no committed record {self._next_transaction_id} to catch up with")
+                await connection.append(records)
+                self._next_transaction_id += len(records)
             missing = self._batch_transaction_id - self._next_transaction_id
 
     def status(self) -> dict[str, object]:

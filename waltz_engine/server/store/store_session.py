@@ -32,6 +32,7 @@ from waltz_engine.server.store.latency_router import MAX_LATENCY_MS, LatencyWeig
 from waltz_engine.server.store.recovery import RecoveryManager
 from waltz_engine.server.store.replica_connection import ReplicaConnection
 from waltz_engine.server.store.replica_session import ReplicaSession
+from waltz_engine.server.store.retained_start import retained_start_error
 from waltz_engine.server.store.voting import Voting
 from waltz_engine.storage.client import StorageRpcError, encode_append_records
 
@@ -41,6 +42,10 @@ T = TypeVar("T")
 
 FAILED_TRANSACTION_ID = -1
 COMMIT_ALL = 2**63 - 1
+# Encoded batches kept for replicas that fell behind (under load the slowest of three
+# replicas misses batches the other two committed): re-sending the bytes avoids reading the
+# records back from another storage node and encoding them again. Bounded in bytes.
+ENCODED_BATCHES_KEPT_BYTES = 4 * 1024 * 1024
 
 
 class StoreAppendRequest(NamedTuple):
@@ -75,6 +80,9 @@ class StoreSession:
         self._queue_capacity = config.max_batch_size * QUEUE_CAPACITY_BATCHES
         self._queue: deque[StoreAppendRequest] = deque()
         self._in_flight: list[StoreAppendRequest] | None = None
+        # first txid -> (encoded records, count) of the latest batches, oldest first.
+        self._encoded_batches: dict[int, tuple[bytes, int]] = {}
+        self._encoded_batches_bytes = 0
         self._num_pending = 0
         self._changed = asyncio.Event()  # queue, pending count or running state changed
         self._running = True
@@ -234,6 +242,7 @@ class StoreSession:
                     Record(first + i, r.req_id, r.header, r.data, r.checksum) for i, r in enumerate(batch)
                 ]
                 encoded = encode_append_records(records)
+                self._keep_encoded_batch(first, encoded, count)
                 num_voters = sum(1 for replica in self.replica_sessions if replica.is_voter)
                 voting = Voting(self.quorum, num_voters)
                 for replica in self.replica_sessions:
@@ -262,6 +271,26 @@ class StoreSession:
             self.on_failure(self)
 
     # --- reads ----------------------------------------------------------------------------------
+
+    def _keep_encoded_batch(self, first_transaction_id: int, encoded: bytes, count: int) -> None:
+        kept = self._encoded_batches
+        kept[first_transaction_id] = (encoded, count)
+        self._encoded_batches_bytes += len(encoded)
+        while self._encoded_batches_bytes > ENCODED_BATCHES_KEPT_BYTES:
+            oldest, _ = kept.pop(next(iter(kept)))
+            self._encoded_batches_bytes -= len(oldest)
+
+    def next_encoded_batch(self, transaction_id: int) -> int | None:
+        """The first txid of the earliest kept encoded batch after ``transaction_id``, if any."""
+        # Insertion order is txid order: batches are kept as they are formed.
+        return next((first for first in self._encoded_batches if first > transaction_id), None)
+
+    def committed_encoded_batch(self, transaction_id: int) -> tuple[bytes, int] | None:
+        """The encoded records and count of a recent committed batch starting at ``transaction_id``."""
+        batch = self._encoded_batches.get(transaction_id)
+        if batch is None or transaction_id + batch[1] > self._next_transaction_id:
+            return None
+        return batch
 
     async def committed_records(
         self, transaction_id: int, max_records: int, exclude: ReplicaSession | None = None
@@ -311,6 +340,11 @@ class StoreSession:
             try:
                 value = await call(replica)
             except StorageRpcError as e:
+                retained = retained_start_error(e)
+                if retained is not None:
+                    # Retention removed it: an answer, not a broken replica (closing it would roll
+                    # the session on every such read).
+                    raise retained from None
                 log.warning("read from %s failed: %s", replica.replica_id, e)
                 replica.close()
                 continue

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from waltz_engine.config import Config, ConfigError, require_ports
+from waltz_engine.storage.cleaner import DEFAULT_RETENTION_CHECK_INTERVAL_MS
 from waltz_engine.storage.constants import (
     DEFAULT_SEGMENT_CACHE_CAPACITY,
     DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES,
@@ -23,6 +24,8 @@ KEY_JETTY_PORT = "storage.jetty.port"
 KEY_DIRECTORY = "storage.directory"
 KEY_SEGMENT_SIZE_THRESHOLD = "storage.segment.size.threshold"
 KEY_SEGMENT_CACHE_CAPACITY = "storage.segment.cache.capacity"
+# Our extension: how often the retention cleaner re-reads the bounds (waltz_engine/retention.py).
+KEY_RETENTION_CHECK_INTERVAL = "storage.retention.check.interval.ms"
 KNOWN_KEYS = (
     KEY_HOST,
     KEY_PORT,
@@ -31,6 +34,7 @@ KNOWN_KEYS = (
     KEY_DIRECTORY,
     KEY_SEGMENT_SIZE_THRESHOLD,
     KEY_SEGMENT_CACHE_CAPACITY,
+    KEY_RETENTION_CHECK_INTERVAL,
     *ZOOKEEPER_KEYS,
 )
 # TLS keys are read by TlsConfig; Graphite is accepted (as the original) but not reported to.
@@ -51,6 +55,7 @@ class StorageConfig(NamedTuple):
     zookeeper: ZooKeeperSettings
     tls: TlsConfig
     source: str
+    retention_check_interval_ms: int = DEFAULT_RETENTION_CHECK_INTERVAL_MS
 
     @classmethod
     def load(cls, path: Path | str) -> StorageConfig:
@@ -70,6 +75,13 @@ class StorageConfig(NamedTuple):
             raise ConfigError(
                 f"{src}: key '{KEY_SEGMENT_CACHE_CAPACITY}' must not be negative, got {capacity}"
             )
+        retention_interval_ms = config.get_long(
+            KEY_RETENTION_CHECK_INTERVAL, DEFAULT_RETENTION_CHECK_INTERVAL_MS
+        )
+        if retention_interval_ms <= 0:
+            raise ConfigError(
+                f"{src}: key '{KEY_RETENTION_CHECK_INTERVAL}' must be positive, got {retention_interval_ms}"
+            )
         directory = config.require_str(KEY_DIRECTORY)
         if not directory.strip():
             raise ConfigError(f"{src}: key '{KEY_DIRECTORY}' must not be empty")
@@ -86,4 +98,5 @@ class StorageConfig(NamedTuple):
             zookeeper=zookeeper,
             tls=TlsConfig.from_flat(config.as_dict(), TLS_PREFIX),
             source=src,
+            retention_check_interval_ms=retention_interval_ms,
         )

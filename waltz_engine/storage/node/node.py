@@ -18,6 +18,7 @@ from waltz_engine.http_endpoints import HttpEndpoints
 from waltz_engine.metrics import MetricsRegistry
 from waltz_engine.net import FramedConnection, serve
 from waltz_engine.process import run_service
+from waltz_engine.storage.cleaner import RetentionCleaner
 from waltz_engine.storage.node.admin_handler import AdminHandler
 from waltz_engine.storage.node.config import StorageConfig
 from waltz_engine.storage.node.data_handler import DataHandler
@@ -70,6 +71,7 @@ class StorageNode:
         self._http: HttpEndpoints | None = None
         self._connection_tasks: set[asyncio.Task[Any]] = set()
         self._stopped = False
+        self.cleaner: RetentionCleaner | None = None
 
     async def _off_loop(self, work: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._admin_executor, work)
@@ -100,6 +102,10 @@ class StorageNode:
         self.manager = manager = await self._off_loop(open_manager)
         self._register_metrics()
         await self.refresh_partitions()
+        self.cleaner = RetentionCleaner(
+            config.zookeeper, num_partitions, lambda: self.workers, config.retention_check_interval_ms
+        )
+        await self.cleaner.start()
         data = DataHandler(manager, self.worker_of)
         admin = AdminHandler(manager, self.metrics, self._admin_executor, self.refresh_partitions)
         self._servers.append(
@@ -170,6 +176,8 @@ class StorageNode:
             worker = self.workers[partition_id]
             if worker.partition is not partition:
                 worker.attach(partition, max_transaction_id)
+        if self.cleaner is not None:
+            self.cleaner.apply_bounds()
 
     def _tracked(self, handler: Callable[[FramedConnection], Any]) -> Callable[[FramedConnection], Any]:
         """Remember each connection's task so that stopping can end it."""
@@ -190,6 +198,8 @@ class StorageNode:
         if self._stopped:
             return
         self._stopped = True
+        if self.cleaner is not None:
+            await self.cleaner.stop()
         for server in self._servers:
             server.close()
         tasks = list(self._connection_tasks)

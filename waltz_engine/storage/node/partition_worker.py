@@ -115,6 +115,9 @@ class _PartitionMetrics:
         registry.gauge(group, "sequence-number", info_field(lambda s: s.sequence_number))
         # Cached by the disk thread: reading the partition would wait for an fsync in progress.
         registry.gauge(group, "max-transaction-id", lambda: worker.max_transaction_id)
+        # Retention (our extension): the retained start, and how many segments the cleaner removed.
+        registry.gauge(group, "first-transaction-id", lambda: worker.first_transaction_id)
+        self.removed_segments: Counter = registry.counter(group, "removed-segments")
         self.counters: dict[type[Any], Counter] = {
             StorageLastSessionInfoRequest: registry.counter(group, "last-session-info-request"),
             StorageSetLowWaterMarkRequest: registry.counter(group, "set-low-water-mark-request"),
@@ -136,6 +139,10 @@ class PartitionWorker:
         # The fencing session id: raised on receipt, checked when processed (reference §1.2).
         self.session_id = -1
         self.max_transaction_id = -1
+        self.first_transaction_id = 0
+        # The effective retention bound the node's cleaner last read (None: none, or unknown). An
+        # empty replica may start its log late only at or below it (see ``_start_late``).
+        self.retention_bound: int | None = None
         self.queue: asyncio.Queue[Pending] = asyncio.Queue(PARTITION_QUEUE_CAPACITY)
         self._registry = registry
         self._metrics: _PartitionMetrics | None = None
@@ -150,6 +157,7 @@ class PartitionWorker:
         self.partition = partition
         self.session_id = partition.info.current.session_id
         self.max_transaction_id = max_transaction_id
+        self.first_transaction_id = partition.segments[0][0]
         self._metrics = _PartitionMetrics(self._registry, self)
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=f"Storage-P{self.partition_id}")
@@ -205,7 +213,32 @@ class PartitionWorker:
         if partition is not None:
             with contextlib.suppress(StorageError):
                 self.max_transaction_id = partition.max_transaction_id()
+                self.first_transaction_id = partition.first_transaction_id()
         return replies
+
+    def removed_segments(self, count: int, first_transaction_id: int) -> None:
+        """The cleaner removed ``count`` head segments; the log now starts at ``first_transaction_id``."""
+        self.first_transaction_id = first_transaction_id
+        if self._metrics is not None:
+            self._metrics.removed_segments.inc(count)
+
+    def _start_late(self, partition: Partition, msg: StorageAppendRequest) -> None:
+        """Let an empty replica begin at the first appended txid when retention removed everything
+        before it: a server fills a replica added after retention from the retained start.
+
+        Only a partition that never held a record, and only up to the effective retention bound,
+        so a gap can appear only where the operator (and every export) allowed records to go.
+        """
+        first = msg.records[0].transaction_id if msg.records else 0
+        if first <= 0 or not partition.is_empty():
+            return
+        bound = self.retention_bound
+        if bound is None or first > bound:
+            raise StorageError(
+                f"partition {self.partition_id} is empty: cannot start at transaction {first} above "
+                f"the retention bound ({'none' if bound is None else bound})"
+            )
+        partition.start_at(first)
 
     def _check_permissions(self, partition: Partition | None, msg: Any) -> Partition:
         """The original's ``checkPermissions``; returns the partition to work on."""
@@ -241,6 +274,7 @@ class PartitionWorker:
         partition = self.partition
         try:
             partition = self._check_permissions(partition, batch[start][1])
+            self._start_late(partition, batch[start][1])
             expected = partition.max_transaction_id() + 1
         except Exception:
             conn, msg = batch[start]
@@ -328,6 +362,7 @@ class PartitionWorker:
             return StorageMaxTransactionIdResponse(session_id, seq_num, partition_id, new_max)
         if kind is StorageAppendRequest:
             # Reached only for an append that cannot join a group: it fails alone here.
+            self._start_late(partition, msg)
             partition.append(msg.records)
             return StorageSuccessResponse(session_id, seq_num, partition_id)
         raise StorageError(f"unknown message type: {kind.__name__}")
