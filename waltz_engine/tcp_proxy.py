@@ -1,4 +1,7 @@
-"""A small asyncio TCP proxy for fault injection: forwards bytes, can cut or refuse connections.
+"""An asyncio TCP proxy for fault injection (the original's ``ProxyServer``): forwards bytes,
+can cut or refuse connections. The smoke test puts one in front of every node; tests put one
+between any two peers. It may listen on a given port: a storage node's proxy must listen on the
+port registered for the node in ZooKeeper.
 
 ``disconnect_all()`` aborts every proxied connection (both sides); ``refuse = True`` makes new
 connections close at once (a node that is "down" without stopping its process). Bounded: at
@@ -13,12 +16,14 @@ import contextlib
 HOST = "127.0.0.1"
 MAX_CONNECTIONS = 64
 CHUNK_BYTES = 64 * 1024
+ANY_PORT = 0
 
 
 class TcpProxy:
-    def __init__(self, target_host: str, target_port: int) -> None:
+    def __init__(self, target_host: str, target_port: int, listen_port: int = ANY_PORT) -> None:
         self.target_host = target_host
         self.target_port = target_port
+        self.listen_port = listen_port
         self.refuse = False
         self.num_disconnects = 0
         self._server: asyncio.Server | None = None
@@ -41,7 +46,7 @@ class TcpProxy:
         return f"{HOST}:{self.port}"
 
     async def start(self) -> TcpProxy:
-        self._server = await asyncio.start_server(self._accept, HOST, 0)
+        self._server = await asyncio.start_server(self._accept, HOST, self.listen_port)
         return self
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -51,7 +56,7 @@ class TcpProxy:
         try:
             up_reader, up_writer = await asyncio.open_connection(self.target_host, self.target_port)
         except OSError:
-            writer.transport.abort()
+            writer.transport.abort()  # the target is down: so is its proxied port
             return
         pair = (writer, up_writer)
         self._pairs.add(pair)

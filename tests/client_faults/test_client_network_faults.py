@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from client_support.app import STRINGS, MockContext
 from cluster_support import local_cluster, waltz_client_config
-from tcp_proxy import HOST, TcpProxy
 
 from waltz_engine.client import ClientTimeoutError, Transaction, WaltzClient, WaltzClientCallbacks
 from waltz_engine.devcluster import LocalCluster
+from waltz_engine.tcp_proxy import HOST, TcpProxy
 
 NUM_PARTITIONS = 4
 NUM_TRANSACTIONS = 1_000

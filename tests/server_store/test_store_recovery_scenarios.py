@@ -33,8 +33,8 @@ from store_cluster_support import (
     wait_until_async,
     write_metadata,
 )
-from tcp_proxy import TcpProxy
 
+from waltz_engine.tcp_proxy import TcpProxy
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
 from waltz_engine.zk.payloads import UNRESOLVED_HIGH_WATER_MARK as U
 

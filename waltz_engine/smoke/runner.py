@@ -1,0 +1,355 @@
+"""`waltz smoke`: the original's smoke test (reference §5.2) with real processes.
+
+ZooKeeper, 3 storage nodes, 3 servers (each behind a a ``TcpProxy``), 2 client processes,
+3 partitions; a seeded fault schedule (kill -9 + restart, SIGSTOP/SIGCONT, a ZooKeeper restart,
+client↔server and server↔storage cuts) runs while the clients write; then the six checks.
+Every wait is bounded; the cluster, the proxies and the clients are stopped on every exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TypeVar
+
+from waltz_engine.client import Transaction, WaltzClient, WaltzClientConfig
+from waltz_engine.client_tools import HighWaterMarks
+from waltz_engine.config import Config
+from waltz_engine.errors import WaltzError
+from waltz_engine.smoke import checks, workload
+from waltz_engine.smoke.checks import Applied
+from waltz_engine.smoke.clients import ClientProcess
+from waltz_engine.smoke.cluster import ProxiedCluster, backend_port
+from waltz_engine.smoke.report import SmokeReport, percentile
+from waltz_engine.smoke.schedule import (
+    ZOOKEEPER,
+    Fault,
+    FaultKind,
+    ScheduleParams,
+    count_by_kind,
+    make_schedule,
+)
+from waltz_engine.storage.admin_ops import replica_checksums
+from waltz_engine.tcp_proxy import HOST as PROXY_HOST
+from waltz_engine.tcp_proxy import TcpProxy
+from waltz_engine.zk.connection import connect
+from waltz_engine.zk.store_metadata import read_store_params
+
+DEFAULT_DURATION_S = 120.0
+NUM_PARTITIONS = 3
+NUM_CLIENTS = 2
+PROGRESS_INTERVAL_S = 5.0
+POLL_INTERVAL_S = 0.2
+CLIENTS_READY_TIMEOUT_S = 120.0
+# After the faults: clients flush and catch up on a healed cluster; generous for a loaded box.
+DRAIN_TIMEOUT_S = 180.0
+CLUSTER_UP_TIMEOUT_MS = 180_000
+REREAD_MIN_TIMEOUT_S = 120.0
+REREAD_TXNS_PER_S = 100  # the slowest re-read rate we wait for before giving up
+DATA_DIR_NAME = "data"
+CLIENTS_DIR_NAME = "clients"
+UP, DOWN = "*", "."
+
+T = TypeVar("T")
+Console = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class SmokeOptions:
+    directory: Path
+    seed: int
+    duration_s: float = DEFAULT_DURATION_S
+    transactions: int = 0  # 0: as many as fit in the duration
+    partitions: int = NUM_PARTITIONS
+    num_clients: int = NUM_CLIENTS
+
+    def client_limit(self, index: int) -> int:
+        if self.transactions <= 0:
+            return 0
+        share, rest = divmod(self.transactions, self.num_clients)
+        return share + (1 if index < rest else 0)
+
+
+class SmokeRun:
+    def __init__(self, options: SmokeOptions, console: Console) -> None:
+        self.options = options
+        self.console = console
+        self.schedule = make_schedule(options.seed, ScheduleParams(options.duration_s))
+        self.report = SmokeReport(options.seed, str(options.directory), self.schedule)
+        self.cluster = ProxiedCluster(options.directory, options.partitions)
+        self.storage_proxies: dict[str, TcpProxy] = {}
+        self.server_proxies: dict[str, TcpProxy] = {}
+        self.clients: list[ClientProcess] = []
+        self.injected: list[Fault] = []
+        self.committed: dict[str, list[str]] = {}
+        self.node_state = {node.name: UP for node in self.cluster.nodes} | {ZOOKEEPER: UP}
+        # Node operations block (they wait for a process to exit or to serve) and must not run
+        # concurrently (each rewrites the cluster's state file): one worker thread.
+        self._nodes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smoke-nodes")
+        self._started = time.monotonic()
+
+    # --- helpers ---------------------------------------------------------------------------------
+
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self._started
+
+    def say(self, text: str) -> None:
+        self.console(f"[{self.elapsed_s():7.1f}s] {text}")
+
+    async def on_nodes(self, operation: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._nodes, operation)
+
+    def states(self) -> str:
+        """The original's ``[sss ttt z]``: storages, servers, ZooKeeper; ``*`` up, ``.`` down."""
+        storages = "".join(self.node_state[n.name] for n in self.cluster.storages)
+        servers = "".join(self.node_state[n.name] for n in self.cluster.servers)
+        return f"[{storages} {servers} {self.node_state[ZOOKEEPER]}]"
+
+    # --- phases ----------------------------------------------------------------------------------
+
+    async def run(self) -> SmokeReport:
+        self.console(f"smoke test: seed {self.options.seed}, directory {self.options.directory}")
+        self.console(f"fault schedule ({len(self.schedule)} faults):")
+        for fault in self.schedule:
+            self.console(f"  {fault.at_s:7.1f}s {fault.describe()}")
+        try:
+            await self.start_cluster()
+            await self.write_under_faults()
+            await self.drain()
+            self.check_clients()
+            await self.reread()
+            await self.compare_replicas()
+        except (WaltzError, OSError, TimeoutError) as e:
+            self.report.error = f"{type(e).__name__}: {e}"
+        finally:
+            await self.shut_down()
+        return self.report
+
+    async def start_cluster(self) -> None:
+        self.say("starting ZooKeeper, 3 storage nodes, 3 servers and their proxies")
+        for node in self.cluster.storages:
+            proxy = TcpProxy(PROXY_HOST, backend_port(node), listen_port=node.port)
+            self.storage_proxies[node.name] = await proxy.start()
+        await self.on_nodes(lambda: self.cluster.up(CLUSTER_UP_TIMEOUT_MS))
+        overrides = {}
+        for node in self.cluster.servers:
+            proxy = await TcpProxy(PROXY_HOST, node.port).start()
+            self.server_proxies[node.name] = proxy
+            overrides[node.connect_string] = proxy.connect_string
+        for index in range(self.options.num_clients):
+            self.clients.append(
+                await ClientProcess.start(
+                    f"client-{index}",
+                    self.options.directory / CLIENTS_DIR_NAME / f"client-{index}",
+                    self.cluster.client_config_path,
+                    self.options.seed + index,
+                    self.options.client_limit(index),
+                    overrides,
+                )
+            )
+        await self._until(
+            lambda: all(c.state != workload.STARTING for c in self.clients),
+            CLIENTS_READY_TIMEOUT_S,
+            "the clients did not start",
+        )
+        self._started = time.monotonic()  # the schedule's clock starts with the workload
+        self.say(f"{self.states()} clients running")
+
+    async def write_under_faults(self) -> None:
+        tasks = {fault: asyncio.create_task(self._fault(fault)) for fault in self.schedule}
+        progress = asyncio.create_task(self._progress())
+        await self._until(self._writing_done, None, "")
+        for fault, task in tasks.items():
+            if fault not in self.injected:
+                task.cancel()  # not begun yet: it would outlast the workload
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+        self.report.write_elapsed_s = self.elapsed_s()
+        progress.cancel()
+        self.report.faults_injected = count_by_kind(self.injected)
+        self.say(f"{self.states()} faults over: {len(self.injected)} injected; stopping the writers")
+        for client in self.clients:
+            await client.send(workload.STOP)
+
+    def _writing_done(self) -> bool:
+        if self.elapsed_s() >= self.options.duration_s:
+            return True
+        if any(c.exited for c in self.clients):
+            raise WaltzError(
+                f"a client process exited early; see {self.options.directory / CLIENTS_DIR_NAME}"
+            )
+        return self.options.transactions > 0 and all(c.state != workload.RUNNING for c in self.clients)
+
+    async def _fault(self, fault: Fault) -> None:
+        await asyncio.sleep(max(0.0, fault.at_s - self.elapsed_s()))
+        self.injected.append(fault)
+        await self._inject(fault)
+        self.say(f"{self.states()} fault {len(self.injected)}: {fault.describe()}")
+        if fault.kind.takes_down:
+            await asyncio.sleep(max(0.0, fault.until_s - self.elapsed_s()))
+            await self._recover(fault)
+            self.say(f"{self.states()} {fault.target} back")
+
+    async def _inject(self, fault: Fault) -> None:
+        if fault.kind is FaultKind.CLIENT_DISCONNECT:
+            self.server_proxies[fault.target].disconnect_all()
+        elif fault.kind is FaultKind.STORAGE_DISCONNECT:
+            self.storage_proxies[fault.target].disconnect_all()
+        elif fault.kind is FaultKind.ZOOKEEPER_RESTART:
+            await self.on_nodes(self.cluster.stop_zookeeper)
+        elif fault.kind is FaultKind.KILL:
+            await self.on_nodes(self.cluster.node(fault.target).kill)
+        elif fault.kind is FaultKind.PAUSE:
+            await self.on_nodes(self.cluster.node(fault.target).pause)
+        if fault.kind.takes_down:
+            self.node_state[fault.target] = DOWN
+
+    async def _recover(self, fault: Fault) -> None:
+        if fault.kind is FaultKind.ZOOKEEPER_RESTART:
+            await self.on_nodes(self.cluster.start_zookeeper)
+        elif fault.kind is FaultKind.KILL:
+            await self.on_nodes(self.cluster.node(fault.target).launch)  # its startup is not waited for
+        elif fault.kind is FaultKind.PAUSE:
+            await self.on_nodes(self.cluster.node(fault.target).resume)
+        self.node_state[fault.target] = UP
+
+    async def _progress(self) -> None:
+        while True:
+            await asyncio.sleep(PROGRESS_INTERVAL_S)
+            self.say(f"{self.states()} {self._counts()}")
+
+    def _counts(self) -> str:
+        total = {
+            k: sum(c.count(k) for c in self.clients) for k in ("committed", "applied", "retries", "failed")
+        }
+        tps = total["committed"] / max(self.elapsed_s(), POLL_INTERVAL_S)
+        return " ".join(f"{k}={v}" for k, v in total.items()) + f" tps={tps:.1f}"
+
+    async def drain(self) -> None:
+        """Heal the cluster, let the writers flush, and wait until every client applied up to
+        every partition's high-water mark."""
+        await self.on_nodes(lambda: self.cluster.up(CLUSTER_UP_TIMEOUT_MS))
+        self.say("cluster healed (cluster verify passed); waiting for the clients to flush")
+        await self._until(
+            lambda: all(c.state == workload.FLUSHED for c in self.clients),
+            DRAIN_TIMEOUT_S,
+            "the clients did not flush their transactions",
+        )
+        marks = await high_water_marks(self._client_config(), self.options.partitions)
+        self.say(f"high-water marks {marks}; waiting for the clients to apply them")
+        await self._until(
+            lambda: all(c.mark(p) >= m for c in self.clients for p, m in marks.items()),
+            DRAIN_TIMEOUT_S,
+            "the clients did not apply every transaction",
+        )
+        for client in self.clients:
+            await client.finish()
+        self.say(f"clients done: {self._counts()}")
+
+    def _client_config(self) -> WaltzClientConfig:
+        return WaltzClientConfig.from_config(Config.load(self.cluster.client_config_path))
+
+    def check_clients(self) -> None:
+        committed_records = {c.name: c.committed() for c in self.clients}
+        self.committed = {name: [d for d, _ in records] for name, records in committed_records.items()}
+        applied = {c.name: c.applied() for c in self.clients}
+        latencies = [ms for records in committed_records.values() for _, ms in records]
+        self.report.committed = len(latencies)
+        self.report.latency_p50_ms = percentile(latencies, 50)
+        self.report.latency_p99_ms = percentile(latencies, 99)
+        self.report.failed = sum(c.count("failed") for c in self.clients)
+        self.report.retries = sum(c.count("retries") for c in self.clients)
+        self._record(checks.check_no_double_commit(self.committed))
+        self._record(checks.check_consecutive(applied))
+        self._record(checks.check_no_double_apply(applied))
+        self._record(checks.check_checksum(self.committed, applied))
+
+    def _record(self, result: checks.CheckResult) -> None:
+        self.report.checks.append(result)
+        self.say(f"check {len(self.report.checks)} {result.line()}")
+
+    async def reread(self) -> None:
+        self.say("restarting every node for the re-read")
+        await self.on_nodes(self.cluster.down)
+        await self.on_nodes(lambda: self.cluster.up(CLUSTER_UP_TIMEOUT_MS))
+        started = time.monotonic()
+        timeout_s = max(REREAD_MIN_TIMEOUT_S, self.report.committed / REREAD_TXNS_PER_S)
+        records, marks = await asyncio.wait_for(
+            reread_all(self._client_config(), self.options.partitions), timeout_s
+        )
+        self.report.verify_elapsed_s = time.monotonic() - started
+        self.report.high_water_marks = marks
+        self._record(checks.check_reread(self.committed, records, marks))
+
+    async def compare_replicas(self) -> None:
+        with connect(self.cluster.zookeeper_settings()) as zk:
+            key = read_store_params(zk, self.cluster.cluster_root).key
+        await self.on_nodes(self.cluster.down)
+        sums = {
+            node.name: replica_checksums(node.directory / DATA_DIR_NAME, key, self.options.partitions)
+            for node in self.cluster.storages
+        }
+        self._record(checks.check_replicas(sums))
+
+    async def shut_down(self) -> None:
+        for client in self.clients:
+            if not client.exited:
+                await client.finish()
+        with contextlib.suppress(WaltzError, OSError):
+            await self.on_nodes(self.cluster.down)
+        for proxy in [*self.storage_proxies.values(), *self.server_proxies.values()]:
+            await proxy.close()
+        self._nodes.shutdown()
+
+    async def _until(self, condition: Callable[[], bool], timeout_s: float | None, what: str) -> None:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not condition():
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"{what} within {timeout_s:.0f}s")
+            await asyncio.sleep(POLL_INTERVAL_S)
+
+
+async def high_water_marks(config: WaltzClientConfig, partitions: int) -> dict[int, int]:
+    client = await WaltzClient.create(HighWaterMarks(), replace(config, auto_mount=False))
+    try:
+        return {p: await client.high_water_mark(p) for p in range(partitions)}
+    finally:
+        await client.close()
+
+
+class _Reader(HighWaterMarks):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[Applied] = []
+
+    async def on_transaction(self, transaction: Transaction) -> None:
+        data = await transaction.data()
+        self.records.append(Applied(transaction.partition_id, transaction.transaction_id, data.hex()))
+
+
+async def reread_all(config: WaltzClientConfig, partitions: int) -> tuple[list[Applied], dict[int, int]]:
+    """Every partition from transaction 0 to its high-water mark, with a fresh client."""
+    reader = _Reader()
+    async with WaltzClient(reader, config) as client:
+        marks = {p: await client.high_water_mark(p) for p in range(partitions)}
+        while any(reader.get_client_high_water_mark(p) < m for p, m in marks.items()):
+            await asyncio.sleep(POLL_INTERVAL_S)
+    return reader.records, marks
+
+
+def run_smoke(options: SmokeOptions, console: Console) -> SmokeReport:
+    return asyncio.run(SmokeRun(options, console).run())
+
+
+def parse_duration_s(text: str) -> float:
+    """``90``, ``90s``, ``500ms``, ``30m``, ``2h`` → seconds."""
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    stripped = text.strip().lower()
+    for suffix in sorted(units, key=len, reverse=True):
+        if stripped.endswith(suffix):
+            return float(stripped[: -len(suffix)]) * units[suffix]
+    return float(stripped)
