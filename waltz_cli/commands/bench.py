@@ -211,3 +211,109 @@ def storage(
     )
     console.print(table)
     console.print(f"node/raw: {result.ratio:.2f}")
+
+
+ClientConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config", "-c", help="Client YAML of a running cluster (default: start a cluster of our own)."
+    ),
+]
+WorkDirOption = Annotated[
+    Path, typer.Option("--dir", help="Where our own cluster's ZooKeeper and nodes keep their files.")
+]
+StoragesOption = Annotated[
+    int, typer.Option("--storages", min=1, help="Storage nodes of our own cluster (every one a replica).")
+]
+ActivePartitionsOption = Annotated[
+    int, typer.Option("--partitions", "-ap", min=1, help="Spread transactions over partitions 0..N-1.")
+]
+TxnSizeOption = Annotated[int, typer.Option("--txn-size", "-s", min=0, help="Bytes of data per transaction.")]
+
+
+def _progress(message: str) -> None:
+    err_console.print(f"[dim]{message}[/]")
+
+
+@app.command("producers")
+@one_line_errors
+def producers_command(
+    txn_size: TxnSizeOption = 512,
+    txns_per_thread: Annotated[
+        int, typer.Option("--txns-per-thread", "-p", min=1, help="Measured transactions per thread.")
+    ] = 1000,
+    threads: Annotated[int, typer.Option("--threads", "-t", min=1, help="Appender tasks.")] = 1,
+    interval_ms: Annotated[
+        float, typer.Option("--interval-ms", "-i", min=0, help="Mean (exponential) pause between submits.")
+    ] = 0.0,
+    partitions: ActivePartitionsOption = 1,
+    lock_pool: Annotated[
+        int, typer.Option("--lock-pool", "-l", min=0, help="Random write lock out of N (0: no locks).")
+    ] = 0,
+    max_in_flight: Annotated[
+        int,
+        typer.Option("--max-in-flight", min=1, help="Outstanding transactions per thread (original: 5)."),
+    ] = 5,
+    clients: Annotated[
+        int, typer.Option("--clients", min=1, help="WaltzClients the threads share (original: one each).")
+    ] = 1,
+    mount_from_latest: Annotated[
+        bool, typer.Option("--mount-from-latest", "-ml", help="Mount at the current high-water marks.")
+    ] = False,
+    config: ClientConfigOption = None,
+    directory: WorkDirOption = Path("."),
+    storages: StoragesOption = 3,
+    as_json: JsonOption = False,
+) -> None:
+    """Commit throughput and latency: the original's PerformanceCli test-producers.
+
+    Example: waltz bench producers --txn-size 512 --txns-per-thread 500 --threads 16 --interval-ms 0
+    """
+    from waltz_engine.bench import producers
+
+    with producers.bench_cluster(config, directory, storages, partitions, _progress) as cluster:
+        result = producers.run(
+            cluster,
+            txn_size=txn_size,
+            txns_per_thread=txns_per_thread,
+            threads=threads,
+            interval_ms=interval_ms,
+            partitions=partitions,
+            lock_pool=lock_pool,
+            clients=clients,
+            max_in_flight=max_in_flight,
+            mount_from_latest=mount_from_latest,
+        )
+    if as_json:
+        print_json({"machine": _machine(), "storages": storages, "result": result.to_json()})
+        return
+    for line in result.report_lines():
+        console.print(line, markup=False, highlight=False)
+
+
+@app.command("consumers")
+@one_line_errors
+def consumers_command(
+    txn_size: TxnSizeOption = 512,
+    txns: Annotated[
+        int, typer.Option("--txns", "-t", min=1, help="Transactions to produce, then read.")
+    ] = 1000,
+    partitions: ActivePartitionsOption = 1,
+    config: ClientConfigOption = None,
+    directory: WorkDirOption = Path("."),
+    storages: StoragesOption = 3,
+    as_json: JsonOption = False,
+) -> None:
+    """Read throughput and data fetch latency: the original's PerformanceCli test-consumers.
+
+    Example: waltz bench consumers --txn-size 512 --txns 10000
+    """
+    from waltz_engine.bench import consumers, producers
+
+    with producers.bench_cluster(config, directory, storages, partitions, _progress) as cluster:
+        result = consumers.run(cluster, txn_size=txn_size, txns=txns, partitions=partitions)
+    if as_json:
+        print_json({"machine": _machine(), "storages": storages, "result": result.to_json()})
+        return
+    for line in result.report_lines():
+        console.print(line, markup=False, highlight=False)

@@ -1,0 +1,69 @@
+"""`waltz bench producers|consumers` run end to end with tiny numbers (no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from storage_node_support import run_waltz
+
+# Starting ZooKeeper, three storage nodes and a server takes a few seconds, more under load.
+BENCH_TIMEOUT_S = 180.0
+PRODUCER_REPORT = (
+    "Appended 6 transactions, with total ",
+    "Transaction/sec: ",
+    "MB/sec: ",
+    "Retry/Transaction: ",
+    "MilliSec/Transaction(client side congestion excluded): ",
+    "Commit latency ms: p50 ",
+)
+CONSUMER_REPORT = (
+    "Read 5 transactions, with total ",
+    "Transaction/sec: ",
+    "MB/sec: ",
+    "Data fetch latency ms: p50 ",
+)
+NODE_PROCESSES = ("zookeeper", "server-0", "storage-0", "storage-1", "storage-2", "client")
+
+
+def _assert_report(stdout: str, prefixes: tuple[str, ...]) -> None:
+    for prefix in prefixes:
+        assert prefix in stdout, f"{prefix!r} missing from:\n{stdout}"
+    for process in NODE_PROCESSES:
+        assert f"CPU sec/1000 transactions [{process}]: " in stdout, stdout
+
+
+def test_producers_prints_the_original_report_and_ours(tmp_path: Path) -> None:
+    result = run_waltz(
+        "bench", "producers", "--txn-size", "64", "--txns-per-thread", "3", "--threads", "2",
+        "--interval-ms", "1", "--lock-pool", "4", "--dir", str(tmp_path),
+        timeout_s=BENCH_TIMEOUT_S,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    _assert_report(result.stdout, PRODUCER_REPORT)
+
+
+def test_consumers_prints_the_original_report_and_ours(tmp_path: Path) -> None:
+    result = run_waltz(
+        "bench", "consumers", "--txn-size", "64", "--txns", "5", "--partitions", "2", "--dir", str(tmp_path),
+        timeout_s=BENCH_TIMEOUT_S,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    _assert_report(result.stdout, CONSUMER_REPORT)
+
+
+def test_producers_json_against_a_given_cluster_config(tmp_path: Path) -> None:
+    """--config of a running local cluster: its node processes are found from its state file."""
+    from waltz_engine.devcluster import LocalCluster
+
+    with LocalCluster(tmp_path / "cluster", storages=1, partitions=1) as cluster:
+        cluster.up()
+        result = run_waltz(
+            "bench", "producers", "-s", "16", "-p", "2", "-t", "1", "--json",
+            "--config", str(tmp_path / "cluster" / "client.yml"),
+            timeout_s=BENCH_TIMEOUT_S,
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)["result"]
+    assert report["transactions"] == 2
+    assert set(report["cpu_s_per_1000_transactions"]) == {"zookeeper", "server-0", "storage-0", "client"}

@@ -1,0 +1,501 @@
+"""`waltz bench producers`: the original's ``PerformanceCli test-producers`` (reference §4.6).
+
+``threads`` appender tasks each submit ``txns_per_thread`` transactions of ``txn_size`` bytes
+to a random one of the first ``partitions`` partitions, sleeping an exponentially
+distributed interval (mean ``interval_ms``) between submits, with at most ``max_in_flight``
+of their transactions outstanding (the original: one WaltzClient per thread, bounded by
+its ``client.maxConcurrentTransactions``, default 5). Every appender first sends one
+warm-up transaction that is not measured; the timer starts when all warm-ups committed
+(every partition is mounted). Latency is from ``submit`` returning (the append is sent:
+client-side congestion excluded, as the original) to ``on_completion``. A retry is a
+re-execution of a context (lock failure, server change).
+
+Unlike the original, the appenders are asyncio tasks sharing ``clients`` WaltzClients
+(default 1): every client is fed every transaction of its partitions, so one client per
+appender makes the server send each commit ``threads`` times.
+
+By default the benchmark brings its own cluster (a `waltz_engine.devcluster.LocalCluster`:
+embedded ZooKeeper, ``storages`` storage nodes, one server) and reports the CPU seconds of
+each process, this one included, per 1 000 transactions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import random
+import signal
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from waltz_engine.bench import process_cpu
+from waltz_engine.bench.storage_node import BenchError
+from waltz_engine.client import (
+    PartitionLocalLock,
+    Transaction,
+    TransactionBuilder,
+    TransactionContext,
+    WaltzClient,
+    WaltzClientCallbacks,
+    WaltzClientConfig,
+)
+from waltz_engine.client.config import DEFAULT_MAX_CONCURRENT_TRANSACTIONS
+from waltz_engine.devcluster import LocalCluster
+
+BYTES_PER_MB = 1024 * 1024  # the original's BYTES_IN_MEGABYTE
+MS_PER_S = 1000.0
+TXNS_PER_CPU_FIGURE = 1000
+DEFAULT_STORAGES = 3
+DEFAULT_CLUSTER_PARTITIONS = 4
+DEFAULT_CLIENTS = 1
+LOCK_NAME = "performance_analysis_lock"  # the original's DummyTxnContext.LOCK_NAME
+HIGH_WATER_MARK_NONE = -1
+# The header of warm-up transactions, so a consumer can leave them out of its count.
+WARM_UP_HEADER = 1
+MEASURED_HEADER = 0
+CLIENT_PROCESS = "client"
+ZOOKEEPER_PROCESS = "zookeeper"
+# Generous: a saturated 2-core machine may take seconds per mount or batch.
+SUBMIT_TIMEOUT_MS = 60_000
+PERCENTILE_CUTS = 100  # statistics.quantiles cut points: index 49 = p50
+
+
+def percentile(values: list[float], percent: int) -> float:
+    if not values:
+        return math.nan
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=PERCENTILE_CUTS, method="inclusive")[percent - 1]
+
+
+def latency_summary(latencies_ms: list[float]) -> dict[str, float]:
+    return {f"p{p}_ms": round(percentile(latencies_ms, p), 3) for p in (50, 95, 99)}
+
+
+def cpu_per_thousand(cpu_s: Mapping[str, float], transactions: int) -> dict[str, float]:
+    return {name: round(s * TXNS_PER_CPU_FIGURE / max(transactions, 1), 4) for name, s in cpu_s.items()}
+
+
+# --- a cluster ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BenchCluster:
+    """What a benchmark needs of a cluster: the client config and the processes to watch."""
+
+    client_config: dict[str, Any]
+    pids: dict[str, int] = field(default_factory=dict)
+
+    def watched_pids(self) -> dict[str, int]:
+        return {**self.pids, CLIENT_PROCESS: os.getpid()}
+
+
+def _local_cluster_pids(cluster: LocalCluster) -> dict[str, int]:
+    pids = {node.name: node.pid for node in cluster.nodes if node.pid is not None and node.is_running()}
+    embedded = cluster.embedded_zookeeper
+    zookeeper_pid = embedded.pid() if embedded is not None else None
+    if zookeeper_pid is not None:
+        pids[ZOOKEEPER_PROCESS] = zookeeper_pid
+    return pids
+
+
+def load_cluster(config_path: Path) -> BenchCluster:
+    """A running cluster from a client YAML. Beside a local cluster's state file (the
+    `waltz dev` cluster's client.yml) the node processes are known and their CPU reported;
+    otherwise only this process's."""
+    loaded = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}
+    if not isinstance(loaded, dict):
+        raise BenchError(f"{config_path}: expected a YAML mapping")
+    directory = config_path.resolve().parent
+    pids = _local_cluster_pids(LocalCluster.open(directory)) if LocalCluster.exists(directory) else {}
+    return BenchCluster(loaded, pids)
+
+
+@contextlib.contextmanager
+def own_cluster(
+    work: Path, storages: int = DEFAULT_STORAGES, partitions: int = DEFAULT_CLUSTER_PARTITIONS
+) -> Iterator[BenchCluster]:
+    """A local cluster (embedded ZooKeeper, ``storages`` nodes holding every partition, one
+    server) under ``work``, stopped afterwards, also on SIGTERM."""
+    cluster = LocalCluster(work, storages=storages, servers=1, partitions=partitions)
+    with _sigterm_as_exit():
+        try:
+            cluster.up()
+            yield load_cluster(cluster.client_config_path)
+        finally:
+            cluster.down()
+
+
+@contextlib.contextmanager
+def _sigterm_as_exit() -> Iterator[None]:
+    """SIGTERM unwinds like Ctrl-C, so the nodes (in sessions of their own) are stopped."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def exit_on_sigterm(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def bench_cluster(
+    config_path: Path | None,
+    directory: Path,
+    storages: int = DEFAULT_STORAGES,
+    partitions: int = DEFAULT_CLUSTER_PARTITIONS,
+    progress: Callable[[str], None] = lambda _: None,
+) -> Iterator[BenchCluster]:
+    """The cluster of ``config_path``, or else one of our own in a scratch directory under
+    ``directory`` with at least ``partitions`` partitions (removed afterwards)."""
+    if config_path is not None:
+        yield load_cluster(config_path)
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="waltz-bench-cluster-", dir=directory) as work:
+        progress(f"starting an embedded ZooKeeper, {storages} storage nodes and a server")
+        with own_cluster(Path(work), storages, max(partitions, DEFAULT_CLUSTER_PARTITIONS)) as cluster:
+            yield cluster
+
+
+# --- clients --------------------------------------------------------------------------------------
+
+
+class BenchCallbacks(WaltzClientCallbacks):
+    """Starts each partition where ``high_water_marks`` says; ``on_apply`` sees every transaction."""
+
+    def __init__(
+        self,
+        high_water_marks: Mapping[int, int],
+        on_apply: Callable[[Transaction], Any] | None = None,
+    ) -> None:
+        self.high_water_marks = dict(high_water_marks)
+        self.on_apply = on_apply
+
+    def get_client_high_water_mark(self, partition_id: int) -> int:
+        return self.high_water_marks.get(partition_id, HIGH_WATER_MARK_NONE)
+
+    def apply_transaction(self, transaction: Transaction) -> Any:
+        self.high_water_marks[transaction.partition_id] = transaction.transaction_id
+        return None if self.on_apply is None else self.on_apply(transaction)
+
+    def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
+        return None
+
+
+def client_config(
+    cluster: BenchCluster, max_concurrent_transactions: int = DEFAULT_MAX_CONCURRENT_TRANSACTIONS
+) -> WaltzClientConfig:
+    # autoMount off: the bench mounts only the active partitions, at a high-water mark it chose.
+    return WaltzClientConfig.from_config(
+        cluster.client_config,
+        auto_mount=False,
+        max_concurrent_transactions=max_concurrent_transactions,
+        registration_timeout_ms=SUBMIT_TIMEOUT_MS,
+        flush_timeout_ms=SUBMIT_TIMEOUT_MS,
+    )
+
+
+async def start_client(
+    config: WaltzClientConfig,
+    partitions: int,
+    mount_from_latest: bool,
+    on_apply: Callable[[Transaction], Any] | None = None,
+) -> WaltzClient:
+    """A client mounted on partitions ``0 .. partitions-1``, from their current high-water
+    marks when ``mount_from_latest`` (otherwise from the beginning, as the original)."""
+    callbacks = BenchCallbacks({}, on_apply)
+    client = await WaltzClient.create(callbacks, config)
+    try:
+        if partitions > client.num_partitions:
+            raise BenchError(f"{partitions} active partitions, but the cluster has {client.num_partitions}")
+        if mount_from_latest:
+            for partition_id in range(partitions):
+                callbacks.high_water_marks[partition_id] = await client.high_water_mark(partition_id)
+        await client.set_partitions(range(partitions))
+    except BaseException:
+        await client.close()
+        raise
+    return client
+
+
+# --- the producers --------------------------------------------------------------------------------
+
+
+@dataclass
+class _Stats:
+    measured: bool = True  # False: warm-up transactions (not in the results, marked by header)
+    retries: int = 0
+    latencies_ms: list[float] = field(default_factory=list)
+    failures: list[BaseException] = field(default_factory=list)
+
+
+class _TxnContext(TransactionContext):
+    """The original's DummyTxnContext: fixed data, an optional random write lock."""
+
+    def __init__(
+        self, data: bytes, partition_id: int, lock_pool: int, stats: _Stats, done: asyncio.Future[None]
+    ) -> None:
+        super().__init__()
+        self._data = data
+        self._partition_id = partition_id
+        self._lock_pool = lock_pool
+        self._stats = stats
+        self._done = done
+        self._executions = 0
+        self.sent_at: float | None = None
+
+    def partition_id(self, num_partitions: int) -> int:
+        return self._partition_id
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        self._executions += 1
+        if self._executions > 1:
+            self._stats.retries += 1
+        builder.set_transaction_data(self._data)
+        builder.set_header(MEASURED_HEADER if self._stats.measured else WARM_UP_HEADER)
+        if self._lock_pool:
+            builder.set_write_locks([PartitionLocalLock(LOCK_NAME, random.randrange(self._lock_pool))])
+        return True
+
+    def on_completion(self, result: bool) -> None:
+        if self.sent_at is not None:
+            self._stats.latencies_ms.append((time.perf_counter() - self.sent_at) * MS_PER_S)
+        if not self._done.done():
+            self._done.set_result(None)
+
+    def on_exception(self, exception: BaseException) -> None:
+        # Reported after the run (with the count), not through the future: a run that is
+        # interrupted would otherwise log every pending one as never retrieved.
+        self._stats.failures.append(exception)
+        if not self._done.done():
+            self._done.set_result(None)
+
+
+@dataclass(frozen=True)
+class ProducerResult:
+    transactions: int
+    txn_size: int
+    seconds: float
+    retries: int
+    latencies_ms: list[float]
+    cpu_s: dict[str, float]
+    threads: int
+    clients: int
+    max_in_flight: int
+    interval_ms: float
+    partitions: int
+    lock_pool: int
+
+    @property
+    def megabytes(self) -> float:
+        return self.transactions * self.txn_size / BYTES_PER_MB
+
+    def report_lines(self) -> list[str]:
+        """The original's five lines, then ours (percentiles, CPU per 1 000 transactions)."""
+        n = max(self.transactions, 1)
+        lines = [
+            f"Appended {self.transactions} transactions, with total {self.megabytes:.4f} MB, "
+            f"in {self.seconds:.2f} secs",
+            f"Transaction/sec: {self.transactions / self.seconds:.4f}",
+            f"MB/sec: {self.megabytes / self.seconds:.4f}",
+            f"Retry/Transaction: {self.retries / n:.4f}",
+            f"MilliSec/Transaction(client side congestion excluded): {sum(self.latencies_ms) / n:.4f}",
+        ]
+        summary = latency_summary(self.latencies_ms)
+        lines.append(
+            "Commit latency ms: p50 {p50_ms:.3f} p95 {p95_ms:.3f} p99 {p99_ms:.3f}".format(**summary)
+        )
+        for name, per_k in cpu_per_thousand(self.cpu_s, self.transactions).items():
+            lines.append(f"CPU sec/1000 transactions [{name}]: {per_k:.4f}")
+        return lines
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "transactions": self.transactions,
+            "txn_size": self.txn_size,
+            "threads": self.threads,
+            "clients": self.clients,
+            "max_in_flight_per_thread": self.max_in_flight,
+            "interval_ms": self.interval_ms,
+            "partitions": self.partitions,
+            "lock_pool": self.lock_pool,
+            "seconds": round(self.seconds, 3),
+            "megabytes": round(self.megabytes, 4),
+            "transactions_per_s": round(self.transactions / self.seconds, 2),
+            "mb_per_s": round(self.megabytes / self.seconds, 4),
+            "retries_per_transaction": round(self.retries / max(self.transactions, 1), 4),
+            "mean_latency_ms": round(sum(self.latencies_ms) / max(self.transactions, 1), 4),
+            "latency": latency_summary(self.latencies_ms),
+            "cpu_s_per_1000_transactions": cpu_per_thousand(self.cpu_s, self.transactions),
+        }
+
+
+def _raise_failures(stats: _Stats, kind: str) -> None:
+    if stats.failures:
+        raise BenchError(f"{len(stats.failures)} {kind} transactions failed, first: {stats.failures[0]!r}")
+
+
+def _exponential_interval_s(mean_ms: float) -> float:
+    # The original's nextExponentialDistributedInterval (LAMBDA 1), in seconds.
+    return mean_ms * -math.log(1.0 - random.random()) / MS_PER_S
+
+
+async def _submit(client: WaltzClient, context: _TxnContext) -> None:
+    await client.submit(context)
+    context.sent_at = time.perf_counter()
+
+
+async def _appender(
+    client: WaltzClient,
+    data: bytes,
+    txns: int,
+    partitions: int,
+    lock_pool: int,
+    interval_ms: float,
+    max_in_flight: int,
+    stats: _Stats,
+    start: asyncio.Event,
+) -> None:
+    loop = asyncio.get_running_loop()
+    window = asyncio.Semaphore(max_in_flight)
+    pending: list[asyncio.Future[None]] = []
+    await start.wait()
+    for _ in range(txns):
+        await window.acquire()
+        done: asyncio.Future[None] = loop.create_future()
+        done.add_done_callback(lambda _: window.release())
+        pending.append(done)
+        await _submit(client, _TxnContext(data, random.randrange(partitions), lock_pool, stats, done))
+        if interval_ms > 0:
+            await asyncio.sleep(_exponential_interval_s(interval_ms))
+    await asyncio.gather(*pending)
+
+
+async def warm_up(clients: list[WaltzClient], data: bytes, partitions: int) -> None:
+    """One unmeasured transaction per client and partition: returns when every one committed,
+    i.e. every client is mounted on every active partition."""
+    loop = asyncio.get_running_loop()
+    stats = _Stats(measured=False)
+    waits = []
+    for client in clients:
+        for partition_id in range(partitions):
+            done: asyncio.Future[None] = loop.create_future()
+            await _submit(client, _TxnContext(data, partition_id, 0, stats, done))
+            waits.append(done)
+    await asyncio.gather(*waits)
+    _raise_failures(stats, "warm-up")
+
+
+async def _produce(
+    cluster: BenchCluster,
+    *,
+    txn_size: int,
+    txns_per_thread: int,
+    threads: int,
+    interval_ms: float,
+    partitions: int,
+    lock_pool: int,
+    clients: int,
+    max_in_flight: int,
+    mount_from_latest: bool,
+) -> ProducerResult:
+    data = bytes(txn_size)
+    threads_per_client = math.ceil(threads / clients)
+    # Large enough that the client never holds a submit back: the appenders' window is the limit.
+    config = client_config(cluster, threads_per_client * max_in_flight + partitions)
+    started = [await start_client(config, partitions, mount_from_latest) for _ in range(clients)]
+    try:
+        await warm_up(started, data, partitions)
+        stats = _Stats()
+        start = asyncio.Event()
+        tasks = [
+            asyncio.create_task(
+                _appender(
+                    started[index % clients],
+                    data,
+                    txns_per_thread,
+                    partitions,
+                    lock_pool,
+                    interval_ms,
+                    max_in_flight,
+                    stats,
+                    start,
+                )
+            )
+            for index in range(threads)
+        ]
+        await asyncio.sleep(0)  # every appender waits on `start`
+        pids = cluster.watched_pids()
+        cpu_before = process_cpu.snapshot(pids)
+        started_s = time.perf_counter()
+        start.set()
+        await asyncio.gather(*tasks)
+        seconds = time.perf_counter() - started_s
+        cpu_s = process_cpu.used_since(cpu_before, pids)
+    finally:
+        for client in started:
+            await client.close()
+    _raise_failures(stats, "measured")
+    return ProducerResult(
+        transactions=txns_per_thread * threads,
+        txn_size=txn_size,
+        seconds=seconds,
+        retries=stats.retries,
+        latencies_ms=stats.latencies_ms,
+        cpu_s=cpu_s,
+        threads=threads,
+        clients=clients,
+        max_in_flight=max_in_flight,
+        interval_ms=interval_ms,
+        partitions=partitions,
+        lock_pool=lock_pool,
+    )
+
+
+def run(
+    cluster: BenchCluster,
+    *,
+    txn_size: int,
+    txns_per_thread: int,
+    threads: int,
+    interval_ms: float,
+    partitions: int = 1,
+    lock_pool: int = 0,
+    clients: int = DEFAULT_CLIENTS,
+    max_in_flight: int = DEFAULT_MAX_CONCURRENT_TRANSACTIONS,
+    mount_from_latest: bool = False,
+) -> ProducerResult:
+    if min(txns_per_thread, threads, partitions, clients, max_in_flight) < 1:
+        raise BenchError("transactions, threads, partitions, clients and in-flight must be positive")
+    if txn_size < 0 or interval_ms < 0 or lock_pool < 0:
+        raise BenchError("txn size, interval and lock pool must not be negative")
+    return asyncio.run(
+        _produce(
+            cluster,
+            txn_size=txn_size,
+            txns_per_thread=txns_per_thread,
+            threads=threads,
+            interval_ms=interval_ms,
+            partitions=partitions,
+            lock_pool=lock_pool,
+            clients=min(clients, threads),
+            max_in_flight=max_in_flight,
+            mount_from_latest=mount_from_latest,
+        )
+    )
