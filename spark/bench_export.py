@@ -1,0 +1,162 @@
+"""Export throughput: ``waltz spark export`` beside the segment parser alone (one process, no Spark).
+
+Generates (once; reused when ``--dir`` already holds it) a storage directory with the storage
+engine itself — ``--rows`` transactions of ``--data-bytes`` each over ``--partitions``
+partitions, appended in large batches, all committed (the control file's low-water marks) —
+then measures:
+
+* ``parse``: :func:`spark.segments.read_slice` over every slice of the plan, building the same
+  Arrow batches Spark receives, in this process;
+* ``export``: ``waltz spark export --master MASTER`` into a fresh output; its rows/s is the
+  CLI's own summary (planning, the Spark job, the commit), its JVM start is reported apart.
+
+    python -m spark.bench_export --rows 2000000 --dir /tmp/waltz-bench-export
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from spark.plan import OPTION_PATHS, ReadOptions, plan
+from spark.segments import read_slice
+from waltz_engine.crc import crc32
+from waltz_engine.record import Record
+from waltz_engine.reqid import ReqId
+from waltz_engine.storage import StorageManager
+from waltz_engine.storage.constants import CONTROL_FILE_NAME
+
+DEFAULT_ROWS = 2_000_000
+DEFAULT_PARTITIONS = 4
+DEFAULT_DATA_BYTES = 100
+DEFAULT_MASTER = "local[2]"
+# Records per Partition.append: large batches, as a busy storage node writes them.
+APPEND_BATCH_RECORDS = 50_000
+BENCH_KEY = uuid.UUID("5b1e7a0c-3f64-4c2d-8e91-0d7f2a6b9c14")
+BENCH_CLIENT_ID = 1
+BENCH_GENERATION = 1
+BENCH_SESSION_ID = 1
+STORAGE_DIR_NAME = "storage"
+EXPORT_DIR_NAME = "export"
+TXID_PREFIX_BYTES = 8  # each record's data starts with its txid, so no two are alike
+WALTZ_MAIN = "from waltz_cli.main import main; main()"
+
+
+def rows_of(partition_id: int, rows: int, partitions: int) -> int:
+    return rows // partitions + (1 if partition_id < rows % partitions else 0)
+
+
+def _records(partition_id: int, first: int, count: int, filler: bytes) -> list[Record]:
+    records = []
+    for txid in range(first, first + count):
+        data = txid.to_bytes(TXID_PREFIX_BYTES, "big") + filler
+        records.append(
+            Record(txid, ReqId(BENCH_CLIENT_ID, BENCH_GENERATION, partition_id, txid), 0, data, crc32(data))
+        )
+    return records
+
+
+def generate(storage: Path, rows: int, partitions: int, data_bytes: int) -> float:
+    """Write the log; returns seconds taken (0 when an identical one is already there)."""
+    if (storage / CONTROL_FILE_NAME).is_file():
+        with StorageManager(storage, BENCH_KEY, partitions) as manager:
+            have = [manager.partition(p).info.current.max_transaction_id + 1 for p in range(partitions)]
+        if have == [rows_of(p, rows, partitions) for p in range(partitions)]:
+            return 0.0
+        shutil.rmtree(storage)
+    storage.mkdir(parents=True, exist_ok=True)
+    filler = bytes(i % 251 for i in range(max(0, data_bytes - TXID_PREFIX_BYTES)))
+    started = time.perf_counter()
+    with StorageManager(storage, BENCH_KEY, partitions) as manager:
+        manager.set_partition_assignment(list(range(partitions)), True)
+        for partition_id in range(partitions):
+            partition = manager.partition(partition_id)
+            total = rows_of(partition_id, rows, partitions)
+            for first in range(0, total, APPEND_BATCH_RECORDS):
+                partition.append(
+                    _records(partition_id, first, min(APPEND_BATCH_RECORDS, total - first), filler)
+                )
+            # A session that starts after them: every record is committed (the export's bound).
+            partition.set_low_water_mark(BENCH_SESSION_ID, total - 1)
+    return time.perf_counter() - started
+
+
+def parse_all(storage: Path) -> tuple[int, float]:
+    """(rows, seconds) of parsing every committed record into Arrow batches in this process."""
+    started = time.perf_counter()
+    rows = 0
+    for partition_plan in plan(ReadOptions.parse({OPTION_PATHS: str(storage)})):
+        for part in partition_plan.slices:
+            rows += sum(batch.num_rows for batch in read_slice(part))
+    return rows, time.perf_counter() - started
+
+
+def export(storage: Path, output: Path, master: str) -> tuple[dict[str, Any], float]:
+    """The CLI's JSON summary and the command's wall-clock seconds (JVM start included)."""
+    if output.exists():
+        shutil.rmtree(output)
+    command = [
+        sys.executable,
+        "-c",
+        WALTZ_MAIN,
+        "spark",
+        "export",
+        "--output",
+        str(output),
+        "--master",
+        master,
+        "--json",
+        str(storage),
+    ]
+    started = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - started
+    if result.returncode != 0:
+        raise SystemExit(f"waltz spark export failed:\n{result.stderr[-3000:]}")
+    summary: dict[str, Any] = json.loads(result.stdout)
+    return summary, seconds
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m spark.bench_export", description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=DEFAULT_ROWS)
+    parser.add_argument("--partitions", type=int, default=DEFAULT_PARTITIONS)
+    parser.add_argument("--data-bytes", type=int, default=DEFAULT_DATA_BYTES)
+    parser.add_argument("--master", default=DEFAULT_MASTER)
+    parser.add_argument("--dir", type=Path, required=True, help="working directory (log + export)")
+    parser.add_argument("--skip-export", action="store_true", help="only generate and parse")
+    args = parser.parse_args(argv)
+    storage = args.dir / STORAGE_DIR_NAME
+    generate_s = generate(storage, args.rows, args.partitions, args.data_bytes)
+    parsed_rows, parse_s = parse_all(storage)
+    result: dict[str, Any] = {
+        "rows": args.rows,
+        "partitions": args.partitions,
+        "data_bytes": args.data_bytes,
+        "generate_s": round(generate_s, 2),
+        "parse_rows": parsed_rows,
+        "parse_s": round(parse_s, 3),
+        "parse_rows_per_s": round(parsed_rows / parse_s),
+    }
+    if not args.skip_export:
+        summary, wall_s = export(storage, args.dir / EXPORT_DIR_NAME, args.master)
+        result |= {
+            "master": args.master,
+            "export_rows": summary["rows"],
+            "export_s": round(summary["seconds"], 3),
+            "export_rows_per_s": round(summary["rows_per_s"]),
+            "export_command_s": round(wall_s, 2),
+            "export_vs_parse": round(summary["rows_per_s"] / (parsed_rows / parse_s), 3),
+        }
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""The `waltz` data source over real storage directories (the golden vectors and copies of them)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+from spark_support import configure_spark_environment
+
+from spark import commit
+from spark.datasource import register
+from spark.schema import SPARK_SCHEMA
+from spark.segments import CorruptRecordError
+from spark.watermarks import load_file_watermarks
+from waltz_engine.zk.export_watermarks import decode_export_watermarks, encode_export_watermarks
+
+BEYOND_EVERY_TXID = "1000000"
+EXPECTED_ROWS = 279
+# The clean vectors' control file low-water marks: partitions 0..3.
+CONTROL_LOW_WATER_MARKS = {0: 149, 1: 59, 2: 19}
+
+
+@pytest.fixture(scope="module")
+def session() -> Iterator[SparkSession]:
+    configure_spark_environment()
+    spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
+    register(spark)
+    yield spark
+    spark.stop()
+
+
+@pytest.fixture
+def storage(vectors: Path, tmp_path: Path) -> Path:
+    """A writable copy of the clean storage directory."""
+    copy = tmp_path / "storage"
+    shutil.copytree(vectors / "disk" / "clean" / "storage", copy)
+    for path in [copy, *copy.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return copy
+
+
+def expected_rows(vectors: Path) -> list[dict[str, Any]]:
+    rows = [
+        json.loads(line) for line in (vectors / "disk" / "clean" / "expected.jsonl").read_text().splitlines()
+    ]
+    return [
+        {
+            "partition": r["partition"],
+            "transaction_id": r["transactionId"],
+            "client_id": r["reqId"]["clientId"],
+            "generation": r["reqId"]["generation"],
+            "seq_num": r["reqId"]["seqNum"],
+            "header": r["header"],
+            "data": bytes.fromhex(r["data_hex"]),
+            "checksum": r["checksum"],
+        }
+        for r in rows
+    ]
+
+
+def read(session: SparkSession, **options: str) -> list[dict[str, Any]]:
+    df = session.read.format("waltz").options(**options).load()
+    rows = [r.asDict() for r in df.collect()]
+    for row in rows:
+        row["data"] = bytes(row["data"])
+    return sorted(rows, key=lambda r: (r["partition"], r["transaction_id"]))
+
+
+def test_reads_every_row_of_the_golden_vectors(session: SparkSession, vectors: Path) -> None:
+    df = (
+        session.read.format("waltz")
+        .options(path=str(vectors / "disk/clean/storage"), to_txid=BEYOND_EVERY_TXID)
+        .load()
+    )
+    assert df.schema == SPARK_SCHEMA  # names, types and NOT NULL
+    assert df.rdd.getNumPartitions() == 9  # one per segment
+    rows = read(session, path=str(vectors / "disk/clean/storage"), to_txid=BEYOND_EVERY_TXID)
+    assert len(rows) == EXPECTED_ROWS
+    assert rows == expected_rows(vectors)
+
+
+def test_without_zookeeper_or_to_txid_stops_at_the_control_low_water_mark(
+    session: SparkSession, storage: Path
+) -> None:
+    rows = read(session, path=str(storage))
+    last = {}
+    for row in rows:
+        last[row["partition"]] = row["transaction_id"]
+    assert last == CONTROL_LOW_WATER_MARKS
+
+
+def test_range_and_partitions_options(session: SparkSession, storage: Path) -> None:
+    rows = read(session, path=str(storage), partitions="0-1", from_txid="40", to_txid="45")
+    assert [(r["partition"], r["transaction_id"]) for r in rows] == [
+        (p, t) for p in (0, 1) for t in range(40, 46)
+    ]
+
+
+def test_reads_each_partition_from_one_replica(session: SparkSession, storage: Path, tmp_path: Path) -> None:
+    lagging = tmp_path / "lagging"
+    shutil.copytree(storage, lagging)
+    for segment in (lagging / "0").glob("0000000000000000167.*"):
+        segment.unlink()  # this copy of partition 0 ends at 166
+    rows = read(session, paths=f"{lagging},{storage}", to_txid=BEYOND_EVERY_TXID)
+    keys = [(r["partition"], r["transaction_id"]) for r in rows]
+    assert len(keys) == len(set(keys)) == EXPECTED_ROWS  # no duplicates, the fuller copy chosen
+
+
+def test_first_segment_need_not_start_at_zero(session: SparkSession, storage: Path) -> None:
+    for segment in (storage / "0").glob("0000000000000000000.*"):
+        segment.unlink()  # as retention does
+    rows = read(session, path=str(storage), partitions="0", to_txid=BEYOND_EVERY_TXID)
+    assert [r["transaction_id"] for r in rows] == list(range(42, 180))
+
+
+def _corrupt_record(storage: Path) -> None:
+    segment = storage / "1" / "0000000000000000000.seg"
+    content = bytearray(segment.read_bytes())
+    # The data of txid 0 of partition 1 (after the 128-byte header and a 36-byte record header).
+    content[128 + 36] ^= 0xFF
+    segment.write_bytes(bytes(content))
+
+
+def test_corrupt_record_fails_or_is_skipped(session: SparkSession, storage: Path) -> None:
+    _corrupt_record(storage)
+    with pytest.raises(Exception, match="checksum mismatch") as failure:
+        read(session, path=str(storage), partitions="1", to_txid=BEYOND_EVERY_TXID)
+    assert "transaction 0" in str(failure.value)
+    rows = read(session, path=str(storage), partitions="1", to_txid=BEYOND_EVERY_TXID, on_corrupt="skip")
+    assert [r["transaction_id"] for r in rows] == list(range(1, 70))
+
+
+def test_segment_reader_fallback_on_a_damaged_index(storage: Path) -> None:
+    from spark.segments import SegmentSlice, read_slice
+
+    index = storage / "0" / "0000000000000000000.idx"
+    content = bytearray(index.read_bytes())
+    content[128 + 8 * 5 : 128 + 8 * 6] = (999).to_bytes(8, "big")  # txid 5 points nowhere
+    index.write_bytes(bytes(content))
+    part = SegmentSlice(0, str(storage / "0" / "0000000000000000000.seg"), 0, 0, 41)
+    txids = [t for batch in read_slice(part) for t in batch.column("transaction_id").to_pylist()]
+    assert txids == list(range(42))
+    _corrupt_record(storage)
+    with pytest.raises(CorruptRecordError):
+        list(read_slice(SegmentSlice(1, str(storage / "1" / "0000000000000000000.seg"), 0, 0, 41)))
+
+
+def test_watermark_payload_is_data_output_stream_bytes() -> None:
+    encoded = encode_export_watermarks({3: 7, 0: -1})
+    assert encoded.hex() == "010000000200000000ffffffffffffffff000000030000000000000007"
+    assert decode_export_watermarks(encoded) == {0: -1, 3: 7}
+
+
+def test_a_run_killed_after_its_commit_point_is_finished_by_the_next(tmp_path: Path) -> None:
+    output = tmp_path / "out"
+    staged = commit.staging_dir(output) / "partition=0" / "part-0.parquet"
+    staged.parent.mkdir(parents=True)
+    staged.write_bytes(b"rows")
+    pending = commit.prepare(output, {0: 41})
+    # Killed after moving the file but before the watermark: the next run completes it once.
+    (output / "partition=0").mkdir()
+    staged.replace(output / "partition=0" / "part-0.parquet")
+    assert pending.files == ("partition=0/part-0.parquet",)
+    assert commit.recover(output) is True
+    assert load_file_watermarks(output) == {0: 41}
+    assert (output / "partition=0" / "part-0.parquet").read_bytes() == b"rows"
+    assert not commit.staging_dir(output).exists()
+
+
+def test_a_run_killed_before_its_commit_point_leaves_nothing(tmp_path: Path) -> None:
+    output = tmp_path / "out"
+    staged = commit.staging_dir(output) / "partition=0" / "part-0.parquet"
+    staged.parent.mkdir(parents=True)
+    staged.write_bytes(b"rows")
+    assert commit.recover(output) is False
+    assert not commit.staging_dir(output).exists()
+    assert load_file_watermarks(output) == {}
+    assert not (output / "partition=0").exists()

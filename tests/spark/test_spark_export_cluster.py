@@ -1,0 +1,318 @@
+"""`waltz spark export` and the streaming source against real clusters: one Waltz cluster's log,
+exported by the CLI, in-process, on a Spark standalone master, and streamed.
+
+Time goes into JVM starts, so the module shares one Waltz cluster and one in-process Spark
+session; the CLI (a JVM each) runs only where the test is about the process itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cluster_support import CLI_TIMEOUT_S, local_cluster, waltz_cli_command
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StreamingQuery
+from spark_support import (
+    LOCAL_MASTER,
+    configure_spark_environment,
+    exported_rows,
+    local_spark_session,
+    run_spark_cli,
+    spark_cli_command,
+    standalone_cluster,
+)
+
+from spark.datasource import DATA_SOURCE_NAME
+from spark.export import ExportConfig, ExportSummary, run_export
+from spark.layout import NO_TRANSACTION
+from spark.plan import OPTION_CLUSTER_ROOT, OPTION_PATHS, OPTION_ZOOKEEPER
+from spark.schema import COLUMN_DATA, COLUMN_DECODED, SPARK_SCHEMA
+from spark.watermarks import STATE_DIR_NAME
+from waltz_engine.devcluster import LocalCluster
+
+PARTITIONS = (0, 1)
+# Bounds waits for something that must happen (never asserted on as a duration).
+WAIT_DEADLINE_S = 90.0
+POLL_S = 0.05
+# Some bulk for the killed export to be writing; any moment of the kill is a valid test (the
+# Spark job outlives its staging directory's creation by at least a Python worker's start).
+KILL_ROWS_PER_PARTITION = 300
+STREAM_TRIGGER_INTERVAL = "500 milliseconds"
+TEST_DECODER = "spark_test_decoder:utf8"
+TESTS_DIR = Path(__file__).parent
+
+TailRow = tuple[int, int, int, int, int, int, str]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: str) -> Iterator[LocalCluster]:
+    with local_cluster(
+        tmp_path_factory, storages=2, servers=1, partitions=len(PARTITIONS), zookeeper=zookeeper
+    ) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def session() -> Iterator[SparkSession]:
+    with local_spark_session() as s:
+        yield s
+
+
+def storage_dirs(cluster: LocalCluster) -> list[str]:
+    return [str(node.directory / "data") for node in cluster.storages]
+
+
+def read_options(cluster: LocalCluster) -> dict[str, str]:
+    return {
+        OPTION_PATHS: ",".join(storage_dirs(cluster)),
+        OPTION_ZOOKEEPER: cluster.zookeeper,
+        OPTION_CLUSTER_ROOT: cluster.cluster_root,
+    }
+
+
+def run_cli_at_once(runs: list[tuple[list[str], str]]) -> list[str]:
+    """Run ``waltz`` commands (arguments, stdin) as concurrent processes; their outputs, in order.
+    Each is a Python start (about a second), so one per partition in a row adds up."""
+    processes = [
+        subprocess.Popen(
+            waltz_cli_command(*arguments),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for arguments, _ in runs
+    ]
+    try:
+        outputs = []
+        for process, (arguments, stdin) in zip(processes, runs, strict=True):
+            stdout, stderr = process.communicate(stdin, CLI_TIMEOUT_S)
+            assert process.returncode == 0, f"waltz {' '.join(arguments)}: {stderr}"
+            outputs.append(stdout)
+        return outputs
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def append(cluster: LocalCluster, lines_by_partition: dict[int, list[str]]) -> None:
+    config = str(cluster.client_config_path)
+    run_cli_at_once(
+        [
+            (["append", "--partition", str(p), "--config", config], "\n".join(lines) + "\n")
+            for p, lines in lines_by_partition.items()
+        ]
+    )
+
+
+def tailed(cluster: LocalCluster) -> list[TailRow]:
+    config = str(cluster.client_config_path)
+    outputs = run_cli_at_once(
+        [
+            (["tail", "--partition", str(p), "--no-follow", "--data", "--json", "--config", config], "")
+            for p in PARTITIONS
+        ]
+    )
+    rows = []
+    for partition, output in zip(PARTITIONS, outputs, strict=True):
+        for line in output.splitlines():
+            t = json.loads(line)
+            rows.append(
+                (
+                    partition,
+                    t["transaction_id"],
+                    t["client_id"],
+                    t["generation"],
+                    t["seq_num"],
+                    t["header"],
+                    t["data_hex"],
+                )
+            )
+    return rows
+
+
+def as_tail(rows: list[dict[str, Any]]) -> list[TailRow]:
+    return [
+        (
+            r["partition"],
+            r["transaction_id"],
+            r["client_id"],
+            r["generation"],
+            r["seq_num"],
+            r["header"],
+            bytes(r[COLUMN_DATA]).hex(),
+        )
+        for r in rows
+    ]
+
+
+def export_cli(cluster: LocalCluster, output: Path, *extra: str) -> dict[str, Any]:
+    result = run_spark_cli(
+        "export",
+        "--output",
+        str(output),
+        "--config",
+        str(cluster.client_config_path),
+        "--json",
+        *extra,
+        *storage_dirs(cluster),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary: dict[str, Any] = json.loads(result.stdout)
+    return summary
+
+
+def export_in_process(
+    session: SparkSession, cluster: LocalCluster, output: Path, **config: Any
+) -> ExportSummary:
+    return run_export(session, ExportConfig(output=output, read_options=read_options(cluster), **config))
+
+
+def test_export_equals_tail_and_incremental_adds_only_new_rows(
+    cluster: LocalCluster, session: SparkSession, tmp_path: Path
+) -> None:
+    append(cluster, {p: [f"p{p}-first-{i}" for i in range(20)] for p in PARTITIONS})
+    output = tmp_path / "export"
+    first = export_cli(cluster, output, "--master", LOCAL_MASTER)
+    assert first["published_to_zookeeper"] is True
+    assert as_tail(exported_rows(output)) == tailed(cluster)
+    before = len(exported_rows(output))
+
+    append(cluster, {p: [f"p{p}-second-{i}" for i in range(7)] for p in PARTITIONS})
+    summary = export_in_process(session, cluster, output, incremental=True)
+    assert summary.rows == len(PARTITIONS) * 7
+    rows = exported_rows(output)
+    assert len(rows) == before + len(PARTITIONS) * 7
+    assert as_tail(rows) == tailed(cluster)
+    assert summary.published_to_zookeeper is True
+
+
+def test_decoder_adds_the_decoded_text(
+    cluster: LocalCluster, session: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    append(cluster, {0: ["décodé-1", "plain-2"]})
+    # --decoder finds modules in the working directory, on the driver and in the workers.
+    monkeypatch.chdir(TESTS_DIR)
+    output = tmp_path / "decoded"
+    summary = export_in_process(session, cluster, output, decoder=TEST_DECODER)
+    rows = exported_rows(output)
+    assert summary.rows == len(rows) > 0
+    assert all(r[COLUMN_DECODED] == bytes(r[COLUMN_DATA]).decode() for r in rows)
+    assert "décodé-1" in {r[COLUMN_DECODED] for r in rows}
+
+
+def test_killed_export_rerun_loses_and_duplicates_nothing(
+    cluster: LocalCluster, session: SparkSession, tmp_path: Path
+) -> None:
+    append(cluster, {p: [f"bulk-{i}" for i in range(KILL_ROWS_PER_PARTITION)] for p in PARTITIONS})
+    output = tmp_path / "killed"
+    configure_spark_environment()
+    process = subprocess.Popen(
+        spark_cli_command(
+            "export",
+            "--output",
+            str(output),
+            "--config",
+            str(cluster.client_config_path),
+            "--master",
+            LOCAL_MASTER,
+            *storage_dirs(cluster),
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    staging = output / STATE_DIR_NAME / "staging"
+    try:
+        deadline = time.monotonic() + WAIT_DEADLINE_S
+        while not staging.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        assert staging.exists(), "the export never started writing"
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)  # the CLI and the Spark JVM it started
+        process.wait()
+    summary = export_in_process(session, cluster, output, incremental=True)
+    assert summary.recovered_previous_run in (True, False)  # killed before or after its commit point
+    assert as_tail(exported_rows(output)) == tailed(cluster)
+
+
+def test_standalone_master_export_equals_the_local_one(
+    cluster: LocalCluster, session: SparkSession, tmp_path: Path
+) -> None:
+    append(cluster, {1: [f"standalone-{i}" for i in range(5)]})
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    local_summary = export_in_process(session, cluster, local)
+    with standalone_cluster(tmp_path / "standalone") as master:
+        remote_summary = export_cli(cluster, remote, "--master", master)
+    assert remote_summary["rows"] == local_summary.rows > 0
+    assert exported_rows(remote) == exported_rows(local)
+
+
+def _delivered(query: StreamingQuery) -> dict[str, int]:
+    """The end offset ({"partition": last txid}) of the query's last finished micro-batch."""
+    progress = query.lastProgress
+    if progress is None or not progress.sources:
+        return {}
+    end = progress.sources[0].endOffset
+    offset: dict[str, int] = json.loads(end) if isinstance(end, str) else end
+    return offset or {}
+
+
+def test_stream_delivers_appends_exactly_once_across_a_restart(
+    cluster: LocalCluster, session: SparkSession, tmp_path: Path
+) -> None:
+    sink, checkpoint = tmp_path / "sink", tmp_path / "checkpoint"
+
+    def start() -> StreamingQuery:
+        df = session.readStream.format(DATA_SOURCE_NAME).options(**read_options(cluster)).load()
+        return (
+            df.writeStream.format("parquet")
+            .option("path", str(sink))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(processingTime=STREAM_TRIGGER_INTERVAL)
+            .start()
+        )
+
+    def wait_until_delivered(query: StreamingQuery, expected: list[TailRow]) -> None:
+        # The query's own progress, not the sink: polling the sink would run a Spark job each time.
+        # An empty partition's offset is NO_TRANSACTION.
+        want = {
+            str(p): max((t for q, t, *_ in expected if q == p), default=NO_TRANSACTION) for p in PARTITIONS
+        }
+        deadline = time.monotonic() + WAIT_DEADLINE_S
+        while _delivered(query) != want and time.monotonic() < deadline:
+            assert query.exception() is None, query.exception()
+            time.sleep(POLL_S)
+        assert _delivered(query) == want
+
+    def sink_rows() -> list[tuple[int, int]]:
+        # Through Spark: it reads only the files the sink's _spark_metadata log committed.
+        found = session.read.schema(SPARK_SCHEMA).parquet(str(sink)).select("partition", "transaction_id")
+        return sorted((r.partition, r.transaction_id) for r in found.collect())
+
+    query = start()
+    try:
+        wait_until_delivered(query, tailed(cluster))
+        append(cluster, {0: [f"stream-a-{i}" for i in range(5)]})
+        wait_until_delivered(query, tailed(cluster))
+    finally:
+        query.stop()
+    append(cluster, {1: [f"stream-b-{i}" for i in range(4)]})  # while stopped
+    query = start()  # from the checkpoint
+    try:
+        append(cluster, {0: [f"stream-c-{i}" for i in range(3)]})  # while running again
+        expected = tailed(cluster)
+        wait_until_delivered(query, expected)
+    finally:
+        query.stop()
+    assert sink_rows() == sorted((p, t) for p, t, *_ in expected)  # every committed transaction once
