@@ -32,13 +32,30 @@ def _root(
 
 def _register() -> None:
     # Imported here so that `waltz --help` stays one place that lists every group.
-    from waltz_cli.commands import bench, client, cluster, dev, feed, inspect, recovery, server, storage, zk
+    from waltz_cli.commands import (
+        bench,
+        client,
+        cluster,
+        dev,
+        feed,
+        inspect,
+        recovery,
+        retention,
+        server,
+        smoke,
+        spark,
+        storage,
+        top,
+        zk,
+    )
 
     app.command("tail")(feed.tail)
     app.command("append")(feed.append)
     app.command("create-cluster")(zk.create_cluster)
     app.command("recover")(recovery.recover)
     app.command("truncate")(recovery.truncate)
+    app.command("top")(top.top)
+    app.command("smoke")(smoke.smoke)
     app.add_typer(inspect.app, name="inspect")
     app.add_typer(zk.app, name="zk")
     app.add_typer(storage.app, name="storage")
@@ -46,6 +63,8 @@ def _register() -> None:
     app.add_typer(cluster.app, name="cluster")
     app.add_typer(client.app, name="client")
     app.add_typer(dev.app, name="dev")
+    app.add_typer(retention.app, name="retention")
+    app.add_typer(spark.app, name="spark")
     app.add_typer(bench.app, name="bench")
 
 
