@@ -317,3 +317,32 @@ def consumers_command(
         return
     for line in result.report_lines():
         console.print(line, markup=False, highlight=False)
+
+
+@app.command("compare")
+@one_line_errors
+def compare_command(
+    old: Annotated[Path, typer.Argument(help="The earlier report (`waltz bench ... --json > old.json`).")],
+    new: Annotated[Path, typer.Argument(help="The later report of the same benchmark.")],
+    as_json: JsonOption = False,
+) -> None:
+    """Compare two saved reports of the same benchmark: every figure, old, new and new/old.
+
+    Example: waltz bench producers ... --json > before.json; (change something);
+    waltz bench producers ... --json > after.json; waltz bench compare before.json after.json
+    """
+    from rich.markup import escape
+
+    from waltz_engine.bench.compare import compare, load_report
+
+    rows = compare(load_report(old), load_report(new))
+    if as_json:
+        print_json({"old": str(old), "new": str(new), "figures": [r.to_json() for r in rows]})
+        return
+    table = Table(title=f"{new} against {old}")
+    for name in ("figure", "old", "new", "new/old"):
+        table.add_column(name, justify="left" if name == "figure" else "right")
+    for r in rows:
+        ratio = "-" if r.ratio is None else f"{r.ratio:.2f}"
+        table.add_row(escape(r.metric), f"{r.old:,.4g}", f"{r.new:,.4g}", ratio)
+    console.print(table)
