@@ -188,10 +188,16 @@ class Partition:
         if future is None:
             self.registration_timeouts += 1
             return None
-        if not future.done():
-            network_client = self.network_client
-            if network_client is None or not network_client.send(request):
-                self.monitor.abort(request.req_id)  # not sent: fail it now, the retry waits for a mount
+        network_client = self.network_client
+        if not future.done() and (network_client is None or not network_client.send(request)):
+            # Not sent: the connection is gone, but this partition may still count as mounted
+            # until the connection's reader gets past an apply_transaction that waits on the
+            # dead server. Failing it now would retry at once, and again, without end (a retry
+            # storm). As the original, leave it pending: the next mount flushes it and only
+            # then is it retried, at most once per remount.
+            log.debug(
+                "%r: append %s not sent (no connection); the next mount decides it", self, request.req_id
+            )
         return future
 
     def flush_async(self) -> TransactionFuture | None:
