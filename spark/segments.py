@@ -69,7 +69,7 @@ assert _HEADER_DTYPE.itemsize == RECORD_HEADER_SIZE_BYTES
 _CRC_DTYPE = np.dtype(">u4")
 assert _CRC_DTYPE.itemsize == CRC_SIZE_BYTES
 # Where the data length sits in a record header.
-_LENGTH_OFFSET = _HEADER_DTYPE.fields["length"][1]
+_LENGTH_OFFSET: int = _HEADER_DTYPE.fields["length"][1]  # type: ignore[index]  # a structured dtype has fields
 # Problems of the walk that mean a committed record cannot be trusted (index disagreements
 # alone do not: the record itself is whole and its CRC says so).
 _CORRUPTION_KINDS = frozenset({KIND_CHECKSUM, KIND_TORN_RECORD, KIND_BAD_RECORD_HEADER, KIND_TXID_MISMATCH})
