@@ -80,6 +80,28 @@ def run(cluster: StorageCluster, zookeeper: str, scenario: Scenario) -> None:
         asyncio.run(_run(cluster, zk, partition_id, scenario))
 
 
+# Every connect string used in the module's cluster: the kernel may hand a closed proxy's port
+# to a new proxy, but the old name stays registered in ZooKeeper ("Storage node already exists").
+_USED_NAMES: set[str] = set()
+MAX_PROXY_ATTEMPTS = 20
+
+
+async def _fresh_proxy(host: str, port: int) -> TcpProxy:
+    """A started proxy whose connect string no earlier scenario used."""
+    rejected: list[TcpProxy] = []
+    try:
+        for _ in range(MAX_PROXY_ATTEMPTS):
+            proxy = await TcpProxy(host, port).start()
+            if proxy.connect_string not in _USED_NAMES:
+                _USED_NAMES.add(proxy.connect_string)
+                return proxy
+            rejected.append(proxy)  # kept open so the kernel offers another port
+        raise AssertionError(f"no unused proxy port in {MAX_PROXY_ATTEMPTS} attempts")
+    finally:
+        for proxy in rejected:
+            await proxy.close()
+
+
 async def _run(cluster: StorageCluster, zk: object, partition_id: int, s: Scenario) -> None:
     n = len(s.storage_session_ids)
     available = list(s.available[:n])
@@ -89,8 +111,9 @@ async def _run(cluster: StorageCluster, zk: object, partition_id: int, s: Scenar
         node = cluster.nodes[i]
         if available[i] is REMOVED:
             connect_strings[i] = f"127.0.0.1:{60000 + i}"  # only in the old ZK metadata
+            _USED_NAMES.add(connect_strings[i])
             continue
-        proxy = await TcpProxy(node.host, node.port).start()
+        proxy = await _fresh_proxy(node.host, node.port)
         proxy.refuse = not available[i]
         proxies[i] = proxy
         connect_strings[i] = proxy.connect_string
