@@ -154,3 +154,12 @@ def test_server_down_gives_one_line_errors_within_the_timeout(cluster: LocalClus
         server.start()
         cluster.wait_verified()
     assert int(ok(waltz(cluster, "append", "-p", "1", "back")).strip()) >= 0
+
+
+def test_tail_shows_printable_data_as_text_and_the_rest_as_hex() -> None:
+    from waltz_cli.commands.feed import _readable
+
+    assert _readable(b"hello, waltz") == '"hello, waltz"'
+    assert _readable("héllo ✓".encode()) == '"héllo ✓"'
+    assert _readable(b"\x00\x01") == "0001"
+    assert _readable(b"\xff\xfe") == "fffe"

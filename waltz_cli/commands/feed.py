@@ -6,6 +6,7 @@ Both use --config (a client YAML), else the local dev cluster's .waltz-dev/clien
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -49,6 +50,15 @@ def run_async(stream: AsyncIterator[Any], on_item: Callable[[Any], None]) -> Non
         raise typer.Exit(130) from None
 
 
+def _readable(data: bytes) -> str:
+    """Printable UTF-8 as a quoted string (what people append from a shell), anything else as hex."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data.hex()
+    return json.dumps(text, ensure_ascii=False) if text.isprintable() else data.hex()
+
+
 def _render(decoder: Decoder | None, as_json: bool) -> Callable[[TailedTransaction], None]:
     def show(item: TailedTransaction) -> None:
         decoded = decoder(item.data) if decoder is not None and item.data is not None else None
@@ -62,7 +72,7 @@ def _render(decoder: Decoder | None, as_json: bool) -> Callable[[TailedTransacti
             return
         line = f"{item.transaction_id}\theader={item.header}\treqId={item.req_id}"
         if item.data is not None:
-            line += f"\tdata={decoded if decoder is not None else item.data.hex()}"
+            line += f"\tdata={decoded if decoder is not None else _readable(item.data)}"
         typer.echo(line)
 
     return show
