@@ -156,6 +156,34 @@ async def connect(
 ConnectionHandler = Callable[[FramedConnection], Awaitable[None]]
 
 
+class Listener:
+    """A port :func:`serve` listens on, and the tasks of its open connections (one each, from
+    accept to the handler's return), so that stopping a node can end them."""
+
+    def __init__(self, server: asyncio.Server, connections: set[asyncio.Task[None]]) -> None:
+        self.server = server
+        self.connections = connections
+
+    @property
+    def sockets(self) -> tuple[Any, ...]:
+        return tuple(self.server.sockets)
+
+    def close(self) -> None:
+        """Stop accepting; open connections go on until :meth:`end_connections`."""
+        self.server.close()
+
+    async def wait_closed(self) -> None:
+        await self.server.wait_closed()
+
+    async def end_connections(self, timeout_s: float) -> None:
+        """Cancel every open connection's task and wait for them, at most ``timeout_s``."""
+        tasks = list(self.connections)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout_s)
+
+
 async def serve(
     host: str,
     port: int,
@@ -164,7 +192,7 @@ async def serve(
     hello_text: str,
     handler: ConnectionHandler,
     name: str,
-) -> asyncio.Server:
+) -> Listener:
     """Accept TLS connections; each gets a handshake, then ``handler`` owns it until it returns.
 
     A failed handshake or a protocol error is logged with its reason and only that
@@ -209,7 +237,7 @@ async def serve(
             tasks.add(task)  # the loop keeps only weak references to tasks
             task.add_done_callback(tasks.discard)
 
-    return await loop.create_server(_Accept, host, port)
+    return Listener(await loop.create_server(_Accept, host, port), tasks)
 
 
 async def _start_server_tls(

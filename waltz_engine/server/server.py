@@ -24,7 +24,7 @@ from waltz_engine import __version__
 from waltz_engine.errors import WaltzError
 from waltz_engine.http_endpoints import HttpEndpoints
 from waltz_engine.metrics import MetricsRegistry
-from waltz_engine.net import serve
+from waltz_engine.net import Listener, serve
 from waltz_engine.process import run_service
 from waltz_engine.server.config import EngineSettings, ServerConfig
 from waltz_engine.server.feed_cache import FeedCache
@@ -186,9 +186,8 @@ class WaltzServer:
         self._zk: KazooClient | None = None
         self._zk_disconnected_since_s: float | None = None
         self._store: StoreLike | None = None
-        self._listener: asyncio.Server | None = None
+        self._listener: Listener | None = None
         self._handler: ClientHandler | None = None
-        self._connection_tasks: set[asyncio.Task[Any]] = set()
         self._http: HttpEndpoints | None = None
         self._assigned: list[PartitionInfo] | None = None
         self._assignment_wakeup = asyncio.Event()
@@ -225,7 +224,7 @@ class WaltzServer:
             server_context(config.tls),
             CLIENT_CODECS,
             SERVER_HELLO_TEXT,
-            self._tracked(handler),
+            handler,
             "server client port",
         )
         self._assigner = asyncio.get_running_loop().create_task(self._apply_assignments(), name="assignments")
@@ -272,18 +271,6 @@ class WaltzServer:
         await store.start()
         result: StoreLike = store
         return result
-
-    def _tracked(self, handler: ClientHandler) -> Callable[[Any], Awaitable[None]]:
-        async def run(conn: Any) -> None:
-            task = asyncio.current_task()
-            assert task is not None
-            self._connection_tasks.add(task)
-            try:
-                await handler(conn)
-            finally:
-                self._connection_tasks.discard(task)
-
-        return run
 
     def _on_partitions(self, assigned: list[PartitionInfo]) -> None:
         # Only the latest assignment matters; one task applies them in turn.
@@ -344,11 +331,7 @@ class WaltzServer:
             await self.cluster_manager.close()
         if self._listener is not None:
             self._listener.close()
-        tasks = list(self._connection_tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=STOP_CONNECTIONS_TIMEOUT_S)
+            await self._listener.end_connections(STOP_CONNECTIONS_TIMEOUT_S)
         if self._assigner is not None:
             self._assigner.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -10,13 +10,13 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from waltz_engine import __version__
 from waltz_engine.errors import StorageError
 from waltz_engine.http_endpoints import HttpEndpoints
 from waltz_engine.metrics import MetricsRegistry
-from waltz_engine.net import FramedConnection, serve
+from waltz_engine.net import Listener, serve
 from waltz_engine.process import run_service
 from waltz_engine.storage.cleaner import RetentionCleaner
 from waltz_engine.storage.node.admin_handler import AdminHandler
@@ -67,9 +67,8 @@ class StorageNode:
         self.manager: StorageManager | None = None
         self.workers: dict[int, PartitionWorker] = {}
         self._admin_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="storage-admin")
-        self._servers: list[asyncio.Server] = []
+        self._servers: list[Listener] = []
         self._http: HttpEndpoints | None = None
-        self._connection_tasks: set[asyncio.Task[Any]] = set()
         self._stopped = False
         self.cleaner: RetentionCleaner | None = None
 
@@ -115,7 +114,7 @@ class StorageNode:
                 ssl_context,
                 {STORAGE_CODEC.version: STORAGE_CODEC},
                 STORAGE_SERVER_HELLO_TEXT,
-                self._tracked(data),
+                data,
                 "storage data port",
             )
         )
@@ -126,7 +125,7 @@ class StorageNode:
                 ssl_context,
                 {ADMIN_CODEC.version: ADMIN_CODEC},
                 STORAGE_ADMIN_SERVER_HELLO_TEXT,
-                self._tracked(admin),
+                admin,
                 "storage admin port",
             )
         )
@@ -179,20 +178,6 @@ class StorageNode:
         if self.cleaner is not None:
             self.cleaner.apply_bounds()
 
-    def _tracked(self, handler: Callable[[FramedConnection], Any]) -> Callable[[FramedConnection], Any]:
-        """Remember each connection's task so that stopping can end it."""
-
-        async def run(conn: FramedConnection) -> None:
-            task = asyncio.current_task()
-            assert task is not None
-            self._connection_tasks.add(task)
-            try:
-                await handler(conn)
-            finally:
-                self._connection_tasks.discard(task)
-
-        return run
-
     async def stop(self) -> None:
         """Stop accepting, end connections, finish the batch in hand, close files, release the lock."""
         if self._stopped:
@@ -202,11 +187,8 @@ class StorageNode:
             await self.cleaner.stop()
         for server in self._servers:
             server.close()
-        tasks = list(self._connection_tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=STOP_CONNECTIONS_TIMEOUT_S)
+        for server in self._servers:
+            await server.end_connections(STOP_CONNECTIONS_TIMEOUT_S)
         for server in self._servers:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(server.wait_closed(), STOP_CONNECTIONS_TIMEOUT_S)
