@@ -3,9 +3,11 @@ watermarks, or none of them, whatever moment the process dies.
 
 Protocol (all under ``<output>/_waltz_export/``, on the output's file system):
 
-1. Spark writes the run's files into ``staging/`` (hive-style ``partition=N/``).
-2. ``commit.json`` — the list of staged files and the new watermarks — is written atomically.
-   This is the commit point: before it, the run never happened; after it, it must finish.
+1. The Spark tasks write the run's files into ``staging/`` (hive-style ``partition=N/``), each
+   fsynced (:mod:`spark.export_task`).
+2. The staging directories are fsynced, then ``commit.json`` — the list of staged files and
+   the new watermarks — is written atomically. This is the commit point: before it, the run
+   never happened; after it, it must finish.
 3. Each staged file is renamed into ``<output>/partition=N/`` (a file already moved is skipped).
 4. ``watermarks.json`` is replaced atomically; then ``commit.json`` and ``staging/`` go.
 
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,11 +30,15 @@ from spark.watermarks import (
     state_dir,
     write_json_atomically,
 )
+from waltz_engine.errors import WaltzError
 from waltz_engine.zk.export_watermarks import Watermarks
 
 STAGING_DIR_NAME = "staging"
 COMMIT_FILE_NAME = "commit.json"
-DATA_FILE_SUFFIX = ".parquet"
+
+
+class CommitError(WaltzError):
+    """A run's files are not where its commit says they are."""
 
 
 @dataclass(frozen=True)
@@ -49,19 +55,16 @@ def _commit_file(output: Path) -> Path:
     return state_dir(output) / COMMIT_FILE_NAME
 
 
-def staged_files(output: Path) -> list[str]:
-    """The data files Spark left in the staging directory (its _SUCCESS and .crc files aside)."""
+def prepare(output: Path, files: Iterable[str], watermarks: Mapping[int, int]) -> PendingCommit:
+    """Step 2: make the staged run (``files``, relative to the staging directory) durable as a
+    whole (the commit point)."""
+    pending = PendingCommit(tuple(sorted(files)), dict(watermarks))
     staging = staging_dir(output)
-    return sorted(
-        str(p.relative_to(staging))
-        for p in staging.rglob("*" + DATA_FILE_SUFFIX)
-        if not p.name.startswith((".", "_"))
-    )
-
-
-def prepare(output: Path, watermarks: Mapping[int, int]) -> PendingCommit:
-    """Step 2: make the staged run durable as a whole (the commit point)."""
-    pending = PendingCommit(tuple(staged_files(output)), dict(watermarks))
+    missing = [name for name in pending.files if not (staging / name).is_file()]
+    if missing:
+        raise CommitError(f"{output}: staged files missing before the commit ({', '.join(missing[:3])})")
+    for directory in {(staging / name).parent for name in pending.files}:
+        fsync_directory(directory)
     write_json_atomically(
         _commit_file(output),
         {"files": list(pending.files), "watermarks": {str(p): t for p, t in pending.watermarks.items()}},
@@ -87,6 +90,11 @@ def finish(output: Path, pending: PendingCommit) -> None:
             target.parent.mkdir(parents=True, exist_ok=True)
             source.replace(target)
             touched.add(target.parent)
+        elif not target.exists():
+            raise CommitError(
+                f"{output}: the committed run lists {name}, which is neither staged nor exported; "
+                f"the export is damaged: re-export into a new directory"
+            )
     for directory in touched:
         fsync_directory(directory)
     merged = load_file_watermarks(output)

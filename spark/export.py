@@ -2,7 +2,8 @@
 
 A run: finish or discard what a killed run left (:func:`spark.commit.recover`); plan on the
 driver — per partition from the output's watermark + 1 to the committed bound, which fixes
-the run's exact txid ranges; let Spark write those ranges into the staging directory; commit
+the run's exact txid ranges; let Spark tasks write those ranges, a slice each, into the staging
+directory (:mod:`spark.export_task`); commit
 (files moved in, ``watermarks.json`` replaced); publish the watermarks to ZooKeeper when it
 is known. A non-incremental run is the same run into an output that must hold no export yet.
 """
@@ -14,30 +15,21 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import StringType, StructField, StructType
+from pyspark.sql import SparkSession
 
 from spark import commit
-from spark.datasource import DATA_SOURCE_NAME, register
+from spark.datasource import register
+from spark.export_task import ExportTask, TaskResult, run_task, split
 from spark.layout import NO_TRANSACTION, discover
-from spark.plan import (
-    OPTION_CLUSTER_ROOT,
-    OPTION_FROM_TXIDS,
-    OPTION_TO_TXIDS,
-    OPTION_ZOOKEEPER,
-    PartitionPlan,
-    ReadOptions,
-    plan,
-)
-from spark.schema import COLUMN_DATA, COLUMN_DECODED, COLUMN_PARTITION, SPARK_SCHEMA
+from spark.plan import OPTION_FROM_TXIDS, PartitionPlan, ReadOptions, plan
+from spark.schema import COLUMN_PARTITION
 from spark.watermarks import load_file_watermarks
+from spark.worker_daemon import DAEMON_MODULE
 from waltz_engine.errors import WaltzError
 from waltz_engine.zk.connection import connect
 from waltz_engine.zk.export_watermarks import publish_export_watermarks
@@ -45,12 +37,10 @@ from waltz_engine.zk.export_watermarks import publish_export_watermarks
 FORMAT_PARQUET = "parquet"
 FORMATS = (FORMAT_PARQUET,)
 DEFAULT_MASTER = "local[*]"
+LOCAL_MASTER_PREFIX = "local"
+DAEMON_MODULE_CONF = "spark.python.daemon.module"
 APP_NAME = "waltz-export"
 PROGRESS_POLL_S = 0.5
-# Parquet writer options. Record payloads are mostly distinct, so a dictionary for the data
-# column is built per page only to be abandoned for plain encoding; skipping it made the
-# 2 M-row benchmark's write about a third faster (docs/benchmarks.md).
-PARQUET_WRITE_OPTIONS = {f"parquet.enable.dictionary#{COLUMN_DATA}": "false"}
 
 # (tasks done, tasks in the job) while Spark writes.
 ProgressCallback = Callable[[int, int], None]
@@ -127,43 +117,13 @@ class ExportSummary:
 def spark_session(master: str = DEFAULT_MASTER) -> SparkSession:
     """A session with the ``waltz`` source registered; Python workers run this interpreter."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    session = (
-        SparkSession.builder.master(master)
-        .appName(APP_NAME)
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
+    builder = SparkSession.builder.master(master).appName(APP_NAME)
+    builder = builder.config("spark.ui.showConsoleProgress", "false")
+    if master.startswith(LOCAL_MASTER_PREFIX):
+        builder = builder.config(DAEMON_MODULE_CONF, DAEMON_MODULE)
+    session = builder.getOrCreate()
     register(session)
     return session
-
-
-def _decode_batches(spec: str, cwd: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """A mapInArrow function adding the decoded data as text; it imports the user's decoder in
-    the worker, looking in the driver's working directory as ``--decoder`` does there."""
-
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        if cwd not in sys.path:
-            sys.path.append(cwd)
-        from waltz_cli.decoder import load_decoder
-
-        decode = load_decoder(spec)
-        for batch in batches:
-            values = [_as_text(decode(d)) for d in batch.column(COLUMN_DATA).to_pylist()]
-            yield batch.append_column(COLUMN_DECODED, pa.array(values, type=pa.string()))
-
-    return run
-
-
-def _as_text(value: object) -> str:
-    return value if isinstance(value, str) else json.dumps(value, default=str, sort_keys=True)
-
-
-def dataframe(session: SparkSession, read_options: dict[str, str], decoder: str | None) -> DataFrame:
-    df = session.read.format(DATA_SOURCE_NAME).options(**read_options).load()
-    if decoder is None:
-        return df
-    schema = StructType([*SPARK_SCHEMA.fields, StructField(COLUMN_DECODED, StringType(), nullable=True)])
-    return df.mapInArrow(_decode_batches(decoder, os.getcwd()), schema)
 
 
 def _watch_progress(session: SparkSession, progress: ProgressCallback, stop: threading.Event) -> None:
@@ -185,29 +145,25 @@ def _plans(config: ExportConfig, watermarks: dict[int, int]) -> list[PartitionPl
     return plan(ReadOptions.parse(options))
 
 
-def _job_options(config: ExportConfig, plans: list[PartitionPlan]) -> dict[str, str]:
-    """The run's exact ranges; ZooKeeper is left out: the bound was fixed when planning."""
-    options = {
-        k: v for k, v in config.read_options.items() if k not in (OPTION_ZOOKEEPER, OPTION_CLUSTER_ROOT)
-    }
-    options[OPTION_FROM_TXIDS] = json.dumps({str(p.partition_id): p.from_txid for p in plans})
-    options[OPTION_TO_TXIDS] = json.dumps({str(p.partition_id): p.to_txid for p in plans})
-    options["partitions"] = ",".join(str(p.partition_id) for p in plans)
-    return options
+def _write_staged(
+    session: SparkSession, config: ExportConfig, plans: list[PartitionPlan]
+) -> list[TaskResult]:
+    """The Spark job: one task per slice (see :mod:`spark.export_task`), files into staging."""
+    staging = commit.staging_dir(config.output)
+    staging.mkdir(parents=True)
+    context = session.sparkContext
+    options = ReadOptions.parse(config.read_options)
+    tasks = [
+        ExportTask(part, str(staging), options.on_corrupt, config.decoder, os.getcwd())
+        for part in split([s for p in plans for s in p.slices], context.defaultParallelism)
+    ]
+    results: list[TaskResult] = context.parallelize(tasks, len(tasks)).map(run_task).collect()
+    assert sum(r.rows for r in results) <= sum(p.count for p in plans)
+    return results
 
 
 def _has_data(output: Path) -> bool:
     return output.is_dir() and any(p.name.startswith(f"{COLUMN_PARTITION}=") for p in output.iterdir())
-
-
-def _count_rows(output: Path, files: tuple[str, ...]) -> dict[int, int]:
-    """Rows per partition of the staged files (Parquet footers only)."""
-    counts: dict[int, int] = {}
-    staging = commit.staging_dir(output)
-    for name in files:
-        partition_id = int(Path(name).parts[0].split("=", 1)[1])
-        counts[partition_id] = counts.get(partition_id, 0) + pq.read_metadata(staging / name).num_rows
-    return counts
 
 
 def check_config(config: ExportConfig) -> None:
@@ -240,17 +196,17 @@ def run_export(
             watcher = threading.Thread(target=_watch_progress, args=(session, progress, stop), daemon=True)
             watcher.start()
         try:
-            df = dataframe(session, _job_options(config, plans), config.decoder)
-            writer = df.write.mode("overwrite").options(**PARQUET_WRITE_OPTIONS).partitionBy(COLUMN_PARTITION)
-            writer.parquet(str(commit.staging_dir(output)))
+            results = _write_staged(session, config, plans)
         finally:
             stop.set()
             if watcher is not None:
                 watcher.join()
         new_marks = {p.partition_id: p.to_txid for p in plans}
-        pending = commit.prepare(output, new_marks)
-        counts = _count_rows(output, pending.files)
+        pending = commit.prepare(output, [r.file for r in results if r.file is not None], new_marks)
         commit.finish(output, pending)
+        counts: dict[int, int] = {}
+        for result in results:
+            counts[result.partition_id] = counts.get(result.partition_id, 0) + result.rows
         summary.files = len(pending.files)
         for p in plans:
             wanted = watermarks.get(p.partition_id, NO_TRANSACTION) + 1

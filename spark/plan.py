@@ -16,6 +16,9 @@ Options (all strings, as Spark passes them):
     JSON ``{"partition": txid}``, per partition; win over the single values (exports use them).
 ``on_corrupt``
     ``fail`` (default) or ``skip`` records whose checksum fails.
+``max_rows_per_trigger``
+    streaming only: at most this many transactions per micro-batch, over all partitions
+    (default: everything committed since the last one).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ OPTION_TO_TXID = "to_txid"
 OPTION_FROM_TXIDS = "from_txids"
 OPTION_TO_TXIDS = "to_txids"
 OPTION_ON_CORRUPT = "on_corrupt"
+OPTION_MAX_ROWS_PER_TRIGGER = "max_rows_per_trigger"
 LIST_SEPARATOR = ","
 RANGE_SEPARATOR = "-"
 MAX_TXID = (1 << 63) - 1
@@ -74,13 +78,14 @@ def _txid_map(options: Mapping[str, str], key: str) -> dict[int, int]:
 
 
 def _txid(options: Mapping[str, str], key: str) -> int | None:
+    """An integer option (a txid or a count), None when absent."""
     text = options.get(key)
     if text is None or text == "":
         return None
     try:
         return int(text)
     except ValueError:
-        raise OptionsError(f"{key}: expected a transaction id, got {text!r}") from None
+        raise OptionsError(f"{key}: expected an integer, got {text!r}") from None
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,7 @@ class ReadOptions:
     from_txids: Mapping[int, int]
     to_txids: Mapping[int, int]
     on_corrupt: str
+    max_rows_per_trigger: int | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ReadOptions:
@@ -115,6 +121,9 @@ class ReadOptions:
             raise OptionsError(
                 f"{OPTION_ON_CORRUPT} must be one of {', '.join(ON_CORRUPT_CHOICES)}, got {on_corrupt!r}"
             )
+        max_rows = _txid(options, OPTION_MAX_ROWS_PER_TRIGGER)
+        if max_rows is not None and max_rows < 1:
+            raise OptionsError(f"{OPTION_MAX_ROWS_PER_TRIGGER} must be at least 1, got {max_rows}")
         text = options.get(OPTION_PARTITIONS)
         return cls(
             directories=directories,
@@ -125,6 +134,7 @@ class ReadOptions:
             from_txids=_txid_map(options, OPTION_FROM_TXIDS),
             to_txids=_txid_map(options, OPTION_TO_TXIDS),
             on_corrupt=on_corrupt,
+            max_rows_per_trigger=max_rows,
         )
 
 

@@ -4,8 +4,9 @@ The fast path reads the index entries of the range, then the data region a chunk
 (one ``pread`` per ~8 MiB), cuts the 36-byte record headers, data fields and CRCs of a whole
 chunk out with Arrow kernels, checks the chunk is self-consistent (consecutive txids, each
 record ending where the next begins, as the index says) and builds the Arrow columns from
-numpy buffers; only the CRC32 check is per record (``zlib.crc32`` over memoryview slices,
-driven by ``map`` so no Python bytecode runs per record).
+numpy buffers. Every record's CRC32 is checked by one ``zlib.crc32`` over the whole chunk
+(:func:`chunk_crcs_match`); only a chunk that fails it is checked record by record, to name
+the damaged ones.
 
 A chunk that does not check out (damaged index, torn or overwritten record) is re-read with
 the engine's :class:`~waltz_engine.disk.segment_reader.SegmentReader`, which walks the data
@@ -50,6 +51,9 @@ ON_CORRUPT_CHOICES = (ON_CORRUPT_FAIL, ON_CORRUPT_SKIP)
 # Bytes of the data file parsed per Arrow batch: big enough to amortize the numpy calls,
 # small enough that a worker's memory stays bounded whatever the segment size (up to 1 GB).
 CHUNK_BYTES = 8 << 20
+# Index entries read at a time (8 bytes each): a slice's index is not held whole, so a worker's
+# memory does not grow with the segment (a 1 GB segment of small records has millions).
+INDEX_WINDOW_ENTRIES = 1 << 18
 CRC_SIZE_BYTES = RECORD_OVERHEAD_BYTES - RECORD_HEADER_SIZE_BYTES
 # A record header as stored: the ReqId halves split into their int32 parts (clientId,
 # generation | partitionId, seqNum), all big-endian; itemsize is exactly the 36 header bytes.
@@ -70,6 +74,11 @@ _CRC_DTYPE = np.dtype(">u4")
 assert _CRC_DTYPE.itemsize == CRC_SIZE_BYTES
 # Where the data length sits in a record header.
 _LENGTH_OFFSET: int = _HEADER_DTYPE.fields["length"][1]  # type: ignore[index]  # a structured dtype has fields
+# XORed into a record's stored CRC and written back little-endian, it makes the CRC32 of the
+# record (header, data, that field) zero, which is CRC32's initial state: so a run of valid
+# records so rewritten has a CRC32 of zero as a whole (:func:`chunk_crcs_match`).
+# Found by solving the 32 linear equations over GF(2) (tests/spark/test_spark_segments.py).
+CRC_ZEROING_MASK = 0x6DD90A9D
 # Problems of the walk that mean a committed record cannot be trusted (index disagreements
 # alone do not: the record itself is whole and its CRC says so).
 _CORRUPTION_KINDS = frozenset({KIND_CHECKSUM, KIND_TORN_RECORD, KIND_BAD_RECORD_HEADER, KIND_TXID_MISMATCH})
@@ -109,36 +118,40 @@ def read_slice(part: SegmentSlice, on_corrupt: str = ON_CORRUPT_FAIL) -> Iterato
                 f"{header.first_transaction_id}, expected {part.partition_id} / {part.first_txid}"
             )
         data_size = os.fstat(data_fd).st_size
-        offsets = _index_offsets(index_fd, part)
-        # Records the index knows of in the range; the rest (a damaged index) are walked to.
-        indexed = min(len(offsets), part.count)
-        start = 0
-        while start < indexed:
-            base = int(offsets[start])
-            stop = max(int(np.searchsorted(offsets[:indexed], base + CHUNK_BYTES)), start + 1)
-            # A chunk ends where its next record starts; after the index's last entry only
-            # the end of the file bounds it (the lengths in the headers then say).
-            end = int(offsets[stop]) if stop < len(offsets) else data_size
-            buf = os.pread(data_fd, max(0, end - base), base)
-            relative = offsets[start:stop] - base
-            parsed = _parse_chunk(buf, relative, part.from_txid + start, part.partition_id)
-            if parsed is None:
-                yield from _walk(part, part.from_txid + start, on_corrupt)
+        for window_from in range(part.from_txid, part.to_txid + 1, INDEX_WINDOW_ENTRIES):
+            window_count = min(INDEX_WINDOW_ENTRIES, part.to_txid - window_from + 1)
+            offsets = _index_offsets(index_fd, part.first_txid, window_from, window_count)
+            # Records the index knows of in the window; the rest (a damaged index) are walked to.
+            indexed = min(len(offsets), window_count)
+            start = 0
+            while start < indexed:
+                base = int(offsets[start])
+                stop = max(int(np.searchsorted(offsets[:indexed], base + CHUNK_BYTES)), start + 1)
+                # A chunk ends where its next record starts; after the index's last entry only
+                # the end of the file bounds it (the lengths in the headers then say).
+                end = int(offsets[stop]) if stop < len(offsets) else data_size
+                buf = os.pread(data_fd, max(0, end - base), base)
+                relative = offsets[start:stop] - base
+                parsed = _parse_chunk(buf, relative, window_from + start, part.partition_id)
+                if parsed is None:
+                    yield from _walk(part, window_from + start, on_corrupt)
+                    return
+                batch = _check_crcs(parsed, buf, part, on_corrupt, base)
+                if batch.num_rows:
+                    yield batch
+                start = stop
+            if indexed < window_count:
+                yield from _walk(part, window_from + indexed, on_corrupt)
                 return
-            batch = _check_crcs(parsed, buf, part, on_corrupt, base)
-            if batch.num_rows:
-                yield batch
-            start = stop
-        if indexed < part.count:
-            yield from _walk(part, part.from_txid + indexed, on_corrupt)
 
 
-def _index_offsets(index_fd: int, part: SegmentSlice) -> np.ndarray:
-    """Index entries of the range plus the one after it (where the range's bytes end), if any."""
-    first_entry = part.from_txid - part.first_txid
-    entries = part.count + 1
+def _index_offsets(index_fd: int, first_txid: int, from_txid: int, count: int) -> np.ndarray:
+    """Index entries of txids ``from_txid`` on (``count`` of them) plus the one after (where
+    their bytes end), as far as the index has them."""
     raw = os.pread(
-        index_fd, entries * INDEX_ENTRY_SIZE_BYTES, HEADER_SIZE_BYTES + first_entry * INDEX_ENTRY_SIZE_BYTES
+        index_fd,
+        (count + 1) * INDEX_ENTRY_SIZE_BYTES,
+        HEADER_SIZE_BYTES + (from_txid - first_txid) * INDEX_ENTRY_SIZE_BYTES,
     )
     whole = len(raw) - len(raw) % INDEX_ENTRY_SIZE_BYTES
     return np.frombuffer(raw[:whole], dtype=">i8").astype(np.int64)
@@ -201,11 +214,34 @@ def _fixed_width_values(sliced: pa.Array, dtype: np.dtype, n: int) -> np.ndarray
     return np.frombuffer(values, dtype=dtype, count=n)
 
 
+def chunk_crcs_match(buf: bytes, record_offsets: np.ndarray, stored_crcs: np.ndarray) -> bool:
+    """Whether every record tiling ``buf[record_offsets[0]:record_offsets[-1]]`` (each ending in
+    its 4-byte CRC32, big-endian as Java writes it) has the CRC32 of its header and data.
+
+    CRC32 is affine over GF(2): replacing each record's stored CRC ``c`` by
+    ``le32(c ^ CRC_ZEROING_MASK)`` brings the CRC register back to its initial state after
+    every valid record, so the CRC32 of the rewritten run is zero. One C call over the chunk
+    replaces a call per record (3x faster for 100-byte records). The check is as strong as
+    CRC32 itself over the chunk: damage it misses is damage whose error polynomial the CRC
+    polynomial divides, a 2^-32 chance for random damage, as for one record's check."""
+    start, end = int(record_offsets[0]), int(record_offsets[-1])
+    work = np.frombuffer(buf, dtype=np.uint8, count=end - start, offset=start).copy()
+    fields = (
+        (stored_crcs ^ np.uint32(CRC_ZEROING_MASK)).astype("<u4").view(np.uint8).reshape(-1, CRC_SIZE_BYTES)
+    )
+    crc_starts = record_offsets[1:] - CRC_SIZE_BYTES - start
+    for j in range(CRC_SIZE_BYTES):
+        work[crc_starts + j] = fields[:, j]
+    return zlib.crc32(work.data) == 0
+
+
 def _check_crcs(chunk: _Chunk, buf: bytes, part: SegmentSlice, on_corrupt: str, base: int) -> pa.RecordBatch:
     """``batch`` if every record's CRC32 (over its header and data) matches, else per ``on_corrupt``.
 
-    The one per-record step: ``zlib.crc32`` over a memoryview slice, iterated by ``map`` so no
-    Python bytecode runs per record."""
+    The whole chunk is checked at once; a chunk that fails is checked a record at a time
+    (``zlib.crc32`` over memoryview slices, iterated by ``map``) to find the damaged ones."""
+    if chunk_crcs_match(buf, chunk.record_offsets, chunk.stored_crcs):
+        return chunk.batch
     n = len(chunk.stored_crcs)
     view = memoryview(buf)
     starts = chunk.record_offsets[:-1]
@@ -217,8 +253,7 @@ def _check_crcs(chunk: _Chunk, buf: bytes, part: SegmentSlice, on_corrupt: str, 
     )
     bad = np.flatnonzero(computed != chunk.stored_crcs)
     batch = chunk.batch
-    if len(bad) == 0:
-        return batch
+    assert len(bad) > 0, "the chunk's CRC failed, so some record's must"
     if on_corrupt == ON_CORRUPT_FAIL:
         k = int(bad[0])
         raise CorruptRecordError(

@@ -21,6 +21,8 @@ from pyspark.sql import SparkSession
 from testkit import free_tcp_port
 
 from spark.datasource import register
+from spark.export import DAEMON_MODULE_CONF
+from spark.worker_daemon import DAEMON_MODULE
 
 # `waltz spark ...` registered as waltz_cli/main.py will, so the tests do not depend on it.
 WALTZ_SPARK_MAIN = """
@@ -60,6 +62,7 @@ def local_spark_session() -> Iterator[SparkSession]:
         SparkSession.builder.master(LOCAL_MASTER)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
+        .config(DAEMON_MODULE_CONF, DAEMON_MODULE)
         .getOrCreate()
     )
     register(session)

@@ -8,30 +8,32 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyspark
 import pytest
 from pyspark.sql import SparkSession
-from spark_support import configure_spark_environment
+from spark_support import local_spark_session
 
 from spark import commit
-from spark.datasource import register
+from spark.datasource import admit
+from spark.plan import OptionsError, ReadOptions
 from spark.schema import SPARK_SCHEMA
 from spark.segments import CorruptRecordError
 from spark.watermarks import load_file_watermarks
+from spark.worker_daemon import PYSPARK_ZIP_NAME, without_pyspark_zip
 from waltz_engine.zk.export_watermarks import decode_export_watermarks, encode_export_watermarks
 
 BEYOND_EVERY_TXID = "1000000"
 EXPECTED_ROWS = 279
 # The clean vectors' control file low-water marks: partitions 0..3.
 CONTROL_LOW_WATER_MARKS = {0: 149, 1: 59, 2: 19}
+# Bounds the wait for a streaming query to finish (never asserted on as a duration).
+STREAM_DEADLINE_S = 180
 
 
 @pytest.fixture(scope="module")
 def session() -> Iterator[SparkSession]:
-    configure_spark_environment()
-    spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
-    register(spark)
-    yield spark
-    spark.stop()
+    with local_spark_session() as spark:
+        yield spark
 
 
 @pytest.fixture
@@ -161,7 +163,7 @@ def test_a_run_killed_after_its_commit_point_is_finished_by_the_next(tmp_path: P
     staged = commit.staging_dir(output) / "partition=0" / "part-0.parquet"
     staged.parent.mkdir(parents=True)
     staged.write_bytes(b"rows")
-    pending = commit.prepare(output, {0: 41})
+    pending = commit.prepare(output, ["partition=0/part-0.parquet"], {0: 41})
     # Killed after moving the file but before the watermark: the next run completes it once.
     (output / "partition=0").mkdir()
     staged.replace(output / "partition=0" / "part-0.parquet")
@@ -170,6 +172,18 @@ def test_a_run_killed_after_its_commit_point_is_finished_by_the_next(tmp_path: P
     assert load_file_watermarks(output) == {0: 41}
     assert (output / "partition=0" / "part-0.parquet").read_bytes() == b"rows"
     assert not commit.staging_dir(output).exists()
+
+
+def test_a_committed_run_missing_a_file_is_an_error_not_a_silent_gap(tmp_path: Path) -> None:
+    output = tmp_path / "out"
+    staged = commit.staging_dir(output) / "partition=0" / "part-0.parquet"
+    staged.parent.mkdir(parents=True)
+    staged.write_bytes(b"rows")
+    commit.prepare(output, ["partition=0/part-0.parquet"], {0: 41})
+    staged.unlink()  # lost after the commit point (say, a disk replaced by a backup)
+    with pytest.raises(commit.CommitError, match="neither staged nor exported"):
+        commit.recover(output)
+    assert load_file_watermarks(output) == {}  # the watermark never moved past the missing rows
 
 
 def test_a_run_killed_before_its_commit_point_leaves_nothing(tmp_path: Path) -> None:
@@ -181,3 +195,79 @@ def test_a_run_killed_before_its_commit_point_leaves_nothing(tmp_path: Path) -> 
     assert not commit.staging_dir(output).exists()
     assert load_file_watermarks(output) == {}
     assert not (output / "partition=0").exists()
+
+
+def test_admit_shares_the_limit_evenly_and_always_makes_progress() -> None:
+    start = {"0": -1, "1": 9, "2": 99}
+    available = {"0": 149, "1": 59, "2": 119}  # new: 150, 50, 20
+    assert admit(start, available, 60) == {"0": 19, "1": 29, "2": 119}  # 20 (all of p2), 20, 20
+    assert admit(start, available, 1_000) == available
+    assert admit(start, available, 1) == {"0": -1, "1": 9, "2": 100}  # one row, never none
+    assert admit(start, {"0": -1, "1": 9, "2": 99}, 5) == start  # nothing new: nothing moves
+    # A partition found after the stream started joins from its beginning.
+    assert admit({"0": 3}, {"0": 3, "7": 4}, 2) == {"0": 3, "7": 1}
+
+
+def test_max_rows_per_trigger_must_be_a_positive_count() -> None:
+    for bad in ("0", "-5", "ten"):
+        with pytest.raises(OptionsError, match="max_rows_per_trigger"):
+            ReadOptions.parse({"path": "/data", "max_rows_per_trigger": bad})
+
+
+def test_stream_available_now_reads_all_committed_in_limited_micro_batches(
+    session: SparkSession, storage: Path, tmp_path: Path
+) -> None:
+    limit = 50
+    sink, checkpoint = tmp_path / "sink", tmp_path / "checkpoint"
+    query = (
+        session.readStream.format("waltz")
+        .options(path=str(storage), max_rows_per_trigger=str(limit))
+        .load()
+        .writeStream.format("parquet")
+        .option("path", str(sink))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(STREAM_DEADLINE_S), "an availableNow query stops by itself"
+    assert query.exception() is None
+    sizes = [progress["numInputRows"] for progress in query.recentProgress]
+    committed = sum(t + 1 for t in CONTROL_LOW_WATER_MARKS.values())
+    assert sum(sizes) == committed
+    assert max(sizes) == limit and len(sizes) >= -(-committed // limit)
+    found = session.read.schema(SPARK_SCHEMA).parquet(str(sink)).select("partition", "transaction_id")
+    assert sorted((r.partition, r.transaction_id) for r in found.collect()) == [
+        (p, t) for p, last in sorted(CONTROL_LOW_WATER_MARKS.items()) for t in range(last + 1)
+    ]
+
+
+def test_local_workers_import_the_installed_pyspark_not_the_zip(session: SparkSession) -> None:
+    def where(_: int) -> str:
+        import pyspark
+
+        return str(pyspark.__file__)
+
+    locations = session.sparkContext.parallelize([0, 1], 2).map(where).collect()
+    assert all(PYSPARK_ZIP_NAME not in location for location in locations), locations
+
+
+def test_the_zip_stays_when_no_installed_pyspark_is_found(tmp_path: Path) -> None:
+    zip_path = str(tmp_path / "lib" / PYSPARK_ZIP_NAME)
+    assert without_pyspark_zip([zip_path, str(tmp_path)]) == [zip_path, str(tmp_path)]
+    installed = str(Path(pyspark.__file__).parent.parent)
+    assert without_pyspark_zip([zip_path, installed]) == [installed]
+
+
+def test_small_index_windows_and_chunks_read_the_same_rows(
+    storage: Path, vectors: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from spark import segments
+    from spark.plan import OPTION_PATHS, OPTION_TO_TXID, plan
+
+    options = ReadOptions.parse({OPTION_PATHS: str(storage), OPTION_TO_TXID: BEYOND_EVERY_TXID})
+    parts = [s for p in plan(options) for s in p.slices]
+    # Windows and chunks of a few records: every boundary case of the loop, on real segments.
+    monkeypatch.setattr(segments, "INDEX_WINDOW_ENTRIES", 7)
+    monkeypatch.setattr(segments, "CHUNK_BYTES", 300)
+    rows = [row for part in parts for batch in segments.read_slice(part) for row in batch.to_pylist()]
+    assert sorted(rows, key=lambda r: (r["partition"], r["transaction_id"])) == expected_rows(vectors)
