@@ -10,12 +10,11 @@ then measures:
 * ``export``: ``waltz spark export --master MASTER`` into a fresh output; its rows/s is the
   CLI's own summary (planning, the Spark job, the commit), its JVM start is reported apart.
 
-    python -m spark.bench_export --rows 2000000 --dir /tmp/waltz-bench-export
+    waltz bench export --rows 2000000 --dir /tmp/waltz-bench-export --warm-runs 3
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import shutil
@@ -23,6 +22,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -151,45 +151,47 @@ def export_warm(storage: Path, directory: Path, master: str, runs: int) -> list[
     return rates
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m spark.bench_export", description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=DEFAULT_ROWS)
-    parser.add_argument("--partitions", type=int, default=DEFAULT_PARTITIONS)
-    parser.add_argument("--data-bytes", type=int, default=DEFAULT_DATA_BYTES)
-    parser.add_argument("--master", default=DEFAULT_MASTER)
-    parser.add_argument("--dir", type=Path, required=True, help="working directory (log + export)")
-    parser.add_argument("--skip-export", action="store_true", help="only generate and parse")
-    parser.add_argument(
-        "--warm-runs", type=int, default=0, help="also time N in-process exports after a warm-up one"
-    )
-    args = parser.parse_args(argv)
-    storage = args.dir / STORAGE_DIR_NAME
-    generate_s = generate(storage, args.rows, args.partitions, args.data_bytes)
+def run(
+    directory: Path,
+    rows: int = DEFAULT_ROWS,
+    partitions: int = DEFAULT_PARTITIONS,
+    data_bytes: int = DEFAULT_DATA_BYTES,
+    master: str = DEFAULT_MASTER,
+    export_once: bool = True,
+    warm_runs: int = 0,
+    progress: Callable[[str], None] = lambda message: None,
+) -> dict[str, Any]:
+    """Generate (or reuse) the log under ``directory``, then measure; the report as JSON."""
+    storage = directory / STORAGE_DIR_NAME
+    progress(f"log of {rows:,} transactions x {data_bytes} B over {partitions} partitions")
+    generate_s = generate(storage, rows, partitions, data_bytes)
+    progress("parsing every segment in this process")
     parsed_rows, parse_s = parse_all(storage)
     result: dict[str, Any] = {
-        "rows": args.rows,
-        "partitions": args.partitions,
-        "data_bytes": args.data_bytes,
+        "rows": rows,
+        "partitions": partitions,
+        "data_bytes": data_bytes,
+        "master": master,
         "generate_s": round(generate_s, 2),
         "parse_rows": parsed_rows,
         "parse_s": round(parse_s, 3),
         "parse_rows_per_s": round(parsed_rows / parse_s),
     }
-    if not args.skip_export:
-        summary, wall_s = export(storage, args.dir / EXPORT_DIR_NAME, args.master)
+    if export_once:
+        progress(f"waltz spark export --master {master}")
+        summary, wall_s = export(storage, directory / EXPORT_DIR_NAME, master)
         result |= {
-            "master": args.master,
             "export_rows": summary["rows"],
             "export_s": round(summary["seconds"], 3),
             "export_rows_per_s": round(summary["rows_per_s"]),
             "export_command_s": round(wall_s, 2),
             "export_vs_parse": round(summary["rows_per_s"] / (parsed_rows / parse_s), 3),
         }
-    if args.warm_runs > 0:
-        rates = export_warm(storage, args.dir, args.master, args.warm_runs)
-        result |= {"warm_export_rows_per_s": [round(r) for r in rates]}
-    print(json.dumps(result, indent=1))
-
-
-if __name__ == "__main__":
-    main()
+    if warm_runs > 0:
+        progress(f"{warm_runs} warm export(s) in one session")
+        rates = export_warm(storage, directory, master, warm_runs)
+        result |= {
+            "warm_export_rows_per_s": [round(r) for r in rates],
+            "warm_export_vs_parse": [round(r / (parsed_rows / parse_s), 3) for r in rates],
+        }
+    return result

@@ -319,6 +319,54 @@ def consumers_command(
         console.print(line, markup=False, highlight=False)
 
 
+@app.command("export")
+@one_line_errors
+def export_command(
+    directory: Annotated[
+        Path, typer.Option("--dir", help="Working directory: the generated log (kept for reuse) and exports.")
+    ],
+    rows: Annotated[int, typer.Option("--rows", min=1, help="Transactions in the log.")] = 2_000_000,
+    partitions: Annotated[int, typer.Option("--partitions", min=1, help="Partitions of the log.")] = 4,
+    data_bytes: Annotated[
+        int, typer.Option("--data-bytes", min=8, help="Bytes of data per transaction.")
+    ] = 100,
+    master: Annotated[str, typer.Option("--master", help="Spark master of the exports.")] = "local[2]",
+    skip_export: Annotated[
+        bool, typer.Option("--skip-export", help="Only generate the log and time the parser.")
+    ] = False,
+    warm_runs: Annotated[
+        int, typer.Option("--warm-runs", min=0, help="Also time N exports in one session.")
+    ] = 0,
+    as_json: JsonOption = False,
+) -> None:
+    """Rows/s of `waltz spark export` beside the segment parser alone in one process.
+
+    Example: waltz bench export --dir /tmp/waltz-bench-export --rows 2000000 --warm-runs 3
+    """
+    from spark import bench_export
+
+    result = bench_export.run(
+        directory,
+        rows=rows,
+        partitions=partitions,
+        data_bytes=data_bytes,
+        master=master,
+        export_once=not skip_export,
+        warm_runs=warm_runs,
+        progress=_progress,
+    )
+    if as_json:
+        print_json({"machine": _machine(), "result": result})
+        return
+    title = f"export of {rows:,} transactions x {data_bytes} B ({partitions} partitions, {master})"
+    table = Table(title=title)
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for name, value in result.items():
+        table.add_row(name, f"{value:,}" if isinstance(value, int | float) else str(value))
+    console.print(table)
+
+
 @app.command("compare")
 @one_line_errors
 def compare_command(
