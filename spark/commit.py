@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spark.watermarks import (
-    fsync_directory,
     load_file_watermarks,
     save_file_watermarks,
     state_dir,
     write_json_atomically,
 )
 from waltz_engine.errors import WaltzError
+from waltz_engine.fileio import fsync_directory
 from waltz_engine.zk.export_watermarks import Watermarks
 
 STAGING_DIR_NAME = "staging"

@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 
 from spark.schema import COLUMN_DATA, COLUMN_DECODED, COLUMN_PARTITION, COLUMN_TRANSACTION_ID
 from spark.segments import SegmentSlice, read_slice
+from waltz_engine.fileio import fsync_file
 
 PARQUET_SUFFIX = ".parquet"
 # Rows per task: a file of at most this many rows, and the unit Spark balances over cores.
@@ -103,7 +104,7 @@ def run_task(task: ExportTask) -> TaskResult:
             return TaskResult(task.part.partition_id, 0, None)
         writer.close()
         writer = None
-        _fsync(temporary)
+        fsync_file(temporary)
         os.replace(temporary, target)
     finally:
         if writer is not None:
@@ -129,11 +130,3 @@ def _output_batches(task: ExportTask) -> Iterator[pa.RecordBatch]:
 
 def _as_text(value: object) -> str:
     return value if isinstance(value, str) else json.dumps(value, default=str, sort_keys=True)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

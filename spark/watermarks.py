@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from waltz_engine.errors import FormatError
+from waltz_engine.fileio import fsync_directory
 from waltz_engine.zk.export_watermarks import Watermarks
 from waltz_engine.zk.java_io import INT32_MAX
 
@@ -55,14 +56,6 @@ def write_json_atomically(path: Path, value: object) -> None:
         os.fsync(f.fileno())
     os.replace(temporary, path)
     fsync_directory(path.parent)
-
-
-def fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def save_file_watermarks(output: Path, watermarks: Mapping[int, int]) -> None:

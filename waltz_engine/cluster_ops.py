@@ -22,11 +22,12 @@ from typing import Any, NamedTuple, TypeVar
 
 from kazoo.client import KazooClient
 
+from waltz_engine.address import HostPort, parse_host_port
 from waltz_engine.config import Config
 from waltz_engine.errors import WaltzError
-from waltz_engine.server.rpc_client import ServerEndpoint, ServerRpcClient, ServerRpcError
+from waltz_engine.server.rpc_client import ServerRpcClient, ServerRpcError
 from waltz_engine.storage import admin_ops
-from waltz_engine.storage.admin_ops import NodeAddress, StorageAdminError, StorageContext
+from waltz_engine.storage.admin_ops import StorageAdminError, StorageContext
 from waltz_engine.tls import TlsConfig, client_context
 from waltz_engine.zk import store_metadata
 from waltz_engine.zk.cluster import read_cluster_params, read_partition_assignment, read_server_descriptors
@@ -123,8 +124,8 @@ def read_cluster_view(client: KazooClient, root: str) -> ClusterView:
     )
 
 
-def _endpoint(descriptor: ServerDescriptor) -> ServerEndpoint:
-    return ServerEndpoint(descriptor.host, descriptor.port)
+def _endpoint(descriptor: ServerDescriptor) -> HostPort:
+    return HostPort(descriptor.host, descriptor.port)
 
 
 # --- check-connectivity ------------------------------------------------------------------------
@@ -287,10 +288,10 @@ async def _storage_statuses(
 
     async def ask(storage: str, admin_port: int) -> tuple[str, dict[int, bool] | str]:
         try:
-            host = store_metadata.parse_storage(storage)[0]
+            host = parse_host_port(storage).host
         except WaltzError as e:
             return storage, str(e)
-        address = NodeAddress(host, admin_port)
+        address = HostPort(host, admin_port)
         try:
             async with admin_ops.admin_client(context, address) as admin:
                 return storage, await asyncio.wait_for(
@@ -521,15 +522,7 @@ class ServerPartitionList(NamedTuple):
         }
 
 
-def parse_http_endpoint(text: str) -> ServerEndpoint:
-    try:
-        host, port = store_metadata.parse_storage(text)
-    except WaltzError:
-        raise ClusterOpsError(f"Http must be in format of host:port, got '{text}'") from None
-    return ServerEndpoint(host, port)
-
-
-def server_list(endpoint: ServerEndpoint, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> ServerPartitionList:
+def server_list(endpoint: HostPort, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> ServerPartitionList:
     """The partitions a server holds and their storage nodes, from its ``/metrics`` gauges."""
     url = f"http://{endpoint}{METRICS_PATH}"
     try:
@@ -558,7 +551,7 @@ def server_list(endpoint: ServerEndpoint, timeout_ms: int = DEFAULT_TIMEOUT_MS) 
 
 
 async def add_preferred_partitions(
-    endpoint: ServerEndpoint,
+    endpoint: HostPort,
     partition_ids: Sequence[int],
     ssl_context: ssl.SSLContext,
     timeout_ms: int = DEFAULT_TIMEOUT_MS,
@@ -573,7 +566,7 @@ async def add_preferred_partitions(
 
 
 async def remove_preferred_partitions(
-    endpoint: ServerEndpoint,
+    endpoint: HostPort,
     partition_ids: Sequence[int],
     ssl_context: ssl.SSLContext,
     timeout_ms: int = DEFAULT_TIMEOUT_MS,
@@ -669,7 +662,7 @@ class TruncateResult(NamedTuple):
 
 async def truncate_partition(
     context: StorageContext,
-    admin_address: NodeAddress,
+    admin_address: HostPort,
     data_port: int,
     partition_id: int,
     to_transaction_id: int,
@@ -687,7 +680,7 @@ async def truncate_partition(
         raise ClusterOpsError(
             f"--to must be {NO_TRANSACTION} (empty) or a transaction id, got {to_transaction_id}"
         )
-    data_address = NodeAddress(admin_address.host, data_port)
+    data_address = HostPort(admin_address.host, data_port)
     fail = f"Failed to truncate partition {partition_id} on {data_address}"
     try:
         async with admin_ops.admin_client(context, admin_address) as admin:

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from waltz_engine.address import MAX_PORT, MIN_PORT, is_port
 from waltz_engine.errors import WaltzError
 
 INT32_MIN = -(1 << 31)
@@ -184,10 +185,6 @@ class Config:
         return unknown
 
 
-MIN_PORT = 1
-MAX_PORT = 65535
-
-
 def require_ports(config: Config, required: Iterable[str], optional: Iterable[str] = ()) -> dict[str, int]:
     """The listening ports a node's config names: each in range, all different (the original's
     UniqueValidator). Optional keys that are absent are left out of the result."""
@@ -197,7 +194,7 @@ def require_ports(config: Config, required: Iterable[str], optional: Iterable[st
         if value is not None:
             ports[key] = value
     for key, port in ports.items():
-        if not MIN_PORT <= port <= MAX_PORT:
+        if not is_port(port):
             raise ConfigError(
                 f"{config.source}: key '{key}' must be a port in [{MIN_PORT}, {MAX_PORT}], got {port}"
             )

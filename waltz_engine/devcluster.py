@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 import yaml
 from kazoo.client import KazooClient
 
+from waltz_engine.address import is_port
 from waltz_engine.cluster_ops import read_cluster_view, verify
 from waltz_engine.errors import WaltzError
 from waltz_engine.storage.admin_ops import add_partitions, client_ssl_context, read_store_layout
@@ -75,7 +76,6 @@ SERVER_STORAGE_MAX_RETRY_MS = 1_000
 
 PORTS_PER_STORAGE = 3  # data, admin, http
 PORTS_PER_SERVER = 2  # client, http
-MAX_PORT = 65_535
 
 STORAGE = "storage"
 SERVER = "server"
@@ -363,7 +363,7 @@ def _allocate_ports(base_port: int | None, count: int) -> Iterator[int]:
                 sock.close()
         yield from ports
         return
-    if base_port <= 0 or base_port + count - 1 > MAX_PORT:
+    if not (is_port(base_port) and is_port(base_port + count - 1)):
         raise DevClusterError(f"ports {base_port}..{base_port + count - 1} are not all valid ports")
     yield from range(base_port, base_port + count)
 

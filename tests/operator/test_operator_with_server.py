@@ -13,7 +13,8 @@ import pytest
 from operator_support import NUM_PARTITIONS, StorageCluster, invoke, ok_json, one_line_error, storage_cluster
 from server_process_support import ServerProcess
 
-from waltz_engine.server.rpc_client import ServerEndpoint, ServerRpcClient
+from waltz_engine.address import HostPort
+from waltz_engine.server.rpc_client import ServerRpcClient
 from waltz_engine.tls import TlsConfig, client_context
 from waltz_engine.zk.cluster import read_server_descriptors
 from waltz_engine.zk.connection import connect
@@ -36,9 +37,7 @@ class Servers:
 
 def held(server: ServerProcess) -> list[int]:
     async def ask() -> list[int]:
-        async with ServerRpcClient(
-            ServerEndpoint("127.0.0.1", server.port), client_context(TlsConfig())
-        ) as rpc:
+        async with ServerRpcClient(HostPort("127.0.0.1", server.port), client_context(TlsConfig())) as rpc:
             return await rpc.server_partitions()
 
     return asyncio.run(ask())

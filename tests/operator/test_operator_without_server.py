@@ -22,8 +22,9 @@ from operator_support import (
 from storage_node_support import StorageNodeProcess, client_ssl, make_records
 from testkit import free_tcp_port
 
+from waltz_engine.address import HostPort
 from waltz_engine.storage import admin_ops
-from waltz_engine.storage.admin_ops import NodeAddress, StorageContext
+from waltz_engine.storage.admin_ops import StorageContext
 from waltz_engine.zk.cluster_manager import read_forced_assignments
 from waltz_engine.zk.connection import connect
 from waltz_engine.zk.paths import ClusterPaths
@@ -189,7 +190,7 @@ def test_truncate_offline_only_above_the_low_water_mark_unless_forced(cluster: S
         assert (cut["oldMaxTransactionId"], cut["newMaxTransactionId"], cut["removed"]) == (9, 6, 3)
         kept = on_admin(node, lambda a: a.record_list(0, 0, 100))
         assert kept == make_records(0, 7, 0)
-        address = NodeAddress(node.host, node.admin_port)
+        address = HostPort(node.host, node.admin_port)
         assert asyncio.run(admin_ops.max_transaction_id(context, address, node.port, 0, offline=True)) == 6
         forced = invoke(*args, "--to", "2", "--force")
         assert forced.exit_code == 0, forced.stderr

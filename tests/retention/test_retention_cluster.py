@@ -22,12 +22,12 @@ from typer.testing import CliRunner
 
 from waltz_cli.commands import inspect as inspect_cli
 from waltz_cli.commands import retention as retention_cli
+from waltz_engine.address import HostPort
 from waltz_engine.client import WaltzClient
 from waltz_engine.devcluster import LocalCluster, LocalNode
 from waltz_engine.record import Record
 from waltz_engine.retention import removable_head_segments, retained_start_in
 from waltz_engine.storage.admin_ops import (
-    NodeAddress,
     StorageContext,
     add_partitions,
     admin_client,
@@ -112,12 +112,12 @@ async def _commit_many(cluster: LocalCluster, count: int) -> None:
 
 
 async def _records(context: StorageContext, node: LocalNode, first: int, count: int) -> list[Record]:
-    async with admin_client(context, NodeAddress("127.0.0.1", node.admin_port)) as admin:
+    async with admin_client(context, HostPort("127.0.0.1", node.admin_port)) as admin:
         return await admin.record_list(PARTITION, first, count)
 
 
 async def _gauge(context: StorageContext, node: LocalNode, name: str) -> int | None:
-    async with admin_client(context, NodeAddress("127.0.0.1", node.admin_port)) as admin:
+    async with admin_client(context, HostPort("127.0.0.1", node.admin_port)) as admin:
         gauges = (await admin.metrics())["gauges"]
     entry = gauges.get(f"waltz-storage.partition-{PARTITION}.{name}")
     return None if entry is None else entry["value"]
@@ -200,7 +200,7 @@ def test_retention_end_to_end(cluster: LocalCluster) -> None:
     replaced.stop()
     shutil.rmtree(replaced.directory / "data")
     replaced.start()
-    asyncio.run(add_partitions(context, NodeAddress("127.0.0.1", replaced.admin_port), [PARTITION]))
+    asyncio.run(add_partitions(context, HostPort("127.0.0.1", replaced.admin_port), [PARTITION]))
     asyncio.run(_commit_many(cluster, 5))
     last += 5
     _wait_all_at(cluster, context, "max-transaction-id", last)

@@ -21,11 +21,11 @@ from cluster_support import local_cluster, waltz_client_config
 from typer.testing import CliRunner
 
 from waltz_cli.main import app
+from waltz_engine.address import HostPort
 from waltz_engine.client import WaltzClient
 from waltz_engine.devcluster import LocalCluster
-from waltz_engine.server.rpc_client import ServerEndpoint, ServerRpcClient
+from waltz_engine.server.rpc_client import ServerRpcClient
 from waltz_engine.storage.admin_ops import (
-    NodeAddress,
     StorageContext,
     max_transaction_id,
     replica_checksums,
@@ -66,7 +66,7 @@ async def _commit(client: WaltzClient, data: str, partition: int = 0) -> MockCon
 async def _wait_replicas_at(cluster: LocalCluster, context: StorageContext, txid: int) -> None:
     deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
     for node in cluster.storages:
-        address = NodeAddress("127.0.0.1", node.admin_port)
+        address = HostPort("127.0.0.1", node.admin_port)
         while (seen := await max_transaction_id(context, address, node.port, 0, offline=False)) < txid:
             assert time.monotonic() < deadline, f"{node.name} stuck at {seen}, expected {txid}"
             await asyncio.sleep(POLL_S)
@@ -78,7 +78,7 @@ async def _wait_until_released(cluster: LocalCluster, partition: int) -> None:
     while True:
         holders = 0
         for server in cluster.servers:
-            endpoint = ServerEndpoint("127.0.0.1", server.port)
+            endpoint = HostPort("127.0.0.1", server.port)
             async with ServerRpcClient(endpoint, client_context(TlsConfig())) as rpc:
                 holders += partition in await rpc.server_partitions()
         if holders == 1:

@@ -13,8 +13,9 @@ from testkit import free_tcp_port
 from typer.testing import CliRunner, Result
 
 from waltz_cli.main import app
+from waltz_engine.address import AddressError, HostPort, parse_host_port
 from waltz_engine.storage import admin_ops
-from waltz_engine.storage.admin_ops import NodeAddress, PartitionStatus, StorageAdminError
+from waltz_engine.storage.admin_ops import PartitionStatus, StorageAdminError
 from waltz_engine.zk import store_metadata
 from waltz_engine.zk.cluster import create_cluster
 
@@ -57,13 +58,13 @@ def where(zookeeper: str, cluster_root: str, zk_client: Any) -> tuple[str, ...]:
 
 @pytest.mark.parametrize("text", ["localhost", "a:b:c", "host:", ":5", "host:0", "host:65536", "host:x"])
 def test_parse_address_rejects_malformed(text: str) -> None:
-    with pytest.raises(StorageAdminError, match="Storage must be in format of host:admin_port"):
-        admin_ops.parse_address(text)
+    with pytest.raises(AddressError, match="Storage must be in format of host:admin_port"):
+        parse_host_port(text, "Storage", "host:admin_port")
 
 
 def test_parse_address() -> None:
-    assert admin_ops.parse_address("db-1.example:55281") == NodeAddress("db-1.example", 55281)
-    assert str(NodeAddress("h", 1)) == "h:1"
+    assert parse_host_port("db-1.example:55281") == HostPort("db-1.example", 55281)
+    assert str(HostPort("h", 1)) == "h:1"
 
 
 def test_check_partitions() -> None:
@@ -95,7 +96,7 @@ def _metrics(gauges: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_partition_status_from_metrics() -> None:
-    address = NodeAddress("h", 1)
+    address = HostPort("h", 1)
     big = 1 << 40  # the original's asInt would cut this; we keep 64 bits
     metrics = _metrics(
         {
@@ -130,9 +131,9 @@ def test_partition_status_from_metrics() -> None:
 )
 def test_partition_status_from_bad_metrics(gauges: dict[str, Any], fragment: str) -> None:
     with pytest.raises(StorageAdminError, match=fragment):
-        admin_ops.partition_status_from_metrics(_metrics(gauges), NodeAddress("h", 1))
+        admin_ops.partition_status_from_metrics(_metrics(gauges), HostPort("h", 1))
     with pytest.raises(StorageAdminError, match="metrics have no gauges"):
-        admin_ops.partition_status_from_metrics({}, NodeAddress("h", 1))
+        admin_ops.partition_status_from_metrics({}, HostPort("h", 1))
 
 
 # --- CLI: bad input ------------------------------------------------------------------------------

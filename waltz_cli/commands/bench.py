@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from waltz_cli.output import console, err_console, fail, one_line_errors, print_json
+from waltz_engine.address import parse_host_port
 from waltz_engine.bench import crc_bench, engine_bench
 
 app = typer.Typer(help="Benchmarks: measure throughput and latency on this machine.", no_args_is_help=True)
@@ -177,7 +178,7 @@ def storage(
     if storage_address is not None:
         if admin_port is None:
             fail("--storage needs --admin-port")
-        address = admin_ops.parse_address(storage_address, "host:data_port")
+        address = parse_host_port(storage_address, "Storage", "host:data_port")
         settings = load_settings(config, zookeeper, cluster_root)
         with connect(settings) as client:
             layout = admin_ops.read_store_layout(client, settings.cluster_root)

@@ -17,8 +17,8 @@ from waltz_cli.commands.cluster import say
 from waltz_cli.commands.zk import ConfigOption, ConnectTimeoutOption, JsonOption, RootOption, ZooKeeperOption
 from waltz_cli.output import one_line_errors, print_json
 from waltz_engine import cluster_ops
+from waltz_engine.address import parse_host_port
 from waltz_engine.cluster_ops import ForcedAssignment
-from waltz_engine.server.rpc_client import parse_endpoint
 from waltz_engine.zk.connection import connect, load_settings
 from waltz_engine.zk.partition_ranges import parse_partition_ranges
 
@@ -57,7 +57,7 @@ def list_(
 
     Example: waltz server list -s localhost:55281
     """
-    found = cluster_ops.server_list(cluster_ops.parse_http_endpoint(server), timeout_ms)
+    found = cluster_ops.server_list(parse_host_port(server, "Http"), timeout_ms)
     if as_json:
         print_json(found.to_json())
         return
@@ -68,7 +68,7 @@ def list_(
 def _preferred(
     add: bool, server: str, partition: str, config: Path | None, timeout_ms: int, as_json: bool
 ) -> None:
-    endpoint = parse_endpoint(server, "host:server_port")
+    endpoint = parse_host_port(server, "Server", "host:server_port")
     ids = parse_partition_ranges(partition)
     ssl_context = cluster_ops.tools_ssl_context(config)
     change = cluster_ops.add_preferred_partitions if add else cluster_ops.remove_preferred_partitions

@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from waltz_engine.address import HostPort
 from waltz_engine.bench.engine_bench import (
     BYTES_PER_MB,
     PAYLOAD_POOL_SIZE,
@@ -44,7 +45,7 @@ from waltz_engine.bench.engine_bench import (
 from waltz_engine.errors import WaltzError
 from waltz_engine.record import Record
 from waltz_engine.reqid import ReqId
-from waltz_engine.storage.admin_ops import NodeAddress, StorageContext
+from waltz_engine.storage.admin_ops import StorageContext
 from waltz_engine.storage.client import StorageAdminClient, StorageClient, encode_append_records
 from waltz_engine.zk.cluster import create_cluster
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
@@ -137,7 +138,7 @@ class StorageBenchResult:
 class NodeTarget:
     """Where the appends go: a data port, the admin port (to assign the partition) and OPEN's values."""
 
-    address: NodeAddress
+    address: HostPort
     admin_port: int
     context: StorageContext
     partition_id: int = PARTITION_ID
@@ -376,7 +377,7 @@ def own_node(work: Path, ssl_context: ssl.SSLContext) -> Iterator[NodeTarget]:
         config_path, log_path = work / "storage.yml", work / "storage.log"
         config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
         target = NodeTarget(
-            NodeAddress(NODE_HOST, port),
+            HostPort(NODE_HOST, port),
             admin_port,
             StorageContext(params.key, params.num_partitions, ssl_context),
         )

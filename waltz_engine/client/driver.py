@@ -19,6 +19,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
+from waltz_engine.address import parse_host_port
 from waltz_engine.client.channel import Channel, FramedChannel
 from waltz_engine.client.network_client import Endpoint
 from waltz_engine.net import connect
@@ -36,8 +37,8 @@ OnServerRemoved = Callable[[Endpoint], None]
 
 async def open_framed_channel(endpoint: Endpoint, ssl_context: ssl.SSLContext) -> FramedChannel:
     """A TLS connection to a Waltz server, Hello "Waltz Client", codecs v0-v4 (highest common wins)."""
-    host, _, port = endpoint.rpartition(":")
-    conn = await connect(host, int(port), ssl_context, CLIENT_CODECS, CLIENT_HELLO_TEXT)
+    host, port = parse_host_port(endpoint, "Server")
+    conn = await connect(host, port, ssl_context, CLIENT_CODECS, CLIENT_HELLO_TEXT)
     return FramedChannel(conn)
 
 

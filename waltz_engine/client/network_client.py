@@ -20,7 +20,7 @@ from waltz_engine.wire.client_messages import ClientMessage
 
 log = logging.getLogger(__name__)
 
-Endpoint = str  # "host:port", as the cluster manager publishes it
+Endpoint = str  # "host:port", as the cluster manager publishes it (waltz_engine.address parses it)
 OpenChannel = Callable[[Endpoint], Awaitable[Channel]]
 
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
+from waltz_engine.address import HostPort
 from waltz_engine.errors import ProtocolError, WaltzError
 from waltz_engine.net import ConnectionClosedError, FramedConnection, connect
 from waltz_engine.reqid import ReqId
@@ -30,7 +31,6 @@ from waltz_engine.wire.client_messages import (
     ServerPartitionsHealthStatResponse,
 )
 from waltz_engine.wire.hello import CLIENT_HELLO_TEXT
-from waltz_engine.zk.store_metadata import StoreMetadataError, parse_storage
 
 R = TypeVar("R")
 
@@ -50,29 +50,12 @@ class ServerRpcError(WaltzError):
     """A server could not be reached, closed the connection, or did not answer in time."""
 
 
-class ServerEndpoint(NamedTuple):
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
-
-
-def parse_endpoint(text: str, form: str = "host:port") -> ServerEndpoint:
-    """``host:port``; anything else is refused with the form expected."""
-    try:
-        host, port = parse_storage(text)
-    except StoreMetadataError:
-        raise ServerRpcError(f"Server must be in format of {form}, got '{text}'") from None
-    return ServerEndpoint(host, port)
-
-
 class ServerRpcClient:
     """One connection to a server's client port; use as ``async with ServerRpcClient(...) as rpc``."""
 
     def __init__(
         self,
-        endpoint: ServerEndpoint,
+        endpoint: HostPort,
         ssl_context: ssl.SSLContext,
         *,
         client_id: int = TOOL_CLIENT_ID,

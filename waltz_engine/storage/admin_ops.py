@@ -24,6 +24,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from kazoo.client import KazooClient
 
+from waltz_engine.address import HostPort, parse_host_port
 from waltz_engine.config import Config
 from waltz_engine.disk.partition_info import FLAG_ASSIGNED, FLAG_AVAILABLE
 from waltz_engine.errors import WaltzError
@@ -39,7 +40,6 @@ from waltz_engine.storage.storage_manager import StorageManager
 from waltz_engine.tls import TlsConfig, client_context
 from waltz_engine.zk import store_metadata
 from waltz_engine.zk.partition_ranges import format_partition_ranges
-from waltz_engine.zk.store_metadata import StoreMetadataError
 
 T = TypeVar("T")
 
@@ -67,23 +67,6 @@ _DISCONNECTED = ": disconnected ("
 
 class StorageAdminError(WaltzError):
     """An admin operation failed: bad input, an unreachable node, or the node's FAILURE answer."""
-
-
-class NodeAddress(NamedTuple):
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
-
-
-def parse_address(text: str, form: str = "host:admin_port") -> NodeAddress:
-    """``host:port`` (the original's ``--storage`` / ``--source-storage`` values)."""
-    try:
-        host, port = store_metadata.parse_storage(text)
-    except StoreMetadataError:
-        raise StorageAdminError(f"Storage must be in format of {form}, got '{text}'") from None
-    return NodeAddress(host, port)
 
 
 @dataclass(frozen=True)
@@ -140,14 +123,14 @@ class StoreLayout(NamedTuple):
     def context(self, ssl_context: ssl.SSLContext, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> StorageContext:
         return StorageContext(self.key, self.num_partitions, ssl_context, timeout_ms)
 
-    def admin_address(self, storage: str) -> NodeAddress:
+    def admin_address(self, storage: str) -> HostPort:
         """The original takes the host of the data connect string and the registered admin port."""
         port = self.admin_ports.get(storage)
         if port is None:
             raise StorageAdminError(
                 f"storage node {storage} has no admin port in ZooKeeper (store/connection)"
             )
-        return NodeAddress(parse_address(storage, "host:port").host, port)
+        return HostPort(parse_host_port(storage).host, port)
 
 
 def read_store_layout(client: KazooClient, root: str) -> StoreLayout:
@@ -198,7 +181,7 @@ async def _call(context: StorageContext, what: str, call: Awaitable[T]) -> T:
 
 
 @contextlib.asynccontextmanager
-async def admin_client(context: StorageContext, address: NodeAddress) -> AsyncIterator[StorageAdminClient]:
+async def admin_client(context: StorageContext, address: HostPort) -> AsyncIterator[StorageAdminClient]:
     """An open admin connection (OPEN accepted by the node), closed on exit."""
     client = StorageAdminClient(
         address.host,
@@ -221,7 +204,7 @@ async def admin_client(context: StorageContext, address: NodeAddress) -> AsyncIt
 
 @contextlib.asynccontextmanager
 async def data_client(
-    context: StorageContext, address: NodeAddress, *, used_by_offline_recovery: bool = False
+    context: StorageContext, address: HostPort, *, used_by_offline_recovery: bool = False
 ) -> AsyncIterator[StorageClient]:
     """An open data-port connection, optionally in offline-recovery mode, closed on exit."""
     client = StorageClient(
@@ -282,21 +265,21 @@ class PartitionStatus(NamedTuple):
 
 
 class NodePartitions(NamedTuple):
-    address: NodeAddress
+    address: HostPort
     partitions: list[PartitionStatus]
 
     def to_json(self) -> dict[str, Any]:
         return {"storage": str(self.address), "partitions": [p.to_json() for p in self.partitions]}
 
 
-def _gauge(gauges: dict[str, Any], name: str, address: NodeAddress) -> Any:
+def _gauge(gauges: dict[str, Any], name: str, address: HostPort) -> Any:
     entry = gauges.get(name)
     if not isinstance(entry, dict) or "value" not in entry:
         raise StorageAdminError(f"Cannot fetch partition ownership for {address}: no gauge {name} in metrics")
     return entry["value"]
 
 
-def _int_value(value: Any, name: str, address: NodeAddress) -> int:
+def _int_value(value: Any, name: str, address: HostPort) -> int:
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise StorageAdminError(f"Cannot fetch partition ownership for {address}: gauge {name} is {value!r}")
     try:
@@ -307,7 +290,7 @@ def _int_value(value: Any, name: str, address: NodeAddress) -> int:
         ) from None
 
 
-def partition_status_from_metrics(metrics: dict[str, Any], address: NodeAddress) -> list[PartitionStatus]:
+def partition_status_from_metrics(metrics: dict[str, Any], address: HostPort) -> list[PartitionStatus]:
     """What ``ListPartition.getPartitionInfo`` reads from the METRICS_RESPONSE JSON.
 
     Unlike the original (``asInt``), session ids and watermarks keep their full 64 bits, and a
@@ -339,7 +322,7 @@ def partition_status_from_metrics(metrics: dict[str, Any], address: NodeAddress)
     return statuses
 
 
-async def list_partitions(context: StorageContext, address: NodeAddress) -> NodePartitions:
+async def list_partitions(context: StorageContext, address: HostPort) -> NodePartitions:
     """Partition ownership of one node (admin METRICS_REQUEST)."""
     try:
         async with admin_client(context, address) as admin:
@@ -359,7 +342,7 @@ async def list_all_partitions(context: StorageContext, layout: StoreLayout) -> l
 
 async def _admin_request(
     context: StorageContext,
-    address: NodeAddress,
+    address: HostPort,
     failure: str,
     request: Callable[[StorageAdminClient], Awaitable[T]],
 ) -> T:
@@ -371,7 +354,7 @@ async def _admin_request(
 
 
 async def add_partitions(
-    context: StorageContext, address: NodeAddress, partition_ids: Sequence[int]
+    context: StorageContext, address: HostPort, partition_ids: Sequence[int]
 ) -> list[int]:
     """Assign partitions to a node (PARTITION_ASSIGNMENT_REQUEST(ids, true, false))."""
     ids = context.check_partitions(partition_ids)
@@ -385,7 +368,7 @@ async def add_partitions(
 
 
 async def remove_partitions(
-    context: StorageContext, address: NodeAddress, partition_ids: Sequence[int], *, delete_storage_files: bool
+    context: StorageContext, address: HostPort, partition_ids: Sequence[int], *, delete_storage_files: bool
 ) -> list[int]:
     """Un-assign partitions; their segment files are deleted only with ``delete_storage_files``."""
     ids = context.check_partitions(partition_ids)
@@ -399,7 +382,7 @@ async def remove_partitions(
 
 
 async def set_availability(
-    context: StorageContext, address: NodeAddress, partition_ids: Sequence[int], *, online: bool
+    context: StorageContext, address: HostPort, partition_ids: Sequence[int], *, online: bool
 ) -> list[int]:
     """Turn reads and writes of partitions on or off (PARTITION_AVAILABLE_REQUEST)."""
     ids = context.check_partitions(partition_ids)
@@ -415,7 +398,7 @@ async def set_availability(
 
 class SyncResult(NamedTuple):
     storage: str  # data connect string, as in ZooKeeper
-    address: NodeAddress  # where its admin port was reached
+    address: HostPort  # where its admin port was reached
     assigned: list[int]
     unassigned: list[int]
 
@@ -472,7 +455,7 @@ async def sync_partitions(context: StorageContext, layout: StoreLayout) -> list[
 class EndpointCheck(NamedTuple):
     storage: str  # data connect string, as in ZooKeeper
     port_kind: str  # "data" or "admin"
-    address: NodeAddress
+    address: HostPort
     error: str | None
 
     @property
@@ -493,7 +476,7 @@ async def validate(context: StorageContext, layout: StoreLayout) -> list[Endpoin
     store/connection (concurrently, each bounded); report each endpoint."""
 
     async def data(storage: str) -> EndpointCheck:
-        address = parse_address(storage, "host:port")
+        address = parse_host_port(storage)
         try:
             async with data_client(context, address):
                 pass
@@ -518,7 +501,7 @@ async def validate(context: StorageContext, layout: StoreLayout) -> list[Endpoin
 
 
 async def max_transaction_id(
-    context: StorageContext, admin_address: NodeAddress, data_port: int, partition_id: int, *, offline: bool
+    context: StorageContext, admin_address: HostPort, data_port: int, partition_id: int, *, offline: bool
 ) -> int:
     """Session id from admin LAST_SESSION_INFO, then MAX_TRANSACTION_ID on the data port with it.
 
@@ -526,7 +509,7 @@ async def max_transaction_id(
     unavailable on the node (issue #3).
     """
     context.check_partitions([partition_id])
-    data_address = NodeAddress(admin_address.host, data_port)
+    data_address = HostPort(admin_address.host, data_port)
     try:
         async with admin_client(context, admin_address) as admin:
             info = await _call(
@@ -601,15 +584,15 @@ class _RecoveryState:
 async def _recover_once(
     source: StorageContext,
     destination: StorageContext,
-    source_admin_address: NodeAddress,
-    destination_admin_address: NodeAddress,
+    source_admin_address: HostPort,
+    destination_admin_address: HostPort,
     destination_data_port: int,
     partition_id: int,
     batch_size: int,
     state: _RecoveryState,
     progress: Callable[[RecoveryProgress], None],
 ) -> int:
-    data_address = NodeAddress(destination_admin_address.host, destination_data_port)
+    data_address = HostPort(destination_admin_address.host, destination_data_port)
     async with (
         admin_client(source, source_admin_address) as source_admin,
         admin_client(destination, destination_admin_address) as destination_admin,
@@ -674,8 +657,8 @@ async def _recover_once(
 
 async def recover_partition(
     context: StorageContext,
-    source_admin_address: NodeAddress,
-    destination_admin_address: NodeAddress,
+    source_admin_address: HostPort,
+    destination_admin_address: HostPort,
     destination_data_port: int,
     partition_id: int,
     *,

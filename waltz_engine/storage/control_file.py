@@ -29,9 +29,9 @@ from waltz_engine.disk.partition_info import (
     partition_info_offset,
 )
 from waltz_engine.errors import FormatError, StorageError
+from waltz_engine.fileio import pread_upto, pwrite_all
 from waltz_engine.storage.constants import now_ms
 from waltz_engine.storage.file_lock import HeaderLock
-from waltz_engine.storage.fileio import pread_upto, pwrite_all
 
 # Java's AtomicInteger sequence number; wrapping would make the older struct look newer.
 _MAX_SEQUENCE_NUMBER = 2**31 - 1

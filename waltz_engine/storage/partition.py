@@ -20,6 +20,7 @@ from pathlib import Path
 from waltz_engine.crc import to_signed32
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
 from waltz_engine.errors import FormatError, StorageError
+from waltz_engine.fileio import fsync_directory
 from waltz_engine.record import Record, RecordHeader
 from waltz_engine.retention import BelowRetainedStartError, removable_head_segments
 from waltz_engine.storage.constants import (
@@ -31,7 +32,6 @@ from waltz_engine.storage.constants import (
     segment_paths,
 )
 from waltz_engine.storage.control_file import PartitionInfo, SessionInfo
-from waltz_engine.storage.fileio import fsync_directory
 from waltz_engine.storage.lru import LRUCache
 from waltz_engine.storage.segment import Segment, create_segment_files
 from waltz_engine.storage.segment_finder import find_segment

@@ -36,8 +36,8 @@ from waltz_engine.disk.record_format import (
     read_record,
 )
 from waltz_engine.errors import FormatError, StorageError
+from waltz_engine.fileio import fsync_directory, pread_upto, pwrite_all
 from waltz_engine.record import Record, RecordHeader
-from waltz_engine.storage.fileio import fsync_directory, pread_upto, pwrite_all
 
 _NO_FD = -1
 

@@ -18,6 +18,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
+from waltz_engine.address import is_port
 from waltz_engine.config import Config, ConfigError
 from waltz_engine.errors import WaltzError
 from waltz_engine.zk.paths import normalize_root
@@ -86,7 +87,7 @@ def _check_connect_string(connect_string: str) -> str:
     hosts, _, _chroot = connect_string.partition("/")
     for host in hosts.split(","):
         name, _, port = host.strip().rpartition(":")
-        if not name or not port.isdigit() or not 0 < int(port) < 65536:
+        if not name or not port.isdigit() or not is_port(int(port)):
             raise ZooKeeperError(
                 f"ZooKeeper connect string must be HOST:PORT[,HOST:PORT...], got '{connect_string}'"
             )

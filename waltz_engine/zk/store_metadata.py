@@ -15,6 +15,7 @@ from typing import NamedTuple
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError
 
+from waltz_engine.address import MAX_PORT, is_port, parse_host_port
 from waltz_engine.zk.admin_lock import admin_lock
 from waltz_engine.zk.java_io import INT32_MAX, JavaHashMap, java_string_hash
 from waltz_engine.zk.paths import ClusterPaths
@@ -35,8 +36,6 @@ from waltz_engine.zk.znodes import (
     write,
 )
 
-MAX_PORT = 65535
-
 
 class StoreMetadataError(ClusterMetadataError):
     """A store-metadata change breaks one of the original's rules (duplicate node, bad partition...)."""
@@ -45,14 +44,6 @@ class StoreMetadataError(ClusterMetadataError):
 class VersionedPartitionMetadata(NamedTuple):
     metadata: PartitionMetadata
     version: int  # the znode version to CAS against; NO_VERSION when the znode does not exist yet
-
-
-def parse_storage(storage: str) -> tuple[str, int]:
-    """``host:port`` of a storage node's data port (the key of every store map)."""
-    host, separator, port = storage.partition(":")
-    if not separator or not host or ":" in port or not port.isdigit() or not 0 < int(port) <= MAX_PORT:
-        raise StoreMetadataError(f"Storage must be in format of host:port, got '{storage}'")
-    return host, int(port)
 
 
 # --- reads -----------------------------------------------------------------------------------
@@ -161,8 +152,8 @@ def _read_storage_maps(client: KazooClient, paths: ClusterPaths) -> _StorageMaps
 
 def add_storage_node(client: KazooClient, root: str, storage: str, group_id: int, admin_port: int) -> None:
     """Put a storage node (data ``host:port``) in a group, with no partitions and its admin port."""
-    parse_storage(storage)
-    if not 0 < admin_port <= MAX_PORT:
+    parse_host_port(storage)
+    if not is_port(admin_port):
         raise StoreMetadataError(f"storage admin port must be in 1..{MAX_PORT}, got {admin_port}")
     paths = ClusterPaths.of(root)
     with admin_lock(client, paths):

@@ -13,9 +13,9 @@ import ssl
 import uuid
 from collections.abc import Sequence
 
+from waltz_engine.address import parse_host_port
 from waltz_engine.record import Record, RecordHeader
 from waltz_engine.storage.client import SessionInfo, StorageClient
-from waltz_engine.zk.store_metadata import parse_storage
 
 
 class StorageConnections:
@@ -31,7 +31,7 @@ class StorageConnections:
         self._closed = False
 
     def new_client(self, storage: str) -> StorageClient:
-        host, port = parse_storage(storage)
+        host, port = parse_host_port(storage)
         return StorageClient(
             host,
             port,

@@ -1,4 +1,5 @@
-"""Positional reads and writes on raw file descriptors that never stop half way silently."""
+"""Positional reads and writes on raw file descriptors that never stop half way silently, and
+fsyncs of files and directories by path."""
 
 from __future__ import annotations
 
@@ -33,6 +34,15 @@ def pread_upto(fd: int, size_bytes: int, offset: int) -> bytes:
 def fsync_directory(directory: Path) -> None:
     """Make created or deleted names in ``directory`` durable, not only the files' contents."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: Path) -> None:
+    """Make a file's written contents durable (one written through a library that does not)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
