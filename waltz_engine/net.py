@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from waltz_engine.errors import ProtocolError, WaltzError
@@ -84,6 +84,12 @@ class FramedConnection:
         if self.closed:
             raise ConnectionClosedError(f"connection to {self.peer} is closed")
         self.writer.write(frame)
+
+    def send_frames(self, frames: Sequence[bytes]) -> None:
+        """Queue several frames at once: over TLS, one flush to the socket instead of one each."""
+        if self.closed:
+            raise ConnectionClosedError(f"connection to {self.peer} is closed")
+        self.writer.writelines(frames)
 
     async def send(self, message: Any) -> None:
         self.send_frame(self.codec.encode_frame(message))

@@ -188,8 +188,7 @@ class _RpcConnection:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[seq_num] = future
         try:
-            for frame in frames:
-                conn.send_frame(frame)
+            conn.send_frames(frames)
             await conn.drain()
         except ConnectionClosedError as e:
             self._pending.pop(seq_num, None)

@@ -192,10 +192,13 @@ class PartitionWorker:
             while len(batch) < MAX_BATCH_REQUESTS and not queue.empty():
                 batch.append(queue.get_nowait())
             replies = await loop.run_in_executor(self._executor, self._process_batch, batch)
+            by_connection: dict[FramedConnection, list[bytes]] = {}
             for conn, frame in replies:
+                by_connection.setdefault(conn, []).append(frame)
+            for conn, frames in by_connection.items():
                 # The client may be gone; its requests were processed all the same.
                 with contextlib.suppress(ConnectionClosedError):
-                    conn.send_frame(frame)
+                    conn.send_frames(frames)
 
     # --- processing (disk thread) ----------------------------------------------------------------
 
