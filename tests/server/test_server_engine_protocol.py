@@ -6,7 +6,15 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from server_support.engine_harness import GENERATION, Harness, TestClient, append, req, running_core
+from server_support.engine_harness import (
+    GENERATION,
+    RECEIVE_TIMEOUT_S,
+    Harness,
+    TestClient,
+    append,
+    req,
+    running_core,
+)
 from server_support.fake_store import FakeStorePartition
 
 from waltz_engine.crc import crc32
@@ -312,5 +320,29 @@ def test_failed_store_append_is_not_fed_and_flush_reports_the_hwm() -> None:
         # Wrong generation: refused by the store, dropped silently.
         await c.send(append(req(1, 3, generation=0), 0, b"old generation"))
         assert await flush(c, 1) == 0
+
+    run(test)
+
+
+def test_a_partition_whose_task_dies_is_reopened_and_serves_again() -> None:
+    """An unexpected error ending the append task would leave a partition that queues appends
+    and never answers (a smoke run saw it); the core replaces the partition instead."""
+
+    async def test(h: Harness) -> None:
+        c = await mounted(h, 1)
+        await c.send(append(req(1, 2), -1, b"before"))
+        assert await flush(c, 1) == 0
+        failed = h.core.partitions[0]
+        h.store.partitions[0].flush_error = RuntimeError("injected: not a WaltzError")
+        await c.send(FlushRequest(req(1, 3)))  # ends the append task
+        deadline = asyncio.get_running_loop().time() + RECEIVE_TIMEOUT_S
+        while h.core.partitions.get(0) in (failed, None):
+            assert asyncio.get_running_loop().time() < deadline, "the partition was never reopened"
+            await asyncio.sleep(0.01)
+        assert failed.closed and h.core.partitions[0].generation == GENERATION
+        again = await mounted(h, 2, hwm=0)
+        await again.send(append(req(2, 2), 0, b"after"))
+        assert await flush(again, 2) == 1
+        assert [r.data for r in h.store.partitions[0].records] == [b"before", b"after"]
 
     run(test)

@@ -307,3 +307,41 @@ def test_checkpoint_interval_forces_new_sessions(cluster: StorageCluster, zk: Ka
             await store.close()
 
     asyncio.run(go())
+
+
+def test_zookeeper_lost_while_a_new_session_is_needed_delays_appends_and_fails_none(
+    cluster: StorageCluster, zk: KazooClient
+) -> None:
+    """A new store session needs ZooKeeper (the session id is CAS'd into the partition's znode).
+    With ZooKeeper gone, kazoo raises its own exceptions; they must be retried like any
+    unavailable dependency, not end the caller (a smoke run's partition hung that way)."""
+    register_nodes(zk, cluster)
+
+    async def go() -> None:
+        store = await open_store(
+            zk, cluster.root, StoreConfig(checkpoint_interval=10, initial_retry_interval_ms=10)
+        )
+        try:
+            partition = store.partition(PARTITION_ID)
+            await partition.set_generation(GENERATION)
+            appender = Appender(partition)
+            first = [await bounded(await appender.append()) for _ in range(10)]
+            assert first == list(range(10))
+            # The checkpoint is reached: the next append needs a new session, so ZooKeeper.
+            await asyncio.to_thread(zk.stop)
+
+            async def append_five() -> list[asyncio.Future[int]]:
+                return [await appender.append() for _ in range(5)]
+
+            appending = asyncio.ensure_future(append_five())
+            await asyncio.sleep(NOT_RESOLVED_PROBE_S)
+            assert not appending.done(), "an append waits for a session, which waits for ZooKeeper"
+            await asyncio.to_thread(zk.start)
+            waiting = await bounded(appending)
+            assert [await bounded(f) for f in waiting] == list(range(10, 15))
+            assert await bounded(partition.flush()) == 14
+            await check_log(cluster, appender, 14, current_session_id(partition))
+        finally:
+            await store.close()
+
+    asyncio.run(go())

@@ -38,6 +38,8 @@ class FakeStorePartition:
         self.healthy = True
         self.held = False
         self.fail_next = 0
+        # Raised by the next flush: an unexpected failure inside the store layer.
+        self.flush_error: BaseException | None = None
         self.max_pending_seen = 0
         self.record_header_calls = 0
         self.record_calls = 0
@@ -101,6 +103,9 @@ class FakeStorePartition:
         return len(self._pending)
 
     async def flush(self) -> int:
+        error, self.flush_error = self.flush_error, None
+        if error is not None:
+            raise error
         async with self._changed:
             await self._changed.wait_for(lambda: not self._pending)
         return self.high_water_mark

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 from waltz_engine.errors import WaltzError
@@ -123,6 +124,9 @@ class Partition:
         self.settings = settings
         self.commit_high_water_mark = NO_HIGH_WATER_MARK
         self.closed = False
+        # Called once when one of the partition's tasks ends with an unexpected error: the
+        # partition can no longer serve (its owner replaces it; see ServerCore).
+        self.on_task_failure: Callable[[Partition], None] | None = None
         self.pending_appends = 0
         self._settled = asyncio.Event()  # no append future is unresolved
         self._settled.set()
@@ -168,8 +172,12 @@ class Partition:
             task.add_done_callback(self._task_ended)
 
     def _task_ended(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.error("partition %d: %s died", self.partition_id, task.get_name(), exc_info=task.exception())
+        if task.cancelled() or task.exception() is None or self.closed:
+            return
+        log.error("partition %d: %s died", self.partition_id, task.get_name(), exc_info=task.exception())
+        on_failure, self.on_task_failure = self.on_task_failure, None
+        if on_failure is not None:
+            on_failure(self)
 
     async def set_generation(self, generation: int) -> None:
         if generation > self.generation:

@@ -95,6 +95,7 @@ class ServerCore:
         self.preferred_partitions: tuple[int, ...] = ()
         self._set_preferred = set_preferred
         self._assignment_lock = asyncio.Lock()
+        self._reopenings: set[asyncio.Task[None]] = set()
 
     # --- ServerServices --------------------------------------------------------------------
 
@@ -144,18 +145,38 @@ class ServerCore:
                 if existing is not None:
                     await existing.set_generation(generation)
                     continue
-                partition = Partition(
-                    partition_id,
-                    generation,
-                    self.store.partition(partition_id),
-                    self.feed_cache,
-                    self.fetcher,
-                    self.settings,
-                    self.metrics,
-                )
-                await partition.open()
-                self.partitions[partition_id] = partition
-                log.info("partition %d opened with generation %d", partition_id, generation)
+                await self._open_partition(partition_id, generation)
+
+    async def _open_partition(self, partition_id: int, generation: int) -> None:
+        partition = Partition(
+            partition_id,
+            generation,
+            self.store.partition(partition_id),
+            self.feed_cache,
+            self.fetcher,
+            self.settings,
+            self.metrics,
+        )
+        partition.on_task_failure = self._partition_failed
+        await partition.open()
+        self.partitions[partition_id] = partition
+        log.info("partition %d opened with generation %d", partition_id, generation)
+
+    def _partition_failed(self, partition: Partition) -> None:
+        """A partition whose task died would accept appends and never answer them: replace it
+        (close, reopen with its generation), as a reassignment would; clients remount."""
+        task = asyncio.get_running_loop().create_task(self._reopen(partition))
+        self._reopenings.add(task)
+        task.add_done_callback(self._reopenings.discard)
+
+    async def _reopen(self, partition: Partition) -> None:
+        async with self._assignment_lock:
+            partition_id = partition.partition_id
+            if self.partitions.get(partition_id) is not partition:
+                return  # already closed or replaced by an assignment
+            log.warning("partition %d: reopening after a failure", partition_id)
+            await self._close_partition(partition_id)
+            await self._open_partition(partition_id, partition.generation)
 
     async def _close_partition(self, partition_id: int) -> None:
         partition = self.partitions.pop(partition_id)

@@ -21,6 +21,10 @@ class RecoveryFailedError(StoreError):
     """Recovery of a new store session failed or was aborted (the session closed)."""
 
 
+class MetadataUnavailableError(StoreError):
+    """ZooKeeper could not be read or written (connection lost, session expired); retried."""
+
+
 class StorePartitionClosedError(StoreError):
     """The store partition (or the whole store) was closed."""
 

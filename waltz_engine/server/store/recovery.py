@@ -22,6 +22,7 @@ from kazoo.client import KazooClient
 
 from waltz_engine.server.store.config import RECOVERY_BATCH_SIZE
 from waltz_engine.server.store.errors import RecoveryFailedError
+from waltz_engine.server.store.metadata_calls import metadata_call
 from waltz_engine.server.store.replica_connection import ReplicaConnection
 from waltz_engine.server.store.retained_start import restart_at_retained_start, retained_start_error
 from waltz_engine.storage.client import StorageRpcError
@@ -350,7 +351,8 @@ class RecoveryManager:
                 if _same_metadata(new, self._metadata):
                     return
                 try:
-                    await asyncio.to_thread(
+                    await metadata_call(
+                        f"partition {self.partition_id}: recovery",
                         write_partition_metadata,
                         self._zk,
                         self._root,

@@ -24,6 +24,7 @@ from waltz_engine.server.store.errors import (
     GenerationMismatchError,
     StorePartitionClosedError,
 )
+from waltz_engine.server.store.metadata_calls import metadata_call
 from waltz_engine.server.store.replica_connection import StorageConnections
 from waltz_engine.server.store.replica_session import ReplicaSession
 from waltz_engine.server.store.store_session import StoreSession
@@ -142,8 +143,9 @@ class StoreSessionManager:
         """CAS ``sessionId + 1`` (and our generation) into the partition metadata."""
         backoff = Backoff(METADATA_INITIAL_RETRY_INTERVAL_MS, METADATA_MAX_RETRY_INTERVAL_MS)
         while True:
-            old, version = await asyncio.to_thread(
-                read_partition_metadata, self._zk, self._root, self.partition_id
+            what = f"partition {self.partition_id}: new session"
+            old, version = await metadata_call(
+                what, read_partition_metadata, self._zk, self._root, self.partition_id
             )
             if old.generation > generation:
                 raise GenerationMismatchError(
@@ -152,8 +154,8 @@ class StoreSessionManager:
                 )
             new = PartitionMetadata.of_map(generation, old.session_id + 1, old.states_map())
             try:
-                await asyncio.to_thread(
-                    write_partition_metadata, self._zk, self._root, self.partition_id, new, version
+                await metadata_call(
+                    what, write_partition_metadata, self._zk, self._root, self.partition_id, new, version
                 )
                 return new.session_id
             except ConcurrentUpdateError:
