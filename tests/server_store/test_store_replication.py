@@ -345,3 +345,33 @@ def test_zookeeper_lost_while_a_new_session_is_needed_delays_appends_and_fails_n
             await store.close()
 
     asyncio.run(go())
+
+
+def test_an_idle_partition_whose_session_failed_opens_a_new_one_by_itself(
+    cluster: StorageCluster, zk: KazooClient
+) -> None:
+    """Health must not wait for traffic: a smoke run ended with an idle partition reported
+    unhealthy for minutes, its last session closed after an abstention and no append left to
+    open the next one."""
+    register_nodes(zk, cluster)
+
+    async def go() -> None:
+        store = await open_store(zk, cluster.root)
+        try:
+            partition = store.partition(PARTITION_ID)
+            await partition.set_generation(GENERATION)
+            appender = Appender(partition)
+            assert [await bounded(await appender.append()) for _ in range(5)] == list(range(5))
+            before = current_session_id(partition)
+            cluster.nodes[2].kill()
+            # Commits on the two left; the third abstains, so the session closes after it.
+            assert await bounded(await appender.append()) == 5
+            # No append, no flush from here: the partition opens its next session on its own.
+            await wait_until(
+                lambda: partition.healthy and current_session_id(partition) > before,
+                "a new healthy session without traffic",
+            )
+        finally:
+            await store.close()
+
+    asyncio.run(go())

@@ -35,7 +35,8 @@ class StorePartition:
         manager.on_session_failure = self._reopen_soon
 
     def _reopen_soon(self) -> None:
-        """A failed session left undecided appends: open its successor now, not on the next use."""
+        """A session failed: open its successor now (undecided appends wait for it; health
+        reflects it), not on the next use."""
         if self._running and (self._reopen is None or self._reopen.done()):
             self._reopen = asyncio.create_task(
                 self._reopen_quietly(), name=f"StoreReopen-{self.partition_id}"

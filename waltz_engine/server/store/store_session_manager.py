@@ -60,7 +60,7 @@ class StoreSessionManager:
         self._lock = asyncio.Lock()
         self._running = True
         self.last_high_water_mark = -1
-        # Called when a session fails with appends only a successor can resolve.
+        # Called when the current session fails: its successor is opened right away.
         self.on_session_failure: Callable[[], None] | None = None
 
     @property
@@ -136,7 +136,9 @@ class StoreSessionManager:
             session.close()
 
     def _session_failed(self, session: StoreSession) -> None:
-        if session.num_pending_appends > 0 and self.on_session_failure is not None:
+        # Always, not only when appends wait: an idle partition whose session failed (a storage
+        # node blinked) would otherwise report unhealthy until its next append.
+        if self.on_session_failure is not None:
             self.on_session_failure()
 
     async def _next_session_id(self, generation: int) -> int:
