@@ -7,7 +7,8 @@ import os
 import random
 import signal
 import zlib
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,20 @@ def current_session_id(partition: StorePartition) -> int:
     session = partition.status()["session"]
     assert isinstance(session, dict)
     return int(session["session_id"])
+
+
+@asynccontextmanager
+async def appending(
+    zk: KazooClient, cluster: StorageCluster, config: StoreConfig | None = None
+) -> AsyncIterator[tuple[StorePartition, Appender]]:
+    """A store on the cluster, its partition at GENERATION and an appender; the store closed after."""
+    store = await open_store(zk, cluster.root, *([config] if config is not None else []))
+    try:
+        partition = store.partition(PARTITION_ID)
+        await partition.set_generation(GENERATION)
+        yield partition, Appender(partition)
+    finally:
+        await store.close()
 
 
 def test_write_commits_only_when_a_quorum_has_it(cluster: StorageCluster, zk: KazooClient) -> None:
@@ -285,13 +300,9 @@ def test_checkpoint_interval_forces_new_sessions(cluster: StorageCluster, zk: Ka
     register_nodes(zk, cluster)
 
     async def go() -> None:
-        store = await open_store(
-            zk, cluster.root, StoreConfig(checkpoint_interval=40, initial_retry_interval_ms=10)
-        )
-        try:
-            partition = store.partition(PARTITION_ID)
-            await partition.set_generation(GENERATION)
-            appender = Appender(partition)
+        async with appending(
+            zk, cluster, StoreConfig(checkpoint_interval=40, initial_retry_interval_ms=10)
+        ) as (partition, appender):
             committed: list[int] = []
             for _ in range(5):  # the checkpoint is checked against committed transactions
                 futures = [await appender.append() for _ in range(20)]
@@ -303,8 +314,6 @@ def test_checkpoint_interval_forces_new_sessions(cluster: StorageCluster, zk: Ka
             assert status["low_water_mark"] == 79
             info = await cluster.nodes[0].with_admin(lambda a: a.last_session_info(PARTITION_ID))
             assert info.low_water_mark == 79 and info.session_id == status["session_id"]
-        finally:
-            await store.close()
 
     asyncio.run(go())
 
@@ -318,13 +327,9 @@ def test_zookeeper_lost_while_a_new_session_is_needed_delays_appends_and_fails_n
     register_nodes(zk, cluster)
 
     async def go() -> None:
-        store = await open_store(
-            zk, cluster.root, StoreConfig(checkpoint_interval=10, initial_retry_interval_ms=10)
-        )
-        try:
-            partition = store.partition(PARTITION_ID)
-            await partition.set_generation(GENERATION)
-            appender = Appender(partition)
+        async with appending(
+            zk, cluster, StoreConfig(checkpoint_interval=10, initial_retry_interval_ms=10)
+        ) as (partition, appender):
             first = [await bounded(await appender.append()) for _ in range(10)]
             assert first == list(range(10))
             # The checkpoint is reached: the next append needs a new session, so ZooKeeper.
@@ -333,16 +338,14 @@ def test_zookeeper_lost_while_a_new_session_is_needed_delays_appends_and_fails_n
             async def append_five() -> list[asyncio.Future[int]]:
                 return [await appender.append() for _ in range(5)]
 
-            appending = asyncio.ensure_future(append_five())
+            five = asyncio.ensure_future(append_five())
             await asyncio.sleep(NOT_RESOLVED_PROBE_S)
-            assert not appending.done(), "an append waits for a session, which waits for ZooKeeper"
+            assert not five.done(), "an append waits for a session, which waits for ZooKeeper"
             await asyncio.to_thread(zk.start)
-            waiting = await bounded(appending)
+            waiting = await bounded(five)
             assert [await bounded(f) for f in waiting] == list(range(10, 15))
             assert await bounded(partition.flush()) == 14
             await check_log(cluster, appender, 14, current_session_id(partition))
-        finally:
-            await store.close()
 
     asyncio.run(go())
 
@@ -356,11 +359,7 @@ def test_an_idle_partition_whose_session_failed_opens_a_new_one_by_itself(
     register_nodes(zk, cluster)
 
     async def go() -> None:
-        store = await open_store(zk, cluster.root)
-        try:
-            partition = store.partition(PARTITION_ID)
-            await partition.set_generation(GENERATION)
-            appender = Appender(partition)
+        async with appending(zk, cluster) as (partition, appender):
             assert [await bounded(await appender.append()) for _ in range(5)] == list(range(5))
             before = current_session_id(partition)
             cluster.nodes[2].kill()
@@ -371,7 +370,5 @@ def test_an_idle_partition_whose_session_failed_opens_a_new_one_by_itself(
                 lambda: partition.healthy and current_session_id(partition) > before,
                 "a new healthy session without traffic",
             )
-        finally:
-            await store.close()
 
     asyncio.run(go())
