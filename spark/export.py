@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -20,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
 from spark import commit
@@ -39,6 +42,7 @@ FORMATS = (FORMAT_PARQUET,)
 DEFAULT_MASTER = "local[*]"
 LOCAL_MASTER_PREFIX = "local"
 DAEMON_MODULE_CONF = "spark.python.daemon.module"
+QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
 APP_NAME = "waltz-export"
 PROGRESS_POLL_S = 0.5
 
@@ -48,6 +52,29 @@ ProgressCallback = Callable[[int, int], None]
 
 class ExportError(WaltzError):
     """The export cannot run as asked."""
+
+
+# A Python exception line inside Spark's report of a failed task ("module.Class: message").
+_PYTHON_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
+# Ours say what is wrong with the log; Java's and Spark's own wrappers only that a task failed.
+_OWN_ERROR_PREFIXES = ("spark.", "waltz_engine.")
+CORRUPT_RECORD_ADVICE = (
+    "; `waltz inspect verify DIR` shows the damage, `--on-corrupt skip` exports without such records"
+)
+
+
+def task_failure(report: str) -> str | None:
+    """The one line that says why a Spark task failed, from Spark's (very long) report of it."""
+    found: list[tuple[str, str]] = []
+    for line in report.splitlines():
+        match = _PYTHON_ERROR_LINE.match(line.strip())
+        if match is not None:
+            found.append((match.group(1), match.group(2).strip()))
+    for name, message in found:
+        if name.startswith(_OWN_ERROR_PREFIXES):
+            advice = CORRUPT_RECORD_ADVICE if name.endswith("CorruptRecordError") else ""
+            return f"{message}{advice}"
+    return f"{found[-1][0]}: {found[-1][1]}" if found else None
 
 
 @dataclass(frozen=True)
@@ -114,14 +141,19 @@ class ExportSummary:
         return cls(**value)
 
 
-def spark_session(master: str = DEFAULT_MASTER) -> SparkSession:
+def spark_session(master: str = DEFAULT_MASTER, quiet: bool = False) -> SparkSession:
     """A session with the ``waltz`` source registered; Python workers run this interpreter."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(master).appName(APP_NAME)
     builder = builder.config("spark.ui.showConsoleProgress", "false")
     if master.startswith(LOCAL_MASTER_PREFIX):
         builder = builder.config(DAEMON_MODULE_CONF, DAEMON_MODULE)
+    if quiet:
+        builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={QUIET_LOG4J}")
     session = builder.getOrCreate()
+    if quiet:
+        # A failed task is reported once, as one line (ExportError), not as Spark's log of it.
+        session.sparkContext.setLogLevel("OFF")
     register(session)
     return session
 
@@ -157,7 +189,11 @@ def _write_staged(
         ExportTask(part, str(staging), options.on_corrupt, config.decoder, os.getcwd())
         for part in split([s for p in plans for s in p.slices], context.defaultParallelism)
     ]
-    results: list[TaskResult] = context.parallelize(tasks, len(tasks)).map(run_task).collect()
+    try:
+        results: list[TaskResult] = context.parallelize(tasks, len(tasks)).map(run_task).collect()
+    except (Py4JJavaError, PySparkException) as e:
+        reason = task_failure(str(e)) or "see the Spark log"
+        raise ExportError(f"the export job failed, nothing was committed: {reason}") from None
     assert sum(r.rows for r in results) <= sum(p.count for p in plans)
     return results
 

@@ -11,7 +11,7 @@ from typing import Any
 import pyspark
 import pytest
 from pyspark.sql import SparkSession
-from spark_support import local_spark_session
+from spark_support import local_spark_session, run_spark_cli
 
 from spark import commit
 from spark.datasource import admit
@@ -271,3 +271,31 @@ def test_small_index_windows_and_chunks_read_the_same_rows(
     monkeypatch.setattr(segments, "CHUNK_BYTES", 300)
     rows = [row for part in parts for batch in segments.read_slice(part) for row in batch.to_pylist()]
     assert sorted(rows, key=lambda r: (r["partition"], r["transaction_id"])) == expected_rows(vectors)
+
+
+def test_export_of_a_corrupt_log_fails_with_one_line_and_commits_nothing(
+    storage: Path, tmp_path: Path
+) -> None:
+    _corrupt_record(storage)
+    output = tmp_path / "export"
+    result = run_spark_cli("export", "--output", str(output), "--master", "local[2]", str(storage))
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr
+    assert "partition 1 transaction 0" in errors[0] and "checksum mismatch" in errors[0]
+    assert "--on-corrupt skip" in errors[0]
+    assert load_file_watermarks(output) == {} and not list(output.glob("partition=*"))
+    skipped = run_spark_cli(
+        "export",
+        "--output",
+        str(output),
+        "--master",
+        "local[2]",
+        "--on-corrupt",
+        "skip",
+        "--json",
+        str(storage),
+    )
+    assert skipped.returncode == 0, skipped.stderr
+    assert json.loads(skipped.stdout)["rows"] == sum(t + 1 for t in CONTROL_LOW_WATER_MARKS.values()) - 1
