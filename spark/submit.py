@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -21,11 +22,15 @@ from pyspark.sql import SparkSession
 import spark as spark_package
 import waltz_engine
 from spark.datasource import register
-from spark.export import ExportConfig, ExportError, ExportSummary, run_export
+from spark.export import ExportConfig, ExportError, ExportSummary, run_export, task_failure
+from spark.watermarks import state_dir
 
 SHIPPED_PACKAGES = (waltz_engine, spark_package)
 ENGINE_ZIP_NAME = "waltz-engine.zip"
 LAUNCHER_NAME = "waltz_export_job.py"
+# Kept in the output's state directory: the last submitted run's driver log.
+SUBMIT_LOG_NAME = "spark-submit.log"
+_MASTER_UNREACHABLE = re.compile(r"Failed to connect to master (\S+)")
 # The launcher lives outside the package so the package's directory is not put first on the
 # driver's sys.path (its module names would shadow top-level ones).
 LAUNCHER_SOURCE = "from spark.submit import job_main\njob_main()\n"
@@ -76,7 +81,8 @@ def submit_export(config: ExportConfig, master: str, log_path: Path | None = Non
         work_dir = Path(temporary)
         config_path, summary_path = work_dir / "config.json", work_dir / "summary.json"
         config_path.write_text(json.dumps(config.to_json()))
-        log = log_path or work_dir / "spark-submit.log"
+        log = log_path or state_dir(config.output) / SUBMIT_LOG_NAME
+        log.parent.mkdir(parents=True, exist_ok=True)
         environment = {
             **os.environ,
             "PYSPARK_PYTHON": sys.executable,
@@ -91,10 +97,23 @@ def submit_export(config: ExportConfig, master: str, log_path: Path | None = Non
                 check=False,
             )
         if result.returncode != 0 or not summary_path.is_file():
-            tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
-            raise ExportError(f"spark-submit to {master} failed (exit {result.returncode}):\n{tail}")
+            reason = submit_failure(log.read_text(errors="replace"))
+            raise ExportError(
+                f"spark-submit to {master} failed (exit {result.returncode}), nothing was committed: "
+                f"{reason} (log: {log})"
+            )
         summary: ExportSummary = ExportSummary.from_json(json.loads(summary_path.read_text()))
         return summary
+
+
+def submit_failure(log: str) -> str:
+    """Why a submitted run failed, in one line, from its driver log."""
+    unreachable = _MASTER_UNREACHABLE.search(log)
+    if unreachable is not None:
+        master = unreachable.group(1)
+        return f"cannot connect to the Spark master {master} (is it running, and is the URL right?)"
+    last = next((line.strip() for line in reversed(log.splitlines()) if line.strip()), "no output")
+    return task_failure(log) or last
 
 
 def job_main(argv: Sequence[str] | None = None) -> None:

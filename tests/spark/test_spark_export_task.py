@@ -8,10 +8,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from spark.export import CORRUPT_RECORD_ADVICE, task_failure
 from spark.export_task import TASK_MAX_ROWS, TASK_MIN_ROWS, ExportTask, file_name, run_task, split
 from spark.plan import OPTION_PATHS, OPTION_TO_TXID, ReadOptions, plan
 from spark.schema import COLUMN_PARTITION
 from spark.segments import ON_CORRUPT_FAIL, SegmentSlice, read_slice
+from spark.submit import submit_failure
 
 
 def covered(tasks: list[SegmentSlice]) -> list[tuple[int, int]]:
@@ -63,3 +65,24 @@ def test_a_task_with_no_rows_writes_no_file(slices: list[SegmentSlice], tmp_path
     empty = SegmentSlice(slices[0].partition_id, slices[0].path, slices[0].first_txid, 5, 4)
     assert run_task(ExportTask(empty, str(tmp_path), ON_CORRUPT_FAIL)).file is None
     assert not any(tmp_path.rglob("*.parquet"))
+
+
+SPARK_TASK_FAILURE = """py4j.protocol.Py4JJavaError: An error occurred while calling collectAndServe.
+org.apache.spark.SparkException: Job aborted due to stage failure: Task 4 in stage 0.0 failed 1 times
+org.apache.spark.api.python.PythonException: Traceback (most recent call last):
+  File "/site-packages/pyspark/worker.py", line 4327, in invoke_udf
+spark.segments.CorruptRecordError: /data/1/00.seg: partition 1 transaction 0: record checksum mismatch
+\tat org.apache.spark.api.python.BasePythonRunner.handlePythonException(PythonRunner.scala:1097)
+"""
+
+
+def test_a_failed_job_is_told_in_one_line_from_the_tasks_own_error() -> None:
+    assert task_failure(SPARK_TASK_FAILURE) == (
+        "/data/1/00.seg: partition 1 transaction 0: record checksum mismatch" + CORRUPT_RECORD_ADVICE
+    )
+    other = "java.lang.OutOfMemoryError: Java heap space\nValueError: bad value\n"
+    assert task_failure(other) == "ValueError: bad value"  # the last Python-looking error
+    assert task_failure("nothing recognizable") is None
+    log = "INFO Connecting to master spark://h:7077...\nWARN Failed to connect to master h:7077\n"
+    assert "cannot connect to the Spark master h:7077" in submit_failure(log)
+    assert submit_failure("INFO a\nERROR the very last line\n\n") == "ERROR the very last line"
