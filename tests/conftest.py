@@ -5,6 +5,7 @@ Plain helpers are in testkit.py; they are re-exported here only for older import
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,12 @@ __all__ = ["free_tcp_port", "read_jsonl", "unique_cluster_root", "vectors_dir"]
 @pytest.fixture(scope="session")
 def vectors() -> Path:
     return vectors_dir()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A run stopped with SIGTERM (a CI timeout, `timeout`, `kill`) unwinds like Ctrl-C, so the
+    # session's fixtures stop what they started (ZooKeeper, nodes) instead of leaving it running.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

@@ -154,7 +154,7 @@ def export(
     ) as progress:
         if master.startswith(LOCAL_MASTER_PREFIX):
             task = progress.add_task("starting Spark", total=None)
-            session = spark_session(master)
+            session = spark_session(master, quiet=True)
             progress.update(task, description="exporting (tasks)")
             try:
                 summary = run_export(
