@@ -79,7 +79,9 @@ def split(parts: Sequence[SegmentSlice], parallelism: int) -> list[SegmentSlice]
     target = max(TASK_MIN_ROWS, min(TASK_MAX_ROWS, -(-total // parallelism)))
     tasks: list[SegmentSlice] = []
     for part in parts:
-        pieces = max(1, -(-part.count // target))
+        if part.count == 0:
+            continue
+        pieces = -(-part.count // target)
         size = -(-part.count // pieces)
         for start in range(part.from_txid, part.to_txid + 1, size):
             tasks.append(replace(part, from_txid=start, to_txid=min(start + size - 1, part.to_txid)))

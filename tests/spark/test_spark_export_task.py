@@ -33,6 +33,7 @@ def test_split_balances_cores_bounds_files_and_covers_every_txid_once() -> None:
     assert len(tasks) == 2 and min(t.count for t in tasks) == TASK_MIN_ROWS
     assert covered(tasks) == covered([one])
     assert split([SegmentSlice(4, "/tiny.seg", 0, 5, 6)], 2) == [SegmentSlice(4, "/tiny.seg", 0, 5, 6)]
+    assert split([SegmentSlice(5, "/empty.seg", 0, 5, 4)], 2) == []  # nothing to read, no task
 
 
 @pytest.fixture
