@@ -10,14 +10,13 @@ is known. A non-incremental run is the same run into an output that must hold no
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from spark import commit
 from spark.datasource import register
 from spark.export_task import ExportTask, TaskResult, run_task, split
 from spark.layout import NO_TRANSACTION, discover
-from spark.plan import OPTION_FROM_TXIDS, PartitionPlan, ReadOptions, plan
+from spark.plan import PartitionPlan, ReadOptions, plan
 from spark.schema import COLUMN_PARTITION
 from spark.watermarks import load_file_watermarks
 from spark.worker_daemon import DAEMON_MODULE
@@ -171,20 +170,18 @@ def _watch_progress(session: SparkSession, progress: ProgressCallback, stop: thr
             progress(done, total)
 
 
-def _plans(config: ExportConfig, watermarks: dict[int, int]) -> list[PartitionPlan]:
-    options = dict(config.read_options)
-    options[OPTION_FROM_TXIDS] = json.dumps({str(p): t + 1 for p, t in watermarks.items()})
-    return plan(ReadOptions.parse(options))
+def _plans(options: ReadOptions, watermarks: dict[int, int]) -> list[PartitionPlan]:
+    """From each partition's watermark + 1 (its exported part's end) to the committed bound."""
+    return plan(replace(options, from_txids={p: t + 1 for p, t in watermarks.items()}))
 
 
 def _write_staged(
-    session: SparkSession, config: ExportConfig, plans: list[PartitionPlan]
+    session: SparkSession, config: ExportConfig, options: ReadOptions, plans: list[PartitionPlan]
 ) -> list[TaskResult]:
     """The Spark job: one task per slice (see :mod:`spark.export_task`), files into staging."""
     staging = commit.staging_dir(config.output)
     staging.mkdir(parents=True)
     context = session.sparkContext
-    options = ReadOptions.parse(config.read_options)
     tasks = [
         ExportTask(part, str(staging), options.on_corrupt, config.decoder, os.getcwd())
         for part in split([s for p in plans for s in p.slices], context.defaultParallelism)
@@ -202,17 +199,20 @@ def _has_data(output: Path) -> bool:
     return output.is_dir() and any(p.name.startswith(f"{COLUMN_PARTITION}=") for p in output.iterdir())
 
 
-def check_config(config: ExportConfig) -> None:
-    """Fail fast, before a Spark session is started, on options that cannot work."""
+def check_config(config: ExportConfig) -> ReadOptions:
+    """Fail fast, before a Spark session is started, on options that cannot work; the parsed
+    read options."""
     if config.format not in FORMATS:
         raise ExportError(f"format must be one of {', '.join(FORMATS)}, got {config.format!r}")
-    discover(ReadOptions.parse(config.read_options).directories)
+    options = ReadOptions.parse(config.read_options)
+    discover(options.directories)
+    return options
 
 
 def run_export(
     session: SparkSession, config: ExportConfig, progress: ProgressCallback | None = None
 ) -> ExportSummary:
-    check_config(config)
+    options = check_config(config)
     started = time.monotonic()
     output = config.output
     output.mkdir(parents=True, exist_ok=True)
@@ -224,7 +224,7 @@ def run_export(
         raise ExportError(
             f"{output} already holds an export: pass --incremental to add to it, or use a new directory"
         )
-    plans = [p for p in _plans(config, watermarks) if p.count > 0]
+    plans = [p for p in _plans(options, watermarks) if p.count > 0]
     if plans:
         stop = threading.Event()
         watcher = None
@@ -232,7 +232,7 @@ def run_export(
             watcher = threading.Thread(target=_watch_progress, args=(session, progress, stop), daemon=True)
             watcher.start()
         try:
-            results = _write_staged(session, config, plans)
+            results = _write_staged(session, config, options, plans)
         finally:
             stop.set()
             if watcher is not None:
@@ -252,14 +252,13 @@ def run_export(
                 PartitionSummary(p.partition_id, p.from_txid, p.to_txid, rows, p.to_txid, missing)
             )
             summary.rows += rows
-    summary.published_to_zookeeper = _publish(config)
+    summary.published_to_zookeeper = _publish(config, options)
     summary.seconds = time.monotonic() - started
     return summary
 
 
-def _publish(config: ExportConfig) -> bool:
+def _publish(config: ExportConfig, options: ReadOptions) -> bool:
     """Publish the output's durable watermarks (all partitions) to ZooKeeper, when it is given."""
-    options = ReadOptions.parse(config.read_options)
     marks = load_file_watermarks(config.output)
     if options.zookeeper is None or not marks:
         return False

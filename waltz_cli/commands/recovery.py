@@ -18,9 +18,9 @@ from waltz_cli.commands.storage_admin import AdminStorageOption, SslConfigOption
 from waltz_cli.commands.zk import ConfigOption, ConnectTimeoutOption, JsonOption, RootOption, ZooKeeperOption
 from waltz_cli.output import console, one_line_errors, print_json
 from waltz_engine import cluster_ops
-from waltz_engine.address import parse_host_port
 from waltz_engine.cluster_ops import RecoverResult
 from waltz_engine.storage import admin_ops
+from waltz_engine.storage.admin_ops import parse_admin_address
 from waltz_engine.zk.connection import connect, load_settings
 
 PartitionOption = Annotated[int, typer.Option("--partition", "-p", help="One partition id.")]
@@ -106,7 +106,7 @@ def truncate(
 
     Example: waltz truncate -c tools.yml -s localhost:55281 -sp 55280 -p 0 --to 41
     """
-    address = parse_host_port(storage, "Storage", "host:admin_port")
+    address = parse_admin_address(storage)
     settings = load_settings(config, zookeeper, cluster_root, connect_timeout_ms)
     with connect(settings) as client:
         layout = admin_ops.read_store_layout(client, settings.cluster_root)

@@ -24,7 +24,6 @@ from waltz_engine.zk.connection import KEY_CLUSTER_ROOT, KEY_CONNECT_STRING
 app = typer.Typer(help="Spark jobs over a Waltz log (export to Parquet).", no_args_is_help=True)
 
 MISSING = "-"
-LOCAL_MASTER_PREFIX = "local"
 
 
 def _read_options(
@@ -129,7 +128,7 @@ def export(
 
     Example: waltz spark export --output /data/export --config client.yml --incremental STORAGE_DIR...
     """
-    from spark.export import ExportConfig, check_config, run_export, spark_session
+    from spark.export import LOCAL_MASTER_PREFIX, ExportConfig, check_config, run_export, spark_session
     from spark.submit import submit_export
 
     export_config = ExportConfig(

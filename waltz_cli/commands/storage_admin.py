@@ -28,7 +28,6 @@ from waltz_cli.commands.zk import (
     ZooKeeperOption,
 )
 from waltz_cli.output import console, err_console, fail, one_line_errors, print_json
-from waltz_engine.address import HostPort, parse_host_port
 from waltz_engine.storage import admin_ops
 from waltz_engine.storage.admin_ops import (
     NodePartitions,
@@ -104,11 +103,6 @@ def _storage(
     yield layout.context(admin_ops.client_ssl_context(ssl_config), timeout_ms), layout
 
 
-def _admin_address(text: str) -> HostPort:
-    """A storage node's ``host:admin_port`` as the original's StorageCli takes it."""
-    return parse_host_port(text, "Storage", "host:admin_port")
-
-
 def _run(coroutine: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coroutine)
 
@@ -150,7 +144,7 @@ def list_(
 
     Example: waltz storage list -c tools.yml -s localhost:55281
     """
-    address = _admin_address(storage) if storage is not None else None
+    address = admin_ops.parse_admin_address(storage) if storage is not None else None
     with _storage(config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms) as (
         ctx,
         layout,
@@ -205,7 +199,7 @@ def add_partition(
 
     Example: waltz storage add-partition -c tools.yml -s localhost:55281 -p 0-3
     """
-    address, ids = _admin_address(storage), parse_partition_ranges(partition)
+    address, ids = admin_ops.parse_admin_address(storage), parse_partition_ranges(partition)
     with _storage(config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms) as (ctx, _):
         ids = _run(admin_ops.add_partitions(ctx, address, ids))
     _say(f"added partitions {format_partition_ranges(ids)} to {address}")
@@ -230,7 +224,7 @@ def remove_partition(
 
     Example: waltz storage remove-partition -c tools.yml -s localhost:55281 -p 3 -d
     """
-    address, ids = _admin_address(storage), parse_partition_ranges(partition)
+    address, ids = admin_ops.parse_admin_address(storage), parse_partition_ranges(partition)
     with _storage(config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms) as (ctx, _):
         ids = _run(admin_ops.remove_partitions(ctx, address, ids, delete_storage_files=delete_storage_files))
     files = "deleted" if delete_storage_files else "kept"
@@ -263,7 +257,7 @@ def availability(
     Example: waltz storage availability -c tools.yml -s localhost:55281 -p 0 -o false
     """
     is_online = _parse_online(online)
-    address, ids = _admin_address(storage), parse_partition_ranges(partition)
+    address, ids = admin_ops.parse_admin_address(storage), parse_partition_ranges(partition)
     with _storage(config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms) as (ctx, _):
         ids = _run(admin_ops.set_availability(ctx, address, ids, online=is_online))
     state = "online" if is_online else "offline"
@@ -360,7 +354,7 @@ def max_transaction_id(
 
     Example: waltz storage max-transaction-id -c tools.yml -s localhost:55281 -sp 55280 -p 0
     """
-    address = _admin_address(storage)
+    address = admin_ops.parse_admin_address(storage)
     with _storage(config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms) as (ctx, _):
         txid = _run(admin_ops.max_transaction_id(ctx, address, storage_port, partition, offline=offline))
     if as_json:
@@ -413,8 +407,8 @@ def recover_partition(
 
     Example: waltz storage recover-partition -c tools.yml -s host1:55281 -d host2:55281 -dp 55280 -p 0
     """
-    source = _admin_address(source_storage)
-    destination = _admin_address(destination_storage)
+    source = admin_ops.parse_admin_address(source_storage)
+    destination = admin_ops.parse_admin_address(destination_storage)
     admin_ops.check_batch_size(batch_size)
     source_ssl = admin_ops.client_ssl_context(source_ssl_config or ssl_config)
     destination_ssl = admin_ops.client_ssl_context(destination_ssl_config or ssl_config)

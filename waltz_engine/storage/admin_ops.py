@@ -69,6 +69,11 @@ class StorageAdminError(WaltzError):
     """An admin operation failed: bad input, an unreachable node, or the node's FAILURE answer."""
 
 
+def parse_admin_address(text: str) -> HostPort:
+    """A storage node's ``host:admin_port``, as the original's StorageCli takes ``--storage``."""
+    return parse_host_port(text, "Storage", "host:admin_port")
+
+
 @dataclass(frozen=True)
 class StorageContext:
     """What every connection to a storage node of one cluster needs."""
