@@ -22,6 +22,7 @@ from waltz_engine.bench.producers import (
     BenchCluster,
     client_config,
     cpu_per_thousand,
+    latency_and_cpu_lines,
     latency_summary,
     start_client,
 )
@@ -53,14 +54,9 @@ class ConsumerResult:
             f"Transaction/sec: {self.transactions / self.seconds:.4f}",
             f"MB/sec: {self.megabytes / self.seconds:.4f}",
         ]
-        lines.append(
-            "Data fetch latency ms: p50 {p50_ms:.3f} p95 {p95_ms:.3f} p99 {p99_ms:.3f}".format(
-                **latency_summary(self.fetch_latencies_ms)
-            )
+        return lines + latency_and_cpu_lines(
+            "Data fetch", self.fetch_latencies_ms, self.cpu_s, self.transactions
         )
-        for name, per_k in cpu_per_thousand(self.cpu_s, self.transactions).items():
-            lines.append(f"CPU sec/1000 transactions [{name}]: {per_k:.4f}")
-        return lines
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -86,6 +86,20 @@ def cpu_per_thousand(cpu_s: Mapping[str, float], transactions: int) -> dict[str,
     return {name: round(s * TXNS_PER_CPU_FIGURE / max(transactions, 1), 4) for name, s in cpu_s.items()}
 
 
+def latency_and_cpu_lines(
+    label: str, latencies_ms: list[float], cpu_s: Mapping[str, float], transactions: int
+) -> list[str]:
+    """The report lines both client benchmarks end with: percentiles, then CPU per process."""
+    lines = [
+        "{label} latency ms: p50 {p50_ms:.3f} p95 {p95_ms:.3f} p99 {p99_ms:.3f}".format(
+            label=label, **latency_summary(latencies_ms)
+        )
+    ]
+    for name, per_k in cpu_per_thousand(cpu_s, transactions).items():
+        lines.append(f"CPU sec/1000 transactions [{name}]: {per_k:.4f}")
+    return lines
+
+
 # --- a cluster ------------------------------------------------------------------------------------
 
 
@@ -317,13 +331,7 @@ class ProducerResult:
             f"Retry/Transaction: {self.retries / n:.4f}",
             f"MilliSec/Transaction(client side congestion excluded): {sum(self.latencies_ms) / n:.4f}",
         ]
-        summary = latency_summary(self.latencies_ms)
-        lines.append(
-            "Commit latency ms: p50 {p50_ms:.3f} p95 {p95_ms:.3f} p99 {p99_ms:.3f}".format(**summary)
-        )
-        for name, per_k in cpu_per_thousand(self.cpu_s, self.transactions).items():
-            lines.append(f"CPU sec/1000 transactions [{name}]: {per_k:.4f}")
-        return lines
+        return lines + latency_and_cpu_lines("Commit", self.latencies_ms, self.cpu_s, self.transactions)
 
     def to_json(self) -> dict[str, Any]:
         return {
