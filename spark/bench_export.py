@@ -28,6 +28,7 @@ from typing import Any
 
 from spark.plan import OPTION_PATHS, ReadOptions, plan
 from spark.segments import read_slice
+from waltz_engine.bench.storage_node import BenchError
 from waltz_engine.crc import crc32
 from waltz_engine.record import Record
 from waltz_engine.reqid import ReqId
@@ -125,7 +126,11 @@ def export(storage: Path, output: Path, master: str) -> tuple[dict[str, Any], fl
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - started
     if result.returncode != 0:
-        raise SystemExit(f"waltz spark export failed:\n{result.stderr[-3000:]}")
+        lines = [line.strip() for line in result.stderr.splitlines() if line.strip()]
+        reason = next(
+            (line for line in reversed(lines) if line.startswith("error:")), lines[-1] if lines else ""
+        )
+        raise BenchError(f"waltz spark export failed (exit {result.returncode}): {reason}")
     summary: dict[str, Any] = json.loads(result.stdout)
     return summary, seconds
 
