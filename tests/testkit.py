@@ -18,11 +18,14 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+VECTORS_DIR = REPO_ROOT / "tests" / "vectors"
+
+
 def vectors_dir() -> Path:
-    """The golden vectors made by Waltz 0.13.2: $WALTZ_VECTORS, else ../shared/vectors."""
+    """The golden vectors made by Waltz 0.13.2: $WALTZ_VECTORS, else the project's copy in tests/vectors."""
     configured = os.environ.get("WALTZ_VECTORS")
-    path = Path(configured) if configured else REPO_ROOT.parent / "shared" / "vectors"
-    if not (path / "README.md").is_file():
+    path = Path(configured) if configured else VECTORS_DIR
+    if not (path / "SHA256SUMS").is_file():
         pytest.fail(f"golden vectors not found at {path}; set WALTZ_VECTORS to the vectors folder")
     return path
 
