@@ -2,17 +2,36 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
+
 import typer
 
+from waltz_cli.options import CONTEXT_SETTINGS, WaltzGroup
+from waltz_cli.output import warn
 from waltz_engine import __version__
 
 app = typer.Typer(
     name="waltz",
+    cls=WaltzGroup,
     help="Waltz: a distributed, replicated write-ahead log (byte-compatible with Waltz 0.13.2).",
     no_args_is_help=True,
-    add_completion=False,
+    context_settings=CONTEXT_SETTINGS,
     pretty_exceptions_enable=False,
 )
+
+
+class _WarningLine(logging.Handler):
+    """Warnings the library logs while a command runs (an unknown config key) as `warning: ...`."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        warn(record.getMessage())
+
+
+_config_log = logging.getLogger("waltz_engine.config")
+_config_log.addHandler(_WarningLine(logging.WARNING))
+_config_log.propagate = False
 
 
 def _version(value: bool) -> None:
@@ -72,7 +91,13 @@ _register()
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except BrokenPipeError:
+        # The reader went away (`waltz tail | head`): that ends the output, it is no error.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's flush at exit must not fail again
+        sys.exit(0)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,11 @@ def print_json(value: Any) -> None:
     sys.stdout.write(json.dumps(value, ensure_ascii=False) + "\n")
 
 
+def warn(message: str) -> None:
+    """Print ``warning: message`` on stderr as one line; the command goes on."""
+    err_console.print(f"[yellow]warning:[/] {escape(message)}", soft_wrap=True, markup=True, emoji=False)
+
+
 def fail(message: str, code: int = 1) -> NoReturn:
     """Print ``error: message`` on stderr as one line and exit non-zero."""
     err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True, markup=True, emoji=False)

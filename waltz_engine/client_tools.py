@@ -34,9 +34,14 @@ from waltz_engine.client import (
     WaltzClientConfig,
 )
 from waltz_engine.config import Config
-from waltz_engine.devcluster import CLIENT_CONFIG_FILE_NAME, DEFAULT_DIRECTORY
 from waltz_engine.errors import WaltzError
 from waltz_engine.reqid import ReqId
+from waltz_engine.zk.connection import (
+    KEY_CLUSTER_ROOT,
+    KEY_CONNECT_STRING,
+    NO_CONFIG_SOURCE,
+    load_tool_config,
+)
 
 NO_TRANSACTION = -1
 DEFAULT_TIMEOUT_MS = 10_000
@@ -59,24 +64,23 @@ class ValidationError(ClientToolError):
 # --- configuration -------------------------------------------------------------------------------
 
 
-def default_client_config_path() -> Path:
-    """``.waltz-dev/client.yml`` (what ``waltz dev up`` writes) in the current directory."""
-    return Path(DEFAULT_DIRECTORY) / CLIENT_CONFIG_FILE_NAME
-
-
 def load_client_config(
-    path: Path | None, *, timeout_ms: int = DEFAULT_TIMEOUT_MS, auto_mount: bool = False
+    path: Path | None,
+    *,
+    zookeeper: str | None = None,
+    cluster_root: str | None = None,
+    timeout_ms: int = DEFAULT_TIMEOUT_MS,
+    auto_mount: bool = False,
 ) -> WaltzClientConfig:
-    """The client YAML at ``path``, else the local dev cluster's; every wait bounded by ``timeout_ms``."""
+    """The client YAML at ``path`` (else the local dev cluster's) with ``zookeeper`` and
+    ``cluster_root`` overriding its keys; every wait bounded by ``timeout_ms``."""
     if timeout_ms <= 0:
         raise ClientToolError(f"timeout must be positive, got {timeout_ms} ms")
-    if path is None:
-        path = default_client_config_path()
-        if not path.is_file():
-            raise ClientToolError(
-                f"no --config given and no {path} here (start a local cluster with `waltz dev up`)"
-            )
-    config = WaltzClientConfig.from_config(Config.load(path))
+    loaded = load_tool_config(path)
+    values = loaded.as_dict() if loaded is not None else {}
+    overrides = {KEY_CONNECT_STRING: zookeeper, KEY_CLUSTER_ROOT: cluster_root}
+    values.update({key: value for key, value in overrides.items() if value is not None})
+    config = WaltzClientConfig.from_config(Config(values, loaded.source if loaded else NO_CONFIG_SOURCE))
     return replace(
         config,
         auto_mount=auto_mount,

@@ -23,7 +23,6 @@ from typing import Any, NamedTuple, TypeVar
 from kazoo.client import KazooClient
 
 from waltz_engine.address import HostPort, parse_host_port
-from waltz_engine.config import Config
 from waltz_engine.errors import WaltzError
 from waltz_engine.server.rpc_client import ServerRpcClient, ServerRpcError
 from waltz_engine.storage import admin_ops
@@ -32,6 +31,7 @@ from waltz_engine.tls import TlsConfig, client_context
 from waltz_engine.zk import store_metadata
 from waltz_engine.zk.cluster import read_cluster_params, read_partition_assignment, read_server_descriptors
 from waltz_engine.zk.cluster_manager import force_assign, force_unassign, read_forced_assignments
+from waltz_engine.zk.connection import load_tool_config
 from waltz_engine.zk.payloads import PartitionAssignment, PartitionMetadata, ServerDescriptor
 from waltz_engine.zk.znodes import NO_VERSION
 
@@ -57,9 +57,10 @@ class ClusterOpsError(WaltzError):
 def tools_ssl_context(config_path: Path | None) -> ssl.SSLContext:
     """TLS for a tool's connections from ``ssl.*`` keys of its YAML (the original's CliConfig);
     without a file or keys, the original's insecure client context."""
-    if config_path is None:
+    config = load_tool_config(config_path)
+    if config is None:
         return client_context(TlsConfig())
-    flat = Config.load(config_path).as_dict()
+    flat = config.as_dict()
     scoped = {f"{_TLS_HOLDER_PREFIX}.{k}": v for k, v in flat.items() if k.startswith(TOOLS_SSL_PREFIX)}
     return client_context(TlsConfig.from_flat(scoped, _TLS_HOLDER_PREFIX))
 

@@ -26,6 +26,24 @@ INT64_MAX = (1 << 63) - 1
 
 T = TypeVar("T")
 
+# Where `waltz dev up` keeps a local cluster, and the client config it writes there: the
+# config every cluster command falls back to when given none.
+DEV_CLUSTER_DIRECTORY = ".waltz-dev"
+DEV_CLIENT_CONFIG_NAME = "client.yml"
+
+
+def dev_client_config_path() -> Path:
+    """``.waltz-dev/client.yml`` (what ``waltz dev up`` writes) in the current directory."""
+    return Path(DEV_CLUSTER_DIRECTORY) / DEV_CLIENT_CONFIG_NAME
+
+
+def resolve_config_path(path: Path | None) -> Path | None:
+    """``path``, else the local dev cluster's client config when there is one here, else None."""
+    if path is not None:
+        return path
+    dev = dev_client_config_path()
+    return dev if dev.is_file() else None
+
 
 class ConfigError(WaltzError):
     """A configuration file cannot be read, or a key is missing or has a bad value."""

@@ -38,6 +38,7 @@ from kazoo.client import KazooClient
 
 from waltz_engine.address import is_port
 from waltz_engine.cluster_ops import read_cluster_view, verify
+from waltz_engine.config import DEV_CLIENT_CONFIG_NAME, DEV_CLUSTER_DIRECTORY
 from waltz_engine.errors import WaltzError
 from waltz_engine.storage.admin_ops import add_partitions, client_ssl_context, read_store_layout
 from waltz_engine.tls import TlsConfig, client_context
@@ -48,9 +49,9 @@ from waltz_engine.zk.server import EmbeddedZooKeeper
 
 HOST = "127.0.0.1"
 STATE_FILE_NAME = "devcluster.json"
-CLIENT_CONFIG_FILE_NAME = "client.yml"
+CLIENT_CONFIG_FILE_NAME = DEV_CLIENT_CONFIG_NAME
 ZOOKEEPER_DIR_NAME = "zookeeper"
-DEFAULT_DIRECTORY = ".waltz-dev"
+DEFAULT_DIRECTORY = DEV_CLUSTER_DIRECTORY
 DEFAULT_CLUSTER_ROOT = "/waltz_cluster"  # as bin/test-cluster.sh
 DEFAULT_CLUSTER_NAME = "waltz-dev"
 DEFAULT_STORAGES = 3

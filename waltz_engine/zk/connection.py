@@ -19,7 +19,7 @@ from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
 from waltz_engine.address import is_port
-from waltz_engine.config import Config, ConfigError
+from waltz_engine.config import Config, ConfigError, resolve_config_path
 from waltz_engine.errors import WaltzError
 from waltz_engine.zk.paths import normalize_root
 
@@ -32,6 +32,7 @@ KNOWN_KEYS = (KEY_CONNECT_STRING, KEY_SESSION_TIMEOUT, KEY_CONNECT_TIMEOUT, KEY_
 DEFAULT_SESSION_TIMEOUT_MS = 30_000  # the original tools' default (TL/CliConfig.java)
 DEFAULT_CONNECT_TIMEOUT_MS = 10_000
 MIN_TIMEOUT_MS = 1
+NO_CONFIG_SOURCE = "<none>"  # the source of an empty Config: no file was given or found
 
 # kazoo reports every failed connection attempt through logging; without a handler Python's
 # last-resort handler would print them on stderr, breaking the one-line error contract.
@@ -64,7 +65,7 @@ class ZooKeeperSettings(NamedTuple):
         connect_timeout_ms: int | None = None,
     ) -> ZooKeeperSettings:
         """Explicit values win over the config file; both connect string and root are required."""
-        from_file = config if config is not None else Config({}, "<none>")
+        from_file = config if config is not None else Config({}, NO_CONFIG_SOURCE)
         connect_string = zookeeper or from_file.optional_str(KEY_CONNECT_STRING)
         root = cluster_root or from_file.optional_str(KEY_CLUSTER_ROOT)
         if not connect_string:
@@ -79,8 +80,12 @@ class ZooKeeperSettings(NamedTuple):
 
 
 def _missing(flag: str, key: str, config: Config | None) -> str:
-    where = f" (not in {config.source})" if config is not None else ""
-    return f"no {key} given: pass {flag} or --config FILE with '{key}'{where}"
+    if config is not None and config.source != NO_CONFIG_SOURCE:
+        return f"no {key} given: pass {flag}, or add '{key}' to {config.source}"
+    return (
+        f"no {key} given: pass {flag} or -c FILE with '{key}' (or set WALTZ_CONFIG), "
+        "or start a local cluster here with `waltz dev up`"
+    )
 
 
 def _check_connect_string(connect_string: str) -> str:
@@ -94,13 +99,39 @@ def _check_connect_string(connect_string: str) -> str:
     return connect_string
 
 
+# Keys a tool's config may hold beside ZooKeeper's: the client's (a client YAML serves every
+# command) and TLS for the tool's own connections (``ssl.``) or to storage nodes (``server.ssl.``).
+TOOL_KNOWN_PREFIXES = ("ssl.", "server.ssl.")
+_warned_sources: set[str] = set()
+_CONFIG_LOGGER = logging.getLogger("waltz_engine.config")
+
+
+def load_tool_config(config_path: Path | None) -> Config | None:
+    """A command's config: ``config_path``, else the local dev cluster's client config, else None.
+
+    Unknown keys (a misspelling, most often) are logged once per file as warnings; they are
+    still ignored, as the original does.
+    """
+    from waltz_engine.client.config import KNOWN_KEYS as CLIENT_KEYS  # the client imports this module
+
+    path = resolve_config_path(config_path)
+    if path is None:
+        return None
+    config = Config.load(path)
+    if config.source not in _warned_sources:
+        _warned_sources.add(config.source)
+        config.warn_unknown_keys((*KNOWN_KEYS, *CLIENT_KEYS), _CONFIG_LOGGER.warning, TOOL_KNOWN_PREFIXES)
+    return config
+
+
 def load_settings(
     config_path: Path | None,
     zookeeper: str | None,
     cluster_root: str | None,
     connect_timeout_ms: int | None = None,
 ) -> ZooKeeperSettings:
-    config = Config.load(config_path) if config_path is not None else None
+    """Explicit values, else the config file (or the dev cluster's), see :func:`load_tool_config`."""
+    config = load_tool_config(config_path)
     return ZooKeeperSettings.resolve(
         zookeeper=zookeeper, cluster_root=cluster_root, config=config, connect_timeout_ms=connect_timeout_ms
     )

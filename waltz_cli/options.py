@@ -1,0 +1,158 @@
+"""One grammar for every command: the shared options, the short-flag glossary and hidden aliases.
+
+Every command that talks to a cluster takes the same ``-c/--config``, ``-z/--zookeeper`` and
+``-r/--cluster-root`` (also read from ``WALTZ_CONFIG``, ``WALTZ_ZOOKEEPER`` and
+``WALTZ_CLUSTER_ROOT``); without any of them the local dev cluster's ``client.yml`` is used.
+A short flag has one meaning across the whole tree (:data:`SHORT_FLAGS`; a test walks the tree
+and checks it). The original's multi-letter single-dash flags (``-sp``, ``-tpc``, ``-sssl``) and
+a few old long names keep working as hidden aliases (:data:`ALIASES`): they are rewritten to
+the canonical flag before parsing and never shown in ``--help``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from typer.core import TyperGroup, TyperOption
+
+# The one meaning of each short flag (short → canonical long name).
+SHORT_FLAGS: dict[str, str] = {
+    "-a": "--admin-port",
+    "-b": "--batch-size",
+    "-c": "--config",
+    "-d": "--dir",
+    "-f": "--force",
+    "-g": "--group",
+    "-h": "--help",
+    "-i": "--interval-ms",
+    "-l": "--lock-pool",
+    "-m": "--master",
+    "-n": "--name",
+    "-o": "--output",
+    "-p": "--partition",
+    "-r": "--cluster-root",
+    "-s": "--storage",
+    "-t": "--transaction",
+    "-z": "--zookeeper",
+}
+
+# Hidden aliases: the original's multi-letter single-dash flags and renamed long flags → the
+# canonical flag. An alias is rewritten only for a command that has the canonical flag.
+ALIASES: dict[str, str] = {
+    "--cli-config-path": "--config",
+    "-sp": "--storage-port",
+    "-dp": "--destination-storage-port",
+    "-sssl": "--source-ssl-config-path",
+    "-dssl": "--destination-ssl-config-path",
+    "-tpc": "--txn-per-client",
+    "-nc": "--num-clients",
+    "-ap": "--num-active-partitions",
+    "-ml": "--mount-from-latest",
+}
+
+ENV_CONFIG = "WALTZ_CONFIG"
+ENV_ZOOKEEPER = "WALTZ_ZOOKEEPER"
+ENV_CLUSTER_ROOT = "WALTZ_CLUSTER_ROOT"
+
+CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"]}
+
+_display_type_rich = TyperOption.display_type_rich
+
+
+def _no_placeholder_on_switches(self: TyperOption, ctx: Any) -> str | None:
+    """A switch takes no value: typer >= 0.29 shows ``<bool>`` beside it, which reads as one."""
+    return None if self.is_flag else _display_type_rich(self, ctx)
+
+
+TyperOption.display_type_rich = _no_placeholder_on_switches  # type: ignore[method-assign]
+
+
+def _rewrite_aliases(command: Any, args: list[str]) -> list[str]:
+    """The command's args with hidden aliases replaced by the canonical flags it has."""
+    own = {name for param in command.params for name in (*param.opts, *param.secondary_opts)}
+    rewritten: list[str] = []
+    for index, arg in enumerate(args):
+        if arg == "--":  # everything after is data, never a flag
+            return rewritten + args[index:]
+        name, eq, value = arg.partition("=")
+        target = ALIASES.get(name)
+        rewritten.append(f"{target}{eq}{value}" if target in own and name not in own else arg)
+    return rewritten
+
+
+class WaltzGroup(TyperGroup):
+    """A command group that understands the hidden aliases of :data:`ALIASES`."""
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> tuple[str | None, Any, list[str]]:
+        name, command, rest = super().resolve_command(ctx, args)
+        if command is not None and not isinstance(command, TyperGroup):
+            rest = _rewrite_aliases(command, rest)
+        return name, command, rest
+
+
+def group(help: str) -> typer.Typer:
+    """A ``waltz`` command group: ``-h`` for help, hidden aliases, help when run bare."""
+    return typer.Typer(cls=WaltzGroup, help=help, no_args_is_help=True, context_settings=CONTEXT_SETTINGS)
+
+
+# --- where the cluster is -----------------------------------------------------------------------
+
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        envvar=ENV_CONFIG,
+        help="YAML with the original's keys (zookeeper.connectString, cluster.root, ssl.*); "
+        "default: .waltz-dev/client.yml of a local dev cluster.",
+    ),
+]
+ZooKeeperOption = Annotated[
+    str | None,
+    typer.Option(
+        "--zookeeper",
+        "-z",
+        envvar=ENV_ZOOKEEPER,
+        help="ZooKeeper connect string HOST:PORT[,HOST:PORT...] (overrides --config).",
+    ),
+]
+RootOption = Annotated[
+    str | None,
+    typer.Option(
+        "--cluster-root",
+        "-r",
+        envvar=ENV_CLUSTER_ROOT,
+        help="Cluster root znode, e.g. /waltz (overrides --config).",
+    ),
+]
+ConnectTimeoutOption = Annotated[
+    int | None,
+    typer.Option(
+        "--connect-timeout-ms", min=1, help="Give up connecting to ZooKeeper after this long (default 10000)."
+    ),
+]
+
+# --- what to print ------------------------------------------------------------------------------
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON (snake_case keys) instead of text.")]
+
+# --- what to act on -----------------------------------------------------------------------------
+
+PartitionOption = Annotated[int, typer.Option("--partition", "-p", min=0, help="One partition id.")]
+PartitionsOption = Annotated[
+    str, typer.Option("--partition", "-p", help="Partition ids and ranges, e.g. 0-6,7,10-16.")
+]
+StorageOption = Annotated[
+    str,
+    typer.Option(
+        "--storage",
+        "-s",
+        help="A storage node, HOST:PORT (its data port as registered, or its admin port).",
+    ),
+]
+TransactionOption = Annotated[
+    int | None, typer.Option("--transaction", "-t", min=0, help="One transaction id.")
+]
+DirOption = Annotated[Path, typer.Option("--dir", "-d", help="Working directory.")]
