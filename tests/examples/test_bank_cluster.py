@@ -1,5 +1,5 @@
-"""The examples on a real cluster (3 storage nodes, 1 server): the bank (two instances, restarts, CLI),
-the producer and the consumer."""
+"""The examples on a real cluster (3 storage nodes, 1 server): the bank (two instances, restarts, CLI,
+a log shared with other applications), the producer and the consumer."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import closing
@@ -16,9 +17,10 @@ from pathlib import Path
 
 import pytest
 from bank_support import DEPOSIT, WITHDRAW, Bank
-from cluster_support import local_cluster, waltz_client_config
+from cluster_support import local_cluster, run_waltz_cli, waltz_client_config
 from testkit import REPO_ROOT
 
+from waltz_engine.client.dbapi_callbacks import DEFAULT_TABLE
 from waltz_engine.devcluster import LocalCluster
 
 NUM_PARTITIONS = 4
@@ -31,6 +33,11 @@ MIN_DEPOSIT, MAX_DEPOSIT = 5, 20
 # Each test has its own accounts: every instance applies the whole log of the module's cluster.
 RESTART_TEST_FIRST_ACCOUNT = 10
 CLI_ACCOUNT = 42
+# On partition 0 (20 % NUM_PARTITIONS), where the README's `waltz append --partition 0` writes.
+FOREIGN_TEST_ACCOUNT = 20
+FOREIGN_DATA = "hello, waltz"
+# Well below the bank's own 60 s timeouts: a bank stuck on a foreign transaction fails quickly.
+FOREIGN_TEST_TIMEOUT_S = 20.0
 NUM_RESTARTS = 3
 DEPOSITS_DURING_RESTARTS = 120
 SEED = 4_8
@@ -148,7 +155,11 @@ def test_restarted_instance_applies_nothing_twice(cluster: LocalCluster, tmp_pat
 
 
 def run_cli(
-    cluster: LocalCluster, database: Path, *command: str, stdin: str | None = None
+    cluster: LocalCluster,
+    database: Path,
+    *command: str,
+    stdin: str | None = None,
+    timeout_s: float = CLI_TIMEOUT_S,
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
@@ -165,9 +176,57 @@ def run_cli(
         input=stdin,
         capture_output=True,
         text=True,
-        timeout=CLI_TIMEOUT_S,
+        timeout=timeout_s,
         check=False,
     )
+
+
+def stored_high_water_mark(path: Path, partition_id: int) -> int:
+    with closing(sqlite3.connect(path)) as db:
+        row = db.execute(
+            f"SELECT high_water_mark FROM {DEFAULT_TABLE} WHERE partition_id = ?", (partition_id,)
+        ).fetchone()
+    return int(row[0])
+
+
+def test_foreign_transaction_is_skipped_once(cluster: LocalCluster, tmp_path: Path) -> None:
+    """The README's dev cluster: `waltz append` wrote a line (header 0) before the bank runs."""
+    partition = FOREIGN_TEST_ACCOUNT % NUM_PARTITIONS
+    appended = run_waltz_cli(
+        "append",
+        "--partition",
+        str(partition),
+        "--config",
+        str(cluster.client_config_path),
+        "-",
+        stdin=FOREIGN_DATA + "\n",
+    )
+    assert appended.returncode == 0, appended.stderr
+    foreign_id = int(appended.stdout.split()[-1])
+
+    config = waltz_client_config(cluster)
+    path = tmp_path / "foreign.sqlite"
+    started = time.monotonic()
+    with Bank(config, path) as bank:
+        bank.catch_up(FOREIGN_TEST_TIMEOUT_S)  # the foreign transaction does not stop the feed
+        assert bank.deposit(FOREIGN_TEST_ACCOUNT, 100) == 100
+        assert bank.skipped_transactions >= 1  # ours, and any the producer test wrote
+    assert time.monotonic() - started < FOREIGN_TEST_TIMEOUT_S
+    assert (partition, foreign_id) not in [(p, txid) for p, txid, *_ in ledger(path)]
+    # Skipped, it moved the database's mark like an applied operation: the deposit came after it.
+    assert stored_high_water_mark(path, partition) > foreign_id
+
+    with Bank(config, path) as restarted:
+        restarted.catch_up(FOREIGN_TEST_TIMEOUT_S)
+        assert restarted.skipped_transactions == 0  # mounted after it: not fed again
+        assert restarted.balance(FOREIGN_TEST_ACCOUNT) == 100
+
+    # The issue's command: a fresh instance applies the whole partition, the foreign line included.
+    account = str(FOREIGN_TEST_ACCOUNT)
+    deposit = run_cli(
+        cluster, tmp_path / "cli.sqlite", "deposit", account, "5", timeout_s=FOREIGN_TEST_TIMEOUT_S
+    )
+    assert (deposit.returncode, deposit.stdout) == (0, f"account {account}: balance 105\n"), deposit.stderr
 
 
 def test_cli_each_run_a_restart(cluster: LocalCluster, tmp_path: Path) -> None:

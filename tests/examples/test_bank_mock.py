@@ -1,19 +1,28 @@
-"""The bank service against the mock driver: declines overdrafts, retries lock failures."""
+"""The bank service against the mock driver: declines overdrafts, retries lock failures, skips
+other applications' transactions."""
 
 from __future__ import annotations
 
+import logging
+import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import pytest
 from bank_support import DEPOSIT, WITHDRAW, Bank, InsufficientFunds
+from client_support.app import MockCallbacks, MockContext
 
 from waltz_engine.client import WaltzClientConfig
+from waltz_engine.client.dbapi_callbacks import DEFAULT_TABLE
 from waltz_engine.client.mock_driver import MockDriver
 from waltz_engine.client.pytest_plugin import WaltzMockHarness
 
 NUM_PARTITIONS = 2
 ACCOUNT = 7
 WAIT_S = 30.0
+# Well below the bank's own timeouts: a bank stuck on a transaction fails the test quickly.
+CATCH_UP_S = 10.0
+BANK_LOGGER = "examples.bank.service"
 
 
 def open_bank(harness: WaltzMockHarness, path: Path) -> tuple[Bank, MockDriver]:
@@ -75,3 +84,51 @@ def test_operations_on_different_accounts_go_to_their_partitions(tmp_path: Path)
         outcomes = [bank.submit(DEPOSIT, account, 10) for account in range(4)]
         assert all(outcome.result(WAIT_S) for outcome in outcomes)
     assert [p.high_water_mark for p in harness.partitions.values()] == [1, 1]
+
+
+def stored_high_water_mark(path: Path, partition_id: int) -> int:
+    with closing(sqlite3.connect(path)) as db:
+        row = db.execute(
+            f"SELECT high_water_mark FROM {DEFAULT_TABLE} WHERE partition_id = ?", (partition_id,)
+        ).fetchone()
+    return int(row[0])
+
+
+def test_other_applications_transactions_are_skipped_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A shared log: what another application wrote (other headers) is skipped, and stays skipped."""
+    harness = WaltzMockHarness(NUM_PARTITIONS)
+    partition = ACCOUNT % NUM_PARTITIONS
+    foreign = [
+        MockContext("hello, waltz", partition=partition),  # what `waltz append` writes: header 0
+        # Another header, even with data that looks like the bank's (the bank's old DEPOSIT header).
+        MockContext(f'{{"account": {ACCOUNT}, "amount": 5}}', partition=partition, header=DEPOSIT),
+    ]
+    writer = harness.client(MockCallbacks(), harness.new_driver())
+    try:
+        for context in foreign:
+            writer.submit(context)
+            assert context.future.result(WAIT_S)
+    finally:
+        writer.close()
+
+    caplog.set_level(logging.DEBUG, logger=BANK_LOGGER)
+    path = tmp_path / "bank.sqlite"
+    bank, _ = open_bank(harness, path)
+    with bank:
+        bank.catch_up(CATCH_UP_S)  # the foreign transactions do not stop the feed
+        assert bank.deposit(ACCOUNT, 100) == 100
+        assert bank.history(ACCOUNT) == [(100, 100)]
+        assert bank.skipped_transactions == len(foreign)
+    skipped_logs = [r for r in caplog.records if r.name == BANK_LOGGER and "skipped" in r.getMessage()]
+    assert [r.levelno for r in skipped_logs] == [logging.DEBUG] * len(foreign)
+    # The skipped transactions moved the database's mark like the applied deposit did.
+    assert stored_high_water_mark(path, partition) == len(foreign)
+
+    restarted, _ = open_bank(harness, path)
+    with restarted:
+        restarted.catch_up(CATCH_UP_S)
+        assert restarted.skipped_transactions == 0  # mounted after them: not fed again
+        assert restarted.balance(ACCOUNT) == 100
+        assert restarted.history(ACCOUNT) == [(100, 100)]

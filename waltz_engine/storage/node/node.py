@@ -5,28 +5,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
+import ssl
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from waltz_engine import __version__
 from waltz_engine.errors import StorageError
 from waltz_engine.http_endpoints import HttpEndpoints
 from waltz_engine.metrics import MetricsRegistry
-from waltz_engine.net import Listener, serve
+from waltz_engine.net import ConnectionHandler, FramedConnection, Listener, serve
 from waltz_engine.process import run_service
 from waltz_engine.storage.cleaner import RetentionCleaner
 from waltz_engine.storage.node.admin_handler import AdminHandler
-from waltz_engine.storage.node.config import StorageConfig
+from waltz_engine.storage.node.config import KEY_ADMIN_PORT, KEY_JETTY_PORT, KEY_PORT, StorageConfig
 from waltz_engine.storage.node.data_handler import DataHandler
 from waltz_engine.storage.node.partition_worker import PartitionWorker
 from waltz_engine.storage.partition import Partition
 from waltz_engine.storage.storage_manager import StorageManager
 from waltz_engine.tls import server_context
 from waltz_engine.wire.admin_messages import ADMIN_CODEC
+from waltz_engine.wire.codec import MessageCodec
 from waltz_engine.wire.hello import STORAGE_ADMIN_SERVER_HELLO_TEXT, STORAGE_SERVER_HELLO_TEXT
 from waltz_engine.wire.storage_messages import STORAGE_CODEC
 from waltz_engine.zk.connection import connect
@@ -42,6 +45,14 @@ METRIC_GROUP = "waltz-storage"
 HEALTH_CHECK_NAME = "storage-health-check"
 # How long stopping waits for connection handlers to end once cancelled.
 STOP_CONNECTIONS_TIMEOUT_S = 10.0
+
+
+def _port_error(key: str, host: str, port: int, error: OSError) -> StorageError:
+    """One line naming the config key: a port in use (or not bindable) stops the start."""
+    reason = error.strerror or str(error)
+    if error.errno == errno.EADDRINUSE:
+        reason = "address already in use (is another process listening on it?)"
+    return StorageError(f"cannot listen on {host}:{port} ('{key}'): {reason}")
 
 
 def read_cluster_params(config: StorageConfig) -> tuple[uuid.UUID, int]:
@@ -70,6 +81,8 @@ class StorageNode:
         self._servers: list[Listener] = []
         self._http: HttpEndpoints | None = None
         self._stopped = False
+        # Set once the directory is open and the handlers exist; connections wait for it.
+        self._open = asyncio.Event()
         self.cleaner: RetentionCleaner | None = None
 
     async def _off_loop(self, work: Callable[[], T]) -> T:
@@ -83,10 +96,62 @@ class StorageNode:
         return sorted(p for p, w in self.workers.items() if w.partition is not None)
 
     async def start(self) -> None:
+        """Bind every port, then open the storage directory, then serve.
+
+        The ports come first so that a start that fails on a port in use leaves a new (empty)
+        directory as it was: no control file, no lock. Connections accepted before the
+        directory is open wait for it (a moment) before their requests are served.
+        """
         config = self.config
         ssl_context = server_context(config.tls)
         key, num_partitions = await self._off_loop(lambda: read_cluster_params(config))
         log.info("cluster %s: key %s, %d partitions", config.zookeeper.cluster_root, key, num_partitions)
+        self._register_metrics()
+
+        handlers: dict[str, ConnectionHandler] = {}
+
+        def when_open(name: str) -> ConnectionHandler:
+            async def handle(conn: FramedConnection) -> None:
+                await self._open.wait()
+                await handlers[name](conn)
+
+            return handle
+
+        self._servers.append(
+            await self._listen(
+                KEY_PORT,
+                config.port,
+                ssl_context,
+                {STORAGE_CODEC.version: STORAGE_CODEC},
+                STORAGE_SERVER_HELLO_TEXT,
+                when_open("data"),
+                "storage data port",
+            )
+        )
+        self._servers.append(
+            await self._listen(
+                KEY_ADMIN_PORT,
+                config.admin_port,
+                ssl_context,
+                {ADMIN_CODEC.version: ADMIN_CODEC},
+                STORAGE_ADMIN_SERVER_HELLO_TEXT,
+                when_open("admin"),
+                "storage admin port",
+            )
+        )
+        if config.jetty_port is not None:
+            http = HttpEndpoints(SERVICE_NAME, self.metrics)
+            http.add_health_check(
+                HEALTH_CHECK_NAME,
+                lambda: (self._open.is_set(), {"storage": "true" if self._open.is_set() else "starting"}),
+            )
+            try:
+                await http.start(config.host, config.jetty_port)
+            except OSError as e:
+                raise _port_error(KEY_JETTY_PORT, config.host, config.jetty_port, e) from None
+            self._http = http
+        else:
+            log.warning("storage.jetty.port is not set: no HTTP endpoints (health, metrics)")
 
         def open_manager() -> StorageManager:
             config.directory.mkdir(parents=True, exist_ok=True)
@@ -99,42 +164,14 @@ class StorageNode:
             )
 
         self.manager = manager = await self._off_loop(open_manager)
-        self._register_metrics()
         await self.refresh_partitions()
         self.cleaner = RetentionCleaner(
             config.zookeeper, num_partitions, lambda: self.workers, config.retention_check_interval_ms
         )
         await self.cleaner.start()
-        data = DataHandler(manager, self.worker_of)
-        admin = AdminHandler(manager, self.metrics, self._admin_executor, self.refresh_partitions)
-        self._servers.append(
-            await serve(
-                config.host,
-                config.port,
-                ssl_context,
-                {STORAGE_CODEC.version: STORAGE_CODEC},
-                STORAGE_SERVER_HELLO_TEXT,
-                data,
-                "storage data port",
-            )
-        )
-        self._servers.append(
-            await serve(
-                config.host,
-                config.admin_port,
-                ssl_context,
-                {ADMIN_CODEC.version: ADMIN_CODEC},
-                STORAGE_ADMIN_SERVER_HELLO_TEXT,
-                admin,
-                "storage admin port",
-            )
-        )
-        if config.jetty_port is not None:
-            self._http = HttpEndpoints(SERVICE_NAME, self.metrics)
-            self._http.add_health_check(HEALTH_CHECK_NAME, lambda: (True, {"storage": "true"}))
-            await self._http.start(config.host, config.jetty_port)
-        else:
-            log.warning("storage.jetty.port is not set: no HTTP endpoints (health, metrics)")
+        handlers["data"] = DataHandler(manager, self.worker_of)
+        handlers["admin"] = AdminHandler(manager, self.metrics, self._admin_executor, self.refresh_partitions)
+        self._open.set()
         log.info(
             "storage node ready: host %s, data port %d, admin port %d, http port %s, directory %s, "
             "assigned partitions %s",
@@ -145,6 +182,21 @@ class StorageNode:
             config.directory,
             self.assigned_partition_ids(),
         )
+
+    async def _listen(
+        self,
+        key: str,
+        port: int,
+        ssl_context: ssl.SSLContext,
+        codecs: Mapping[int, MessageCodec[Any]],
+        hello_text: str,
+        handler: ConnectionHandler,
+        name: str,
+    ) -> Listener:
+        try:
+            return await serve(self.config.host, port, ssl_context, codecs, hello_text, handler, name)
+        except OSError as e:
+            raise _port_error(key, self.config.host, port, e) from None
 
     def _register_metrics(self) -> None:
         self.metrics.gauge(
