@@ -14,8 +14,10 @@ from rich.markup import escape
 
 from waltz_engine.errors import WaltzError
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+# A pipe or file gets whole lines: rich would otherwise fold everything at 80 columns.
+PIPE_WIDTH_COLUMNS = 100_000
+console = Console(highlight=False, width=None if sys.stdout.isatty() else PIPE_WIDTH_COLUMNS)
+err_console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else PIPE_WIDTH_COLUMNS)
 
 P = ParamSpec("P")
 R = TypeVar("R")

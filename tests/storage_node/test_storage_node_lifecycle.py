@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -134,3 +135,35 @@ def test_missing_config_file_and_unknown_keys(zookeeper: str, tmp_path: Path) ->
         assert node.terminate() == 0
     finally:
         node.close()
+
+
+@pytest.mark.parametrize(
+    ("port_key", "where"),
+    [
+        ("storage.port", lambda c: c["storage"]),
+        ("storage.admin.port", lambda c: c["storage"]["admin"]),
+        ("storage.jetty.port", lambda c: c["storage"]["jetty"]),
+    ],
+    ids=["data", "admin", "jetty"],
+)
+def test_port_in_use_leaves_a_new_directory_as_it_was(
+    zookeeper: str, tmp_path: Path, port_key: str, where: Any
+) -> None:
+    root, _ = create_test_cluster(zookeeper, 1)
+    config = _base_config(zookeeper, root, tmp_path)
+    config["storage"]["host"] = "127.0.0.1"
+    config["storage"]["jetty"] = {"port": free_tcp_port()}
+    directory = tmp_path / "d"
+    directory.mkdir()
+    path = tmp_path / "storage.yml"
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        where(config)["port"] = port
+        path.write_text(yaml.safe_dump(config))
+        result = run_waltz("storage", "start", "--config", str(path))
+    assert result.returncode == 1, result.stderr
+    line = _one_line_error(result.stderr)
+    assert f"127.0.0.1:{port}" in line and port_key in line and "already in use" in line, line
+    assert list(directory.iterdir()) == []  # no waltz-storage.ctl, nothing else
