@@ -1,5 +1,7 @@
 """One grammar for every command: the shared options, the short-flag glossary and hidden aliases.
 
+The rules every command follows are in docs/cli.md (READ IT before changing a command).
+
 Every command that talks to a cluster takes the same ``-c/--config``, ``-z/--zookeeper`` and
 ``-r/--cluster-root`` (also read from ``WALTZ_CONFIG``, ``WALTZ_ZOOKEEPER`` and
 ``WALTZ_CLUSTER_ROOT``); without any of them the local dev cluster's ``client.yml`` is used.
