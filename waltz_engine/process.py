@@ -13,6 +13,8 @@ import sys
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
+import setproctitle
+
 from waltz_engine.errors import WaltzError
 
 log = logging.getLogger(__name__)
@@ -64,8 +66,14 @@ async def serve_until_signalled(service: Service) -> int:
     return 0
 
 
-def run_service(load_config: Callable[[], C], make_service: Callable[[C], Service], log_level: str) -> int:
-    """Configure logging, load the config, serve until signalled; the process's exit code."""
+def run_service(
+    load_config: Callable[[], C], make_service: Callable[[C], Service], log_level: str, title: str
+) -> int:
+    """Configure logging, load the config, serve until signalled; the process's exit code.
+
+    ``title`` is what `ps` and `top` show for the process (else `python -c ...`).
+    """
+    setproctitle.setproctitle(title)
     try:
         configure_logging(log_level)
         config = load_config()

@@ -371,4 +371,5 @@ class WaltzServer:
 
 def run(config_path: Path | str, log_level: str = "info") -> int:
     """`waltz server start`: serve until SIGTERM/SIGINT; 0 on a clean stop, 1 on a startup error."""
-    return run_service(lambda: ServerConfig.load(config_path), WaltzServer, log_level)
+    title = f"waltz server start --config {config_path}"
+    return run_service(lambda: ServerConfig.load(config_path), WaltzServer, log_level, title)

@@ -257,4 +257,5 @@ class StorageNode:
 
 def run(config_path: Path | str, log_level: str = "info") -> int:
     """`waltz storage start`: serve until SIGTERM/SIGINT; 0 on a clean stop, 1 on a startup error."""
-    return run_service(lambda: StorageConfig.load(config_path), StorageNode, log_level)
+    title = f"waltz storage start --config {config_path}"
+    return run_service(lambda: StorageConfig.load(config_path), StorageNode, log_level, title)
