@@ -11,16 +11,24 @@ several instances serve the same accounts and agree on every balance.
   many withdraw concurrently.
 * The balances and the client high-water marks are committed in one SQLite transaction
   (:class:`DbApiClientCallbacks`): a restart never applies an operation twice or skips one.
+* The log may be shared with other applications (``waltz append`` writes header 0). Every bank
+  operation carries the header :data:`BANK_HEADER`; a transaction with any other header is not
+  the bank's and is skipped, unread. Skipping still moves the high-water mark in its SQLite
+  transaction, exactly as applying does, so a skipped transaction is not fed again either.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import json
+import logging
 import sqlite3
+import threading
+from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from waltz_engine.client import (
     SyncWaltzClient,
@@ -29,12 +37,18 @@ from waltz_engine.client import (
     TransactionContext,
     WaltzClientConfig,
 )
-from waltz_engine.client.dbapi_callbacks import DbApiClientCallbacks, DbApiCursor
+from waltz_engine.client.dbapi_callbacks import DbApiClientCallbacks, DbApiConnection, DbApiCursor
 
-# Transaction headers: what the operation does (the data says to which account and how much).
+log = logging.getLogger(__name__)
+
+# The header of every bank transaction ("BANK" in ASCII, an int32): any other header is another
+# application's transaction in a shared log, and the bank skips it.
+BANK_HEADER = 0x42414E4B
+# What an operation does; its data names it, with the account and the amount.
 DEPOSIT = 1
 WITHDRAW = 2
 OPERATION_NAMES = {DEPOSIT: "deposit", WITHDRAW: "withdraw"}
+OPERATION_KINDS = {name: kind for kind, name in OPERATION_NAMES.items()}
 
 ACCOUNT_LOCK = "account"
 # Another connection (a consumer thread of this instance) may hold SQLite's write lock briefly.
@@ -68,12 +82,14 @@ class Operation:
             raise ValueError(f"the amount must be positive, got {self.amount}")
 
     def encode(self) -> bytes:
-        return json.dumps({"account": self.account, "amount": self.amount}).encode()
+        fields = {"operation": OPERATION_NAMES[self.kind], "account": self.account, "amount": self.amount}
+        return json.dumps(fields).encode()
 
     @classmethod
-    def decode(cls, header: int, data: bytes) -> Operation:
+    def decode(cls, data: bytes) -> Operation:
+        """The operation of a transaction with :data:`BANK_HEADER` (another header: not the bank's)."""
         fields = json.loads(data)
-        return cls(header, int(fields["account"]), int(fields["amount"]))
+        return cls(OPERATION_KINDS[fields["operation"]], int(fields["account"]), int(fields["amount"]))
 
     @property
     def delta(self) -> int:
@@ -89,10 +105,48 @@ def open_database(path: Path | str) -> sqlite3.Connection:
 
 
 class BankCallbacks(DbApiClientCallbacks):
-    """Applies each operation of the log to ``accounts`` and ``ledger``, exactly once."""
+    """Applies each operation of the log to ``accounts`` and ``ledger``, exactly once.
+
+    Transactions of other applications (a header other than :data:`BANK_HEADER`) are skipped
+    in ``apply``: it leaves the tables alone, and the database transaction around it records the
+    transaction id as the partition's high-water mark just as for an applied operation, so a
+    restarted instance is not fed it again. (Decoding it instead raised, rolled back, and had the
+    client feed it again at once, forever.)
+    """
+
+    def __init__(self, connect: Callable[[], DbApiConnection], **options: Any) -> None:
+        super().__init__(connect, **options)
+        self._skipped_lock = threading.Lock()
+        self._skipped = 0
+        self._attempt = threading.local()  # per consumer thread: did apply skip the transaction?
+
+    @property
+    def skipped(self) -> int:
+        """Transactions of other applications this instance skipped (recorded in its database)."""
+        with self._skipped_lock:
+            return self._skipped
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        self._attempt.skipped = False
+        super().apply_transaction(transaction)  # apply in a SQLite transaction; returns once committed
+        # Counted after the commit: not for a rolled-back attempt, nor when another instance
+        # sharing the database recorded it first (apply is not called then).
+        if self._attempt.skipped:
+            with self._skipped_lock:
+                self._skipped += 1
+            log.debug(
+                "partition %d: transaction %d skipped: header %d is not the bank's",
+                transaction.partition_id,
+                transaction.transaction_id,
+                transaction.header,
+            )
 
     def apply(self, transaction: Transaction, cursor: DbApiCursor) -> None:
-        operation = Operation.decode(transaction.header, transaction.get_data())
+        if transaction.header != BANK_HEADER:
+            self._attempt.skipped = True
+            return  # not the bank's: only the high-water mark moves, and its data is never fetched
+        self._attempt.skipped = False
+        operation = Operation.decode(transaction.get_data())
         cursor.execute(
             "INSERT INTO accounts (id, balance) VALUES (?, ?) "
             "ON CONFLICT (id) DO UPDATE SET balance = balance + excluded.balance",
@@ -130,7 +184,7 @@ class AccountTransaction(TransactionContext):
         # Read at (or after) the builder's high-water mark: the server checks the lock against it.
         if operation.kind == WITHDRAW and self.bank.balance(operation.account) < operation.amount:
             return False  # declined: nothing is written, on_completion(False) follows
-        builder.set_header(operation.kind)
+        builder.set_header(BANK_HEADER)
         builder.set_transaction_data(operation.encode())
         builder.set_write_locks([(ACCOUNT_LOCK, operation.account)])
         return True
@@ -193,6 +247,11 @@ class Bank:
         with closing(open_database(self.database)) as db:
             row = db.execute("SELECT balance FROM accounts WHERE id = ?", (account,)).fetchone()
         return 0 if row is None else int(row[0])
+
+    @property
+    def skipped_transactions(self) -> int:
+        """Transactions of other applications (not :data:`BANK_HEADER`) this instance skipped."""
+        return self.callbacks.skipped
 
     def catch_up(self, timeout_s: float = CATCH_UP_TIMEOUT_S) -> None:
         """Wait until this instance has applied everything the log held when called."""
