@@ -92,7 +92,7 @@ _register()
 
 def main() -> None:
     try:
-        app()
+        app(prog_name="waltz")
     except BrokenPipeError:
         # The reader went away (`waltz tail | head`): that ends the output, it is no error.
         devnull = os.open(os.devnull, os.O_WRONLY)
