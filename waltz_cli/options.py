@@ -52,6 +52,7 @@ ALIASES: dict[str, str] = {
     "-nc": "--num-clients",
     "-ap": "--num-active-partitions",
     "-ml": "--mount-from-latest",
+    "--interval": "--interval-ms",
 }
 
 ENV_CONFIG = "WALTZ_CONFIG"
@@ -127,6 +128,12 @@ RootOption = Annotated[
         "-r",
         envvar=ENV_CLUSTER_ROOT,
         help="Cluster root znode, e.g. /waltz (overrides --config).",
+    ),
+]
+ClientTimeoutOption = Annotated[
+    int,
+    typer.Option(
+        "--timeout-ms", min=1, help="Give up on an unreachable ZooKeeper or server after this long."
     ),
 ]
 ConnectTimeoutOption = Annotated[
