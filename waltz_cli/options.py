@@ -53,6 +53,9 @@ ALIASES: dict[str, str] = {
     "-ap": "--num-active-partitions",
     "-ml": "--mount-from-latest",
     "--interval": "--interval-ms",
+    "--data-dir": "--dir",
+    "--storage-admin-port": "--admin-port",
+    "--source-storage": "--storage",
 }
 
 ENV_CONFIG = "WALTZ_CONFIG"
@@ -165,3 +168,11 @@ TransactionOption = Annotated[
     int | None, typer.Option("--transaction", "-t", min=0, help="One transaction id.")
 ]
 DirOption = Annotated[Path, typer.Option("--dir", "-d", help="Working directory.")]
+SslConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--ssl-config",
+        help="YAML with server.ssl.keyStore.* / server.ssl.trustStore.* for the TLS connections "
+        "to storage nodes (default: no certificate checks, as the original).",
+    ),
+]
