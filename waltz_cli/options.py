@@ -56,6 +56,8 @@ ALIASES: dict[str, str] = {
     "--data-dir": "--dir",
     "--storage-admin-port": "--admin-port",
     "--source-storage": "--storage",
+    "--limit": "--max",
+    "--seconds": "--duration-s",
 }
 
 ENV_CONFIG = "WALTZ_CONFIG"
