@@ -17,7 +17,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import typer.rich_utils
+from rich.markup import escape
 from typer.core import TyperGroup, TyperOption
+
+from waltz_cli.output import err_console
 
 # The one meaning of each short flag (short → canonical long name).
 SHORT_FLAGS: dict[str, str] = {
@@ -75,6 +79,19 @@ def _no_placeholder_on_switches(self: TyperOption, ctx: Any) -> str | None:
 
 
 TyperOption.display_type_rich = _no_placeholder_on_switches  # type: ignore[method-assign]
+
+
+def _one_line_usage_error(error: Any) -> None:  # typer's own (vendored) click.ClickException
+    """A usage error (bad value, unknown flag) as one line on stderr, not typer's boxed panel."""
+    if type(error).__name__ == "NoArgsIsHelpError":  # typer printed the help already
+        return
+    ctx = getattr(error, "ctx", None)
+    hint = f" (see '{ctx.command_path} -h')" if ctx is not None else ""
+    message = " ".join(error.format_message().split())
+    err_console.print(f"[bold red]error:[/] {escape(message)}{escape(hint)}", soft_wrap=True, emoji=False)
+
+
+typer.rich_utils.rich_format_error = _one_line_usage_error  # type: ignore[assignment]
 
 
 def _rewrite_aliases(command: Any, args: list[str]) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn, ParamSpec, TypeVar
@@ -16,8 +17,21 @@ from waltz_engine.errors import WaltzError
 
 # A pipe or file gets whole lines: rich would otherwise fold everything at 80 columns.
 PIPE_WIDTH_COLUMNS = 100_000
-console = Console(highlight=False, width=None if sys.stdout.isatty() else PIPE_WIDTH_COLUMNS)
-err_console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else PIPE_WIDTH_COLUMNS)
+
+
+class _Console(Console):
+    """rich's Console, but a closed pipe is a BrokenPipeError (an exit 0, see :func:`closed_pipe`),
+    where rich would exit 1."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError("stdout closed")
+
+
+console = _Console(highlight=False, width=None if sys.stdout.isatty() else PIPE_WIDTH_COLUMNS)
+err_console = _Console(
+    stderr=True, highlight=False, width=None if sys.stderr.isatty() else PIPE_WIDTH_COLUMNS
+)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -39,6 +53,16 @@ def fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
+def closed_pipe() -> NoReturn:
+    """The reader of stdout went away (`waltz tail | head`): the output ends there, exit 0.
+
+    stdout is pointed at /dev/null so that the interpreter's flush at exit cannot fail again
+    (that would print "Exception ignored ... BrokenPipeError")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    raise typer.Exit(0)
+
+
 def one_line_errors(func: Callable[P, R]) -> Callable[P, R]:
     """Turn expected errors (WaltzError, OSError) into a one-line message and exit 1."""
 
@@ -48,6 +72,8 @@ def one_line_errors(func: Callable[P, R]) -> Callable[P, R]:
             return func(*args, **kwargs)
         except WaltzError as e:
             fail(str(e))
+        except BrokenPipeError:
+            closed_pipe()
         except OSError as e:
             where = f"{e.filename}: " if e.filename else ""
             fail(f"{where}{e.strerror or e}")
