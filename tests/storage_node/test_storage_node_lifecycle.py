@@ -1,9 +1,11 @@
-"""Process lifecycle of `waltz storage start`: signals, the directory lock, config errors."""
+"""Process lifecycle of `waltz storage start`: signals, the directory lock, config errors, ports
+in use, a Java key store."""
 
 from __future__ import annotations
 
 import signal
 import socket
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,9 @@ from storage_node_support import (
     run_waltz,
     start_storage_node,
 )
+
+from waltz_engine.storage.client import StorageAdminClient
+from waltz_engine.tls import TlsConfig, client_context
 
 
 def _one_line_error(stderr: str) -> str:
@@ -167,3 +172,61 @@ def test_port_in_use_leaves_a_new_directory_as_it_was(
     line = _one_line_error(result.stderr)
     assert f"127.0.0.1:{port}" in line and port_key in line and "already in use" in line, line
     assert list(directory.iterdir()) == []  # no waltz-storage.ctl, nothing else
+
+
+JKS_PASSWORD = "store-secret"
+
+
+@pytest.fixture(scope="module")
+def node_jks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A JKS key store as a Java node's: one self-signed RSA key pair, made by keytool."""
+    store = tmp_path_factory.mktemp("jks") / "node.jks"
+    result = subprocess.run(
+        ["keytool", "-J-XX:TieredStopAtLevel=1", "-genkeypair", "-alias", "node", "-keyalg", "RSA",
+         "-keysize", "2048", "-dname", "CN=waltz-storage", "-validity", "2", "-storetype", "JKS",
+         "-keystore", str(store), "-storepass", JKS_PASSWORD, "-keypass", JKS_PASSWORD],
+        capture_output=True, text=True, timeout=120, check=False, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    return store
+
+
+def test_node_serves_with_a_jks_key_store(zookeeper: str, tmp_path: Path, node_jks: Path) -> None:
+    """`storage.ssl.keyStore.*` as a Java cluster's (no type key: JKS, the original's default);
+    a tool trusting that JKS (as its trust store) verifies the node's certificate."""
+    root, key = create_test_cluster(zookeeper, 1)
+    tls = {"storage.ssl.keyStore.location": str(node_jks), "storage.ssl.keyStore.password": JKS_PASSWORD}
+    node = StorageNodeProcess(zookeeper, root, key, 1, tmp_path / "n", extra_config=tls)
+    try:
+        node.start()
+        trusting = client_context(
+            TlsConfig(trust_store_location=str(node_jks), trust_store_password=JKS_PASSWORD)
+        )
+
+        async def status() -> object:
+            admin = StorageAdminClient(node.host, node.admin_port, trusting, key, 1)
+            await admin.open()
+            try:
+                return await admin.assigned_partition_status()
+            finally:
+                await admin.close()
+
+        assert node.run(status()) is not None
+        assert node.terminate() == 0
+    finally:
+        node.close()
+
+
+def test_jks_wrong_password_is_one_line(zookeeper: str, tmp_path: Path, node_jks: Path) -> None:
+    root, _ = create_test_cluster(zookeeper, 1)
+    config = _base_config(zookeeper, root, tmp_path)
+    config["storage.ssl.keyStore.location"] = str(node_jks)
+    config["storage.ssl.keyStore.password"] = "not-the-password"
+    config["storage.ssl.keyStore.type"] = "JKS"
+    path = tmp_path / "storage.yml"
+    path.write_text(yaml.safe_dump(config))
+    result = run_waltz("storage", "start", "--config", str(path))
+    assert result.returncode == 1, result.stderr
+    line = _one_line_error(result.stderr)
+    assert f"JKS key store {node_jks}" in line and "check keyStore.password" in line, line
+    assert not (tmp_path / "d").exists()
