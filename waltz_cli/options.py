@@ -62,6 +62,7 @@ ALIASES: dict[str, str] = {
     "--source-storage": "--storage",
     "--limit": "--max",
     "--seconds": "--duration-s",
+    "--duration": "--duration-s",
 }
 
 ENV_CONFIG = "WALTZ_CONFIG"
