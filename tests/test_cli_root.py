@@ -22,7 +22,12 @@ GROUPS = (
     "client",
     "dev",
     "bench",
+    "retention",
+    "spark",
+    "top",
+    "smoke",
 )
+SUBGROUPS = ("zk", "storage", "server", "cluster", "retention")
 
 
 def test_help_lists_every_group() -> None:
@@ -42,3 +47,13 @@ def test_unknown_command_is_a_usage_error_without_traceback() -> None:
     result = runner.invoke(app, ["no-such-command"])
     assert result.exit_code == 2
     assert "Traceback" not in result.output
+
+
+def test_groups_show_help_bare_and_with_h() -> None:
+    for group in SUBGROUPS:
+        bare = runner.invoke(app, [group])
+        short = runner.invoke(app, [group, "-h"])
+        assert short.exit_code == 0, short.output
+        assert "Usage: waltz " + group in " ".join(short.output.split())
+        assert bare.exit_code in (0, 2) and "Usage:" in bare.output, bare.output
+        assert "Traceback" not in bare.output + short.output

@@ -145,7 +145,7 @@ class ServerConnectivity(NamedTuple):
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "serverId": self.server_id,
+            "server_id": self.server_id,
             "endpoint": self.endpoint,
             "reachable": self.storages is not None,
             "storages": self.storages,
@@ -242,7 +242,7 @@ class VerifyReport(NamedTuple):
         return {
             "passed": self.passed,
             "partitions": [p.to_json() for p in self.partitions],
-            "unreachableStorages": self.unreachable_storages,
+            "unreachable_storages": self.unreachable_storages,
         }
 
 
@@ -518,8 +518,8 @@ class ServerPartitionList(NamedTuple):
     def to_json(self) -> dict[str, Any]:
         return {
             "server": self.endpoint,
-            "numPartitions": self.num_partitions,
-            "partitions": [{"partition": p, "storageNodes": s} for p, s in sorted(self.replicas.items())],
+            "num_partitions": self.num_partitions,
+            "partitions": [{"partition": p, "storage_nodes": s} for p, s in sorted(self.replicas.items())],
         }
 
 
@@ -594,7 +594,7 @@ class ForcedAssignment(NamedTuple):
     def to_json(self) -> dict[str, Any]:
         return {
             "partition": self.partition_id,
-            "serverId": self.server_id,
+            "server_id": self.server_id,
             "endpoint": self.endpoint,
             "changed": self.changed,
         }
@@ -608,17 +608,28 @@ def _check_partition_in_cluster(client: KazooClient, root: str, partition_id: in
         )
 
 
-def assign_partition(client: KazooClient, root: str, partition_id: int, server_id: int) -> ForcedAssignment:
-    """Pin a partition to a live server; the coordinator moves it (new generation) at once."""
-    _check_partition_in_cluster(client, root, partition_id)
+def live_server(client: KazooClient, root: str, server_id: int) -> ServerDescriptor:
+    """The descriptor of a live server (registered in ZooKeeper) by its id."""
     live = {d.server_id: d for d in read_server_descriptors(client, root)}
     if server_id not in live:
         ids = ", ".join(str(s) for s in sorted(live)) or "none"
         raise ClusterOpsError(
             f"Server {server_id} is not a live server of the cluster (live server ids: {ids})"
         )
+    return live[server_id]
+
+
+def server_endpoint(client: KazooClient, root: str, server_id: int) -> HostPort:
+    """Where a live server takes clients (its client port), by its id."""
+    return _endpoint(live_server(client, root, server_id))
+
+
+def assign_partition(client: KazooClient, root: str, partition_id: int, server_id: int) -> ForcedAssignment:
+    """Pin a partition to a live server; the coordinator moves it (new generation) at once."""
+    _check_partition_in_cluster(client, root, partition_id)
+    descriptor = live_server(client, root, server_id)
     changed = force_assign(client, root, partition_id, server_id)
-    return ForcedAssignment(partition_id, server_id, live[server_id].endpoint, changed)
+    return ForcedAssignment(partition_id, server_id, descriptor.endpoint, changed)
 
 
 def unassign_partition(client: KazooClient, root: str, partition_id: int) -> ForcedAssignment:
@@ -652,10 +663,10 @@ class TruncateResult(NamedTuple):
         return {
             "partition": self.partition_id,
             "storage": self.storage,
-            "sessionId": self.session_id,
-            "lowWaterMark": self.low_water_mark,
-            "oldMaxTransactionId": self.old_max_transaction_id,
-            "newMaxTransactionId": self.new_max_transaction_id,
+            "session_id": self.session_id,
+            "low_water_mark": self.low_water_mark,
+            "old_max_transaction_id": self.old_max_transaction_id,
+            "new_max_transaction_id": self.new_max_transaction_id,
             "removed": self.removed,
             "forced": self.forced,
         }
@@ -692,7 +703,7 @@ async def truncate_partition(
         if status[partition_id]:
             raise ClusterOpsError(
                 f"{fail}: the partition is available (online) there; make it unavailable first: "
-                f"waltz storage availability -s {admin_address} -p {partition_id} --online false"
+                f"waltz storage availability -s {admin_address} -p {partition_id} --offline"
             )
         if to_transaction_id < info.low_water_mark and not force:
             raise ClusterOpsError(
@@ -748,8 +759,8 @@ class RecoverResult(NamedTuple):
         return {
             "partition": self.partition_id,
             "generation": self.generation,
-            "sessionId": self.session_id,
-            "highWaterMark": self.high_water_mark,
+            "session_id": self.session_id,
+            "high_water_mark": self.high_water_mark,
             "status": self.status,
         }
 

@@ -43,8 +43,8 @@ class RetentionReport(NamedTuple):
                 {
                     "partition": r.partition_id,
                     "bound": r.bound,
-                    "exportWatermarks": r.watermarks,
-                    "effectiveBound": r.effective_bound,
+                    "export_watermarks": r.watermarks,
+                    "effective_bound": r.effective_bound,
                     "replicas": [s._asdict() for s in self.replicas.get(r.partition_id, [])],
                 }
                 for r in self.partitions

@@ -12,6 +12,7 @@ import typer
 from storage_node_support import StorageNodeProcess, create_test_cluster, make_records
 from typer.testing import CliRunner, Result
 
+from waltz_cli import options
 from waltz_cli.commands import cluster, recovery, server_admin
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
 from waltz_engine.zk.store_metadata import add_storage_node, assign_partitions
@@ -23,8 +24,8 @@ SESSION_ID = 7
 
 def build_app() -> typer.Typer:
     """The commands as the lead registers them (independent of waltz_cli.main)."""
-    app = typer.Typer()
-    server = typer.Typer()
+    app = options.group(help="waltz")
+    server = options.group(help="waltz server")
     server_admin.register(server)
     app.add_typer(server, name="server")
     app.add_typer(cluster.app, name="cluster")

@@ -53,7 +53,7 @@ def wait_until(condition: object, what: str) -> None:
 
 
 def verify_passes(cluster: StorageCluster) -> bool:
-    return invoke("cluster", "verify", *cluster.where, "-t", "5").exit_code == 0
+    return invoke("cluster", "verify", *cluster.where, "--timeout-ms", "5000").exit_code == 0
 
 
 @pytest.fixture(scope="module")
@@ -86,15 +86,16 @@ def test_verify_connectivity_and_list_on_a_healthy_cluster(servers: Servers) -> 
     expected = "{" + ", ".join(f"{s}=true" for s in storages) + "}"
     assert connectivity.stdout.strip() == f"Connectivity status of 127.0.0.1:{a.port} is: {expected}"
 
-    listing = invoke("server", "list", "-s", f"127.0.0.1:{a.jetty_port}")
+    listing = invoke("server", "list", "--http", f"127.0.0.1:{a.jetty_port}")
     assert listing.exit_code == 0, listing.stderr
     lines = listing.stdout.strip().splitlines()
     assert lines[0] == f"There are {NUM_PARTITIONS} partitions for current server"
     for p in range(NUM_PARTITIONS):
         [line] = [x for x in lines if x.startswith(f"Storage node for partition {p}: ")]
         assert sorted(line.split(": ", 1)[1].strip("[]").split(", ")) == storages
+    not_http = f"127.0.0.1:{cluster.nodes[0].admin_port}"
     one_line_error(
-        invoke("server", "list", "-s", f"127.0.0.1:{cluster.nodes[0].admin_port}", "--timeout-ms", "2000"),
+        invoke("server", "list", "--http", not_http, "--timeout-ms", "2000"),
         "Cannot read metrics",
     )
 
@@ -105,15 +106,18 @@ def test_preferred_partitions_and_forced_assignment_move_partitions(servers: Ser
     wait_until(lambda: len(held(a)) == 1 and len(held(b)) == 1, "the two servers share the partitions")
     target = held(a)[0]
     b_port = f"127.0.0.1:{b.port}"
-    added = invoke("server", "add-preferred-partition", "-s", b_port, "-p", str(target))
+    added = invoke("server", "add-preferred-partition", "--server", b_port, "-p", str(target))
     assert added.exit_code == 0, added.stderr
     wait_until(lambda: target in held(b), "B takes its preferred partition")
     one_line_error(
-        invoke("server", "add-preferred-partition", "-s", b_port, "-p", "0,5"),
+        invoke("server", "add-preferred-partition", "--server", b_port, "-p", "0,5"),
         f"Failed to add preferred partition(s) [0, 5] to server Endpoint {b_port}.",
     )
-    removed = ok_json("server", "remove-preferred-partition", "-s", b_port, "-p", str(target))
+    removed = ok_json("server", "remove-preferred-partition", "--server", b_port, "-p", str(target))
     assert removed == {"server": b_port, "partitions": [target], "preferred": False}
+    # --server also takes a live server's id, looked up in ZooKeeper (-z/-r).
+    by_id = ("--server", str(servers.server_id(b)), *cluster.where, "-p", str(target))
+    assert ok_json("server", "remove-preferred-partition", *by_id)["server"] == b_port
 
     assert target in held(b)  # un-preferring does not move it back: the force below must
     a_id = servers.server_id(a)

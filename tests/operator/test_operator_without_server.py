@@ -65,7 +65,7 @@ def cluster(zookeeper: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 def verify_json(cluster: StorageCluster, *extra: str) -> tuple[int, dict[str, Any]]:
     import json
 
-    result = invoke("cluster", "verify", *cluster.where, "--timeout", "5", "--json", *extra)
+    result = invoke("cluster", "verify", *cluster.where, "--timeout-ms", "5000", "--json", *extra)
     assert "Traceback" not in result.output
     return result.exit_code, json.loads(result.stdout)
 
@@ -93,7 +93,7 @@ def test_verify_without_server_fails_assignment_and_server_validations(cluster: 
             assert errors[kind] == ["No Server Endpoint found."]
         # All three nodes hold and serve every partition: storage checks pass.
         assert ZK_STORAGE not in errors and QUORUM not in errors
-    text = invoke("cluster", "verify", *cluster.where, "-p", "0", "-t", "5")
+    text = invoke("cluster", "verify", *cluster.where, "-p", "0", "--timeout-ms", "5000")
     assert text.exit_code == 1
     assert "Error: Partition 0 not handled by any server" in text.stdout
     assert text.stdout.strip().splitlines()[-1] == "Failed"
@@ -157,17 +157,17 @@ def test_verify_replica_recovery_status(cluster: StorageCluster) -> None:
 
 
 def test_recover_opens_a_session_that_verify_sees_complete(cluster: StorageCluster) -> None:
-    first = ok_json("recover", *cluster.where, "-p", "1", "--timeout", "60")
-    assert first["partition"] == 1 and first["highWaterMark"] == -1
+    first = ok_json("recover", *cluster.where, "-p", "1", "--timeout-ms", "60000")
+    assert first["partition"] == 1 and first["high_water_mark"] == -1
     replicas = first["status"]["session"]["replicas"]
     assert sorted(r["storage"] for r in replicas) == sorted(cluster.storage(n) for n in cluster.nodes)
     _, report = verify_json(cluster)
     assert RECOVERY not in errors_of(report, 1)
     second = invoke("recover", *cluster.where, "-p", "1")
     assert second.exit_code == 0, second.stderr
-    assert f"session {first['sessionId'] + 1}" in second.stdout and "high-water mark -1" in second.stdout
+    assert f"session {first['session_id'] + 1}" in second.stdout and "high-water mark -1" in second.stdout
     with connect(cluster.settings()) as zk:
-        assert read_partition_metadata(zk, cluster.root, 1).metadata.session_id == first["sessionId"] + 1
+        assert read_partition_metadata(zk, cluster.root, 1).metadata.session_id == first["session_id"] + 1
     one_line_error(invoke("recover", *cluster.where, "-p", "7"), "Partition 7 does not belong")
 
 
@@ -177,9 +177,11 @@ def test_recover_opens_a_session_that_verify_sees_complete(cluster: StorageClust
 def test_truncate_offline_only_above_the_low_water_mark_unless_forced(cluster: StorageCluster) -> None:
     node = cluster.nodes[0]
     admin = f"{node.host}:{node.admin_port}"
-    args = ("truncate", *cluster.where, "-s", admin, "-sp", str(node.port), "-p", "0")
+    args = ("truncate", *cluster.where, "-s", cluster.storage(node), "-p", "0")  # its data address
+    # The original's form: the admin address and the data port (-sp, a hidden alias).
+    original = ("truncate", *cluster.where, "-s", admin, "-sp", str(node.port), "-p", "0")
     asyncio.run(write_records(node, 0, 0, 10, lwm=4))
-    one_line_error(invoke(*args, "--to", "6"), "is available", "waltz storage availability")
+    one_line_error(invoke(*args, "--to", "6"), "is available", "waltz storage availability", "--offline")
     with connect(cluster.settings()) as zk:
         key = read_store_params(zk, cluster.root).key
     context = StorageContext(key, NUM_PARTITIONS, client_ssl())
@@ -187,12 +189,13 @@ def test_truncate_offline_only_above_the_low_water_mark_unless_forced(cluster: S
         on_admin(node, lambda a: a.set_partition_available([0], False))
         one_line_error(invoke(*args, "--to", "2"), "below the replica's low-water mark 4", "--force")
         cut = ok_json(*args, "--to", "6")
-        assert (cut["oldMaxTransactionId"], cut["newMaxTransactionId"], cut["removed"]) == (9, 6, 3)
+        assert (cut["old_max_transaction_id"], cut["new_max_transaction_id"], cut["removed"]) == (9, 6, 3)
+        assert cut["storage"] == cluster.storage(node)
         kept = on_admin(node, lambda a: a.record_list(0, 0, 100))
         assert kept == make_records(0, 7, 0)
         address = HostPort(node.host, node.admin_port)
         assert asyncio.run(admin_ops.max_transaction_id(context, address, node.port, 0, offline=True)) == 6
-        forced = invoke(*args, "--to", "2", "--force")
+        forced = invoke(*original, "--to", "2", "--force")
         assert forced.exit_code == 0, forced.stderr
         assert "max transaction id 6 -> 2 (4 transaction(s) removed)" in forced.stdout
         assert on_admin(node, lambda a: a.record_list(0, 0, 100)) == make_records(0, 3, 0)
@@ -240,7 +243,7 @@ def test_unreachable_server_connectivity_verify_and_forced_assignment(cluster: S
             assert errors0[HEALTH][0].startswith(f"Server {endpoint}")
 
             assigned = ok_json("server", "assign", *cluster.where, "--partition", "0", "--server", "42")
-            assert assigned == {"partition": 0, "serverId": 42, "endpoint": endpoint, "changed": True}
+            assert assigned == {"partition": 0, "server_id": 42, "endpoint": endpoint, "changed": True}
             assert read_forced_assignments(zk, cluster.root) == {0: FAKE_SERVER_ID}
             again = invoke("server", "assign", *cluster.where, "-p", "0", "--server", "42")
             assert again.exit_code == 0 and "already forced" in again.stdout
@@ -268,11 +271,15 @@ def test_unreachable_server_connectivity_verify_and_forced_assignment(cluster: S
 
 def test_server_commands_one_line_errors(tmp_path: Path) -> None:
     closed = f"127.0.0.1:{free_tcp_port()}"
-    one_line_error(invoke("server", "list", "-s", "nohost"), "Http must be in format of host:port")
-    one_line_error(invoke("server", "list", "-s", closed, "--timeout-ms", "2000"), "Cannot read metrics")
+    one_line_error(invoke("server", "list", "--http", "nohost"), "Http must be in format of host:port")
+    one_line_error(invoke("server", "list", "--http", closed, "--timeout-ms", "2000"), "Cannot read metrics")
     one_line_error(
-        invoke("server", "add-preferred-partition", "-s", closed, "-p", "0", "--timeout-ms", "2000"),
+        invoke("server", "add-preferred-partition", "--server", closed, "-p", "0", "--timeout-ms", "2000"),
         f"Server {closed}",
     )
-    one_line_error(invoke("server", "remove-preferred-partition", "-s", "bad", "-p", "0"), "host:server_port")
-    one_line_error(invoke("server", "add-preferred-partition", "-s", closed, "-p", "x"))
+    one_line_error(
+        invoke("server", "remove-preferred-partition", "--server", "bad", "-p", "0"), "host:server_port"
+    )
+    one_line_error(invoke("server", "add-preferred-partition", "--server", closed, "-p", "x"))
+    # -s is a storage node everywhere: the server commands do not take it.
+    assert invoke("server", "list", "-s", closed).exit_code == 2

@@ -174,7 +174,7 @@ def test_retention_end_to_end(cluster: LocalCluster) -> None:
         _wait_for(f"{node.name} down to the bound", lambda n=node, e=expected: _segment_firsts(n) == e)  # type: ignore[misc]
         assert not [p for f in firsts[node.name][:3] for p in _partition_dir(node).glob(f"{f:019d}.*")]
     start = reference[3]
-    assert '"effectiveBound": ' + str(bound) in _cli(cluster, "show", "--json")
+    assert '"effective_bound": ' + str(bound) in _cli(cluster, "show", "--json")
     assert f"={start}" in _cli(cluster, "show")
 
     # Reads below the retained start fail, naming it; reads from it work.

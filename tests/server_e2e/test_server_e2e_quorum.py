@@ -52,7 +52,8 @@ def _health(port: int) -> tuple[int, dict[str, Any]]:
 
 def _verify(cluster: LocalCluster) -> Any:
     return CliRunner().invoke(
-        app, ["cluster", "verify", "-z", cluster.zookeeper, "-r", cluster.cluster_root, "--timeout", "5"]
+        app,
+        ["cluster", "verify", "-z", cluster.zookeeper, "-r", cluster.cluster_root, "--timeout-ms", "5000"],
     )
 
 

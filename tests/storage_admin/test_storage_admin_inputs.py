@@ -15,7 +15,7 @@ from typer.testing import CliRunner, Result
 from waltz_cli.main import app
 from waltz_engine.address import AddressError, HostPort, parse_host_port
 from waltz_engine.storage import admin_ops
-from waltz_engine.storage.admin_ops import PartitionStatus, StorageAdminError
+from waltz_engine.storage.admin_ops import PartitionStatus, StorageAdminError, StorageNode
 from waltz_engine.zk import store_metadata
 from waltz_engine.zk.cluster import create_cluster
 
@@ -118,7 +118,7 @@ def test_partition_status_from_metrics() -> None:
     assert statuses == [PartitionStatus(0, big, 9, 10, 5), PartitionStatus(2, -1, -1, -1, 4)]
     assert (statuses[0].is_assigned, statuses[0].is_available) == (True, True)
     assert (statuses[1].is_assigned, statuses[1].is_available) == (True, False)
-    assert statuses[0].to_json()["sessionId"] == big
+    assert statuses[0].to_json()["session_id"] == big
 
 
 @pytest.mark.parametrize(
@@ -145,11 +145,16 @@ def test_malformed_storage_is_one_line(where: tuple[str, ...], storage: str) -> 
         ("list", "-s", storage),
         ("add-partition", "-s", storage, "-p", "0"),
         ("remove-partition", "-s", storage, "-p", "0"),
-        ("availability", "-s", storage, "-p", "0", "-o", "true"),
-        ("max-transaction-id", "-s", storage, "-sp", "1", "-p", "0"),
-        ("recover-partition", "-s", storage, "-d", "h:1", "-dp", "2", "-p", "0"),
+        ("availability", "-s", storage, "-p", "0", "--online"),
+        ("max-transaction-id", "-s", storage, "--storage-port", "1", "-p", "0"),
+        ("recover-partition", "-s", storage, "--destination-storage", "h:1", "-p", "0"),
+        ("recover-partition", "-s", "h:1", "--destination-storage", storage, "-p", "0"),
     ):
-        _assert_one_line_error(_run(*args, *where), "Storage must be in format of host:admin_port", storage)
+        _assert_one_line_error(
+            _run(*args, *where),
+            "Storage must be in format of host:port (the data address as registered, or host:admin_port)",
+            storage,
+        )
 
 
 def test_bad_ranges_and_partitions_out_of_range(where: tuple[str, ...]) -> None:
@@ -160,26 +165,75 @@ def test_bad_ranges_and_partitions_out_of_range(where: tuple[str, ...]) -> None:
         _run("add-partition", "-s", storage, "-p", "2-9", *where), "does not belong to the cluster: 4-9"
     )
     _assert_one_line_error(
-        _run("max-transaction-id", "-s", storage, "-sp", "1", "-p", "4", *where), "does not belong"
+        _run("max-transaction-id", "-s", storage, "--storage-port", "1", "-p", "4", *where), "does not belong"
     )
+    recover = ("recover-partition", "-s", storage, "--destination-storage", storage)
     _assert_one_line_error(
-        _run("recover-partition", "-s", storage, "-d", storage, "-dp", "1", "-p", "-1", *where),
-        "does not belong",
+        _run(*recover, "--destination-storage-port", "1", "-p", "4", *where), "does not belong"
     )
+    # A negative partition id is refused by the parser (a usage error), before anything is asked.
+    negative = _run(*recover, "--destination-storage-port", "1", "-p", "-1", *where)
+    assert negative.exit_code == 2 and "Traceback" not in negative.output
+    assert "Invalid value for '--partition'" in negative.output
 
 
 @pytest.mark.parametrize("size", ["-3", "0"])
 def test_bad_batch_size(where: tuple[str, ...], size: str) -> None:
     storage = f"{LOCALHOST}:{free_tcp_port()}"
     result = _run(
-        "recover-partition", "-s", storage, "-d", storage, "-dp", "1", "-p", "0", "-b", size, *where
+        "recover-partition",
+        "-s",
+        storage,
+        "--destination-storage",
+        storage,
+        "--destination-storage-port",
+        "1",
+        "-p",
+        "0",
+        "-b",
+        size,
+        *where,
     )
     _assert_one_line_error(result, "Batch size must be a positive integer", size)
 
 
-def test_online_must_be_a_boolean(where: tuple[str, ...]) -> None:
-    result = _run("availability", "-s", f"{LOCALHOST}:1", "-p", "0", "-o", "yes", *where)
-    _assert_one_line_error(result, "--online must be set to 'true' or 'false'")
+def test_online_or_offline_must_be_said(where: tuple[str, ...]) -> None:
+    result = _run("availability", "-s", f"{LOCALHOST}:1", "-p", "0", *where)
+    _assert_one_line_error(result, "give --online or --offline")
+    # The original's `-o true|false` is gone: -o is --output everywhere, and switches take no value.
+    old = _run("availability", "-s", f"{LOCALHOST}:1", "-p", "0", "-o", "true", *where)
+    assert old.exit_code == 2 and "Traceback" not in old.output
+
+
+def test_an_unregistered_admin_address_needs_the_data_port(where: tuple[str, ...]) -> None:
+    """The original's form (host:admin_port) of a node ZooKeeper does not know: its data port
+    cannot be looked up, so the commands that need it say how to give it."""
+    storage = f"{LOCALHOST}:{free_tcp_port()}"
+    for args in (
+        ("max-transaction-id", "-s", storage, "-p", "0"),
+        ("recover-partition", "-s", storage, "--destination-storage", storage, "-p", "0"),
+    ):
+        _assert_one_line_error(
+            _run(*args, *where), f"storage node {storage} is not registered in ZooKeeper", "--storage-port"
+        )
+
+
+def test_storage_is_resolved_from_its_data_or_admin_address(zk_client: Any, cluster_root: str) -> None:
+    create_cluster(zk_client, cluster_root, "resolve", NUM_PARTITIONS)
+    store_metadata.add_storage_node(zk_client, cluster_root, "db-1:7000", 0, 7001)
+    store_metadata.add_storage_node(zk_client, cluster_root, "db-2:7000", 1, 7001)
+    layout = admin_ops.read_store_layout(zk_client, cluster_root)
+    by_data = layout.resolve_node("db-2:7000")
+    assert by_data == StorageNode(HostPort("db-2", 7001), HostPort("db-2", 7000), "db-2:7000")
+    assert (by_data.data_port(), by_data.data_port(7100)) == (7000, 7100)
+    assert layout.resolve_node("DB-1:7001") == StorageNode(
+        HostPort("DB-1", 7001), HostPort("db-1", 7000), "db-1:7000"
+    )
+    unknown = layout.resolve_node("db-3:7001")
+    assert unknown == StorageNode(HostPort("db-3", 7001), None, None)
+    assert unknown.data_port(7000) == 7000
+    with pytest.raises(StorageAdminError, match="is not registered in ZooKeeper"):
+        unknown.data_port()
 
 
 def test_missing_zookeeper_settings_is_one_line() -> None:
@@ -189,7 +243,7 @@ def test_missing_zookeeper_settings_is_one_line() -> None:
 # --- CLI: unreachable nodes ----------------------------------------------------------------------
 
 
-def test_unreachable_node_is_one_line(where: tuple[str, ...]) -> None:
+def test_unreachable_node_is_one_line(where: tuple[str, ...], zk_client: Any, cluster_root: str) -> None:
     storage = f"{LOCALHOST}:{free_tcp_port()}"
     timeout = ("--timeout-ms", "3000")
     _assert_one_line_error(
@@ -203,19 +257,31 @@ def test_unreachable_node_is_one_line(where: tuple[str, ...]) -> None:
         "cannot open storage admin connection",
     )
     _assert_one_line_error(
-        _run("availability", "-s", storage, "-p", "1", "-o", "false", *timeout, *where),
+        _run("availability", "-s", storage, "-p", "1", "--offline", *timeout, *where),
         f"Failed to set availability of partition 1 to false for {storage}",
     )
     _assert_one_line_error(
-        _run("max-transaction-id", "-s", storage, "-sp", "1", "-p", "0", *timeout, *where),
+        _run("max-transaction-id", "-s", storage, "--storage-port", "1", "-p", "0", *timeout, *where),
         f"Failed to read max transaction ID for storage {storage}",
     )
     _assert_one_line_error(
         _run("sync-partitions", *timeout, *where), "Partition assignment cannot be fully synced"
     )
+    recover = ("recover-partition", "-s", storage, "--destination-storage", storage)
     _assert_one_line_error(
-        _run("recover-partition", "-s", storage, "-d", storage, "-dp", "1", "-p", "0", *timeout, *where),
+        _run(*recover, "--destination-storage-port", "1", "-p", "0", *timeout, *where),
         "Partition 0 failed to recover",
+    )
+    # The node registered in ZooKeeper, named by its data address: its admin port is asked.
+    [registered] = admin_ops.read_store_layout(zk_client, cluster_root).admin_ports
+    registered_admin = admin_ops.read_store_layout(zk_client, cluster_root).admin_address(registered)
+    _assert_one_line_error(
+        _run("add-partition", "-s", registered, "-p", "0", *timeout, *where),
+        f"Failed to add partition 0 to {registered_admin}",
+    )
+    _assert_one_line_error(
+        _run("max-transaction-id", "-s", registered, "-p", "0", *timeout, *where),
+        f"Failed to read max transaction ID for storage {registered_admin}",
     )
 
 

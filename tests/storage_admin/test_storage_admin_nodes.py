@@ -53,6 +53,11 @@ def admin(node: StorageNodeProcess) -> str:
     return f"{node.host}:{node.admin_port}"
 
 
+def data(node: StorageNodeProcess) -> str:
+    """The node's data address, as registered in ZooKeeper: what -s takes first."""
+    return f"{node.host}:{node.port}"
+
+
 def _assert_one_line_error(result: Result, *fragments: str) -> str:
     assert result.exit_code == 1, (result.stdout, result.stderr)
     assert "Traceback" not in result.output
@@ -86,7 +91,7 @@ def cluster(zookeeper: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 def _partitions(result: Result) -> dict[int, dict[str, Any]]:
     nodes = json.loads(result.stdout)["nodes"]
     assert len(nodes) == 1
-    return {p["partitionId"]: p for p in nodes[0]["partitions"]}
+    return {p["partition_id"]: p for p in nodes[0]["partitions"]}
 
 
 async def _write(
@@ -107,15 +112,21 @@ async def _write(
 
 
 def test_list_one_node_and_all_nodes(cluster: Cluster) -> None:
-    a_parts = _partitions(cluster.ok("list", "-s", admin(cluster.a), "--json"))
+    a_parts = _partitions(cluster.ok("list", "-s", data(cluster.a), "--json"))
     assert sorted(a_parts) == list(range(NUM_PARTITIONS))
-    assert all(p["isAssigned"] and p["isAvailable"] for p in a_parts.values())
+    assert all(p["is_assigned"] and p["is_available"] for p in a_parts.values())
+    # The original's form, the admin address, names the same node.
+    by_admin = json.loads(cluster.ok("list", "-s", admin(cluster.a), "--json").stdout)["nodes"]
+    assert [(n["storage"], n["admin"]) for n in by_admin] == [(data(cluster.a), admin(cluster.a))]
+    assert {p["partition_id"]: p for p in by_admin[0]["partitions"]}.keys() == a_parts.keys()
 
     every = json.loads(cluster.ok("list", "--json").stdout)["nodes"]
-    assert sorted(n["storage"] for n in every) == sorted([admin(cluster.a), admin(cluster.b)])
+    assert sorted((n["storage"], n["admin"]) for n in every) == sorted(
+        [(data(cluster.a), admin(cluster.a)), (data(cluster.b), admin(cluster.b))]
+    )
 
-    text = cluster.ok("list", "-s", admin(cluster.a)).stdout
-    assert f"partitions at {admin(cluster.a)}" in text
+    text = cluster.ok("list", "-s", data(cluster.a)).stdout
+    assert f"partitions at {data(cluster.a)} (admin {admin(cluster.a)})" in text
     for column in ("partition", "session", "assigned", "available"):
         assert column in text
 
@@ -126,9 +137,9 @@ def test_list_one_node_and_all_nodes(cluster: Cluster) -> None:
 def test_add_and_remove_partitions_keeps_files_unless_asked(cluster: Cluster) -> None:
     """B: partitions 2 and 3."""
     b = cluster.b
-    cluster.ok("add-partition", "-s", admin(b), "-p", "2-3")
+    cluster.ok("add-partition", "-s", data(b), "-p", "2-3")
     listed = _partitions(cluster.ok("list", "-s", admin(b), "--json"))
-    assert {2, 3} <= set(listed) and listed[2]["isAssigned"] and listed[3]["isAssigned"]
+    assert {2, 3} <= set(listed) and listed[2]["is_assigned"] and listed[3]["is_assigned"]
     segments = {p: b.directory / str(p) / SEGMENT_NAME for p in (2, 3)}
     assert all(path.is_file() for path in segments.values())
 
@@ -138,7 +149,7 @@ def test_add_and_remove_partitions_keeps_files_unless_asked(cluster: Cluster) ->
     cluster.ok("remove-partition", "-s", admin(b), "-p", "3", "--delete-storage-files")
     assert not segments[3].exists()
     listed = _partitions(cluster.ok("list", "-s", admin(b), "--json"))
-    assert not any(listed.get(p, {}).get("isAssigned") for p in (2, 3)), listed
+    assert not any(listed.get(p, {}).get("is_assigned") for p in (2, 3)), listed
 
 
 # --- availability ----------------------------------------------------------------------------------
@@ -147,13 +158,13 @@ def test_add_and_remove_partitions_keeps_files_unless_asked(cluster: Cluster) ->
 def test_availability_off_makes_appends_fail_with_the_nodes_message(cluster: Cluster) -> None:
     """A: partition 1."""
     a = cluster.a
-    cluster.ok("availability", "-s", admin(a), "-p", "1", "-o", "false")
-    assert not _partitions(cluster.ok("list", "-s", admin(a), "--json"))[1]["isAvailable"]
+    cluster.ok("availability", "-s", data(a), "-p", "1", "--offline")
+    assert not _partitions(cluster.ok("list", "-s", admin(a), "--json"))[1]["is_available"]
     with pytest.raises(StorageRpcError, match="read and write for partition=1 have been disabled"):
         a.run(_write(a, 1, 0, 1, None))
 
-    cluster.ok("availability", "-s", admin(a), "-p", "1", "-o", "true")
-    assert _partitions(cluster.ok("list", "-s", admin(a), "--json"))[1]["isAvailable"]
+    cluster.ok("availability", "-s", admin(a), "-p", "1", "--online")
+    assert _partitions(cluster.ok("list", "-s", admin(a), "--json"))[1]["is_available"]
     a.run(_write(a, 1, 0, 3, 2))
 
 
@@ -164,19 +175,29 @@ def test_max_transaction_id_online_and_offline(cluster: Cluster) -> None:
     """A: partition 3."""
     a = cluster.a
     a.run(_write(a, 3, 0, 5, 4))
-    base = ("max-transaction-id", "-s", admin(a), "-sp", str(a.port), "-p", "3")
+    base = ("max-transaction-id", "-s", data(a), "-p", "3")
     assert cluster.ok(*base).stdout.strip() == "Max Transaction ID: 4"
+    # The original's form: the admin address and the data port (-sp, a hidden alias).
+    original = ("max-transaction-id", "-s", admin(a), "-sp", str(a.port), "-p", "3")
+    assert cluster.ok(*original).stdout.strip() == "Max Transaction ID: 4"
+    by_admin = cluster.ok("max-transaction-id", "-s", admin(a), "-p", "3")  # data port from ZooKeeper
+    assert by_admin.stdout.strip() == "Max Transaction ID: 4"
 
     # Offline mode needs the partition unavailable: the node's own message says so.
     _assert_one_line_error(
         cluster.run(*base, "--offline"), "Failed to read max transaction ID", "while partition is online"
     )
-    cluster.ok("availability", "-s", admin(a), "-p", "3", "-o", "false")
+    cluster.ok("availability", "-s", data(a), "-p", "3", "--offline")
     try:
         as_json = json.loads(cluster.ok(*base, "--offline", "--json").stdout)
-        assert as_json["maxTransactionId"] == 4 and as_json["partitionId"] == 3
+        assert as_json == {
+            "storage": data(a),
+            "admin": admin(a),
+            "partition_id": 3,
+            "max_transaction_id": 4,
+        }
     finally:
-        cluster.ok("availability", "-s", admin(a), "-p", "3", "-o", "true")
+        cluster.ok("availability", "-s", data(a), "-p", "3", "--online")
 
 
 # --- validate --------------------------------------------------------------------------------------
@@ -201,7 +222,7 @@ def test_validate_passes_for_running_nodes(cluster: Cluster) -> None:
 
 def _checksums(cluster: Cluster, node: StorageNodeProcess) -> dict[int, int]:
     result = cluster.ok("checksum", str(node.directory), "-p", "0", "--json")
-    return {c["partitionId"]: c["checksum"] for c in json.loads(result.stdout)["checksums"]}
+    return {c["partition_id"]: c["checksum"] for c in json.loads(result.stdout)["checksums"]}
 
 
 def test_recover_partition_copies_up_to_the_sources_local_low_water_mark(cluster: Cluster) -> None:
@@ -210,26 +231,35 @@ def test_recover_partition_copies_up_to_the_sources_local_low_water_mark(cluster
     a.run(_write(a, 0, 0, 250, 249))  # local low-water mark 249
     a.run(_write(a, 0, 250, 10, None))  # beyond it: not copied
     cluster.ok("add-partition", "-s", admin(b), "-p", "0")
-    recover = ("recover-partition", "-s", admin(a), "-d", admin(b), "-dp", str(b.port), "-p", "0", "-b", "7")
+    recover = ("recover-partition", "-s", data(a), "--destination-storage", data(b), "-p", "0", "-b", "7")
+    # The original's form: admin addresses, the destination's data port, multi-letter flags.
+    original: tuple[str, ...] = (
+        "recover-partition",
+        "--source-storage",
+        admin(a),
+        "--destination-storage",
+        admin(b),
+    )
+    original += ("-dp", str(b.port), "-p", "0", "-b", "7")
 
     # The destination's copy must be offline first; the node's own message says why not.
     _assert_one_line_error(
         cluster.run(*recover), "Partition 0 failed to recover", "while partition is online"
     )
 
-    cluster.ok("availability", "-s", admin(b), "-p", "0", "-o", "false")
+    cluster.ok("availability", "-s", data(b), "-p", "0", "--offline")
     result = cluster.ok(*recover, "--json")
     report = json.loads(result.stdout)
-    assert (report["start"], report["target"], report["maxTransactionId"]) == (-1, 249, 249)
-    assert report["recordsCopied"] == 250
+    assert (report["start"], report["target"], report["max_transaction_id"]) == (-1, 249, 249)
+    assert report["records_copied"] == 250
     assert "partition 0: destination at 249 of 249" in result.stderr  # plain progress off a TTY
-    offline_max = ("max-transaction-id", "-s", admin(b), "-sp", str(b.port), "-p", "0", "--offline")
+    offline_max = ("max-transaction-id", "-s", data(b), "-p", "0", "--offline")
     assert cluster.ok(*offline_max).stdout.strip() == "Max Transaction ID: 249"
 
     # A moves its low-water mark on; a second run catches up from B's own low-water mark.
     a.run(_write(a, 0, 260, 5, 264))
-    report = json.loads(cluster.ok(*recover, "--json").stdout)
-    assert (report["start"], report["target"], report["recordsCopied"]) == (249, 264, 15)
+    report = json.loads(cluster.ok(*original, "--json").stdout)
+    assert (report["start"], report["target"], report["records_copied"]) == (249, 264, 15)
     assert cluster.ok(*offline_max).stdout.strip() == "Max Transaction ID: 264"
 
     # Checksums need the nodes stopped (the control file is locked while one runs).
@@ -245,7 +275,7 @@ def test_recover_partition_copies_up_to_the_sources_local_low_water_mark(cluster
     finally:
         a.start()
         b.start()
-    cluster.ok("availability", "-s", admin(b), "-p", "0", "-o", "true")
+    cluster.ok("availability", "-s", data(b), "-p", "0", "--online")
 
 
 # --- sync-partitions (its own cluster: it rewrites what nodes hold) --------------------------------
@@ -266,7 +296,7 @@ def test_sync_partitions_follows_zookeeper(zookeeper: str, tmp_path: Path) -> No
         first = json.loads(sync_cluster.ok("sync-partitions", "--json").stdout)["nodes"]
         assert first == [{"storage": storage, "admin": admin(node), "assigned": [0, 2], "unassigned": [3]}]
         listed = _partitions(sync_cluster.ok("list", "-s", admin(node), "--json"))
-        assigned = sorted(p for p, info in listed.items() if info["isAssigned"])
+        assigned = sorted(p for p, info in listed.items() if info["is_assigned"])
         assert assigned == [0, 2]
         assert (node.directory / "3" / SEGMENT_NAME).is_file()  # un-assigned, files kept
 

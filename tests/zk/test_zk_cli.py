@@ -12,6 +12,7 @@ from testkit import free_tcp_port, read_jsonl
 from typer.testing import CliRunner, Result
 
 from waltz_cli.main import app
+from waltz_engine.zk.znode_dump import snake_case_keys
 
 VECTOR_ROOT = "/vectors"
 DECODED_FIELDS = ("hex", "data_null", "ephemeral", "kind", "decoded")
@@ -47,11 +48,13 @@ def test_cluster_setup_through_a_config_file(tmp_path: Path, zookeeper: str, clu
     config.write_text(
         f"zookeeper:\n  connectString: {zookeeper}\n  sessionTimeout: 30000\ncluster.root: {cluster_root}\n"
     )
-    created = json.loads(_ok("create-cluster", "-c", str(config), "-n", "demo", "-p", "4", "--json").stdout)
-    assert created["clusterRoot"] == cluster_root and created["numPartitions"] == 4
+    created = json.loads(
+        _ok("create-cluster", "-c", str(config), "-n", "demo", "--partitions", "4", "--json").stdout
+    )
+    assert created["cluster_root"] == cluster_root and created["num_partitions"] == 4
     assert _ok("zk", "show-cluster-key", "-c", str(config)).stdout.strip() == created["key"]
     key_json = json.loads(_ok("zk", "show-cluster-key", "-c", str(config), "--json").stdout)
-    assert key_json == {"key": created["key"], "numPartitions": 4}
+    assert key_json == {"key": created["key"], "num_partitions": 4}
 
     for port in (57280, 57290, 57300):
         storage = f"localhost:{port}"
@@ -63,8 +66,9 @@ def test_cluster_setup_through_a_config_file(tmp_path: Path, zookeeper: str, clu
     assert "localhost:57290" in listed and "57291" in listed and "0-3" in listed
 
     dumped = json.loads(_ok("zk", "list", "-c", str(config), "--json").stdout)
+    assert dumped["cluster_root"] == cluster_root
     assignment = next(z for z in dumped["znodes"] if z["path"] == f"{cluster_root}/store/assignment")
-    assert [e["storageNodeConnectString"] for e in assignment["decoded"]] == [
+    assert [e["storage_node_connect_string"] for e in assignment["decoded"]] == [
         "localhost:57300",
         "localhost:57280",
         "localhost:57290",
@@ -94,8 +98,10 @@ def test_list_decodes_every_vector_znode(
     ours = {z["path"][len(cluster_root) :]: z for z in dumped["znodes"]}
     assert sorted(ours) == sorted(r["path"][len(VECTOR_ROOT) :] for r in records)
     for record in records:
+        # The vectors' field names are the original's camelCase; --json prints them in snake_case.
         expected = {
-            field: record.get(field, False if field == "data_null" else None) for field in DECODED_FIELDS
+            field: snake_case_keys(record.get(field, False if field == "data_null" else None))
+            for field in DECODED_FIELDS
         }
         got = ours[record["path"][len(VECTOR_ROOT) :]]
         assert {field: got.get(field) for field in DECODED_FIELDS} == expected, record["path"]
@@ -107,9 +113,11 @@ def test_list_decodes_every_vector_znode(
 
 
 def test_cli_error_paths_are_one_line(where: tuple[str, ...]) -> None:
-    _ok("create-cluster", *where, "-n", "demo", "-p", "4")
-    _assert_one_line_error(_run("create-cluster", *where, "-n", "demo", "-p", "4"), "already exists")
-    _assert_one_line_error(_run("create-cluster", *where, "-n", "x", "-p", "-1"), "non-negative")
+    _ok("create-cluster", *where, "-n", "demo", "--partitions", "4")
+    _assert_one_line_error(
+        _run("create-cluster", *where, "-n", "demo", "--partitions", "4"), "already exists"
+    )
+    _assert_one_line_error(_run("create-cluster", *where, "-n", "x", "--partitions", "-1"), "non-negative")
     _assert_one_line_error(
         _run("zk", "assign-partition", *where, "-s", "nowhere:1", "-p", "0"), "Storage node does not exist"
     )
@@ -150,8 +158,28 @@ def test_missing_settings_name_the_key_and_file(tmp_path: Path) -> None:
 
 
 def test_names_from_zookeeper_are_printed_literally(where: tuple[str, ...]) -> None:
-    _ok("create-cluster", *where, "-n", "[bold]demo[/x]", "-p", "1")
+    _ok("create-cluster", *where, "-n", "[bold]demo[/x]", "--partitions", "1")
     _ok("zk", "add-storage-node", *where, "-s", "[red]h:1", "-a", "2", "-g", "0")
     listed = _ok("zk", "list", *where).stdout
     assert "[bold]demo[/x]" in listed and "[red]h:1" in listed
     assert "deleted cluster [[bold]demo[/x]]" in _ok("zk", "delete", *where, "-n", "[bold]demo[/x]").stdout
+
+
+def test_auto_assign_json_and_the_originals_spellings(where: tuple[str, ...]) -> None:
+    _ok("create-cluster", *where, "-n", "demo", "--partitions", "4")
+    # -p is a partition everywhere; the partition count is --partitions only.
+    assert _run("create-cluster", *where, "-n", "demo", "-p", "4").exit_code == 2
+    _ok("zk", "add-storage-node", *where, "-s", "h:1", "--storage-admin-port", "11", "-g", "0")  # hidden
+    _ok("zk", "add-storage-node", *where, "-s", "h:2", "--admin-port", "12", "-g", "0")
+    assigned = json.loads(_ok("zk", "auto-assign", *where, "-g", "0", "--json").stdout)
+    assert assigned["group"] == 0
+    nodes = {n["storage"]: n["partitions"] for n in assigned["nodes"]}
+    assert sorted(nodes) == ["h:1", "h:2"] and all(len(p) == 2 for p in nodes.values())
+    assert sorted(p for ps in nodes.values() for p in ps) == [0, 1, 2, 3]
+    listed = json.loads(_ok("zk", "list", *where, "--json").stdout)
+    connection = next(z for z in listed["znodes"] if z["path"].endswith("/store/connection"))
+    assert sorted((e["storage_node_connect_string"], e["admin_port"]) for e in connection["decoded"]) == [
+        ("h:1", 11),
+        ("h:2", 12),
+    ]
+    assert all("num_children" in z and "numChildren" not in z for z in listed["znodes"])

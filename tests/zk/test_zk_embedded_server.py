@@ -11,14 +11,15 @@ from testkit import free_tcp_port
 from typer.testing import CliRunner, Result
 
 from waltz_cli.main import app
-from waltz_engine.zk.server import EmbeddedZooKeeper, four_letter_word
+from waltz_engine.devcluster import DEFAULT_DIRECTORY, ZOOKEEPER_DIR_NAME
+from waltz_engine.zk.server import DEFAULT_DATA_DIR, DEV_DATA_DIR, EmbeddedZooKeeper, four_letter_word
 
 runner = CliRunner()
 EXIT_NOT_RUNNING = 3
 
 
 def _start_daemon(port: int, data_dir: Path) -> Result:
-    return runner.invoke(app, ["zk", "start", "--port", str(port), "--data-dir", str(data_dir), "--daemon"])
+    return runner.invoke(app, ["zk", "start", "--port", str(port), "--dir", str(data_dir), "--daemon"])
 
 
 def test_daemon_start_status_stop_round_trip(tmp_path: Path) -> None:
@@ -30,24 +31,28 @@ def test_daemon_start_status_stop_round_trip(tmp_path: Path) -> None:
         assert four_letter_word("127.0.0.1", port, "ruok") == "imok"
         assert (data_dir / "zoo.cfg").is_file() and (data_dir / "zookeeper.log").is_file()
 
-        status = runner.invoke(app, ["zk", "status", "--data-dir", str(data_dir), "--json"])
+        status = runner.invoke(app, ["zk", "status", "--dir", str(data_dir), "--json"])
         assert status.exit_code == 0, status.output
         state = json.loads(status.stdout)
         assert state["running"] and state["mode"] == "standalone"
-        assert state["connectString"] == f"127.0.0.1:{port}"
+        assert state["connect_string"] == f"127.0.0.1:{port}"
+        assert state["data_dir"] == str(data_dir.resolve())
+        text = runner.invoke(app, ["zk", "status", "-d", str(data_dir)])
+        assert text.exit_code == 0 and text.stdout.startswith(f"running: ZooKeeper at 127.0.0.1:{port} ")
         assert state["pid"] == int((data_dir / "zookeeper.pid").read_text())
 
         again = _start_daemon(port, data_dir)
         assert again.exit_code == 1
         assert "already running" in again.stderr and "Traceback" not in again.output
 
-        stopped = runner.invoke(app, ["zk", "stop", "--data-dir", str(data_dir)])
+        stopped = runner.invoke(app, ["zk", "stop", "--dir", str(data_dir)])
         assert stopped.exit_code == 0 and "stopped" in stopped.stdout
         assert four_letter_word("127.0.0.1", port, "ruok") is None
         assert not (data_dir / "zookeeper.pid").exists()
 
-        after = runner.invoke(app, ["zk", "status", "--data-dir", str(data_dir)])
+        after = runner.invoke(app, ["zk", "status", "--dir", str(data_dir)])
         assert after.exit_code == EXIT_NOT_RUNNING and "not running" in after.stdout
+        # --data-dir, the old spelling, is a hidden alias of --dir.
         assert "not running" in runner.invoke(app, ["zk", "stop", "--data-dir", str(data_dir)]).stdout
     finally:
         EmbeddedZooKeeper(data_dir).stop()
@@ -78,3 +83,34 @@ def test_stale_pid_file_is_not_mistaken_for_a_server(tmp_path: Path) -> None:
     server.pid_file.write_text("999999999\n")
     assert not server.is_running()
     assert not server.pid_file.exists()
+
+
+def test_status_and_stop_find_the_dev_clusters_zookeeper(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without --dir: .waltz/zookeeper, unless it holds no ZooKeeper and .waltz-dev/zookeeper does."""
+    monkeypatch.chdir(tmp_path)
+    assert Path(DEFAULT_DIRECTORY) / ZOOKEEPER_DIR_NAME == DEV_DATA_DIR  # where `waltz dev up` puts it
+    nothing = runner.invoke(app, ["zk", "status"])
+    assert nothing.exit_code == EXIT_NOT_RUNNING
+    assert nothing.stdout.strip() == f"not running: no ZooKeeper runs from {(tmp_path / DEFAULT_DATA_DIR)}"
+
+    port = free_tcp_port()
+    dev_dir = tmp_path / DEV_DATA_DIR
+    try:
+        started = _start_daemon(port, dev_dir)
+        assert started.exit_code == 0, started.output
+        (tmp_path / DEFAULT_DATA_DIR).mkdir(parents=True)  # an empty one does not hide the dev cluster's
+        status = runner.invoke(app, ["zk", "status"])
+        assert status.exit_code == 0, status.output
+        assert status.stdout.startswith(f"running: ZooKeeper at 127.0.0.1:{port} ")
+        assert f"data dir {dev_dir}" in status.stdout
+        stopped = runner.invoke(app, ["zk", "stop"])
+        assert stopped.exit_code == 0 and f"stopped ZooKeeper 127.0.0.1:{port} ({dev_dir})" in stopped.stdout
+        assert four_letter_word("127.0.0.1", port, "ruok") is None
+        # Stopped, the dev cluster's still holds a ZooKeeper: status says so, from there.
+        after = runner.invoke(app, ["zk", "status"])
+        assert after.exit_code == EXIT_NOT_RUNNING
+        assert after.stdout.strip() == f"not running: no ZooKeeper runs from {dev_dir}"
+    finally:
+        EmbeddedZooKeeper(dev_dir).stop()

@@ -15,20 +15,22 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from waltz_cli.commands.zk import ConfigOption, ConnectTimeoutOption, JsonOption, RootOption, ZooKeeperOption
+from waltz_cli import options
+from waltz_cli.options import ConfigOption, ConnectTimeoutOption, JsonOption, RootOption, ZooKeeperOption
 from waltz_cli.output import console, one_line_errors, print_json
 from waltz_engine import cluster_ops
 from waltz_engine.cluster_ops import ClusterView, VerifyReport
 from waltz_engine.zk.connection import connect, load_settings
 
-app = typer.Typer(
-    help="Check and verify a whole cluster (servers, storage nodes, ZooKeeper).", no_args_is_help=True
-)
+app = options.group(help="Check and verify a whole cluster (servers, storage nodes, ZooKeeper).")
 
 RpcTimeoutOption = Annotated[
     int,
-    typer.Option("--timeout-ms", help="Give up on a server that does not connect or answer in this long."),
+    typer.Option(
+        "--timeout-ms", min=1, help="Give up on a server that does not connect or answer in this long."
+    ),
 ]
+MS_PER_S = 1000
 PASSED = "Passed"
 FAILED = "Failed"
 EXIT_VERIFY_FAILED = 1
@@ -50,9 +52,9 @@ def say(message: str) -> None:
 @app.command("check-connectivity")
 @one_line_errors
 def check_connectivity(
+    config: ConfigOption = None,
     zookeeper: ZooKeeperOption = None,
     cluster_root: RootOption = None,
-    config: ConfigOption = None,
     connect_timeout_ms: ConnectTimeoutOption = None,
     timeout_ms: RpcTimeoutOption = cluster_ops.DEFAULT_TIMEOUT_MS,
     as_json: JsonOption = False,
@@ -81,12 +83,13 @@ def verify(
         int | None,
         typer.Option("--partition", "-p", help="Only this partition (default: every partition)."),
     ] = None,
-    timeout: Annotated[
-        int, typer.Option("--timeout", "-t", help="Seconds to wait for each server or storage node answer.")
-    ] = cluster_ops.DEFAULT_VERIFY_TIMEOUT_S,
+    timeout_ms: Annotated[
+        int,
+        typer.Option("--timeout-ms", min=1, help="How long to wait for each server or storage node answer."),
+    ] = cluster_ops.DEFAULT_VERIFY_TIMEOUT_S * MS_PER_S,
+    config: ConfigOption = None,
     zookeeper: ZooKeeperOption = None,
     cluster_root: RootOption = None,
-    config: ConfigOption = None,
     connect_timeout_ms: ConnectTimeoutOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -94,11 +97,12 @@ def verify(
     per partition (ZooKeeper assignment, server agreement, server-storage connectivity, storage
     assignment, quorum, replica recovery, partition health). Exits 0 only when all pass.
 
-    Example: waltz cluster verify -c tools.yml -p 3 -t 10
+    Example: waltz cluster verify -c tools.yml -p 3 --timeout-ms 10000
     """
     view = read_view(config, zookeeper, cluster_root, connect_timeout_ms)
     cluster_ops.check_verify_partition(view, partition)
-    report = asyncio.run(cluster_ops.verify(view, cluster_ops.tools_ssl_context(config), timeout))
+    ssl_context = cluster_ops.tools_ssl_context(config)
+    report = asyncio.run(cluster_ops.verify(view, ssl_context, timeout_ms / MS_PER_S))
     if partition is not None:
         report = report._replace(partitions=(report.partitions[partition],))
     if as_json:

@@ -14,27 +14,35 @@ from rich.table import Table
 from rich.text import Text
 
 from waltz_cli.commands.cluster import say
-from waltz_cli.commands.storage_admin import AdminStorageOption, SslConfigOption, TimeoutOption
-from waltz_cli.commands.zk import ConfigOption, ConnectTimeoutOption, JsonOption, RootOption, ZooKeeperOption
+from waltz_cli.commands.storage_admin import StoragePortOption, TimeoutOption
+from waltz_cli.options import (
+    ConfigOption,
+    ConnectTimeoutOption,
+    JsonOption,
+    PartitionOption,
+    RootOption,
+    SslConfigOption,
+    StorageOption,
+    ZooKeeperOption,
+)
 from waltz_cli.output import console, one_line_errors, print_json
 from waltz_engine import cluster_ops
 from waltz_engine.cluster_ops import RecoverResult
 from waltz_engine.storage import admin_ops
-from waltz_engine.storage.admin_ops import parse_admin_address
 from waltz_engine.zk.connection import connect, load_settings
 
-PartitionOption = Annotated[int, typer.Option("--partition", "-p", help="One partition id.")]
+MS_PER_S = 1000
 
 
 @one_line_errors
 def recover(
     partition: PartitionOption,
-    timeout_s: Annotated[
-        float, typer.Option("--timeout", "-t", help="Seconds to wait for the recovery to finish.")
-    ] = cluster_ops.DEFAULT_RECOVER_TIMEOUT_S,
+    timeout_ms: Annotated[
+        int, typer.Option("--timeout-ms", min=1, help="How long to wait for the recovery to finish.")
+    ] = int(cluster_ops.DEFAULT_RECOVER_TIMEOUT_S * MS_PER_S),
+    config: ConfigOption = None,
     zookeeper: ZooKeeperOption = None,
     cluster_root: RootOption = None,
-    config: ConfigOption = None,
     connect_timeout_ms: ConnectTimeoutOption = None,
     ssl_config: SslConfigOption = None,
     as_json: JsonOption = False,
@@ -53,7 +61,7 @@ def recover(
     with connect(settings) as client:
         result = asyncio.run(
             cluster_ops.recover_partition(
-                client, settings.cluster_root, partition, ssl_context, timeout_s=timeout_s
+                client, settings.cluster_root, partition, ssl_context, timeout_s=timeout_ms / MS_PER_S
             )
         )
     if as_json:
@@ -82,18 +90,16 @@ def _render_recovery(result: RecoverResult) -> None:
 
 @one_line_errors
 def truncate(
-    storage: AdminStorageOption,
-    storage_port: Annotated[
-        int, typer.Option("--storage-port", "-sp", help="The node's data (non-admin) port.")
-    ],
+    storage: StorageOption,
     partition: PartitionOption,
     to: Annotated[int, typer.Option("--to", help="Keep transactions up to this id (-1: keep none).")],
+    storage_port: StoragePortOption = None,
     force: Annotated[
         bool, typer.Option("--force", help="Cut below the replica's low-water mark (committed data).")
     ] = False,
+    config: ConfigOption = None,
     zookeeper: ZooKeeperOption = None,
     cluster_root: RootOption = None,
-    config: ConfigOption = None,
     connect_timeout_ms: ConnectTimeoutOption = None,
     ssl_config: SslConfigOption = None,
     timeout_ms: TimeoutOption = admin_ops.DEFAULT_TIMEOUT_MS,
@@ -101,18 +107,20 @@ def truncate(
 ) -> None:
     """Remove a replica's transactions after --to, offline.
 
-    The partition must be unavailable on that node (`waltz storage availability ... --online
-    false`); cutting below the replica's low-water mark needs --force.
+    The partition must be unavailable on that node (`waltz storage availability ... --offline`);
+    cutting below the replica's low-water mark needs --force.
 
-    Example: waltz truncate -c tools.yml -s localhost:55281 -sp 55280 -p 0 --to 41
+    Example: waltz truncate -c tools.yml -s localhost:55280 -p 0 --to 41
     """
-    address = parse_admin_address(storage)
+    admin_ops.parse_storage_address(storage)
     settings = load_settings(config, zookeeper, cluster_root, connect_timeout_ms)
     with connect(settings) as client:
         layout = admin_ops.read_store_layout(client, settings.cluster_root)
+    node = layout.resolve_node(storage)
+    data_port = node.data_port(storage_port)
     context = layout.context(admin_ops.client_ssl_context(ssl_config), timeout_ms)
     result = asyncio.run(
-        cluster_ops.truncate_partition(context, address, storage_port, partition, to, force=force)
+        cluster_ops.truncate_partition(context, node.admin, data_port, partition, to, force=force)
     )
     if as_json:
         print_json(result.to_json())

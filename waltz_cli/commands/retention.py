@@ -7,29 +7,31 @@ ZooKeeper, and each storage node's cleaner removes whole segments below the effe
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from waltz_cli.commands.zk import ConfigOption, ConnectTimeoutOption, JsonOption, RootOption, ZooKeeperOption
+from waltz_cli import options
+from waltz_cli.options import (
+    ConfigOption,
+    ConnectTimeoutOption,
+    JsonOption,
+    PartitionOption,
+    RootOption,
+    SslConfigOption,
+    ZooKeeperOption,
+)
 from waltz_cli.output import console, fail, one_line_errors, print_json
 from waltz_engine import retention
 from waltz_engine.retention_report import RetentionReport, read_retentions, replica_starts
 from waltz_engine.storage import admin_ops
 from waltz_engine.zk.connection import connect, load_settings
 
-app = typer.Typer(help="Log retention: which records the storage nodes may remove.", no_args_is_help=True)
+app = options.group(help="Log retention: which records the storage nodes may remove.")
 
 DEFAULT_TIMEOUT_MS = 10_000
 NONE_TEXT = "-"
-
-PartitionOption = Annotated[int, typer.Option("--partition", "-p", help="One partition id.")]
-SslConfigOption = Annotated[
-    Path | None,
-    typer.Option("--ssl-config", help="YAML with the TLS settings for the storage admin connections."),
-]
 
 
 def _check_partition(partition: int, num_partitions: int) -> None:
@@ -42,12 +44,12 @@ def _check_partition(partition: int, num_partitions: int) -> None:
 def set_(
     partition: PartitionOption,
     before: Annotated[int, typer.Option("--before", help="Records below this txid may be removed.")],
+    config: ConfigOption = None,
     zookeeper: ZooKeeperOption = None,
     cluster_root: RootOption = None,
-    config: ConfigOption = None,
     connect_timeout_ms: ConnectTimeoutOption = None,
 ) -> None:
-    """Let the storage nodes remove records of PARTITION below --before (unexported ones stay).
+    """Let the storage nodes remove records of a partition below --before (unexported ones stay).
 
     Example: waltz retention set -z 127.0.0.1:2181 -r /waltz --partition 0 --before 100000
     """
@@ -64,12 +66,15 @@ def set_(
 @one_line_errors
 def clear(
     partition: PartitionOption,
+    config: ConfigOption = None,
     zookeeper: ZooKeeperOption = None,
     cluster_root: RootOption = None,
-    config: ConfigOption = None,
     connect_timeout_ms: ConnectTimeoutOption = None,
 ) -> None:
-    """Remove the bound of PARTITION: nothing more is removed (removed records do not come back)."""
+    """Remove the bound of a partition: nothing more is removed (removed records do not come back).
+
+    Example: waltz retention clear -z 127.0.0.1:2181 -r /waltz --partition 0
+    """
     settings = load_settings(config, zookeeper, cluster_root, connect_timeout_ms)
     with connect(settings) as client:
         existed = retention.clear_retention_bound(client, settings.cluster_root, partition)
@@ -79,17 +84,23 @@ def clear(
 @app.command("show")
 @one_line_errors
 def show(
+    config: ConfigOption = None,
     zookeeper: ZooKeeperOption = None,
     cluster_root: RootOption = None,
-    config: ConfigOption = None,
     connect_timeout_ms: ConnectTimeoutOption = None,
     ssl_config: SslConfigOption = None,
     timeout_ms: Annotated[
-        int, typer.Option("--timeout-ms", help="Give up on a storage node that does not answer in this long.")
+        int,
+        typer.Option(
+            "--timeout-ms", min=1, help="Give up on a storage node that does not answer in this long."
+        ),
     ] = DEFAULT_TIMEOUT_MS,
     as_json: JsonOption = False,
 ) -> None:
-    """Per partition: the bound, export watermarks, the effective bound and each replica's first txid."""
+    """Per partition: the bound, export watermarks, the effective bound and each replica's first txid.
+
+    Example: waltz retention show -z 127.0.0.1:2181 -r /waltz
+    """
     settings = load_settings(config, zookeeper, cluster_root, connect_timeout_ms)
     with connect(settings) as client:
         layout = admin_ops.read_store_layout(client, settings.cluster_root)

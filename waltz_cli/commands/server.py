@@ -7,7 +7,9 @@ from typing import Annotated
 
 import typer
 
-app = typer.Typer(help="Run a Waltz server (the client-facing node).", no_args_is_help=True)
+from waltz_cli import options
+
+app = options.group(help="Run a Waltz server (the client-facing node).")
 
 ConfigFileOption = Annotated[
     Path,

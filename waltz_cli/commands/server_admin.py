@@ -14,24 +14,34 @@ from typing import Annotated
 import typer
 
 from waltz_cli.commands.cluster import say
-from waltz_cli.commands.zk import ConfigOption, ConnectTimeoutOption, JsonOption, RootOption, ZooKeeperOption
+from waltz_cli.options import (
+    ConfigOption,
+    ConnectTimeoutOption,
+    JsonOption,
+    PartitionOption,
+    PartitionsOption,
+    RootOption,
+    ZooKeeperOption,
+)
 from waltz_cli.output import one_line_errors, print_json
 from waltz_engine import cluster_ops
-from waltz_engine.address import parse_host_port
+from waltz_engine.address import HostPort, parse_host_port
 from waltz_engine.cluster_ops import ForcedAssignment
 from waltz_engine.zk.connection import connect, load_settings
 from waltz_engine.zk.partition_ranges import parse_partition_ranges
 
-ServerPortOption = Annotated[
-    str, typer.Option("--server", "-s", help="The server's client port, host:server_port.")
+ServerOption = Annotated[
+    str,
+    typer.Option(
+        "--server",
+        help="The server: its client address HOST:PORT (server.port), or its id (see `waltz zk list`).",
+    ),
 ]
-PartitionsOption = Annotated[
-    str, typer.Option("--partition", "-p", help="Partition ids and ranges, e.g. 0-6,7,10-16.")
-]
-PartitionOption = Annotated[int, typer.Option("--partition", "-p", help="One partition id.")]
 TimeoutOption = Annotated[
     int,
-    typer.Option("--timeout-ms", help="Give up on a server that does not connect or answer in this long."),
+    typer.Option(
+        "--timeout-ms", min=1, help="Give up on a server that does not connect or answer in this long."
+    ),
 ]
 
 
@@ -49,15 +59,17 @@ def register(app: typer.Typer) -> None:
 
 @one_line_errors
 def list_(
-    server: Annotated[str, typer.Option("--server", "-s", help="The server's HTTP port, host:jetty_port.")],
+    http: Annotated[
+        str, typer.Option("--http", help="The server's HTTP address HOST:PORT (server.jetty.port).")
+    ],
     timeout_ms: TimeoutOption = cluster_ops.DEFAULT_TIMEOUT_MS,
     as_json: JsonOption = False,
 ) -> None:
     """List Waltz server partition information (its partitions and their storage nodes, from /metrics).
 
-    Example: waltz server list -s localhost:55281
+    Example: waltz server list --http localhost:55282
     """
-    found = cluster_ops.server_list(parse_host_port(server, "Http"), timeout_ms)
+    found = cluster_ops.server_list(parse_host_port(http, "Http"), timeout_ms)
     if as_json:
         print_json(found.to_json())
         return
@@ -65,12 +77,32 @@ def list_(
         say(line)
 
 
+def _server_endpoint(
+    server: str,
+    config: Path | None,
+    zookeeper: str | None,
+    cluster_root: str | None,
+    connect_timeout_ms: int | None,
+) -> HostPort:
+    """``--server``: HOST:PORT as given, or a live server's id looked up in ZooKeeper."""
+    if server.strip().isdigit():
+        settings = load_settings(config, zookeeper, cluster_root, connect_timeout_ms)
+        with connect(settings) as client:
+            return cluster_ops.server_endpoint(client, settings.cluster_root, int(server))
+    return parse_host_port(server, "Server", "host:server_port (or a server id)")
+
+
 def _preferred(
-    add: bool, server: str, partition: str, config: Path | None, timeout_ms: int, as_json: bool
+    add: bool,
+    server: str,
+    partition: str,
+    where: tuple[Path | None, str | None, str | None, int | None],
+    timeout_ms: int,
+    as_json: bool,
 ) -> None:
-    endpoint = parse_host_port(server, "Server", "host:server_port")
     ids = parse_partition_ranges(partition)
-    ssl_context = cluster_ops.tools_ssl_context(config)
+    endpoint = _server_endpoint(server, *where)
+    ssl_context = cluster_ops.tools_ssl_context(where[0])
     change = cluster_ops.add_preferred_partitions if add else cluster_ops.remove_preferred_partitions
     asyncio.run(change(endpoint, ids, ssl_context, timeout_ms))
     if as_json:
@@ -82,33 +114,45 @@ def _preferred(
 
 @one_line_errors
 def add_preferred_partition(
-    server: ServerPortOption,
+    server: ServerOption,
     partition: PartitionsOption,
     config: ConfigOption = None,
+    zookeeper: ZooKeeperOption = None,
+    cluster_root: RootOption = None,
+    connect_timeout_ms: ConnectTimeoutOption = None,
     timeout_ms: TimeoutOption = cluster_ops.DEFAULT_TIMEOUT_MS,
     as_json: JsonOption = False,
 ) -> None:
-    """Add a preferred partition or multiple partitions to the server (it takes them over;
-    --config is read only for its ssl.* keys).
+    """Add a preferred partition or multiple partitions to the server (it takes them over).
 
-    Example: waltz server add-preferred-partition -s localhost:55280 -p 0-3
+    ZooKeeper (-c/-z/-r) is asked only to find a server given by id; --config's ssl.* keys
+    secure the connection to the server.
+
+    Example: waltz server add-preferred-partition --server localhost:55280 -p 0-3
     """
-    _preferred(True, server, partition, config, timeout_ms, as_json)
+    where = (config, zookeeper, cluster_root, connect_timeout_ms)
+    _preferred(True, server, partition, where, timeout_ms, as_json)
 
 
 @one_line_errors
 def remove_preferred_partition(
-    server: ServerPortOption,
+    server: ServerOption,
     partition: PartitionsOption,
     config: ConfigOption = None,
+    zookeeper: ZooKeeperOption = None,
+    cluster_root: RootOption = None,
+    connect_timeout_ms: ConnectTimeoutOption = None,
     timeout_ms: TimeoutOption = cluster_ops.DEFAULT_TIMEOUT_MS,
     as_json: JsonOption = False,
 ) -> None:
     """Remove a preferred partition or multiple partitions from the server.
 
-    Example: waltz server remove-preferred-partition -s localhost:55280 -p 0-3
+    ZooKeeper (-c/-z/-r) is asked only to find a server given by id.
+
+    Example: waltz server remove-preferred-partition --server localhost:55280 -p 0-3
     """
-    _preferred(False, server, partition, config, timeout_ms, as_json)
+    where = (config, zookeeper, cluster_root, connect_timeout_ms)
+    _preferred(False, server, partition, where, timeout_ms, as_json)
 
 
 def _show(result: ForcedAssignment, as_json: bool) -> None:
@@ -127,9 +171,9 @@ def _show(result: ForcedAssignment, as_json: bool) -> None:
 def assign(
     partition: PartitionOption,
     server: Annotated[int, typer.Option("--server", help="Id of a live server (see `waltz zk list`).")],
+    config: ConfigOption = None,
     zookeeper: ZooKeeperOption = None,
     cluster_root: RootOption = None,
-    config: ConfigOption = None,
     connect_timeout_ms: ConnectTimeoutOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -148,9 +192,9 @@ def assign(
 @one_line_errors
 def unassign(
     partition: PartitionOption,
+    config: ConfigOption = None,
     zookeeper: ZooKeeperOption = None,
     cluster_root: RootOption = None,
-    config: ConfigOption = None,
     connect_timeout_ms: ConnectTimeoutOption = None,
     as_json: JsonOption = False,
 ) -> None:

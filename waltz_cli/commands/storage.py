@@ -7,9 +7,10 @@ from typing import Annotated
 
 import typer
 
+from waltz_cli import options
 from waltz_cli.commands import storage_admin
 
-app = typer.Typer(help="Run a storage node and administer running storage nodes.", no_args_is_help=True)
+app = options.group(help="Run a storage node and administer running storage nodes.")
 
 storage_admin.register(app)
 

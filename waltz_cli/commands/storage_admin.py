@@ -1,10 +1,11 @@
 """`waltz storage list | add-partition | ...`: admin commands against running storage nodes.
 
 A thin skin over :mod:`waltz_engine.storage.admin_ops`: each command reads the cluster's
-store metadata from ZooKeeper (``-z/-r`` or ``-c`` as `waltz zk`), calls one library function
-and renders the result as text or JSON. Subcommands, short flags and checks follow the
-original ``StorageCli`` (reference §4.2); ``checksum`` is our addition (the original's
-replica check, ``WaltzStorage.checksums``).
+store metadata from ZooKeeper (``-c/-z/-r`` as every cluster command), calls one library
+function and renders the result as text or JSON. Subcommands and checks follow the original
+``StorageCli`` (reference §4.2); ``-s/--storage`` takes a node's data address as registered
+(its admin port is read from store/connection) or, as the original, its admin address.
+``checksum`` is our addition (the original's replica check, ``WaltzStorage.checksums``).
 """
 
 from __future__ import annotations
@@ -20,11 +21,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from waltz_cli.commands.zk import (
+from waltz_cli.options import (
     ConfigOption,
     ConnectTimeoutOption,
     JsonOption,
+    PartitionOption,
+    PartitionsOption,
     RootOption,
+    SslConfigOption,
+    StorageOption,
     ZooKeeperOption,
 )
 from waltz_cli.output import console, err_console, fail, one_line_errors, print_json
@@ -33,6 +38,7 @@ from waltz_engine.storage.admin_ops import (
     NodePartitions,
     RecoveryProgress,
     StorageContext,
+    StorageNode,
     StoreLayout,
 )
 from waltz_engine.zk.connection import connect, load_settings
@@ -40,25 +46,19 @@ from waltz_engine.zk.partition_ranges import format_partition_ranges, parse_part
 
 T = TypeVar("T")
 
-AdminStorageOption = Annotated[
-    str, typer.Option("--storage", "-s", help="Storage node admin address, host:admin_port.")
-]
-PartitionsOption = Annotated[
-    str, typer.Option("--partition", "-p", help="Partition ids and ranges, e.g. 0-6,7,10-16.")
-]
-PartitionOption = Annotated[int, typer.Option("--partition", "-p", help="One partition id.")]
-SslConfigOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--ssl-config",
-        help="YAML with server.ssl.keyStore.* / server.ssl.trustStore.* for the TLS connections "
-        "to storage nodes (default: no certificate checks, as the original).",
-    ),
-]
 TimeoutOption = Annotated[
     int,
     typer.Option(
-        "--timeout-ms", help="Give up on a storage node that does not connect or answer in this long."
+        "--timeout-ms",
+        min=1,
+        help="Give up on a storage node that does not connect or answer in this long.",
+    ),
+]
+StoragePortOption = Annotated[
+    int | None,
+    typer.Option(
+        "--storage-port",
+        help="The node's data port (default: the one registered in ZooKeeper for --storage).",
     ),
 ]
 
@@ -121,6 +121,13 @@ def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) ->
     return table
 
 
+def _name(node: StorageNode) -> str:
+    """A node as the output names it: its data address and admin port, or its admin address."""
+    if node.storage is None:
+        return str(node.admin)
+    return f"{node.storage} (admin port {node.admin.port})"
+
+
 # --- list -----------------------------------------------------------------------------------
 
 
@@ -128,29 +135,36 @@ def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) ->
 def list_(
     storage: Annotated[
         str | None,
-        typer.Option("--storage", "-s", help="Only this node, host:admin_port (default: every node)."),
+        typer.Option(
+            "--storage",
+            "-s",
+            help="Only this node, HOST:PORT (its data port as registered, or its admin port); "
+            "default: every node.",
+        ),
     ] = None,
+    config: ConfigOption = None,
     zookeeper: ZooKeeperOption = None,
     cluster_root: RootOption = None,
-    config: ConfigOption = None,
     connect_timeout_ms: ConnectTimeoutOption = None,
     ssl_config: SslConfigOption = None,
     timeout_ms: TimeoutOption = admin_ops.DEFAULT_TIMEOUT_MS,
     as_json: JsonOption = False,
 ) -> None:
-    """List partition ownership data of a storage node (session, watermarks, assigned, available).
+    """List partition ownership data of storage nodes (session, watermarks, assigned, available).
 
     Without --storage, every node registered in ZooKeeper (store/connection) is asked.
 
-    Example: waltz storage list -c tools.yml -s localhost:55281
+    Example: waltz storage list -c tools.yml -s localhost:55280
     """
-    address = admin_ops.parse_admin_address(storage) if storage is not None else None
+    if storage is not None:
+        admin_ops.parse_storage_address(storage)
     with _storage(config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms) as (
         ctx,
         layout,
     ):
-        if address is not None:
-            nodes = [_run(admin_ops.list_partitions(ctx, address))]
+        if storage is not None:
+            node = layout.resolve_node(storage)
+            nodes = [_run(admin_ops.list_partitions(ctx, node.admin, node.storage))]
         else:
             nodes = _run(admin_ops.list_all_partitions(ctx, layout))
     if as_json:
@@ -158,13 +172,14 @@ def list_(
         return
     if not nodes:
         _say("no storage nodes registered in ZooKeeper")
-    for node in nodes:
-        _render_node(node)
+    for found in nodes:
+        _render_node(found)
 
 
 def _render_node(node: NodePartitions) -> None:
+    name = str(node.address) if node.storage is None else f"{node.storage} (admin {node.address})"
     if not node.partitions:
-        _say(f"{node.address}: no partitions")
+        _say(f"{name}: no partitions")
         return
     rows = [
         (
@@ -178,7 +193,7 @@ def _render_node(node: NodePartitions) -> None:
         for p in node.partitions
     ]
     columns = ("partition", "session", "low-water mark", "local low-water mark", "assigned", "available")
-    console.print(_table(f"partitions at {node.address}", columns, rows))
+    console.print(_table(f"partitions at {name}", columns, rows))
 
 
 # --- assignment and availability ------------------------------------------------------------
@@ -186,89 +201,105 @@ def _render_node(node: NodePartitions) -> None:
 
 @one_line_errors
 def add_partition(
-    storage: AdminStorageOption,
+    storage: StorageOption,
     partition: PartitionsOption,
+    config: ConfigOption = None,
     zookeeper: ZooKeeperOption = None,
     cluster_root: RootOption = None,
-    config: ConfigOption = None,
     connect_timeout_ms: ConnectTimeoutOption = None,
     ssl_config: SslConfigOption = None,
     timeout_ms: TimeoutOption = admin_ops.DEFAULT_TIMEOUT_MS,
 ) -> None:
     """Add a partition ownership to a storage node (creates its directory and first segment).
 
-    Example: waltz storage add-partition -c tools.yml -s localhost:55281 -p 0-3
+    Example: waltz storage add-partition -c tools.yml -s localhost:55280 -p 0-3
     """
-    address, ids = admin_ops.parse_admin_address(storage), parse_partition_ranges(partition)
-    with _storage(config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms) as (ctx, _):
-        ids = _run(admin_ops.add_partitions(ctx, address, ids))
-    _say(f"added partitions {format_partition_ranges(ids)} to {address}")
+    admin_ops.parse_storage_address(storage)
+    ids = parse_partition_ranges(partition)
+    with _storage(config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms) as (
+        ctx,
+        layout,
+    ):
+        node = layout.resolve_node(storage)
+        ids = _run(admin_ops.add_partitions(ctx, node.admin, ids))
+    _say(f"added partitions {format_partition_ranges(ids)} to {_name(node)}")
 
 
 @one_line_errors
 def remove_partition(
-    storage: AdminStorageOption,
+    storage: StorageOption,
     partition: PartitionsOption,
     delete_storage_files: Annotated[
-        bool,
-        typer.Option("--delete-storage-files", "-d", help="Also delete the partitions' segment files."),
+        bool, typer.Option("--delete-storage-files", help="Also delete the partitions' segment files.")
     ] = False,
+    config: ConfigOption = None,
     zookeeper: ZooKeeperOption = None,
     cluster_root: RootOption = None,
-    config: ConfigOption = None,
     connect_timeout_ms: ConnectTimeoutOption = None,
     ssl_config: SslConfigOption = None,
     timeout_ms: TimeoutOption = admin_ops.DEFAULT_TIMEOUT_MS,
 ) -> None:
-    """Remove a partition ownership from a storage node; its files are kept unless -d is given.
+    """Remove a partition ownership from a storage node; its files are kept unless
+    --delete-storage-files is given.
 
-    Example: waltz storage remove-partition -c tools.yml -s localhost:55281 -p 3 -d
+    Example: waltz storage remove-partition -c tools.yml -s localhost:55280 -p 3 --delete-storage-files
     """
-    address, ids = admin_ops.parse_admin_address(storage), parse_partition_ranges(partition)
-    with _storage(config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms) as (ctx, _):
-        ids = _run(admin_ops.remove_partitions(ctx, address, ids, delete_storage_files=delete_storage_files))
+    admin_ops.parse_storage_address(storage)
+    ids = parse_partition_ranges(partition)
+    with _storage(config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms) as (
+        ctx,
+        layout,
+    ):
+        node = layout.resolve_node(storage)
+        ids = _run(
+            admin_ops.remove_partitions(ctx, node.admin, ids, delete_storage_files=delete_storage_files)
+        )
     files = "deleted" if delete_storage_files else "kept"
-    _say(f"removed partitions {format_partition_ranges(ids)} from {address} (segment files {files})")
-
-
-def _parse_online(value: str) -> bool:
-    text = value.strip().lower()
-    if text not in ("true", "false"):
-        fail("--online must be set to 'true' or 'false'")
-    return text == "true"
+    _say(f"removed partitions {format_partition_ranges(ids)} from {_name(node)} (segment files {files})")
 
 
 @one_line_errors
 def availability(
-    storage: AdminStorageOption,
+    storage: StorageOption,
     partition: PartitionsOption,
     online: Annotated[
-        str, typer.Option("--online", "-o", help="true: serve reads and writes; false: refuse them.")
-    ],
+        bool | None,
+        typer.Option(
+            "--online/--offline",
+            help="--online: the partitions serve reads and writes; --offline: they refuse them.",
+            show_default=False,
+        ),
+    ] = None,
+    config: ConfigOption = None,
     zookeeper: ZooKeeperOption = None,
     cluster_root: RootOption = None,
-    config: ConfigOption = None,
     connect_timeout_ms: ConnectTimeoutOption = None,
     ssl_config: SslConfigOption = None,
     timeout_ms: TimeoutOption = admin_ops.DEFAULT_TIMEOUT_MS,
 ) -> None:
-    """Set the read/write availability of partitions in a storage node.
+    """Set the read/write availability of partitions in a storage node (--online or --offline).
 
-    Example: waltz storage availability -c tools.yml -s localhost:55281 -p 0 -o false
+    Example: waltz storage availability -c tools.yml -s localhost:55280 -p 0 --offline
     """
-    is_online = _parse_online(online)
-    address, ids = admin_ops.parse_admin_address(storage), parse_partition_ranges(partition)
-    with _storage(config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms) as (ctx, _):
-        ids = _run(admin_ops.set_availability(ctx, address, ids, online=is_online))
-    state = "online" if is_online else "offline"
-    _say(f"partitions {format_partition_ranges(ids)} at {address} are now {state}")
+    if online is None:
+        fail("give --online or --offline")
+    admin_ops.parse_storage_address(storage)
+    ids = parse_partition_ranges(partition)
+    with _storage(config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms) as (
+        ctx,
+        layout,
+    ):
+        node = layout.resolve_node(storage)
+        ids = _run(admin_ops.set_availability(ctx, node.admin, ids, online=online))
+    state = "online" if online else "offline"
+    _say(f"partitions {format_partition_ranges(ids)} at {_name(node)} are now {state}")
 
 
 @one_line_errors
 def sync_partitions(
+    config: ConfigOption = None,
     zookeeper: ZooKeeperOption = None,
     cluster_root: RootOption = None,
-    config: ConfigOption = None,
     connect_timeout_ms: ConnectTimeoutOption = None,
     ssl_config: SslConfigOption = None,
     timeout_ms: TimeoutOption = admin_ops.DEFAULT_TIMEOUT_MS,
@@ -278,6 +309,8 @@ def sync_partitions(
 
     Assigns what ZooKeeper assigns a node (unless assigned and available there already) and
     un-assigns, keeping the files, what the node holds beyond that.
+
+    Example: waltz storage sync-partitions -c tools.yml
     """
     with _storage(config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms) as (
         ctx,
@@ -297,9 +330,9 @@ def sync_partitions(
 
 @one_line_errors
 def validate(
+    config: ConfigOption = None,
     zookeeper: ZooKeeperOption = None,
     cluster_root: RootOption = None,
-    config: ConfigOption = None,
     connect_timeout_ms: ConnectTimeoutOption = None,
     ssl_config: SslConfigOption = None,
     timeout_ms: TimeoutOption = admin_ops.DEFAULT_TIMEOUT_MS,
@@ -308,6 +341,8 @@ def validate(
     """Validate Waltz storage node connectivity: open every node's data and admin port.
 
     Exits 1 naming the first endpoint that failed.
+
+    Example: waltz storage validate -c tools.yml
     """
     with _storage(config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms) as (
         ctx,
@@ -331,20 +366,16 @@ def validate(
 
 @one_line_errors
 def max_transaction_id(
-    storage: AdminStorageOption,
-    storage_port: Annotated[
-        int, typer.Option("--storage-port", "-sp", help="The node's data (non-admin) port.")
-    ],
+    storage: StorageOption,
     partition: PartitionOption,
+    storage_port: StoragePortOption = None,
     offline: Annotated[
         bool,
-        typer.Option(
-            "--offline", "-o", help="Ask in offline-recovery mode (the partition must be unavailable)."
-        ),
+        typer.Option("--offline", help="Ask in offline-recovery mode (the partition must be unavailable)."),
     ] = False,
+    config: ConfigOption = None,
     zookeeper: ZooKeeperOption = None,
     cluster_root: RootOption = None,
-    config: ConfigOption = None,
     connect_timeout_ms: ConnectTimeoutOption = None,
     ssl_config: SslConfigOption = None,
     timeout_ms: TimeoutOption = admin_ops.DEFAULT_TIMEOUT_MS,
@@ -352,13 +383,25 @@ def max_transaction_id(
 ) -> None:
     """Display the max transaction ID of a partition on a storage node.
 
-    Example: waltz storage max-transaction-id -c tools.yml -s localhost:55281 -sp 55280 -p 0
+    Example: waltz storage max-transaction-id -c tools.yml -s localhost:55280 -p 0
     """
-    address = admin_ops.parse_admin_address(storage)
-    with _storage(config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms) as (ctx, _):
-        txid = _run(admin_ops.max_transaction_id(ctx, address, storage_port, partition, offline=offline))
+    admin_ops.parse_storage_address(storage)
+    with _storage(config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms) as (
+        ctx,
+        layout,
+    ):
+        node = layout.resolve_node(storage)
+        data_port = node.data_port(storage_port)
+        txid = _run(admin_ops.max_transaction_id(ctx, node.admin, data_port, partition, offline=offline))
     if as_json:
-        print_json({"storage": str(address), "partitionId": partition, "maxTransactionId": txid})
+        print_json(
+            {
+                "storage": node.storage,
+                "admin": str(node.admin),
+                "partition_id": partition,
+                "max_transaction_id": txid,
+            }
+        )
     else:
         _say(f"Max Transaction ID: {txid}")
 
@@ -369,58 +412,72 @@ def max_transaction_id(
 @one_line_errors
 def recover_partition(
     source_storage: Annotated[
-        str, typer.Option("--source-storage", "-s", help="Node to copy from, host:admin_port.")
+        str,
+        typer.Option(
+            "--storage",
+            "-s",
+            help="The node to copy from, HOST:PORT (its data port as registered, or its admin port).",
+        ),
     ],
     destination_storage: Annotated[
-        str, typer.Option("--destination-storage", "-d", help="Node to copy to, host:admin_port.")
-    ],
-    destination_storage_port: Annotated[
-        int, typer.Option("--destination-storage-port", "-dp", help="Data port of the destination node.")
+        str,
+        typer.Option(
+            "--destination-storage",
+            help="The node to copy to, HOST:PORT (its data port as registered, or its admin port).",
+        ),
     ],
     partition: PartitionOption,
+    destination_storage_port: Annotated[
+        int | None,
+        typer.Option(
+            "--destination-storage-port",
+            help="Data port of the destination (default: the one registered in ZooKeeper).",
+        ),
+    ] = None,
     batch_size: Annotated[
         int, typer.Option("--batch-size", "-b", help="Records per RECORD_LIST request.")
     ] = admin_ops.DEFAULT_RECOVERY_BATCH_SIZE,
     source_ssl_config: Annotated[
         Path | None,
-        typer.Option("--source-ssl-config-path", "-sssl", help="server.ssl.* YAML for the source node."),
+        typer.Option("--source-ssl-config-path", help="server.ssl.* YAML for the source node."),
     ] = None,
     destination_ssl_config: Annotated[
         Path | None,
-        typer.Option(
-            "--destination-ssl-config-path", "-dssl", help="server.ssl.* YAML for the destination node."
-        ),
+        typer.Option("--destination-ssl-config-path", help="server.ssl.* YAML for the destination node."),
     ] = None,
+    config: ConfigOption = None,
     zookeeper: ZooKeeperOption = None,
     cluster_root: RootOption = None,
-    config: ConfigOption = None,
     connect_timeout_ms: ConnectTimeoutOption = None,
     ssl_config: SslConfigOption = None,
     timeout_ms: TimeoutOption = admin_ops.DEFAULT_TIMEOUT_MS,
     as_json: JsonOption = False,
 ) -> None:
-    """Copy records of a partition from one storage node to another.
+    """Copy records of a partition from one storage node (-s) to another (--destination-storage).
 
-    The partition must be unavailable on the destination (`availability -o false`). The
+    The partition must be unavailable on the destination (`availability --offline`). The
     destination is truncated to its low-water mark, then records are copied from the source up
     to the source's local low-water mark (fixed at the start: re-run to catch up further).
 
-    Example: waltz storage recover-partition -c tools.yml -s host1:55281 -d host2:55281 -dp 55280 -p 0
+    Example: waltz storage recover-partition -s host1:55280 --destination-storage host2:55280 -p 0
     """
-    source = admin_ops.parse_admin_address(source_storage)
-    destination = admin_ops.parse_admin_address(destination_storage)
+    admin_ops.parse_storage_address(source_storage)
+    admin_ops.parse_storage_address(destination_storage)
     admin_ops.check_batch_size(batch_size)
     source_ssl = admin_ops.client_ssl_context(source_ssl_config or ssl_config)
     destination_ssl = admin_ops.client_ssl_context(destination_ssl_config or ssl_config)
     layout = _read_layout(config, zookeeper, cluster_root, connect_timeout_ms)
+    source = layout.resolve_node(source_storage)
+    destination = layout.resolve_node(destination_storage)
+    data_port = destination.data_port(destination_storage_port)
     ctx = layout.context(source_ssl, timeout_ms)
     with _recovery_progress(partition) as progress:
         result = _run(
             admin_ops.recover_partition(
                 ctx,
-                source,
-                destination,
-                destination_storage_port,
+                source.admin,
+                destination.admin,
+                data_port,
                 partition,
                 batch_size=batch_size,
                 source_ssl_context=source_ssl,
@@ -432,8 +489,8 @@ def recover_partition(
         print_json(result.to_json())
         return
     _say(
-        f"partition {partition}: {destination} now holds transactions up to {result.final} "
-        f"(copied {result.records_copied} records from {source}, target {result.target})"
+        f"partition {partition}: {_name(destination)} now holds transactions up to {result.final} "
+        f"(copied {result.records_copied} records from {_name(source)}, target {result.target})"
     )
 
 
@@ -483,9 +540,9 @@ def checksum(
         str | None,
         typer.Option("--partition", "-p", help="Partition ids and ranges (default: every assigned one)."),
     ] = None,
+    config: ConfigOption = None,
     zookeeper: ZooKeeperOption = None,
     cluster_root: RootOption = None,
-    config: ConfigOption = None,
     connect_timeout_ms: ConnectTimeoutOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -501,7 +558,7 @@ def checksum(
         admin_ops.check_partitions(ids, layout.num_partitions)
     sums = admin_ops.replica_checksums(directory, layout.key, layout.num_partitions, ids)
     if as_json:
-        print_json({"checksums": [{"partitionId": p, "checksum": c} for p, c in sums.items()]})
+        print_json({"checksums": [{"partition_id": p, "checksum": c} for p, c in sums.items()]})
         return
     if not sums:
         _say(f"no partitions assigned in {directory}")

@@ -20,55 +20,47 @@ from kazoo.client import KazooClient
 from rich.table import Table
 from rich.text import Text
 
+from waltz_cli import options
+from waltz_cli.options import (
+    ConfigOption,
+    ConnectTimeoutOption,
+    JsonOption,
+    PartitionsOption,
+    RootOption,
+    ZooKeeperOption,
+)
 from waltz_cli.output import console, one_line_errors, print_json
 from waltz_engine.zk import store_metadata
 from waltz_engine.zk.cluster import ClusterSnapshot, delete_cluster, read_snapshot
 from waltz_engine.zk.cluster import create_cluster as create_cluster_znodes
 from waltz_engine.zk.connection import ZooKeeperSettings, connect, load_settings
 from waltz_engine.zk.partition_ranges import format_partition_ranges, parse_partition_ranges
-from waltz_engine.zk.server import DEFAULT_ADDRESS, DEFAULT_PORT, START_TIMEOUT_MS, EmbeddedZooKeeper
-from waltz_engine.zk.znode_dump import dump_znodes
+from waltz_engine.zk.server import (
+    DEFAULT_ADDRESS,
+    DEFAULT_DATA_DIR,
+    DEFAULT_PORT,
+    START_TIMEOUT_MS,
+    EmbeddedZooKeeper,
+    find_data_dir,
+)
+from waltz_engine.zk.znode_dump import dump_znodes, snake_case_keys
 
-app = typer.Typer(help="Run an embedded ZooKeeper and manage cluster metadata in it.", no_args_is_help=True)
+app = options.group(help="Run an embedded ZooKeeper and manage cluster metadata in it.")
 
-DEFAULT_DATA_DIR = Path(".waltz/zookeeper")
 EXIT_NOT_RUNNING = 3  # LSB convention for "status: program is not running"
 MISSING = "-"
 
-JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of text.")]
-ZooKeeperOption = Annotated[
-    str | None,
-    typer.Option(
-        "--zookeeper", "-z", help="ZooKeeper connect string HOST:PORT[,HOST:PORT...] (overrides --config)."
-    ),
-]
-RootOption = Annotated[
-    str | None,
-    typer.Option("--cluster-root", "-r", help="Cluster root znode, e.g. /waltz (overrides --config)."),
-]
-ConfigOption = Annotated[
+DataDirOption = Annotated[
     Path | None,
     typer.Option(
-        "--config",
-        "-c",
-        help="YAML with zookeeper.connectString, zookeeper.sessionTimeout, cluster.root.",
+        "--dir",
+        "-d",
+        help="Where the embedded ZooKeeper keeps its config, pid, log and data "
+        f"(default: {DEFAULT_DATA_DIR}, or a dev cluster's .waltz-dev/zookeeper).",
     ),
 ]
-ConnectTimeoutOption = Annotated[
-    int | None,
-    typer.Option(
-        "--connect-timeout-ms", help="Give up connecting to ZooKeeper after this long (default 10000)."
-    ),
-]
-DataDirOption = Annotated[
-    Path,
-    typer.Option(
-        "--data-dir", "-d", help="Where the embedded ZooKeeper keeps its config, pid, log and data."
-    ),
-]
-StorageOption = Annotated[str, typer.Option("--storage", "-s", help="Storage node data address, host:port.")]
-PartitionsOption = Annotated[
-    str, typer.Option("--partition", "-p", help="Partition ids and ranges, e.g. 0-6,7,10-16.")
+StorageOption = Annotated[
+    str, typer.Option("--storage", "-s", help="A storage node's data address HOST:PORT, as registered.")
 ]
 
 
@@ -88,22 +80,23 @@ def _cluster(
 @one_line_errors
 def start(
     port: Annotated[int, typer.Option("--port", help="Client port.")] = DEFAULT_PORT,
-    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    data_dir: DataDirOption = None,
     address: Annotated[str, typer.Option("--address", help="Address to listen on.")] = DEFAULT_ADDRESS,
     daemon: Annotated[
         bool, typer.Option("--daemon", help="Run in the background; return once it answers.")
     ] = False,
     wait_timeout_ms: Annotated[
-        int, typer.Option("--wait-timeout-ms", help="How long to wait for it to answer.")
+        int, typer.Option("--wait-timeout-ms", min=1, help="How long to wait for it to answer.")
     ] = START_TIMEOUT_MS,
 ) -> None:
     """Start a standalone ZooKeeper from the jars bundled with pyspark (needs Java 17).
 
-    Runs in the foreground until Ctrl-C unless --daemon is given.
+    Runs in the foreground until Ctrl-C unless --daemon is given; keeps its state in --dir
+    (default .waltz/zookeeper).
 
-    Example: waltz zk start --port 2181 --data-dir /tmp/zk --daemon
+    Example: waltz zk start --port 2181 --dir /tmp/zk --daemon
     """
-    server = EmbeddedZooKeeper(data_dir, port, address)
+    server = EmbeddedZooKeeper(data_dir or DEFAULT_DATA_DIR, port, address)
     pid = server.start(wait_timeout_ms)
     where = (
         f"ZooKeeper {server.connect_string} (pid {pid}, data dir {server.data_dir}, log {server.log_file})"
@@ -129,9 +122,12 @@ def start(
 
 @app.command("stop")
 @one_line_errors
-def stop(data_dir: DataDirOption = DEFAULT_DATA_DIR) -> None:
-    """Stop the embedded ZooKeeper whose data directory is DATA_DIR."""
-    server = EmbeddedZooKeeper(data_dir)
+def stop(data_dir: DataDirOption = None) -> None:
+    """Stop the embedded ZooKeeper of --dir (default: .waltz/zookeeper, or the dev cluster's).
+
+    Example: waltz zk stop --dir /tmp/zk
+    """
+    server = EmbeddedZooKeeper(data_dir or find_data_dir())
     if server.stop():
         _say(f"stopped ZooKeeper {server.connect_string} ({server.data_dir})")
     else:
@@ -140,16 +136,24 @@ def stop(data_dir: DataDirOption = DEFAULT_DATA_DIR) -> None:
 
 @app.command("status")
 @one_line_errors
-def status(data_dir: DataDirOption = DEFAULT_DATA_DIR, as_json: JsonOption = False) -> None:
-    """Show whether the embedded ZooKeeper of DATA_DIR runs; exits 3 when it does not."""
-    state = EmbeddedZooKeeper(data_dir).status()
+def status(data_dir: DataDirOption = None, as_json: JsonOption = False) -> None:
+    """Say whether the embedded ZooKeeper of --dir runs, and where; exits 3 when it does not.
+
+    Without --dir: .waltz/zookeeper (`waltz zk start`), or the dev cluster's .waltz-dev/zookeeper.
+
+    Example: waltz zk status --dir /tmp/zk
+    """
+    state = EmbeddedZooKeeper(data_dir or find_data_dir()).status()
     if as_json:
         print_json(state.to_json())
     elif state.running:
         details = ", ".join(x for x in (state.mode, state.version and f"version {state.version}") if x)
-        _say(f"running: ZooKeeper {state.connect_string} (pid {state.pid}{', ' if details else ''}{details})")
+        _say(
+            f"running: ZooKeeper at {state.connect_string} (pid {state.pid}{', ' if details else ''}"
+            f"{details}; data dir {state.data_dir})"
+        )
     else:
-        _say(f"not running: no ZooKeeper from {state.data_dir}")
+        _say(f"not running: no ZooKeeper runs from {state.data_dir}")
     if not state.running:
         raise typer.Exit(EXIT_NOT_RUNNING)
 
@@ -160,10 +164,10 @@ def status(data_dir: DataDirOption = DEFAULT_DATA_DIR, as_json: JsonOption = Fal
 @one_line_errors
 def create_cluster(
     name: Annotated[str, typer.Option("--name", "-n", help="Name of the Waltz cluster.")],
-    partitions: Annotated[int, typer.Option("--partitions", "-p", help="Number of partitions.")],
+    partitions: Annotated[int, typer.Option("--partitions", help="Number of partitions (a count).")],
+    config: ConfigOption = None,
     zookeeper: ZooKeeperOption = None,
     cluster_root: RootOption = None,
-    config: ConfigOption = None,
     connect_timeout_ms: ConnectTimeoutOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -179,9 +183,9 @@ def create_cluster(
     if as_json:
         print_json(
             {
-                "clusterRoot": settings.cluster_root,
+                "cluster_root": settings.cluster_root,
                 "name": name,
-                "numPartitions": partitions,
+                "num_partitions": partitions,
                 "key": str(params.key),
             }
         )
@@ -197,12 +201,15 @@ def delete(
     force: Annotated[
         bool, typer.Option("--force", "-f", help="Delete even if the names do not match.")
     ] = False,
+    config: ConfigOption = None,
     zookeeper: ZooKeeperOption = None,
     cluster_root: RootOption = None,
-    config: ConfigOption = None,
     connect_timeout_ms: ConnectTimeoutOption = None,
 ) -> None:
-    """Delete all metadata of a cluster (recursively), if its stored name is NAME."""
+    """Delete all metadata of a cluster (recursively), if its stored name is --name.
+
+    Example: waltz zk delete -z 127.0.0.1:2181 -r /waltz --name demo
+    """
     with _cluster(config, zookeeper, cluster_root, connect_timeout_ms) as (client, settings):
         delete_cluster(client, settings.cluster_root, name, force)
     _say(f"deleted cluster [{name}] at {settings.cluster_root}")
@@ -211,15 +218,17 @@ def delete(
 @app.command("list")
 @one_line_errors
 def list_(
+    config: ConfigOption = None,
     zookeeper: ZooKeeperOption = None,
     cluster_root: RootOption = None,
-    config: ConfigOption = None,
     connect_timeout_ms: ConnectTimeoutOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Show the cluster's metadata: servers, assignments, store, storage nodes, replica states.
 
     With --json, every znode under the root is printed raw (hex) and decoded.
+
+    Example: waltz zk list -z 127.0.0.1:2181 -r /waltz
     """
     with _cluster(config, zookeeper, cluster_root, connect_timeout_ms) as (client, settings):
         if as_json:
@@ -227,7 +236,8 @@ def list_(
         else:
             snapshot = read_snapshot(client, settings.cluster_root)
     if as_json:
-        print_json({"clusterRoot": settings.cluster_root, "znodes": [r.to_json() for r in records]})
+        znodes = [snake_case_keys(r.to_json()) for r in records]
+        print_json({"cluster_root": settings.cluster_root, "znodes": znodes})
     else:
         _render_snapshot(snapshot)
 
@@ -235,17 +245,20 @@ def list_(
 @app.command("show-cluster-key")
 @one_line_errors
 def show_cluster_key(
+    config: ConfigOption = None,
     zookeeper: ZooKeeperOption = None,
     cluster_root: RootOption = None,
-    config: ConfigOption = None,
     connect_timeout_ms: ConnectTimeoutOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Print the cluster key (the UUID every storage file of this cluster carries)."""
+    """Print the cluster key (the UUID every storage file of this cluster carries).
+
+    Example: waltz zk show-cluster-key -z 127.0.0.1:2181 -r /waltz
+    """
     with _cluster(config, zookeeper, cluster_root, connect_timeout_ms) as (client, settings):
         params = store_metadata.read_store_params(client, settings.cluster_root)
     if as_json:
-        print_json({"key": str(params.key), "numPartitions": params.num_partitions})
+        print_json({"key": str(params.key), "num_partitions": params.num_partitions})
     else:
         _say(str(params.key))
 
@@ -254,13 +267,13 @@ def show_cluster_key(
 @one_line_errors
 def add_storage_node(
     storage: StorageOption,
-    storage_admin_port: Annotated[
-        int, typer.Option("--storage-admin-port", "-a", help="Admin port of the storage node.")
+    admin_port: Annotated[
+        int, typer.Option("--admin-port", "-a", help="Admin port of the storage node (storage.admin.port).")
     ],
     group: Annotated[int, typer.Option("--group", "-g", help="Storage group to add it to.")],
+    config: ConfigOption = None,
     zookeeper: ZooKeeperOption = None,
     cluster_root: RootOption = None,
-    config: ConfigOption = None,
     connect_timeout_ms: ConnectTimeoutOption = None,
 ) -> None:
     """Add a storage node to a group (with no partitions yet).
@@ -268,20 +281,23 @@ def add_storage_node(
     Example: waltz zk add-storage-node -c tools.yml -s localhost:57280 -a 57281 -g 0
     """
     with _cluster(config, zookeeper, cluster_root, connect_timeout_ms) as (client, settings):
-        store_metadata.add_storage_node(client, settings.cluster_root, storage, group, storage_admin_port)
-    _say(f"added storage node {storage} (admin port {storage_admin_port}) to group {group}")
+        store_metadata.add_storage_node(client, settings.cluster_root, storage, group, admin_port)
+    _say(f"added storage node {storage} (admin port {admin_port}) to group {group}")
 
 
 @app.command("remove-storage-node")
 @one_line_errors
 def remove_storage_node(
     storage: StorageOption,
+    config: ConfigOption = None,
     zookeeper: ZooKeeperOption = None,
     cluster_root: RootOption = None,
-    config: ConfigOption = None,
     connect_timeout_ms: ConnectTimeoutOption = None,
 ) -> None:
-    """Remove a storage node from the cluster (it must hold no partitions)."""
+    """Remove a storage node from the cluster (it must hold no partitions).
+
+    Example: waltz zk remove-storage-node -c tools.yml -s localhost:57280
+    """
     with _cluster(config, zookeeper, cluster_root, connect_timeout_ms) as (client, settings):
         store_metadata.remove_storage_node(client, settings.cluster_root, storage)
     _say(f"removed storage node {storage}")
@@ -292,9 +308,9 @@ def remove_storage_node(
 def assign_partition(
     storage: StorageOption,
     partition: PartitionsOption,
+    config: ConfigOption = None,
     zookeeper: ZooKeeperOption = None,
     cluster_root: RootOption = None,
-    config: ConfigOption = None,
     connect_timeout_ms: ConnectTimeoutOption = None,
 ) -> None:
     """Assign partitions to a storage node.
@@ -312,12 +328,15 @@ def assign_partition(
 def unassign_partition(
     storage: StorageOption,
     partition: PartitionsOption,
+    config: ConfigOption = None,
     zookeeper: ZooKeeperOption = None,
     cluster_root: RootOption = None,
-    config: ConfigOption = None,
     connect_timeout_ms: ConnectTimeoutOption = None,
 ) -> None:
-    """Un-assign partitions from a storage node (its group must keep another copy of each)."""
+    """Un-assign partitions from a storage node (its group must keep another copy of each).
+
+    Example: waltz zk unassign-partition -c tools.yml -s localhost:57280 -p 2-3
+    """
     partitions = parse_partition_ranges(partition)
     with _cluster(config, zookeeper, cluster_root, connect_timeout_ms) as (client, settings):
         store_metadata.unassign_partitions(client, settings.cluster_root, storage, partitions)
@@ -330,19 +349,28 @@ def auto_assign(
     group: Annotated[
         int, typer.Option("--group", "-g", help="Storage group whose nodes get the partitions.")
     ],
+    config: ConfigOption = None,
     zookeeper: ZooKeeperOption = None,
     cluster_root: RootOption = None,
-    config: ConfigOption = None,
     connect_timeout_ms: ConnectTimeoutOption = None,
+    as_json: JsonOption = False,
 ) -> None:
-    """Spread all partitions round-robin over the storage nodes of a group (none may hold any yet)."""
+    """Spread all partitions round-robin over the storage nodes of a group (none may hold any yet).
+
+    Prints each node of the group with the partitions it now holds.
+
+    Example: waltz zk auto-assign -c tools.yml -g 0
+    """
     with _cluster(config, zookeeper, cluster_root, connect_timeout_ms) as (client, settings):
         store_metadata.auto_assign(client, settings.cluster_root, group)
         assignments = store_metadata.read_replica_assignments(client, settings.cluster_root)
         groups = store_metadata.read_group_descriptor(client, settings.cluster_root).as_dict()
-    for storage, partitions in sorted(assignments.replicas):
-        if groups.get(storage) == group:
-            _say(f"{storage}: {format_partition_ranges(partitions) or 'no partitions'}")
+    nodes = [(s, list(p)) for s, p in sorted(assignments.replicas) if groups.get(s) == group]
+    if as_json:
+        print_json({"group": group, "nodes": [{"storage": s, "partitions": p} for s, p in nodes]})
+        return
+    for storage, partitions in nodes:
+        _say(f"{storage}: {format_partition_ranges(partitions) or 'no partitions'}")
 
 
 # --- rendering -------------------------------------------------------------------------------

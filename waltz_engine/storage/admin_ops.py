@@ -69,9 +69,38 @@ class StorageAdminError(WaltzError):
     """An admin operation failed: bad input, an unreachable node, or the node's FAILURE answer."""
 
 
+# What ``--storage`` of the admin commands takes: a node's data address as registered in
+# ZooKeeper, or its admin address (the original's StorageCli form).
+STORAGE_ADDRESS_FORM = "host:port (the data address as registered, or host:admin_port)"
+
+
 def parse_admin_address(text: str) -> HostPort:
     """A storage node's ``host:admin_port``, as the original's StorageCli takes ``--storage``."""
     return parse_host_port(text, "Storage", "host:admin_port")
+
+
+def parse_storage_address(text: str) -> HostPort:
+    """A storage node's data or admin address, ``host:port`` (see :meth:`StoreLayout.resolve_node`)."""
+    return parse_host_port(text, "Storage", STORAGE_ADDRESS_FORM)
+
+
+class StorageNode(NamedTuple):
+    """Where one storage node answers: its admin port, and its data port when known."""
+
+    admin: HostPort
+    data: HostPort | None  # None: an admin address of a node not registered in ZooKeeper
+    storage: str | None  # its data connect string as registered in ZooKeeper, if it is
+
+    def data_port(self, explicit: int | None = None) -> int:
+        """``explicit`` (``--storage-port``), else the registered data port."""
+        if explicit is not None:
+            return explicit
+        if self.data is None:
+            raise StorageAdminError(
+                f"storage node {self.admin} is not registered in ZooKeeper (store/connection): "
+                "pass its data address as registered, or its data port with --storage-port"
+            )
+        return self.data.port
 
 
 @dataclass(frozen=True)
@@ -136,6 +165,36 @@ class StoreLayout(NamedTuple):
                 f"storage node {storage} has no admin port in ZooKeeper (store/connection)"
             )
         return HostPort(parse_host_port(storage).host, port)
+
+    def resolve_node(self, text: str) -> StorageNode:
+        """A node named by its data address as registered (admin port from store/connection)
+        or by its admin address; an address that matches neither is taken as an admin
+        address, as the original's StorageCli does."""
+        address = parse_storage_address(text)
+        registered = {*self.admin_ports, *self.groups, *self.assignments}
+        for storage in sorted(registered):
+            if _same_address(storage, address):
+                return StorageNode(self.admin_address(storage), parse_host_port(storage), storage)
+        for storage, admin_port in sorted(self.admin_ports.items()):
+            data = _registered_address(storage)
+            if data is not None and data.host.lower() == address.host.lower() and admin_port == address.port:
+                return StorageNode(address, data, storage)
+        return StorageNode(address, None, None)
+
+
+def _registered_address(storage: str) -> HostPort | None:
+    try:
+        return parse_host_port(storage)
+    except WaltzError:
+        return None
+
+
+def _same_address(storage: str, address: HostPort) -> bool:
+    registered = _registered_address(storage)
+    return registered is not None and (registered.host.lower(), registered.port) == (
+        address.host.lower(),
+        address.port,
+    )
 
 
 def read_store_layout(client: KazooClient, root: str) -> StoreLayout:
@@ -260,21 +319,26 @@ class PartitionStatus(NamedTuple):
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "partitionId": self.partition_id,
-            "sessionId": self.session_id,
-            "lowWaterMark": self.low_water_mark,
-            "localLowWaterMark": self.local_low_water_mark,
-            "isAssigned": self.is_assigned,
-            "isAvailable": self.is_available,
+            "partition_id": self.partition_id,
+            "session_id": self.session_id,
+            "low_water_mark": self.low_water_mark,
+            "local_low_water_mark": self.local_low_water_mark,
+            "is_assigned": self.is_assigned,
+            "is_available": self.is_available,
         }
 
 
 class NodePartitions(NamedTuple):
-    address: HostPort
+    address: HostPort  # where its admin port was reached
     partitions: list[PartitionStatus]
+    storage: str | None = None  # its data connect string as registered in ZooKeeper, if known
 
     def to_json(self) -> dict[str, Any]:
-        return {"storage": str(self.address), "partitions": [p.to_json() for p in self.partitions]}
+        return {
+            "storage": self.storage,
+            "admin": str(self.address),
+            "partitions": [p.to_json() for p in self.partitions],
+        }
 
 
 def _gauge(gauges: dict[str, Any], name: str, address: HostPort) -> Any:
@@ -327,19 +391,21 @@ def partition_status_from_metrics(metrics: dict[str, Any], address: HostPort) ->
     return statuses
 
 
-async def list_partitions(context: StorageContext, address: HostPort) -> NodePartitions:
-    """Partition ownership of one node (admin METRICS_REQUEST)."""
+async def list_partitions(
+    context: StorageContext, address: HostPort, storage: str | None = None
+) -> NodePartitions:
+    """Partition ownership of one node (admin METRICS_REQUEST); ``storage``: its registered name."""
     try:
         async with admin_client(context, address) as admin:
             metrics = await _call(context, f"metrics request to {address}", admin.metrics())
     except _Failure as e:
         raise StorageAdminError(f"Cannot fetch partition ownership for {address}: {e}") from None
-    return NodePartitions(address, partition_status_from_metrics(metrics, address))
+    return NodePartitions(address, partition_status_from_metrics(metrics, address), storage)
 
 
 async def list_all_partitions(context: StorageContext, layout: StoreLayout) -> list[NodePartitions]:
     """``list`` without ``--storage``: every node registered in store/connection, in name order."""
-    return [await list_partitions(context, layout.admin_address(s)) for s in sorted(layout.admin_ports)]
+    return [await list_partitions(context, layout.admin_address(s), s) for s in sorted(layout.admin_ports)]
 
 
 # --- assignment and availability ------------------------------------------------------------
@@ -560,12 +626,12 @@ class RecoveryResult(NamedTuple):
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "partitionId": self.partition_id,
-            "destinationSessionId": self.destination_session_id,
+            "partition_id": self.partition_id,
+            "destination_session_id": self.destination_session_id,
             "start": self.start,
             "target": self.target,
-            "maxTransactionId": self.final,
-            "recordsCopied": self.records_copied,
+            "max_transaction_id": self.final,
+            "records_copied": self.records_copied,
             "attempts": self.attempts,
         }
 

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from waltz_engine.config import DEV_CLUSTER_DIRECTORY
 from waltz_engine.errors import WaltzError
 
 ZOOKEEPER_MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
@@ -30,6 +31,11 @@ STOP_TIMEOUT_MS = 10_000
 PROBE_TIMEOUT_MS = 1_000
 POLL_INTERVAL_MS = 100
 PROBE_REPLY_MAX_SIZE_BYTES = 4096
+
+# Where `waltz zk start` keeps its ZooKeeper unless told; `waltz dev up` keeps the dev
+# cluster's in DEV_DATA_DIR (devcluster.DEFAULT_DIRECTORY / devcluster.ZOOKEEPER_DIR_NAME).
+DEFAULT_DATA_DIR = Path(".waltz/zookeeper")
+DEV_DATA_DIR = Path(DEV_CLUSTER_DIRECTORY) / "zookeeper"
 
 CONFIG_FILE_NAME = "zoo.cfg"
 PID_FILE_NAME = "zookeeper.pid"
@@ -97,8 +103,8 @@ class ServerStatus(NamedTuple):
         return {
             "running": self.running,
             "pid": self.pid,
-            "connectString": self.connect_string,
-            "dataDir": self.data_dir,
+            "connect_string": self.connect_string,
+            "data_dir": self.data_dir,
             "version": self.version,
             "mode": self.mode,
         }
@@ -336,3 +342,15 @@ class EmbeddedZooKeeper:
     def _forget(self, pid: int) -> None:
         _STARTED.pop(pid, None)
         self.pid_file.unlink(missing_ok=True)
+
+
+def find_data_dir(candidates: tuple[Path, ...] = (DEFAULT_DATA_DIR, DEV_DATA_DIR)) -> Path:
+    """Where `zk stop`/`zk status` look when given no directory: the first candidate whose
+    ZooKeeper runs, else the first that holds one (a ``zoo.cfg``), else the first."""
+    for candidate in candidates:
+        if EmbeddedZooKeeper(candidate).is_running():
+            return candidate
+    for candidate in candidates:
+        if (candidate / CONFIG_FILE_NAME).is_file():
+            return candidate
+    return candidates[0]

@@ -1,7 +1,12 @@
-"""Every znode under a cluster root, raw and decoded, in the shape of the vectors' ``znodes.jsonl``."""
+"""Every znode under a cluster root, raw and decoded, in the shape of the vectors' ``znodes.jsonl``.
+
+That shape has the original's camelCase field names (``numChildren``, ``numPartitions``);
+:func:`snake_case_keys` gives the form every ``--json`` output uses.
+"""
 
 from __future__ import annotations
 
+import re
 from typing import Any, NamedTuple
 
 from kazoo.client import KazooClient
@@ -40,6 +45,24 @@ class ZnodeRecord(NamedTuple):
                 self.decoded if self.error is None else self.error
             )
         return record
+
+
+_WORD_START = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+
+def snake_case(name: str) -> str:
+    """``numChildren`` → ``num_children``; a snake_case name stays as it is."""
+    return _WORD_START.sub("_", name).lower()
+
+
+def snake_case_keys(value: Any) -> Any:
+    """``value`` with every mapping key in snake_case, at any depth (every key of a znode record
+    and of a decoded payload is a field name, never data)."""
+    if isinstance(value, dict):
+        return {snake_case(str(k)): snake_case_keys(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [snake_case_keys(v) for v in value]
+    return value
 
 
 def describe_znode(paths: ClusterPaths, path: str, data: bytes | None, stat: Any) -> ZnodeRecord:
