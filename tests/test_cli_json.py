@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +21,8 @@ from typer.testing import CliRunner
 
 from waltz_cli.main import app
 from waltz_engine.devcluster import LocalCluster
+from waltz_engine.zk.cluster import read_server_descriptors
+from waltz_engine.zk.connection import connect
 
 EXAMPLE_STORAGE = REPO_ROOT / "examples" / "storage"
 EXAMPLE_SEGMENT = EXAMPLE_STORAGE / "1" / "0000000000000000042.seg"
@@ -39,6 +43,8 @@ NOT_RUN_HERE = {
     "waltz storage recover-partition": "needs an offline replica: tests/storage_admin/",
     "waltz truncate": "cuts a replica offline: tests/operator/",
     "waltz create-cluster": "creates a cluster: tests/zk/test_zk_cli.py",
+    "waltz zk auto-assign": "needs a group with no assignments: tests/zk/test_zk_cli.py",
+    "waltz dev up": "starts a cluster of its own: tests/devcluster/",
 }
 
 
@@ -57,8 +63,9 @@ def json_commands() -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: str) -> Iterator[LocalCluster]:
-    with local_cluster(tmp_path_factory, storages=3, servers=1, partitions=4, zookeeper=zookeeper) as c:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    # Its own embedded ZooKeeper, so that `zk status` has one to report on.
+    with local_cluster(tmp_path_factory, storages=3, servers=1, partitions=4) as c:
         appended = CliRunner().invoke(
             app, ["append", "-p", "0", "json test", "-c", str(c.client_config_path)]
         )
@@ -66,11 +73,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: str) -> Iterato
         yield c
 
 
-def runs(cluster: LocalCluster) -> dict[str, list[str]]:
+def runs(cluster: LocalCluster, scratch: Path) -> dict[str, list[str]]:
     """Each data-printing command, as a user would run it against this cluster."""
     cfg = ["-c", str(cluster.client_config_path)]
     storage = cluster.storages[0]
     server = cluster.servers[0]
+    with connect(cluster.zookeeper_settings()) as client:
+        server_id = read_server_descriptors(client, cluster.cluster_root)[0].server_id
+    stopped_copy = scratch / "storage-copy"  # `storage checksum` reads a stopped node's files
+    shutil.copytree(storage.directory / "data", stopped_copy)
     return {
         "waltz append": ["append", "-p", "0", "json test", "--json", *cfg],
         "waltz tail": ["tail", "-p", "0", "--no-follow", "--data", "--json", *cfg],
@@ -98,7 +109,7 @@ def runs(cluster: LocalCluster) -> dict[str, list[str]]:
             "--json",
             *cfg,
         ],
-        "waltz storage checksum": ["storage", "checksum", str(storage.directory / "data"), "--json", *cfg],
+        "waltz storage checksum": ["storage", "checksum", str(stopped_copy), "--json", *cfg],
         "waltz server list": ["server", "list", "--http", f"127.0.0.1:{server.jetty_port}", "--json"],
         "waltz server add-preferred-partition": [
             "server",
@@ -120,7 +131,7 @@ def runs(cluster: LocalCluster) -> dict[str, list[str]]:
             "--json",
             *cfg,
         ],
-        "waltz server assign": ["server", "assign", "-p", "3", "--server", "0", "--json", *cfg],
+        "waltz server assign": ["server", "assign", "-p", "3", "--server", str(server_id), "--json", *cfg],
         "waltz server unassign": ["server", "unassign", "-p", "3", "--json", *cfg],
         "waltz cluster check-connectivity": ["cluster", "check-connectivity", "--json", *cfg],
         "waltz cluster verify": ["cluster", "verify", "--json", *cfg],
@@ -157,8 +168,8 @@ RUN_NAMES = [
 
 
 @pytest.mark.parametrize("name", RUN_NAMES)
-def test_json_output_parses(cluster: LocalCluster, name: str) -> None:
-    every_run = runs(cluster)
+def test_json_output_parses(cluster: LocalCluster, name: str, tmp_path: Path) -> None:
+    every_run = runs(cluster, tmp_path)
     assert set(every_run) == set(RUN_NAMES)
     argv = every_run[name]
     result = CliRunner().invoke(app, argv)
