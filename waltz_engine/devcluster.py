@@ -11,13 +11,17 @@ Layout of a cluster directory::
 
 Every node is a detached subprocess (its own session, so Ctrl-C in a terminal reaches only
 the process that owns the cluster, which then stops the nodes in order). ``up`` on a
-directory that already holds a cluster reuses its ports and data. Every wait is bounded.
+directory that already holds a cluster reuses its ports and data; on any other non-empty
+directory it refuses. An ``up`` that fails half way stops what it started. ``down(clean=True)``
+removes only the names above (and the directory when ``up`` made it and it is left empty), so
+a file of someone else's in that directory survives. Every wait is bounded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -77,6 +81,11 @@ SERVER_STORAGE_MAX_RETRY_MS = 1_000
 
 PORTS_PER_STORAGE = 3  # data, admin, http
 PORTS_PER_SERVER = 2  # client, http
+# What each port of a node is, in words (for "port N (storage-0 admin port) is in use").
+_PORT_WORDS = {
+    "storage": {"port": "data port", "admin_port": "admin port", "jetty_port": "HTTP port"},
+    "server": {"port": "client port", "jetty_port": "HTTP port"},
+}
 
 STORAGE = "storage"
 SERVER = "server"
@@ -129,6 +138,39 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     except OSError:
         return "(no log)"
     return "\n".join(text.splitlines()[-lines:])
+
+
+def _last_error(path: Path) -> str:
+    """The line of a node's log that says why it stopped, as one line."""
+    lines = [line.strip() for line in _tail(path).splitlines() if line.strip()]
+    for line in reversed(lines):
+        if line.startswith("error:") or "Error" in line or "ERROR" in line:
+            return line
+    return lines[-1] if lines else "no log"
+
+
+def _port_in_use(port: int) -> bool:
+    """Whether another socket listens on ``HOST:port`` (SO_REUSEADDR: TIME_WAIT counts as free,
+    as for the nodes, which bind the same way)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((HOST, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return True
+            raise DevClusterError(f"cannot bind {HOST}:{port}: {e.strerror}") from None
+    return False
+
+
+def _accepts(host_port: str) -> bool:
+    """Whether something accepts TCP connections at ``HOST:PORT``."""
+    host, _, port = host_port.strip().rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=HEALTH_HTTP_TIMEOUT_S):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def _http_status(port: int, path: str) -> int | None:
@@ -261,7 +303,7 @@ class LocalNode:
                     return
             if not self.is_running():
                 raise DevClusterError(
-                    f"{self.name} exited during startup; end of {self.log_path}:\n{_tail(self.log_path)}"
+                    f"{self.name} exited during startup: {_last_error(self.log_path)} (log: {self.log_path})"
                 )
             if time.monotonic() > deadline:
                 raise DevClusterError(f"{self.name} not ready in time; see {self.log_path}")
@@ -341,9 +383,9 @@ class ClusterStatus(NamedTuple):
     def to_json(self) -> dict[str, Any]:
         return {
             "directory": self.directory,
-            "clusterRoot": self.cluster_root,
-            "zookeeper": {"connectString": self.zookeeper, "running": self.zookeeper_running},
-            "clientConfig": self.client_config,
+            "cluster_root": self.cluster_root,
+            "zookeeper": {"connect_string": self.zookeeper, "running": self.zookeeper_running},
+            "client_config": self.client_config,
             "healthy": self.healthy,
             "nodes": [n.to_json() for n in self.nodes],
         }
@@ -399,6 +441,8 @@ class LocalCluster:
         self.external_zookeeper = zookeeper
         # Extra keys for every storage node's YAML (e.g. a small segment size in tests); not saved.
         self.storage_config = dict(storage_config or {})
+        # Whether the directory is ours to remove on down(clean=True) (saved in the state).
+        self.created_directory = not self.directory.exists()
         saved = self._load_state()
         if saved is not None:
             self._restore(saved, storages, servers, partitions)
@@ -451,6 +495,10 @@ class LocalCluster:
         return self.directory / STATE_FILE_NAME
 
     @property
+    def _temporary_state_path(self) -> Path:
+        return self.state_path.with_suffix(".tmp")
+
+    @property
     def client_config_path(self) -> Path:
         return self.directory / CLIENT_CONFIG_FILE_NAME
 
@@ -459,6 +507,8 @@ class LocalCluster:
         return [*self.storages, *self.servers]
 
     def _load_state(self) -> dict[str, Any] | None:
+        if self.directory.exists() and not self.directory.is_dir():
+            raise DevClusterError(f"{self.directory} is not a directory: give a new or empty one")
         try:
             state: dict[str, Any] = json.loads(self.state_path.read_text(encoding="utf-8"))
         except FileNotFoundError:
@@ -478,6 +528,7 @@ class LocalCluster:
                 "use it as it is or remove it (down --clean)"
             )
         self.cluster_root = state["cluster_root"]
+        self.created_directory = bool(state.get("created_directory", False))
         self.external_zookeeper = state.get("external_zookeeper")
         self.zookeeper_port = state.get("zookeeper_port")
         self.storages = [
@@ -495,10 +546,11 @@ class LocalCluster:
             "partitions": self.num_partitions,
             "zookeeper_port": self.zookeeper_port,
             "external_zookeeper": self.external_zookeeper,
+            "created_directory": self.created_directory,
             "storages": [{"ports": n.ports, "pid": n.pid} for n in self.storages],
             "servers": [{"ports": n.ports, "pid": n.pid} for n in self.servers],
         }
-        temporary = self.state_path.with_suffix(".tmp")
+        temporary = self._temporary_state_path
         temporary.write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
         temporary.replace(self.state_path)  # atomic: a concurrent `status` never reads half a file
 
@@ -524,32 +576,93 @@ class LocalCluster:
 
     def _zookeeper_running(self) -> bool:
         embedded = self.embedded_zookeeper
-        return embedded.is_serving() if embedded is not None else True
+        if embedded is not None:
+            return embedded.is_serving()
+        return any(_accepts(host) for host in self.zookeeper.partition("/")[0].split(","))
 
     # --- up ------------------------------------------------------------------------------
 
     def up(self, wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS) -> None:
-        """Start whatever is not running and return once ``cluster verify`` passes."""
+        """Start whatever is not running and return once ``cluster verify`` passes.
+
+        Refuses a non-empty directory that holds no cluster, and a port another process holds;
+        when it fails half way it stops every process it started (and keeps the files).
+        """
         assert wait_timeout_ms > 0
         deadline = time.monotonic() + wait_timeout_ms / 1000
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self._claim_directory()
         self._save_state()
+        self._check_ports_free()
+        started: list[LocalNode] = []
+        embedded = self.embedded_zookeeper
+        zookeeper_started = False
+        try:
+            if embedded is not None and not embedded.is_running():
+                embedded.start(wait_timeout_ms)
+                zookeeper_started = True
+            with connect(self.zookeeper_settings()) as zk:
+                self._ensure_metadata(zk)
+                self._write_node_configs()
+                self._start_all(self.storages, deadline, started)
+                asyncio.run(self._assign_on_nodes(zk))
+                self._start_all(self.servers, deadline, started)
+                self._write_client_config()
+                if self.servers:
+                    self.wait_verified(zk, deadline)
+        except BaseException:
+            self._stop_started(started, embedded if zookeeper_started else None)
+            raise
+
+    def _claim_directory(self) -> None:
+        """Our directory: one that holds this cluster, or a new or empty one (else refused)."""
+        if self.state_path.is_file():
+            return
+        if self.directory.exists():
+            if not self.directory.is_dir():
+                raise DevClusterError(f"{self.directory} is not a directory: give a new or empty one")
+            if any(self.directory.iterdir()):
+                raise DevClusterError(
+                    f"{self.directory} is not empty and holds no local cluster (no {STATE_FILE_NAME}): "
+                    "give a new or empty directory"
+                )
+        else:
+            self.created_directory = True
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def _check_ports_free(self) -> None:
+        """Every port of what is not running yet is free (one line naming the port if not)."""
+        wanted: list[tuple[int, str]] = []
         embedded = self.embedded_zookeeper
         if embedded is not None and not embedded.is_running():
-            embedded.start(wait_timeout_ms)
-        with connect(self.zookeeper_settings()) as zk:
-            self._ensure_metadata(zk)
-            self._write_node_configs()
-            self._start_all(self.storages, deadline)
-            asyncio.run(self._assign_on_nodes(zk))
-            self._start_all(self.servers, deadline)
-            self._write_client_config()
-            if self.servers:
-                self.wait_verified(zk, deadline)
+            wanted.append((embedded.port, "ZooKeeper's client port"))
+        for node in self.nodes:
+            if not node.is_running():
+                wanted += [
+                    (port, f"{node.name} {_PORT_WORDS[node.kind][key]}") for key, port in node.ports.items()
+                ]
+        for port, use in wanted:
+            if _port_in_use(port):
+                raise DevClusterError(
+                    f"port {port} ({use}) is in use by another process: stop that process, "
+                    "or start the cluster in another directory (other ports)"
+                )
 
-    def _start_all(self, nodes: list[LocalNode], deadline: float) -> None:
+    def _stop_started(self, started: list[LocalNode], zookeeper: EmbeddedZooKeeper | None) -> None:
+        """After a failed ``up``: stop what it started, servers first, ZooKeeper last."""
+        for node in sorted(started, key=lambda n: n.kind == STORAGE):  # servers, then storage nodes
+            with contextlib.suppress(WaltzError):
+                node.stop()
+        if zookeeper is not None:
+            with contextlib.suppress(WaltzError):
+                zookeeper.stop()
+
+    def _start_all(self, nodes: list[LocalNode], deadline: float, started: list[LocalNode]) -> None:
         # Launched together, then awaited: each node takes about a second to import and bind.
-        launched = [(node, node.launch()) for node in nodes if not node.is_running()]
+        launched = []
+        for node in nodes:
+            if not node.is_running():
+                launched.append((node, node.launch()))
+                started.append(node)
         for node, log_offset in launched:
             node.await_ready(log_offset, self._remaining_ms(deadline))
 
@@ -675,7 +788,8 @@ class LocalCluster:
         return any(n.is_running() for n in self.nodes) or (embedded is not None and embedded.is_running())
 
     def down(self, clean: bool = False) -> None:
-        """SIGTERM servers, then storage nodes, then ZooKeeper; ``clean`` also deletes the data."""
+        """SIGTERM servers, then storage nodes, then ZooKeeper; ``clean`` also deletes what ``up``
+        made (the data, logs and configs; nothing else in the directory)."""
         self._adopt_saved_pids()
         for node in [*self.servers, *self.storages]:
             node.stop()
@@ -688,7 +802,25 @@ class LocalCluster:
             with contextlib.suppress(WaltzError), connect(self.zookeeper_settings()) as zk:
                 if zk.exists(self.cluster_root) is not None:
                     delete_cluster(zk, self.cluster_root, DEFAULT_CLUSTER_NAME, force=True)
-        shutil.rmtree(self.directory, ignore_errors=True)
+        self._remove_own_files()
+
+    def own_paths(self) -> list[Path]:
+        """What ``up`` makes in the directory; the state file last (a cut clean can be redone)."""
+        names = [node.name for node in self.nodes]
+        if self.external_zookeeper is None:
+            names.append(ZOOKEEPER_DIR_NAME)
+        paths = [self.directory / name for name in names]
+        return [*paths, self.client_config_path, self._temporary_state_path, self.state_path]
+
+    def _remove_own_files(self) -> None:
+        for path in self.own_paths():
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        if self.created_directory:
+            with contextlib.suppress(OSError):  # not empty: someone else's files stay, and it with them
+                self.directory.rmdir()
 
     def stop(self) -> None:
         """:meth:`down` keeping the data (the name tests use for other nodes too)."""

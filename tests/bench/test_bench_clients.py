@@ -45,7 +45,8 @@ def test_producers_prints_the_original_report_and_ours(tmp_path: Path) -> None:
 
 def test_consumers_prints_the_original_report_and_ours(tmp_path: Path) -> None:
     result = run_waltz(
-        "bench", "consumers", "--txn-size", "64", "--txns", "5", "--partitions", "2", "--dir", str(tmp_path),
+        "bench", "consumers", "--txn-size", "64", "--txns", "5", "--num-active-partitions", "2",
+        "--dir", str(tmp_path),
         timeout_s=BENCH_TIMEOUT_S,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -59,7 +60,7 @@ def test_producers_json_against_a_given_cluster_config(tmp_path: Path) -> None:
     with LocalCluster(tmp_path / "cluster", storages=1, partitions=1) as cluster:
         cluster.up()
         result = run_waltz(
-            "bench", "producers", "-s", "16", "-p", "2", "-t", "1", "--json",
+            "bench", "producers", "--txn-size", "16", "--txns-per-thread", "2", "--threads", "1", "--json",
             "--config", str(tmp_path / "cluster" / "client.yml"),
             timeout_s=BENCH_TIMEOUT_S,
         )  # fmt: skip

@@ -86,8 +86,10 @@ def test_transaction_and_limit_select_records(vectors: Path) -> None:
     one = run_json("segment", path, "--transaction", "100")["records"]
     assert [r["transaction_id"] for r in one] == [100]
     assert one[0]["data_hex"] == b"p0-t100".hex()
-    first = run_json("segment", path, "--limit", "3")["records"]
+    first = run_json("segment", path, "--max", "3")["records"]
     assert [r["transaction_id"] for r in first] == [84, 85, 86]
+    # --limit, the name before --max, is a hidden alias.
+    assert run_json("segment", path, "--limit", "3")["records"] == first
 
 
 def test_transaction_not_in_segment_is_one_line_error(vectors: Path) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 SEED = 20261121
-DURATION = "120s"
+DURATION_S = "120"
 MIN_FAULTS = 20
 NUM_CHECKS = 6
 # Two minutes of writes, cluster start, drain, a full restart for the re-read: bounded well
@@ -39,8 +39,8 @@ def test_two_minutes_under_faults_pass_all_six_checks(tmp_path: Path) -> None:
             sys.executable,
             "-c",
             SMOKE_MAIN,
-            "--duration",
-            DURATION,
+            "--duration-s",
+            DURATION_S,
             "--seed",
             str(SEED),
             "--dir",

@@ -10,13 +10,22 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from waltz_cli import options
+from waltz_cli.options import (
+    ENV_CLUSTER_ROOT,
+    ENV_CONFIG,
+    ENV_ZOOKEEPER,
+    ConfigOption,
+    JsonOption,
+    RootOption,
+    SslConfigOption,
+    ZooKeeperOption,
+)
 from waltz_cli.output import console, err_console, fail, one_line_errors, print_json
 from waltz_engine.address import parse_host_port
 from waltz_engine.bench import crc_bench, engine_bench
 
-app = typer.Typer(help="Benchmarks: measure throughput and latency on this machine.", no_args_is_help=True)
-
-JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of tables.")]
+app = options.group(help="Benchmarks: measure throughput and latency on this machine.")
 
 
 def _machine() -> dict[str, object]:
@@ -28,10 +37,13 @@ def _machine() -> dict[str, object]:
 def engine(
     directory: Annotated[
         Path,
-        typer.Option("--dir", help="Directory on the disk to measure (a scratch sub-directory is used)."),
+        typer.Option(
+            "--dir", "-d", help="Directory on the disk to measure (a scratch sub-directory is used)."
+        ),
     ] = Path("."),
     seconds: Annotated[
-        float | None, typer.Option("--seconds", min=0.1, help="Run each engine loop this long (default 3).")
+        float | None,
+        typer.Option("--duration-s", min=0.1, help="Run each engine loop this many seconds (default 3)."),
     ] = None,
     records: Annotated[
         int | None, typer.Option("--records", min=1, help="Append this many records per batch size instead.")
@@ -43,10 +55,10 @@ def engine(
 ) -> None:
     """Append 1 KiB records to the on-disk engine with fsync, beside a raw write+fsync loop.
 
-    Example: waltz bench engine --dir /var/lib/waltz-storage --seconds 5
+    Example: waltz bench engine --dir /var/lib/waltz-storage --duration-s 5
     """
     if seconds is not None and records is not None:
-        fail("give --seconds or --records, not both")
+        fail("give --duration-s or --records, not both")
     directory.mkdir(parents=True, exist_ok=True)
     results = engine_bench.run(
         directory,
@@ -106,11 +118,14 @@ def storage(
     directory: Annotated[
         Path,
         typer.Option(
-            "--dir", help="Disk to measure: scratch ZooKeeper, node directory and raw-loop file go under it."
+            "--dir",
+            "-d",
+            help="Disk to measure: scratch ZooKeeper, node directory and raw-loop file go under it.",
         ),
     ] = Path("."),
     seconds: Annotated[
-        float | None, typer.Option("--seconds", min=0.1, help="Append for this long in all (default 5).")
+        float | None,
+        typer.Option("--duration-s", min=0.1, help="Append for this many seconds in all (default 5)."),
     ] = None,
     requests: Annotated[
         int | None, typer.Option("--requests", min=1, help="Send this many APPEND requests instead.")
@@ -124,33 +139,28 @@ def storage(
     storage_address: Annotated[
         str | None,
         typer.Option(
-            "--storage", "-s", help="Measure this running node, host:data_port (with --admin-port, -z/-r)."
+            "--storage", "-s", help="Measure this running node, HOST:DATA_PORT (with --admin-port, -z/-r)."
         ),
     ] = None,
-    admin_port: Annotated[int | None, typer.Option("--admin-port", help="Admin port of --storage.")] = None,
+    admin_port: Annotated[
+        int | None, typer.Option("--admin-port", "-a", help="Admin port of --storage.")
+    ] = None,
     partition: Annotated[
-        int, typer.Option("--partition", "-p", help="Partition of --storage to append to.")
+        int, typer.Option("--partition", "-p", min=0, help="Partition of --storage to append to.")
     ] = 0,
-    zookeeper: Annotated[
-        str | None, typer.Option("--zookeeper", "-z", help="ZooKeeper of --storage.")
-    ] = None,
-    cluster_root: Annotated[
-        str | None, typer.Option("--cluster-root", "-r", help="Cluster root of --storage.")
-    ] = None,
-    config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="Tools YAML (ZooKeeper, root).")
-    ] = None,
-    ssl_config: Annotated[
-        Path | None, typer.Option("--ssl-config", help="server.ssl.* YAML for the client's TLS.")
-    ] = None,
+    config: ConfigOption = None,
+    zookeeper: ZooKeeperOption = None,
+    cluster_root: RootOption = None,
+    ssl_config: SslConfigOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Append 100 x 1 KiB records per request to a storage node over TLS, pipelined, beside a
     raw write+fsync loop on the same disk.
 
-    Without --storage it starts an embedded ZooKeeper (Java) and a node under --dir.
+    Without --storage it starts an embedded ZooKeeper (Java) and a node under --dir; -c/-z/-r
+    matter only with --storage.
 
-    Example: waltz bench storage --dir /var/lib/waltz-storage --seconds 10 --in-flight 8
+    Example: waltz bench storage --dir /var/lib/waltz-storage --duration-s 10 --in-flight 8
     """
     import tempfile
 
@@ -159,7 +169,7 @@ def storage(
     from waltz_engine.zk.connection import connect, load_settings
 
     if seconds is not None and requests is not None:
-        fail("give --seconds or --requests, not both")
+        fail("give --duration-s or --requests, not both")
     directory.mkdir(parents=True, exist_ok=True)
     ssl_context = admin_ops.client_ssl_context(ssl_config)
 
@@ -214,26 +224,57 @@ def storage(
     console.print(f"node/raw: {result.ratio:.2f}")
 
 
-ClientConfigOption = Annotated[
+# The client benchmarks bring a cluster of their own unless told of a running one: unlike other
+# commands they do not fall back to the local dev cluster (-c .waltz-dev/client.yml says so).
+BenchConfigOption = Annotated[
     Path | None,
     typer.Option(
-        "--config", "-c", help="Client YAML of a running cluster (default: start a cluster of our own)."
+        "--config",
+        "-c",
+        envvar=ENV_CONFIG,
+        help="Client YAML of a running cluster (default: start a cluster of our own).",
+    ),
+]
+BenchZooKeeperOption = Annotated[
+    str | None,
+    typer.Option(
+        "--zookeeper",
+        "-z",
+        envvar=ENV_ZOOKEEPER,
+        help="ZooKeeper HOST:PORT of a running cluster (overrides --config; with --cluster-root).",
+    ),
+]
+BenchRootOption = Annotated[
+    str | None,
+    typer.Option(
+        "--cluster-root",
+        "-r",
+        envvar=ENV_CLUSTER_ROOT,
+        help="Cluster root znode of a running cluster (overrides --config).",
     ),
 ]
 WorkDirOption = Annotated[
-    Path, typer.Option("--dir", help="Where our own cluster's ZooKeeper and nodes keep their files.")
+    Path, typer.Option("--dir", "-d", help="Where our own cluster's ZooKeeper and nodes keep their files.")
 ]
 StoragesOption = Annotated[
     int, typer.Option("--storages", min=1, help="Storage nodes of our own cluster (every one a replica).")
 ]
 ActivePartitionsOption = Annotated[
-    int, typer.Option("--partitions", "-ap", min=1, help="Spread transactions over partitions 0..N-1.")
+    int,
+    typer.Option("--num-active-partitions", min=1, help="Spread transactions over partitions 0..N-1."),
 ]
-TxnSizeOption = Annotated[int, typer.Option("--txn-size", "-s", min=0, help="Bytes of data per transaction.")]
+# The name before the original's -ap/--num-active-partitions was adopted (docs/benchmarks.md).
+OldActivePartitionsOption = Annotated[int | None, typer.Option("--partitions", min=1, hidden=True)]
+TxnSizeOption = Annotated[int, typer.Option("--txn-size", min=0, help="Bytes of data per transaction.")]
 
 
 def _progress(message: str) -> None:
     err_console.print(f"[dim]{message}[/]")
+
+
+def _active_partitions(partitions: int, old_partitions: int | None) -> int:
+    """--num-active-partitions, or the hidden old spelling --partitions when that was given."""
+    return partitions if old_partitions is None else old_partitions
 
 
 @app.command("producers")
@@ -241,13 +282,14 @@ def _progress(message: str) -> None:
 def producers_command(
     txn_size: TxnSizeOption = 512,
     txns_per_thread: Annotated[
-        int, typer.Option("--txns-per-thread", "-p", min=1, help="Measured transactions per thread.")
+        int, typer.Option("--txns-per-thread", min=1, help="Measured transactions per thread.")
     ] = 1000,
-    threads: Annotated[int, typer.Option("--threads", "-t", min=1, help="Appender tasks.")] = 1,
+    threads: Annotated[int, typer.Option("--threads", min=1, help="Appender tasks.")] = 1,
     interval_ms: Annotated[
         float, typer.Option("--interval-ms", "-i", min=0, help="Mean (exponential) pause between submits.")
     ] = 0.0,
     partitions: ActivePartitionsOption = 1,
+    old_partitions: OldActivePartitionsOption = None,
     lock_pool: Annotated[
         int, typer.Option("--lock-pool", "-l", min=0, help="Random write lock out of N (0: no locks).")
     ] = 0,
@@ -259,20 +301,27 @@ def producers_command(
         int, typer.Option("--clients", min=1, help="WaltzClients the threads share (original: one each).")
     ] = 1,
     mount_from_latest: Annotated[
-        bool, typer.Option("--mount-from-latest", "-ml", help="Mount at the current high-water marks.")
+        bool, typer.Option("--mount-from-latest", help="Mount at the current high-water marks.")
     ] = False,
-    config: ClientConfigOption = None,
+    config: BenchConfigOption = None,
+    zookeeper: BenchZooKeeperOption = None,
+    cluster_root: BenchRootOption = None,
     directory: WorkDirOption = Path("."),
     storages: StoragesOption = 3,
     as_json: JsonOption = False,
 ) -> None:
     """Commit throughput and latency: the original's PerformanceCli test-producers.
 
+    Without -c/-z/-r it starts a cluster of its own under --dir (an embedded ZooKeeper,
+    --storages storage nodes, one server) and removes it afterwards.
+
     Example: waltz bench producers --txn-size 512 --txns-per-thread 500 --threads 16 --interval-ms 0
     """
     from waltz_engine.bench import producers
 
-    with producers.bench_cluster(config, directory, storages, partitions, _progress) as cluster:
+    partitions = _active_partitions(partitions, old_partitions)
+    running = producers.RunningCluster(config, zookeeper, cluster_root)
+    with producers.bench_cluster(running, directory, storages, partitions, _progress) as cluster:
         result = producers.run(
             cluster,
             txn_size=txn_size,
@@ -296,22 +345,27 @@ def producers_command(
 @one_line_errors
 def consumers_command(
     txn_size: TxnSizeOption = 512,
-    txns: Annotated[
-        int, typer.Option("--txns", "-t", min=1, help="Transactions to produce, then read.")
-    ] = 1000,
+    txns: Annotated[int, typer.Option("--txns", min=1, help="Transactions to produce, then read.")] = 1000,
     partitions: ActivePartitionsOption = 1,
-    config: ClientConfigOption = None,
+    old_partitions: OldActivePartitionsOption = None,
+    config: BenchConfigOption = None,
+    zookeeper: BenchZooKeeperOption = None,
+    cluster_root: BenchRootOption = None,
     directory: WorkDirOption = Path("."),
     storages: StoragesOption = 3,
     as_json: JsonOption = False,
 ) -> None:
     """Read throughput and data fetch latency: the original's PerformanceCli test-consumers.
 
-    Example: waltz bench consumers --txn-size 512 --txns 10000
+    Without -c/-z/-r it starts a cluster of its own under --dir, as `waltz bench producers`.
+
+    Example: waltz bench consumers --txn-size 512 --txns 10000 --num-active-partitions 4
     """
     from waltz_engine.bench import consumers, producers
 
-    with producers.bench_cluster(config, directory, storages, partitions, _progress) as cluster:
+    partitions = _active_partitions(partitions, old_partitions)
+    running = producers.RunningCluster(config, zookeeper, cluster_root)
+    with producers.bench_cluster(running, directory, storages, partitions, _progress) as cluster:
         result = consumers.run(cluster, txn_size=txn_size, txns=txns, partitions=partitions)
     if as_json:
         print_json({"machine": _machine(), "storages": storages, "result": result.to_json()})
@@ -324,14 +378,17 @@ def consumers_command(
 @one_line_errors
 def export_command(
     directory: Annotated[
-        Path, typer.Option("--dir", help="Working directory: the generated log (kept for reuse) and exports.")
+        Path,
+        typer.Option(
+            "--dir", "-d", help="Working directory: the generated log (kept for reuse) and exports."
+        ),
     ],
     rows: Annotated[int, typer.Option("--rows", min=1, help="Transactions in the log.")] = 2_000_000,
     partitions: Annotated[int, typer.Option("--partitions", min=1, help="Partitions of the log.")] = 4,
     data_bytes: Annotated[
         int, typer.Option("--data-bytes", min=8, help="Bytes of data per transaction.")
     ] = 100,
-    master: Annotated[str, typer.Option("--master", help="Spark master of the exports.")] = "local[2]",
+    master: Annotated[str, typer.Option("--master", "-m", help="Spark master of the exports.")] = "local[2]",
     skip_export: Annotated[
         bool, typer.Option("--skip-export", help="Only generate the log and time the parser.")
     ] = False,
@@ -377,8 +434,10 @@ def compare_command(
 ) -> None:
     """Compare two saved reports of the same benchmark: every figure, old, new and new/old.
 
-    Example: waltz bench producers ... --json > before.json; (change something);
-    waltz bench producers ... --json > after.json; waltz bench compare before.json after.json
+    Save each report with --json (`waltz bench producers ... --json > before.json`, change
+    something, then the same again into after.json).
+
+    Example: waltz bench compare before.json after.json
     """
     from rich.markup import escape
 

@@ -8,7 +8,9 @@ from typing import Annotated
 
 import typer
 
-from waltz_cli.output import console, one_line_errors, print_json
+from waltz_cli import options
+from waltz_cli.options import JsonOption
+from waltz_cli.output import console, err_console, one_line_errors, print_json
 from waltz_engine.devcluster import (
     DEFAULT_DIRECTORY,
     DEFAULT_PARTITIONS,
@@ -21,26 +23,36 @@ from waltz_engine.devcluster import (
 
 STATUS_REFRESH_INTERVAL_S = 2.0
 
-app = typer.Typer(
-    help="A local development cluster: ZooKeeper, storage nodes and servers.", no_args_is_help=True
-)
+app = options.group(help="A local development cluster: ZooKeeper, storage nodes and servers.")
 
-DirOption = Annotated[Path, typer.Option("--dir", help="Where the cluster keeps its state, data and logs.")]
-
-
-@app.callback()
-def _group() -> None:
-    """A local development cluster: ZooKeeper, storage nodes and servers."""
+DirOption = Annotated[
+    Path, typer.Option("--dir", "-d", help="Where the cluster keeps its state, data and logs.")
+]
 
 
 def _summary(status: ClusterStatus) -> list[str]:
-    lines = [f"zookeeper   {status.zookeeper}"]
+    zookeeper = "running" if status.zookeeper_running else "down"
+    lines = [f"zookeeper   {zookeeper:<8} {status.zookeeper}"]
     for node in status.nodes:
         ports = " ".join(f"{name}={port}" for name, port in node.ports.items())
         state = "healthy" if node.healthy else ("running" if node.running else "down")
         lines.append(f"{node.name:<11} {state:<8} pid={node.pid or '-'} {ports}")
     lines += [f"cluster     {status.cluster_root}", f"client      {status.client_config}"]
     return lines
+
+
+def _verdict(status: ClusterStatus, directory: Path) -> str | None:
+    """What is wrong with the cluster, in words, and what to do; None when it is healthy."""
+    if status.healthy:
+        return None
+    up = f"start it with `waltz dev up --detach --dir {directory}`"
+    nodes_up = [n for n in status.nodes if n.running]
+    if not status.zookeeper_running and not nodes_up:
+        return f"the cluster is down (ZooKeeper and every node): {up}"
+    if not status.zookeeper_running:
+        return f"ZooKeeper at {status.zookeeper} is down, so the nodes cannot coordinate: {up}"
+    unhealthy = ", ".join(n.name for n in status.nodes if not n.healthy)
+    return f"not healthy: {unhealthy} (see their logs under {directory}); {up}"
 
 
 def _status_line(status: ClusterStatus) -> str:
@@ -72,8 +84,13 @@ def up(
     timeout_ms: Annotated[
         int, typer.Option("--timeout-ms", help="Give up if not ready after this long.", min=1)
     ] = DEFAULT_WAIT_TIMEOUT_MS,
+    as_json: JsonOption = False,
 ) -> None:
     """Start a local cluster (or the one already in --dir) and wait until `cluster verify` passes.
+
+    --dir must be new, empty, or hold a cluster `dev up` made; a port in use stops it with
+    everything it started. With --json the cluster's status is printed once it is ready (and
+    the live status line, without --detach, goes to stderr).
 
     Example: waltz dev up --detach && waltz append -p 0 hello && waltz tail -p 0 --no-follow
     """
@@ -98,34 +115,43 @@ def up(
         if not detach:
             cluster.down()
         raise
-    for line in _summary(cluster.status()):
-        typer.echo(line)
+    if as_json:
+        print_json(cluster.status().to_json())
+    else:
+        for line in _summary(cluster.status()):
+            typer.echo(line)
     if detach:
         return
+    live_console = err_console if as_json else console
     try:
-        with console.status("", spinner="dots") as live:
+        with live_console.status("", spinner="dots") as live:
             while True:
                 live.update(_status_line(cluster.status()))
                 time.sleep(STATUS_REFRESH_INTERVAL_S)
     except KeyboardInterrupt:
-        console.print("stopping the cluster ...", markup=False)
+        live_console.print("stopping the cluster ...", markup=False)
         cluster.down()
-        console.print("stopped", markup=False)
+        live_console.print("stopped", markup=False)
 
 
 @app.command("status")
 @one_line_errors
-def status(
-    directory: DirOption = Path(DEFAULT_DIRECTORY),
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document instead of text.")] = False,
-) -> None:
-    """Processes, ports and health of the local cluster (exit 1 when anything is unhealthy)."""
+def status(directory: DirOption = Path(DEFAULT_DIRECTORY), as_json: JsonOption = False) -> None:
+    """Processes, ports and health of the local cluster (exit 1 when anything is unhealthy).
+
+    Without --json, a last line says in words what is down and how to start it.
+
+    Example: waltz dev status --dir .waltz-dev --json
+    """
     report = LocalCluster.open(directory).status()
     if as_json:
         print_json(report.to_json())
     else:
         for line in _summary(report):
             typer.echo(line)
+        verdict = _verdict(report, directory)
+        if verdict is not None:
+            typer.echo(verdict)
     if not report.healthy:
         raise typer.Exit(1)
 
@@ -134,8 +160,23 @@ def status(
 @one_line_errors
 def down(
     directory: DirOption = Path(DEFAULT_DIRECTORY),
-    clean: Annotated[bool, typer.Option("--clean", help="Also delete the cluster's data and logs.")] = False,
+    clean: Annotated[
+        bool,
+        typer.Option(
+            "--clean", help="Also delete what `dev up` made there (data, logs, configs); nothing else."
+        ),
+    ] = False,
 ) -> None:
-    """Stop servers, storage nodes and ZooKeeper (in that order)."""
+    """Stop servers, storage nodes and ZooKeeper (in that order).
+
+    Example: waltz dev down --dir .waltz-dev --clean
+    """
     LocalCluster.open(directory).down(clean)
-    console.print("stopped" + (f"; removed {directory}" if clean else ""), markup=False)
+    if not clean:
+        console.print("stopped", markup=False)
+    elif not directory.exists():
+        console.print(f"stopped; removed {directory}", markup=False)
+    else:
+        kept = sorted(path.name for path in directory.iterdir())
+        left = f" (kept what `dev up` did not make: {', '.join(kept)})" if kept else ""
+        console.print(f"stopped; removed the cluster's files from {directory}{left}", markup=False)

@@ -10,6 +10,7 @@ import typer
 from rich.markup import escape
 from rich.tree import Tree
 
+from waltz_cli.options import JsonOption
 from waltz_cli.output import console, fail, one_line_errors, print_json
 from waltz_engine.wire.describe import describe_frame
 
@@ -92,7 +93,7 @@ def frame(
         "from stdin.",
         show_default=False,
     ),
-    json_output: bool = typer.Option(False, "--json", help="Print the frame as one JSON document."),
+    json_output: JsonOption = False,
 ) -> None:
     """Decode one wire frame given as hex and show every field.
 
@@ -100,11 +101,9 @@ def frame(
 
     With '-' every stdin line is one frame and every output line one JSON document ({"error": ...} for a frame that does not decode); the exit status is 1 if any frame failed.
 
-    Examples:
+    Example: waltz inspect frame --json 4800000000000a000000010000ffffffff
 
-        waltz inspect frame --json 4800000000000a000000010000ffffffff
-
-        cat frames.hex | waltz inspect frame -
+    Example (one frame per line): cat frames.hex | waltz inspect frame -
     """  # noqa: E501
     if hex_frame == STDIN_ARGUMENT:
         _describe_stdin()

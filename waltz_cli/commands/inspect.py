@@ -15,15 +15,14 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from waltz_cli import options
 from waltz_cli.commands import frame as frame_command
 from waltz_cli.decoder import load_decoder
+from waltz_cli.options import JsonOption, TransactionOption
 from waltz_cli.output import console, fail, one_line_errors, print_json
 from waltz_engine.inspect import inspect_control, inspect_segment, segment_stats, verify
 
-app = typer.Typer(
-    help="Read-only inspection of storage files and wire frames (never modifies a file).",
-    no_args_is_help=True,
-)
+app = options.group(help="Read-only inspection of storage files and wire frames (never modifies a file).")
 
 app.command("frame")(frame_command.frame)
 
@@ -32,15 +31,13 @@ DATA_PREVIEW_BYTES = 32
 MILLIS_PER_SECOND = 1000
 MISSING = "-"
 
-JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of tables.")]
-
 
 @app.command("control")
 @one_line_errors
 def control(
     path: Annotated[Path, typer.Argument(help="waltz-storage.ctl, or the storage directory holding it.")],
     partition: Annotated[
-        int | None, typer.Option("--partition", "-p", help="Show only this partition.")
+        int | None, typer.Option("--partition", "-p", min=0, help="Show only this partition.")
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -91,14 +88,12 @@ def _render_control(result: dict[str, Any]) -> None:
 @one_line_errors
 def segment(
     path: Annotated[Path, typer.Argument(help="A segment data file (<partition dir>/<first txid>.seg).")],
-    transaction: Annotated[
-        int | None, typer.Option("--transaction", "-t", help="Show only this transaction id.")
-    ] = None,
-    limit: Annotated[int | None, typer.Option("--limit", "-n", min=0, help="Show at most N records.")] = None,
+    transaction: TransactionOption = None,
+    limit: Annotated[int | None, typer.Option("--max", min=0, help="Show at most N records.")] = None,
     decoder: Annotated[
         str | None,
         typer.Option(
-            "--decoder", "-d", help="module:function turning record data (bytes) into something readable."
+            "--decoder", help="module:function turning record data (bytes) into something readable."
         ),
     ] = None,
     as_json: JsonOption = False,
@@ -109,7 +104,7 @@ def segment(
 
     Whatever does not check out is listed after the records.
 
-    Example: waltz inspect segment storage/0/0000000000000000000.seg -t 10 --decoder myapp.codec:decode
+    Example: waltz inspect segment storage/0/0000000000000000000.seg -t 10 --max 5 --decoder app.codec:decode
     """
     decode = load_decoder(decoder) if decoder else None
     result = inspect_segment(path, transaction=transaction, limit=limit, decoder=decode)

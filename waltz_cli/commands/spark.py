@@ -17,11 +17,26 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from waltz_cli.output import console, err_console, one_line_errors, print_json
+from waltz_cli import options
+from waltz_cli.options import ENV_CONFIG, JsonOption, RootOption, ZooKeeperOption
+from waltz_cli.output import console, err_console, fail, one_line_errors, print_json
 from waltz_engine.config import Config
-from waltz_engine.zk.connection import KEY_CLUSTER_ROOT, KEY_CONNECT_STRING
+from waltz_engine.zk.connection import KEY_CLUSTER_ROOT, KEY_CONNECT_STRING, load_tool_config
 
-app = typer.Typer(help="Spark jobs over a Waltz log (export to Parquet).", no_args_is_help=True)
+app = options.group(help="Spark jobs over a Waltz log (export to Parquet).")
+
+# ZooKeeper is optional here (it finds the committed marks, and keeps an incremental export's
+# watermarks), so unlike other commands the export does not fall back to a local dev cluster.
+ExportConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        envvar=ENV_CONFIG,
+        help="Client YAML with zookeeper.connectString and cluster.root (default: none; without "
+        "ZooKeeper the control files' low-water marks bound the export).",
+    ),
+]
 
 MISSING = "-"
 
@@ -43,7 +58,7 @@ def _read_options(
     )
 
     if config is not None:
-        loaded = Config.load(config)
+        loaded = load_tool_config(config) or Config({}, str(config))
         zookeeper = zookeeper or loaded.optional_str(KEY_CONNECT_STRING)
         cluster_root = cluster_root or loaded.optional_str(KEY_CLUSTER_ROOT)
     options = {
@@ -88,7 +103,7 @@ def _summary_table(summary: object) -> Table:
 @one_line_errors
 def export(
     output: Annotated[
-        Path, typer.Option("--output", help="Directory of the export (hive-style partition=N/).")
+        Path, typer.Option("--output", "-o", help="Directory of the export (hive-style partition=N/).")
     ],
     directories: Annotated[
         list[Path] | None,
@@ -96,13 +111,14 @@ def export(
     ] = None,
     output_format: Annotated[str, typer.Option("--format", help="Output format.")] = "parquet",
     partitions: Annotated[
-        str | None, typer.Option("--partitions", help="Partitions, e.g. 0,2-3 (default all).")
+        str | None,
+        typer.Option("--partition", "-p", help="Partition ids and ranges, e.g. 0,2-3 (default all)."),
     ] = None,
     decoder: Annotated[
         str | None, typer.Option("--decoder", help="module:function; adds a 'decoded' text column.")
     ] = None,
     master: Annotated[
-        str, typer.Option("--master", help="local[*], or spark://HOST:PORT to spark-submit the job.")
+        str, typer.Option("--master", "-m", help="local[*], or spark://HOST:PORT to spark-submit the job.")
     ] = "local[*]",
     incremental: Annotated[
         bool, typer.Option("--incremental", help="Add only what is new since the output's watermarks.")
@@ -111,25 +127,30 @@ def export(
         str | None,
         typer.Option("--export-id", help="Name of the watermarks in ZooKeeper (default: output's name)."),
     ] = None,
-    zookeeper: Annotated[
-        str | None, typer.Option("--zookeeper", help="ZooKeeper HOST:PORT (committed marks).")
-    ] = None,
-    cluster_root: Annotated[str | None, typer.Option("--cluster-root", help="Cluster root znode.")] = None,
-    config: Annotated[
-        Path | None,
-        typer.Option("--config", help="Client YAML with zookeeper.connectString and cluster.root."),
-    ] = None,
+    config: ExportConfigOption = None,
+    zookeeper: ZooKeeperOption = None,
+    cluster_root: RootOption = None,
     on_corrupt: Annotated[
         str, typer.Option("--on-corrupt", help="fail or skip records failing checksums.")
     ] = "fail",
-    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON document.")] = False,
+    old_partitions: Annotated[
+        # The spelling before -p/--partition (ids and ranges, as everywhere else).
+        str | None,
+        typer.Option("--partitions", hidden=True),
+    ] = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Export the committed log to Parquet, all of it or (--incremental) only what is new.
 
-    Example: waltz spark export --output /data/export --config client.yml --incremental STORAGE_DIR...
+    Example: waltz spark export -o /data/export -c client.yml -p 0-3 --incremental STORAGE_DIR...
     """
     from spark.export import LOCAL_MASTER_PREFIX, ExportConfig, check_config, run_export, spark_session
     from spark.submit import submit_export
+
+    if old_partitions is not None:
+        if partitions is not None:
+            fail("give --partition (or its old spelling --partitions), not both")
+        partitions = old_partitions
 
     export_config = ExportConfig(
         output=output.resolve(),

@@ -58,14 +58,22 @@ def flatten(report: Any, prefix: str = "") -> dict[str, float]:
 
 
 def load_report(path: Path) -> Any:
+    """A saved report: a JSON object with at least one figure (what `waltz bench ... --json` prints)."""
+    hint = "save one with `waltz bench ... --json > FILE`"
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        report = json.loads(path.read_text(encoding="utf-8"))
     except OSError as e:
-        raise CompareError(f"cannot read {path}: {e.strerror or e}") from e
+        raise CompareError(f"cannot read {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise CompareError(f"{path} is not a saved benchmark report (not text; {hint})") from None
     except json.JSONDecodeError as e:
-        raise CompareError(
-            f"{path} is not a JSON report (save one with `waltz bench ... --json`): {e}"
-        ) from e
+        raise CompareError(f"{path} is not a saved benchmark report (not JSON: {e}; {hint})") from None
+    if not isinstance(report, dict):
+        kind = type(report).__name__ if report is not None else "null"
+        raise CompareError(f"{path} is not a saved benchmark report (JSON {kind}, not an object; {hint})")
+    if not flatten(report):
+        raise CompareError(f"{path} is not a saved benchmark report (it holds no figure; {hint})")
+    return report
 
 
 def compare(old: Any, new: Any) -> list[Comparison]:

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -123,15 +123,47 @@ def _local_cluster_pids(cluster: LocalCluster) -> dict[str, int]:
     return pids
 
 
-def load_cluster(config_path: Path) -> BenchCluster:
-    """A running cluster from a client YAML. Beside a local cluster's state file (the
-    `waltz dev` cluster's client.yml) the node processes are known and their CPU reported;
-    otherwise only this process's."""
-    loaded = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}
-    if not isinstance(loaded, dict):
-        raise BenchError(f"{config_path}: expected a YAML mapping")
-    directory = config_path.resolve().parent
-    pids = _local_cluster_pids(LocalCluster.open(directory)) if LocalCluster.exists(directory) else {}
+KEY_CONNECT_STRING = "zookeeper.connectString"
+KEY_CLUSTER_ROOT = "cluster.root"
+
+
+class RunningCluster(NamedTuple):
+    """Where a running cluster is (a client YAML, and/or ZooKeeper and root that override it);
+    all None: the benchmark brings its own."""
+
+    config_path: Path | None = None
+    zookeeper: str | None = None
+    cluster_root: str | None = None
+
+    @property
+    def given(self) -> bool:
+        return any(value is not None for value in self)
+
+
+def load_cluster(
+    config_path: Path | None, zookeeper: str | None = None, cluster_root: str | None = None
+) -> BenchCluster:
+    """A running cluster from a client YAML and/or a ZooKeeper connect string and root (which
+    win over the file's). Beside a local cluster's state file (the `waltz dev` cluster's
+    client.yml) the node processes are known and their CPU reported; otherwise only this
+    process's."""
+    loaded: Any = {}
+    pids: dict[str, int] = {}
+    if config_path is not None:
+        try:
+            loaded = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as e:
+            raise BenchError(f"{config_path}: not YAML ({str(e).splitlines()[0]})") from None
+        if not isinstance(loaded, dict):
+            raise BenchError(f"{config_path}: expected a YAML mapping")
+        directory = config_path.resolve().parent
+        pids = _local_cluster_pids(LocalCluster.open(directory)) if LocalCluster.exists(directory) else {}
+    overrides = {KEY_CONNECT_STRING: zookeeper, KEY_CLUSTER_ROOT: cluster_root}
+    loaded = {**loaded, **{key: value for key, value in overrides.items() if value is not None}}
+    for key, flag in ((KEY_CONNECT_STRING, "--zookeeper"), (KEY_CLUSTER_ROOT, "--cluster-root")):
+        if not loaded.get(key):
+            source = f"{config_path} has no '{key}'" if config_path is not None else f"no '{key}'"
+            raise BenchError(f"{source}: pass {flag}, or -c with a client YAML of the running cluster")
     return BenchCluster(loaded, pids)
 
 
@@ -169,16 +201,19 @@ def _sigterm_as_exit() -> Iterator[None]:
 
 @contextlib.contextmanager
 def bench_cluster(
-    config_path: Path | None,
+    running: RunningCluster | Path | None,
     directory: Path,
     storages: int = DEFAULT_STORAGES,
     partitions: int = DEFAULT_CLUSTER_PARTITIONS,
     progress: Callable[[str], None] = lambda _: None,
 ) -> Iterator[BenchCluster]:
-    """The cluster of ``config_path``, or else one of our own in a scratch directory under
-    ``directory`` with at least ``partitions`` partitions (removed afterwards)."""
-    if config_path is not None:
-        yield load_cluster(config_path)
+    """The running cluster (a client YAML path, or :class:`RunningCluster`), or else one of our
+    own in a scratch directory under ``directory`` with at least ``partitions`` partitions
+    (removed afterwards)."""
+    if isinstance(running, Path):
+        running = RunningCluster(running)
+    if running is not None and running.given:
+        yield load_cluster(*running)
         return
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="waltz-bench-cluster-", dir=directory) as work:
