@@ -25,9 +25,10 @@ it fails to come up, the error carries the failing node's log tail.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -42,35 +43,28 @@ from waltz_engine.devcluster import DEFAULT_CLUSTER_ROOT, LocalCluster
 CLUSTER_UP_TIMEOUT_MS = 120_000
 CLI_TIMEOUT_S = 120.0
 
-# The `dev`, `tail`, `append` and `client` commands registered as waltz_cli/main.py does, so
-# tests of them do not depend on the rest of the top level.
-WALTZ_CLI_MAIN = """
-import sys, typer
-from waltz_cli.commands import client, dev, feed
-app = typer.Typer(pretty_exceptions_enable=False)
-app.command("tail")(feed.tail)
-app.command("append")(feed.append)
-app.add_typer(client.app, name="client")
-app.add_typer(dev.app, name="dev")
-sys.argv[0] = "waltz"
-app()
-"""
-
 
 def waltz_cli_command(*args: str) -> list[str]:
-    return [sys.executable, "-c", WALTZ_CLI_MAIN, *args]
+    """``waltz ARGS...`` as a new process: the real command line, hidden aliases and all."""
+    return [sys.executable, "-m", "waltz_cli", *args]
 
 
 def run_waltz_cli(
-    *args: str, cwd: Path | None = None, stdin: str | None = None, timeout_s: float = CLI_TIMEOUT_S
+    *args: str,
+    cwd: Path | None = None,
+    stdin: str | None = None,
+    timeout_s: float = CLI_TIMEOUT_S,
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run `waltz ARGS...` (dev/tail/append/client) to completion (bounded), capturing its output."""
+    """Run `waltz ARGS...` to completion (bounded), capturing its output; ``env`` is added to
+    this process's environment."""
     return subprocess.run(
         waltz_cli_command(*args),
         capture_output=True,
         text=True,
         input=stdin,
         cwd=cwd,
+        env={**os.environ, **env} if env is not None else None,
         timeout=timeout_s,
         check=False,
     )

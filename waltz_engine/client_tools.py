@@ -19,7 +19,7 @@ import asyncio
 import math
 import random
 import struct
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncGenerator, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -39,6 +39,7 @@ from waltz_engine.reqid import ReqId
 from waltz_engine.zk.connection import (
     KEY_CLUSTER_ROOT,
     KEY_CONNECT_STRING,
+    KEY_CONNECT_TIMEOUT,
     NO_CONFIG_SOURCE,
     load_tool_config,
 )
@@ -81,8 +82,12 @@ def load_client_config(
     overrides = {KEY_CONNECT_STRING: zookeeper, KEY_CLUSTER_ROOT: cluster_root}
     values.update({key: value for key, value in overrides.items() if value is not None})
     config = WaltzClientConfig.from_config(Config(values, loaded.source if loaded else NO_CONFIG_SOURCE))
+    zookeeper_settings = config.zookeeper
+    if zookeeper_settings is not None and KEY_CONNECT_TIMEOUT not in values:
+        zookeeper_settings = zookeeper_settings._replace(connect_timeout_ms=timeout_ms)
     return replace(
         config,
+        zookeeper=zookeeper_settings,
         auto_mount=auto_mount,
         ensure_mounted_timeout_ms=timeout_ms,
         registration_timeout_ms=timeout_ms,
@@ -158,13 +163,16 @@ async def high_water_mark(config: WaltzClientConfig, partition_id: int) -> int:
 
 
 class TailedTransaction(NamedTuple):
+    partition_id: int
     transaction_id: int
     header: int
     req_id: ReqId
     data: bytes | None
 
     def to_json(self) -> dict[str, Any]:
+        """snake_case keys; with data, ``data_hex`` always and ``data`` as text (None unless UTF-8)."""
         value: dict[str, Any] = {
+            "partition": self.partition_id,
             "transaction_id": self.transaction_id,
             "header": self.header,
             "client_id": self.req_id.client_id,
@@ -172,8 +180,17 @@ class TailedTransaction(NamedTuple):
             "seq_num": self.req_id.seq_num,
         }
         if self.data is not None:
+            value["data"] = utf8_text(self.data)
             value["data_hex"] = self.data.hex()
         return value
+
+
+def utf8_text(data: bytes) -> str | None:
+    """``data`` as text when it is valid UTF-8, else None."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 class _TailCallbacks(HighWaterMarks):
@@ -185,52 +202,112 @@ class _TailCallbacks(HighWaterMarks):
     async def on_transaction(self, transaction: Transaction) -> None:
         data = await transaction.data() if self.with_data else None
         self.queue.put_nowait(
-            TailedTransaction(transaction.transaction_id, transaction.header, transaction.req_id, data)
+            TailedTransaction(
+                transaction.partition_id,
+                transaction.transaction_id,
+                transaction.header,
+                transaction.req_id,
+                data,
+            )
         )
+
+
+@dataclass(frozen=True)
+class TailRange:
+    """Which transactions a tail prints: ids ``from_transaction..to_transaction`` (inclusive; None:
+    only new ones / no end), at most ``max_transactions`` in all (None: no limit)."""
+
+    from_transaction: int | None = 0
+    to_transaction: int | None = None
+    max_transactions: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.from_transaction is not None and self.from_transaction < 0:
+            raise ClientToolError(f"--from must not be negative, got {self.from_transaction}")
+        if self.to_transaction is not None and self.to_transaction < 0:
+            raise ClientToolError(f"--to must not be negative, got {self.to_transaction}")
+        if (
+            self.from_transaction is not None
+            and self.to_transaction is not None
+            and self.to_transaction < self.from_transaction
+        ):
+            raise ClientToolError(f"--to {self.to_transaction} is before --from {self.from_transaction}")
+        if self.max_transactions is not None and self.max_transactions < 1:
+            raise ClientToolError(f"--max must be at least 1, got {self.max_transactions}")
 
 
 async def tail(
     config: WaltzClientConfig,
-    partition_id: int,
+    partitions: Sequence[int] | None,
     *,
-    from_transaction: int | None = 0,
+    span: TailRange = TailRange(),
     follow: bool = True,
     with_data: bool = False,
     timeout_ms: int = DEFAULT_TIMEOUT_MS,
-) -> AsyncIterator[TailedTransaction]:
-    """The partition's transactions from ``from_transaction`` (None: only new ones) as they arrive.
+) -> AsyncGenerator[TailedTransaction, None]:
+    """The transactions of ``partitions`` (None: every partition of the cluster) in ``span``, as
+    they arrive (in order within a partition, interleaved across partitions).
 
-    Without ``follow`` it ends at the high-water mark read when it starts; then a feed silent
-    for ``timeout_ms`` is an error (the server went away), while following waits for ever.
+    It ends when every partition reached ``span.to_transaction`` or, without ``follow``, the
+    high-water mark read when it started (a feed then silent for ``timeout_ms`` is an error: the
+    server went away), or after ``span.max_transactions``; otherwise it waits for ever.
     """
     callbacks = _TailCallbacks(with_data)
     client = await WaltzClient.create(callbacks, replace(config, auto_mount=False))
     try:
-        _check_partition(client, partition_id)
-        server_mark = await client.high_water_mark(partition_id)
-        start = server_mark if from_transaction is None else from_transaction - 1
-        if start < NO_TRANSACTION or start > server_mark:
-            raise ClientToolError(
-                f"--from {from_transaction} is outside partition {partition_id}: its transactions are "
-                f"0..{server_mark} (the next one is {server_mark + 1})"
-            )
-        callbacks.marks[partition_id] = start
-        await client.set_partitions([partition_id])
-        last = start
-        while follow or last < server_mark:
-            try:
-                item = await asyncio.wait_for(
-                    callbacks.queue.get(), None if follow else timeout_ms / MS_PER_S
-                )
-            except TimeoutError:
+        partition_ids = list(range(client.num_partitions)) if partitions is None else list(partitions)
+        for partition_id in partition_ids:
+            _check_partition(client, partition_id)
+        last: dict[int, int] = {}  # partition → the last transaction id passed (the mount point)
+        ends: dict[int, int] = {}  # partition → the last transaction id to print
+        for partition_id in partition_ids:
+            server_mark = await client.high_water_mark(partition_id)
+            start = server_mark if span.from_transaction is None else span.from_transaction - 1
+            if start > server_mark:
                 raise ClientToolError(
-                    f"partition {partition_id}: no transaction after {last} within {timeout_ms} ms "
-                    f"(high-water mark {server_mark}); is the server up?"
-                ) from None
-            last = item.transaction_id
+                    f"--from {span.from_transaction} is outside partition {partition_id}: its transactions "
+                    f"are 0..{server_mark} (the next one is {server_mark + 1})"
+                )
+            last[partition_id] = start
+            ends[partition_id] = _tail_end(server_mark, span.to_transaction, follow)
+        waiting = {p for p in partition_ids if last[p] < ends[p]}
+        if not waiting:
+            return
+        callbacks.marks.update({p: last[p] for p in waiting})
+        await client.set_partitions(sorted(waiting))
+        printed = 0
+        while waiting and (span.max_transactions is None or printed < span.max_transactions):
+            item = await _next_tailed(callbacks.queue, None if follow else timeout_ms, last, waiting)
+            last[item.partition_id] = item.transaction_id
+            if item.transaction_id > ends[item.partition_id]:
+                continue  # a partition past its end still feeds while others catch up
+            if item.transaction_id == ends[item.partition_id]:
+                waiting.discard(item.partition_id)
+            printed += 1
             yield item
     finally:
         await client.close()
+
+
+_NO_END = 2**63 - 1  # a transaction id no partition reaches: follow for ever
+
+
+def _tail_end(server_mark: int, to_transaction: int | None, follow: bool) -> int:
+    """The last transaction id a tail prints of a partition whose high-water mark is ``server_mark``."""
+    end = _NO_END if follow else server_mark
+    return end if to_transaction is None else min(end, to_transaction)
+
+
+async def _next_tailed(
+    queue: asyncio.Queue[TailedTransaction], timeout_ms: int | None, last: dict[int, int], waiting: set[int]
+) -> TailedTransaction:
+    try:
+        return await asyncio.wait_for(queue.get(), None if timeout_ms is None else timeout_ms / MS_PER_S)
+    except TimeoutError:
+        behind = ", ".join(f"partition {p} after {last[p]}" for p in sorted(waiting))
+        raise ClientToolError(
+            f"no transaction within {timeout_ms} ms ({behind}); is the server up?"
+        ) from None
 
 
 # --- append --------------------------------------------------------------------------------------
@@ -282,6 +359,13 @@ class _AppendContext(TransactionContext):
             self.result.set_exception(exception)
 
 
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """Mark a finished future's exception as seen (else asyncio logs "Future exception was never
+    retrieved" with a traceback when it is collected)."""
+    if future.done() and not future.cancelled():
+        future.exception()
+
+
 class _AppendCallbacks(HighWaterMarks):
     def __init__(self) -> None:
         super().__init__()
@@ -301,7 +385,7 @@ async def append(
     items: Iterable[AppendItem],
     *,
     timeout_ms: int = DEFAULT_TIMEOUT_MS,
-) -> AsyncIterator[int]:
+) -> AsyncGenerator[int, None]:
     """Append ``items`` one after the other; yields each committed transaction id."""
     callbacks = _AppendCallbacks()
     client = await _client_from(
@@ -310,7 +394,13 @@ async def append(
     try:
         for item in items:
             context = _AppendContext(partition_id, item, callbacks)
-            await client.submit(context)
+            try:
+                await client.submit(context)
+            except BaseException:
+                # submit reported the failure to on_exception too, which put it on the context's
+                # future; it is raised here, so the future's copy counts as retrieved.
+                _retrieved(context.result)
+                raise
             try:
                 yield await asyncio.wait_for(context.result, RESULT_TIMEOUT_FACTOR * timeout_ms / MS_PER_S)
             except TimeoutError:
@@ -380,7 +470,11 @@ async def produce(
         for _ in range(spec.txn_per_client):
             await asyncio.sleep(exponential_delay_s(spec.interval_ms, spec.rng))
             done: asyncio.Future[None] = loop.create_future()
-            await client.submit(_ValidateContext(spec.rng.choice(partitions), done))
+            try:
+                await client.submit(_ValidateContext(spec.rng.choice(partitions), done))
+            except BaseException:
+                _retrieved(done)  # the same failure is raised here
+                raise
             pending.append(done)
         bound_s = RESULT_TIMEOUT_FACTOR * timeout_ms / MS_PER_S
         try:

@@ -30,6 +30,7 @@ from rich.live import Live
 from rich.table import Table
 
 from waltz_engine.cluster_ops import read_cluster_view
+from waltz_engine.config import resolve_config_path
 from waltz_engine.devcluster import HOST, STATE_FILE_NAME
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
 
@@ -38,10 +39,15 @@ HTTP_OK = 200
 SERVER_PREFIX = "waltz-server."
 STORAGE_PREFIX = "waltz-storage."
 NO_VALUE = -1
+MS_PER_S = 1000
 
 
-def dev_cluster_http(client_config: Path) -> list[str]:
-    """The HTTP addresses of a dev cluster's nodes, when ``client_config`` is one's client.yml."""
+def dev_cluster_http(client_config: Path | None) -> list[str]:
+    """The HTTP addresses of a dev cluster's nodes, when ``client_config`` is one's client.yml
+    (None: the config a command falls back to, the local dev cluster's when there is one)."""
+    client_config = resolve_config_path(client_config)
+    if client_config is None:
+        return []
     state_path = client_config.resolve().parent / STATE_FILE_NAME
     try:
         state = json.loads(state_path.read_text(encoding="utf-8"))
@@ -111,15 +117,17 @@ def _rate(now: NodeMetrics, before: NodeMetrics | None, meter: str, interval_s: 
 
 @dataclass
 class Snapshot:
-    taken_at: float
+    taken_at: float  # time.monotonic(): rates are over the interval between two snapshots
     cluster: dict[str, Any]
     servers: list[dict[str, Any]]
     storages: list[dict[str, Any]]
     partitions: list[dict[str, Any]]
     nodes: dict[str, NodeMetrics] = field(default_factory=dict, repr=False)
+    wall_time_s: float = field(default_factory=time.time)
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "taken_at_ms": int(self.wall_time_s * MS_PER_S),
             "cluster": self.cluster,
             "servers": self.servers,
             "storages": self.storages,
@@ -228,14 +236,16 @@ def _storage_row(node: NodeMetrics, partitions: Iterable[dict[str, Any]]) -> dic
 QUIT_KEYS = ("q", "Q")
 
 
-def render(snapshot: Snapshot) -> RenderableType:
-    servers = Table(title="servers", expand=True)
+def render(snapshot: Snapshot, live: bool = True) -> RenderableType:
+    """The snapshot as tables: filling the terminal for the live view, else at their own width
+    (a pipe or a file gets whole lines) under a title with the time it was taken."""
+    servers = Table(title="servers", expand=live)
     for column in ("id", "endpoint", "http", "health", "partitions"):
         servers.add_column(column)
     for s in snapshot.servers:
         health = "?" if s["healthy"] is None else ("ok" if s["healthy"] else "UNHEALTHY")
         servers.add_row(str(s["server_id"]), s["endpoint"], s["http"] or "-", health, str(s["partitions"]))
-    partitions = Table(title="partitions", expand=True)
+    partitions = Table(title="partitions", expand=live)
     for column in (
         "p",
         "server",
@@ -261,7 +271,7 @@ def render(snapshot: Snapshot) -> RenderableType:
             f"{p['committed_per_s']:.1f}",
             str(p["feeds"]),
         )
-    storages = Table(title="storage replicas", expand=True)
+    storages = Table(title="storage replicas", expand=live)
     for column in ("http", "health", "partition", "session", "max txid", "lag"):
         storages.add_column(column)
     for node in snapshot.storages:
@@ -274,7 +284,11 @@ def render(snapshot: Snapshot) -> RenderableType:
                 str(r["max_transaction_id"]),
                 "-" if r["lag"] is None else str(r["lag"]),
             )
-    title = f"waltz top — {snapshot.cluster['root']} ({snapshot.cluster['partitions']} partitions) — q quits"
+    title = f"waltz top — {snapshot.cluster['root']} ({snapshot.cluster['partitions']} partitions)"
+    if live:
+        title += " — q quits"
+    else:
+        title += " — " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snapshot.wall_time_s))
     return Group(title, servers, partitions, storages)
 
 
@@ -301,6 +315,15 @@ def _keys() -> Iterator[Callable[[float], str]]:
         yield read_key
     finally:
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+def watch(settings: ZooKeeperSettings, http: Sequence[str], interval_s: float) -> Iterator[Snapshot]:
+    """A snapshot now, then one every ``interval_s``, for ever (rates over each interval)."""
+    snapshot = take_snapshot(settings, http)
+    while True:
+        yield snapshot
+        time.sleep(max(0.0, snapshot.taken_at + interval_s - time.monotonic()))
+        snapshot = take_snapshot(settings, http, snapshot)
 
 
 def run_live(settings: ZooKeeperSettings, http: Sequence[str], interval_s: float, console: Console) -> None:

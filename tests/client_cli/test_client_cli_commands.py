@@ -7,18 +7,26 @@ import queue
 import signal
 import subprocess
 import threading
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from cluster_support import local_cluster, run_waltz_cli, waltz_cli_command
+from testkit import free_tcp_port
 
 from waltz_engine.devcluster import LocalCluster
 
 TAIL_LINE_WAIT_S = 5.0
 MAX_APPENDS_UNTIL_SEEN = 10
 PROCESS_EXIT_TIMEOUT_S = 30.0
+CLI_WAIT_S = 120.0
 FAST_TIMEOUT_MS = "3000"
+MOUNT_TIMEOUT_MS = "2000"
+BLOCKER_TIMEOUT_MS = "60000"
+METRICS_WAIT_S = 30.0
+POLL_S = 0.1
 # Partition 0 is kept for validation data (data == transaction id); the feed tests use the others.
 VALIDATE_PARTITION = 0
 
@@ -38,8 +46,8 @@ def ok(result: subprocess.CompletedProcess[str]) -> str:
     return result.stdout
 
 
-def tail_json(cluster: LocalCluster, partition: int, *extra: str) -> list[dict[str, object]]:
-    out = ok(waltz(cluster, "tail", "-p", str(partition), "--no-follow", "--json", "--data", *extra))
+def tail_json(cluster: LocalCluster, partitions: int | str, *extra: str) -> list[dict[str, object]]:
+    out = ok(waltz(cluster, "tail", "-p", str(partitions), "--no-follow", "--json", "--data", *extra))
     return [json.loads(line) for line in out.splitlines()]
 
 
@@ -54,7 +62,10 @@ def test_append_then_tail_round_trip(cluster: LocalCluster) -> None:
         (first + 1, 0, b"one"),
         (first + 2, 0, b"two"),
     ]
-    assert set(records[0]) == {"transaction_id", "header", "client_id", "generation", "seq_num", "data_hex"}
+    assert set(records[0]) == {
+        "partition", "transaction_id", "header", "client_id", "generation", "seq_num", "data", "data_hex",
+    }  # fmt: skip
+    assert [(r["partition"], r["data"]) for r in records] == [(1, "hello"), (1, "one"), (1, "two")]
     assert records[1]["client_id"] == records[2]["client_id"] != records[0]["client_id"]
 
     assert tail_json(cluster, 1, "--from", str(first + 2)) == records[2:]
@@ -114,8 +125,9 @@ def test_validate_producer_consumer_and_a_broken_log(cluster: LocalCluster) -> N
     hwm_line = ok(waltz(cluster, "client", "high-water-mark", "-p", str(VALIDATE_PARTITION)))
     assert hwm_line == f"Partition {VALIDATE_PARTITION} current high watermark: 89\n"
 
-    ok(waltz(cluster, "client", "create-producer", "-tpc", "10", "-i", "5"))
-    ok(waltz(cluster, "client", "create-consumer", "-tpc", "100"))
+    # The original's spellings are hidden aliases: -tpc, --interval (now --interval-ms), -ap.
+    ok(waltz(cluster, "client", "create-producer", "-tpc", "10", "--interval", "5", "-ap", "1"))
+    ok(waltz(cluster, "client", "create-consumer", "--txn-per-client", "100"))
     # Every committed transaction carries its own id.
     records = tail_json(cluster, VALIDATE_PARTITION)
     assert [int.from_bytes(bytes.fromhex(str(r["data_hex"])), "big") for r in records] == list(range(100))
@@ -136,7 +148,20 @@ def test_clear_errors(cluster: LocalCluster, tmp_path: Path) -> None:
     assert "Partition 9 is not valid" in bad_partition.stderr
     no_config = run_waltz_cli("tail", "-p", "0", cwd=tmp_path)
     assert no_config.returncode == 1
-    assert "no --config given and no .waltz-dev/client.yml" in no_config.stderr
+    assert no_config.stderr.startswith("error: no zookeeper.connectString given: pass --zookeeper")
+    assert no_config.stderr.count("\n") == 1 and "waltz dev up" in no_config.stderr
+    no_partition = waltz(cluster, "tail", "--no-follow")
+    assert no_partition.returncode == 1
+    assert (
+        no_partition.stderr
+        == "error: which partitions? give -p/--partition (e.g. -p 0 or -p 0,2-3) or --all\n"
+    )
+    both = waltz(cluster, "tail", "-p", "0", "--all")
+    assert both.returncode == 1 and both.stderr == "error: give -p/--partition or --all, not both\n"
+    bad_range = waltz(cluster, "tail", "-p", "3-1", "--no-follow")
+    assert bad_range.returncode == 1 and bad_range.stderr == "error: range '3-1' in '3-1' goes backwards\n"
+    backwards = waltz(cluster, "tail", "-p", "1", "--from", "5", "--to", "4")
+    assert backwards.returncode == 1 and backwards.stderr == "error: --to 4 is before --from 5\n"
     bad_lock = waltz(cluster, "append", "-p", "1", "--lock", "nolockid", "x")
     assert "lock must be NAME:ID" in bad_lock.stderr
 
@@ -163,3 +188,188 @@ def test_tail_shows_printable_data_as_text_and_the_rest_as_hex() -> None:
     assert _readable("héllo ✓".encode()) == '"héllo ✓"'
     assert _readable(b"\x00\x01") == "0001"
     assert _readable(b"\xff\xfe") == "fffe"
+
+
+def _ids(records: list[dict[str, object]]) -> list[tuple[object, object]]:
+    """(partition, transaction id) of each record, sorted: across partitions the order is free."""
+    return sorted((r["partition"], r["transaction_id"]) for r in records)
+
+
+def test_tail_several_partitions_to_and_max(cluster: LocalCluster) -> None:
+    ok(waltz(cluster, "append", "-p", "1", "-", stdin="many-1a\nmany-1b\n"))
+    ok(waltz(cluster, "append", "-p", "3", "-", stdin="many-3a\nmany-3b\n"))
+    one = tail_json(cluster, 1)
+    three = tail_json(cluster, 3)
+    both = tail_json(cluster, "1,3")
+    # Each partition in order, interleaved as they arrive: the same records as one by one.
+    assert [r for r in both if r["partition"] == 1] == one
+    assert [r for r in both if r["partition"] == 3] == three
+    assert len(both) == len(one) + len(three)
+    every = ok(waltz(cluster, "tail", "--all", "--no-follow", "--json")).splitlines()
+    assert _ids([json.loads(line) for line in every]) == _ids(tail_json(cluster, "0-3"))
+    assert {json.loads(line)["partition"] for line in every} == {0, 1, 2, 3}
+
+    # --to: up to that id (inclusive) in every partition; it ends even while following.
+    upto = ok(waltz(cluster, "tail", "-p", "1,3", "--to", "1", "--json")).splitlines()
+    assert _ids([json.loads(line) for line in upto]) == [(1, 0), (1, 1), (3, 0), (3, 1)]
+    assert _ids(tail_json(cluster, "1,3", "--from", "1", "--to", "1")) == [(1, 1), (3, 1)]
+    # --max: that many in all, then stop (also while following).
+    assert len(tail_json(cluster, "1,3", "--max", "3")) == 3
+    assert len(ok(waltz(cluster, "tail", "--all", "--max", "2")).splitlines()) == 2
+
+    # Text lines say the partition when several are tailed, and only then.
+    several = ok(waltz(cluster, "tail", "-p", "1,3", "--no-follow", "--data")).splitlines()
+    assert len(several) == len(both)
+    assert all(line.startswith(("partition=1\t", "partition=3\t")) for line in several), several
+    last_of_three = f"partition=3\t{three[-1]['transaction_id']}\theader=0\treqId="
+    assert [line for line in several if line.startswith(last_of_three)][0].endswith('\tdata="many-3b"')
+    single = ok(waltz(cluster, "tail", "-p", "3", "--no-follow")).splitlines()
+    assert len(single) == len(three) and not any(line.startswith("partition=") for line in single)
+
+
+def test_tail_output_to_a_pipe_is_not_cut_at_80_columns(cluster: LocalCluster) -> None:
+    long_text = "w" * 300
+    txid = int(ok(waltz(cluster, "append", "-p", "3", long_text)))
+    lines = ok(waltz(cluster, "tail", "-p", "3", "--from", str(txid), "--no-follow", "--data")).splitlines()
+    assert len(lines) == 1 and lines[0].endswith(f'data="{long_text}"')
+
+
+def test_append_and_high_water_mark_json(cluster: LocalCluster) -> None:
+    out = ok(waltz(cluster, "append", "-p", "3", "--json", "-", stdin="json-a\njson-b\n"))
+    documents = [json.loads(line) for line in out.splitlines()]
+    assert [set(d) for d in documents] == [{"partition", "transaction_id"}] * 2
+    first = documents[0]["transaction_id"]
+    assert documents == [
+        {"partition": 3, "transaction_id": first},
+        {"partition": 3, "transaction_id": first + 1},
+    ]
+    mark = json.loads(ok(waltz(cluster, "client", "high-water-mark", "-p", "3", "--json")))
+    assert mark == {"partition": 3, "high_water_mark": first + 1}
+    records = tail_json(cluster, 3, "--from", str(first))
+    assert [(r["data"], r["data_hex"]) for r in records] == [
+        ("json-a", b"json-a".hex()),
+        ("json-b", b"json-b".hex()),
+    ]
+
+
+def test_zookeeper_and_root_flags_and_environment_find_the_cluster(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    where = ["-z", cluster.zookeeper, "-r", cluster.cluster_root]
+    txid = int(ok(run_waltz_cli("append", "-p", "1", "by flags", *where, cwd=tmp_path)))
+    shown = ok(
+        run_waltz_cli("tail", "-p", "1", "--from", str(txid), "--no-follow", "--data", *where, cwd=tmp_path)
+    )
+    assert shown.rstrip().endswith('data="by flags"')
+    env = {"WALTZ_ZOOKEEPER": cluster.zookeeper, "WALTZ_CLUSTER_ROOT": cluster.cluster_root}
+    mark = ok(run_waltz_cli("client", "high-water-mark", "-p", "1", "--json", cwd=tmp_path, env=env))
+    assert json.loads(mark)["high_water_mark"] >= txid
+    # The original ClientCli's --cli-config-path is a hidden alias of --config.
+    aliased = run_waltz_cli(
+        "client",
+        "high-water-mark",
+        "-p",
+        "1",
+        "--cli-config-path",
+        str(cluster.client_config_path),
+        cwd=tmp_path,
+    )
+    assert ok(aliased).startswith("Partition 1 current high watermark: ")
+
+
+def test_a_closed_pipe_ends_tail_quietly(cluster: LocalCluster) -> None:
+    ok(waltz(cluster, "append", "-p", "2", "-", stdin="piped\n" * 50))
+    tail = subprocess.Popen(
+        waltz_cli_command("tail", "-p", "2", "--data", "--json", "--config", str(cluster.client_config_path)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert tail.stdout is not None and tail.stderr is not None
+    head = subprocess.Popen(["head", "-n", "1"], stdin=tail.stdout, stdout=subprocess.PIPE, text=True)
+    tail.stdout.close()  # head alone reads it now
+    try:
+        first, _ = head.communicate(timeout=PROCESS_EXIT_TIMEOUT_S)
+        assert json.loads(first)["partition"] == 2
+        # tail follows: if it has not met the closed pipe yet, the next transaction makes it.
+        ok(waltz(cluster, "append", "-p", "2", "after head"))
+        code = tail.wait(PROCESS_EXIT_TIMEOUT_S)
+    finally:
+        if tail.poll() is None:
+            tail.kill()
+    assert code == 0
+    assert tail.stderr.read() == ""
+
+
+def test_zookeeper_down_gives_one_line_errors(cluster: LocalCluster, tmp_path: Path) -> None:
+    nobody = f"127.0.0.1:{free_tcp_port()}"
+    for command in (
+        ["append", "-p", "1", "x"],
+        ["tail", "-p", "1"],
+        ["tail", "--all", "--no-follow"],
+        ["client", "high-water-mark", "-p", "1"],
+    ):
+        result = run_waltz_cli(
+            *command, "-z", nobody, "-r", cluster.cluster_root, "--timeout-ms", MOUNT_TIMEOUT_MS, cwd=tmp_path
+        )
+        assert result.returncode == 1, result
+        assert result.stderr == (
+            f"error: cannot connect to ZooKeeper at {nobody} (no answer within {MOUNT_TIMEOUT_MS} ms)\n"
+        ), command
+        assert result.stdout == ""
+
+
+def _appends_received(cluster: LocalCluster, partition: int) -> int:
+    """The server's count of append requests for ``partition`` (its /metrics)."""
+    url = f"http://127.0.0.1:{cluster.servers[0].jetty_port}/metrics"
+    with urllib.request.urlopen(url, timeout=PROCESS_EXIT_TIMEOUT_S) as response:  # noqa: S310 (http)
+        meters = json.loads(response.read())["meters"]
+    return int(meters.get(f"waltz-server.partition-{partition}.transaction", {}).get("count", 0))
+
+
+def test_a_mount_time_out_is_one_line(cluster: LocalCluster) -> None:
+    """With the storage nodes hung, one append waits in the partition's queue; a second client's
+    mount waits behind it and times out: one line, not "Future exception was never retrieved"."""
+    partition = 3
+    server = cluster.servers[0]
+    for storage in cluster.storages:
+        storage.pause()
+    blocker = None
+    try:
+        before = _appends_received(cluster, partition)
+        blocker = subprocess.Popen(
+            waltz_cli_command("append", "-p", str(partition), "blocker", "--timeout-ms", BLOCKER_TIMEOUT_MS,
+                              "--config", str(cluster.client_config_path)),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + METRICS_WAIT_S
+        while _appends_received(cluster, partition) == before:
+            assert time.monotonic() < deadline, "the blocking append never reached the server"
+            time.sleep(POLL_S)
+        result = waltz(cluster, "append", "-p", str(partition), "x", "--timeout-ms", MOUNT_TIMEOUT_MS)
+        assert result.returncode == 1, result
+        assert result.stderr == (
+            f"error: partition {partition} was not mounted within {MOUNT_TIMEOUT_MS} ms "
+            f"({server.connect_string})\n"
+        )
+    finally:
+        for storage in cluster.storages:
+            storage.resume()
+        if blocker is not None:
+            out, err = blocker.communicate(timeout=CLI_WAIT_S)
+    assert blocker is not None and blocker.returncode == 0, err
+    assert int(out) >= 0
+    cluster.wait_verified()
+
+
+def test_tail_json_carries_utf8_data_as_text_and_always_hex() -> None:
+    from waltz_engine.client_tools import TailedTransaction
+    from waltz_engine.reqid import ReqId
+
+    req_id = ReqId(1, 2, 3, 4)
+    text = TailedTransaction(3, 7, 0, req_id, "héllo\n✓".encode()).to_json()
+    assert text == {
+        "partition": 3, "transaction_id": 7, "header": 0, "client_id": 1, "generation": 2, "seq_num": 4,
+        "data": "héllo\n✓", "data_hex": "68c3a96c6c6f0ae29c93",
+    }  # fmt: skip
+    binary = TailedTransaction(3, 8, 0, req_id, b"\xff\x00").to_json()
+    assert binary["data"] is None and binary["data_hex"] == "ff00"
+    assert "data" not in TailedTransaction(3, 9, 0, req_id, None).to_json()

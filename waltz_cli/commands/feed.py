@@ -1,53 +1,54 @@
-"""`waltz tail` and `waltz append`: read and write one partition from the command line.
+"""`waltz tail` and `waltz append`: read partitions and write one from the command line.
 
-Both use --config (a client YAML), else the local dev cluster's .waltz-dev/client.yml.
+Both find the cluster as every command does (-c/-z/-r, else .waltz-dev/client.yml).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
+from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import Annotated, Any
 
 import typer
 
 from waltz_cli.decoder import Decoder, load_decoder
+from waltz_cli.options import (
+    ClientTimeoutOption,
+    ConfigOption,
+    JsonOption,
+    PartitionOption,
+    RootOption,
+    ZooKeeperOption,
+)
 from waltz_cli.output import fail, one_line_errors, print_json
 from waltz_engine import client_tools
-from waltz_engine.client_tools import DEFAULT_TIMEOUT_MS, AppendItem, TailedTransaction
+from waltz_engine.client_tools import DEFAULT_TIMEOUT_MS, AppendItem, TailedTransaction, TailRange
+from waltz_engine.zk.partition_ranges import parse_partition_ranges
 
 STDIN = "-"
-
-ClientConfigOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--config",
-        "-c",
-        "--cli-config-path",  # the original ClientCli's name
-        help="Client YAML (zookeeper.connectString, cluster.root); default .waltz-dev/client.yml.",
-    ),
-]
-PartitionOption = Annotated[int, typer.Option("--partition", "-p", help="Partition id.")]
-TimeoutOption = Annotated[
-    int, typer.Option("--timeout-ms", help="Give up on an unreachable server after this long.", min=1)
-]
+INTERRUPTED = 130
 
 
-def run_async(stream: AsyncIterator[Any], on_item: Callable[[Any], None]) -> None:
-    """Drive an async generator to its end; Ctrl-C stops it cleanly (the client is closed)."""
+def run_async(stream: AsyncGenerator[Any, None], on_item: Callable[[Any], None]) -> None:
+    """Drive an async generator to its end; Ctrl-C stops it cleanly (the client is closed).
+
+    The generator is closed inside the loop whatever happens (a closed pipe included), so its
+    client is closed there and nothing is left for the interpreter to complain about at exit.
+    """
 
     async def drive() -> None:
-        async for item in stream:
-            on_item(item)
-            sys.stdout.flush()
+        async with contextlib.aclosing(stream):
+            async for item in stream:
+                on_item(item)
+                sys.stdout.flush()
 
     try:
         asyncio.run(drive())
     except KeyboardInterrupt:
-        raise typer.Exit(130) from None
+        raise typer.Exit(INTERRUPTED) from None
 
 
 def _readable(data: bytes) -> str:
@@ -59,7 +60,9 @@ def _readable(data: bytes) -> str:
     return json.dumps(text, ensure_ascii=False) if text.isprintable() else data.hex()
 
 
-def _render(decoder: Decoder | None, as_json: bool) -> Callable[[TailedTransaction], None]:
+def _render(
+    decoder: Decoder | None, as_json: bool, with_partition: bool
+) -> Callable[[TailedTransaction], None]:
     def show(item: TailedTransaction) -> None:
         decoded = decoder(item.data) if decoder is not None and item.data is not None else None
         if as_json:
@@ -71,6 +74,8 @@ def _render(decoder: Decoder | None, as_json: bool) -> Callable[[TailedTransacti
             print_json(value)
             return
         line = f"{item.transaction_id}\theader={item.header}\treqId={item.req_id}"
+        if with_partition:
+            line = f"partition={item.partition_id}\t{line}"
         if item.data is not None:
             line += f"\tdata={decoded if decoder is not None else _readable(item.data)}"
         typer.echo(line)
@@ -78,15 +83,37 @@ def _render(decoder: Decoder | None, as_json: bool) -> Callable[[TailedTransacti
     return show
 
 
+def _partitions(partition: str | None, every: bool) -> list[int] | None:
+    """The partitions asked for; None for --all."""
+    if every and partition is not None:
+        fail("give -p/--partition or --all, not both")
+    if every:
+        return None
+    if partition is None:
+        fail("which partitions? give -p/--partition (e.g. -p 0 or -p 0,2-3) or --all")
+    return parse_partition_ranges(partition)
+
+
 @one_line_errors
 def tail(
-    partition: PartitionOption,
+    partition: Annotated[
+        str | None,
+        typer.Option("--partition", "-p", help="Partition ids and ranges, e.g. 0 or 0,2-3."),
+    ] = None,
+    every: Annotated[bool, typer.Option("--all", help="Every partition of the cluster.")] = False,
     from_transaction: Annotated[
-        int, typer.Option("--from", help="First transaction id to print (default: the beginning).")
+        int, typer.Option("--from", min=0, help="First transaction id to print (default: the beginning).")
     ] = 0,
     from_latest: Annotated[
         bool, typer.Option("--from-latest", help="Print only transactions appended from now on.")
     ] = False,
+    to_transaction: Annotated[
+        int | None,
+        typer.Option("--to", min=0, help="Last transaction id to print (inclusive), then stop."),
+    ] = None,
+    max_transactions: Annotated[
+        int | None, typer.Option("--max", min=1, help="Stop after this many transactions in all.")
+    ] = None,
     follow: Annotated[
         bool,
         typer.Option(
@@ -100,25 +127,38 @@ def tail(
             "--decoder", help="module:function turning data bytes into something readable (implies --data)."
         ),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per transaction.")] = False,
-    config: ClientConfigOption = None,
-    timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+    zookeeper: ZooKeeperOption = None,
+    cluster_root: RootOption = None,
+    timeout_ms: ClientTimeoutOption = DEFAULT_TIMEOUT_MS,
 ) -> None:
-    """Print a partition's transactions (id, header, reqId, data) as they are committed.
+    """Print transactions (id, header, reqId, data) of one or more partitions as they are committed.
 
-    Example: waltz tail --partition 3 --from-latest --data --json
+    With --json: one object per transaction with partition, transaction_id, header, client_id,
+    generation, seq_num and, with --data, data_hex and data (the text, when it is UTF-8).
+
+    Example: waltz tail -p 3 --from-latest --data --json
+
+    Example: waltz tail -p 0,2-3 --from 100 --to 199 --no-follow
+
+    Example: waltz tail --all --max 10 -z localhost:2181 -r /waltz
     """
+    partitions = _partitions(partition, every)
     decode = load_decoder(decoder) if decoder is not None else None
-    client_config = client_tools.load_client_config(config, timeout_ms=timeout_ms)
+    span = TailRange(None if from_latest else from_transaction, to_transaction, max_transactions)
+    client_config = client_tools.load_client_config(
+        config, zookeeper=zookeeper, cluster_root=cluster_root, timeout_ms=timeout_ms
+    )
     stream = client_tools.tail(
         client_config,
-        partition,
-        from_transaction=None if from_latest else from_transaction,
+        partitions,
+        span=span,
         follow=follow,
         with_data=data or decode is not None,
         timeout_ms=timeout_ms,
     )
-    run_async(stream, _render(decode, as_json))
+    run_async(stream, _render(decode, as_json, with_partition=partitions is None or len(partitions) > 1))
 
 
 def _items(data: str | None, header: int, locks: tuple[Any, ...]) -> Iterator[AppendItem]:
@@ -137,16 +177,32 @@ def append(
     ] = None,
     header: Annotated[int, typer.Option("--header", help="The transaction header (int32).")] = 0,
     lock: Annotated[list[str] | None, typer.Option("--lock", help="Write lock NAME:ID (repeatable).")] = None,
-    config: ClientConfigOption = None,
-    timeout_ms: TimeoutOption = DEFAULT_TIMEOUT_MS,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+    zookeeper: ZooKeeperOption = None,
+    cluster_root: RootOption = None,
+    timeout_ms: ClientTimeoutOption = DEFAULT_TIMEOUT_MS,
 ) -> None:
     """Append one transaction (or one per stdin line) and print each committed transaction id.
 
-    Example: waltz append --partition 0 --lock account:42 'deposit 10'
+    With --json: one object per committed transaction, {"partition": P, "transaction_id": T}.
+
+    Example: waltz append -p 0 --lock account:42 'deposit 10'
+
+    Example: waltz append -p 1 --json - < lines.txt
     """
     if not -(2**31) <= header < 2**31:
         fail(f"--header must be an int32, got {header}")
     locks = tuple(client_tools.parse_lock(text) for text in lock or [])
-    client_config = client_tools.load_client_config(config, timeout_ms=timeout_ms)
+    client_config = client_tools.load_client_config(
+        config, zookeeper=zookeeper, cluster_root=cluster_root, timeout_ms=timeout_ms
+    )
     stream = client_tools.append(client_config, partition, _items(data, header, locks), timeout_ms=timeout_ms)
-    run_async(stream, lambda txid: typer.echo(str(txid)))
+
+    def show(transaction_id: int) -> None:
+        if as_json:
+            print_json({"partition": partition, "transaction_id": transaction_id})
+        else:
+            typer.echo(str(transaction_id))
+
+    run_async(stream, show)

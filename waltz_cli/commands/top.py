@@ -1,20 +1,25 @@
-"""`waltz top`: a live view of a cluster (a thin skin over :mod:`waltz_engine.top`)."""
+"""`waltz top`: a live view of a cluster (a thin skin over :mod:`waltz_engine.top`).
+
+On a terminal it redraws in place; into a pipe or a file it prints plain snapshots one after
+another, and with --json one JSON document per interval (JSON lines), never tables.
+"""
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from waltz_cli.commands.zk import ConfigOption, RootOption, ZooKeeperOption
-from waltz_cli.output import one_line_errors, print_json
-from waltz_engine.smoke.runner import parse_duration_s
-from waltz_engine.top import dev_cluster_http, render, run_live, take_snapshot
+from waltz_cli.options import ConfigOption, RootOption, ZooKeeperOption
+from waltz_cli.output import console, one_line_errors, print_json
+from waltz_engine.top import Snapshot, dev_cluster_http, render, run_live, take_snapshot, watch
 from waltz_engine.zk.connection import load_settings
 
-DEFAULT_INTERVAL = "1s"
-MIN_INTERVAL_S = 0.1
+DEFAULT_INTERVAL_MS = 1000
+MIN_INTERVAL_MS = 100
+MS_PER_S = 1000
 INTERRUPTED = 130
 
 
@@ -22,31 +27,52 @@ INTERRUPTED = 130
 def top(
     config: ConfigOption = None,
     zookeeper: ZooKeeperOption = None,
-    root: RootOption = None,
+    cluster_root: RootOption = None,
     http: Annotated[
         list[str] | None,
         typer.Option(
             "--http", help="A node's HTTP (jetty) address host:port; repeat. Default: a dev cluster's."
         ),
     ] = None,
-    interval: Annotated[
-        str, typer.Option("--interval", help="Refresh period, e.g. 1s, 500ms.")
-    ] = DEFAULT_INTERVAL,
+    interval_ms: Annotated[
+        int, typer.Option("--interval-ms", "-i", min=MIN_INTERVAL_MS, help="Refresh period.")
+    ] = DEFAULT_INTERVAL_MS,
     once: Annotated[bool, typer.Option("--once", help="Print one snapshot and exit.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="With --once: the snapshot as JSON.")] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print each snapshot as one JSON document (one line per interval; with --once, one).",
+        ),
+    ] = False,
 ) -> None:
-    """Servers, partitions, generations, high-water marks, sessions, replica lag, rates; q quits."""
-    settings = load_settings(config, zookeeper, root)
-    addresses = list(http or []) or (dev_cluster_http(config) if config is not None else [])
-    if once:
-        snapshot = take_snapshot(settings, addresses)
-        if as_json:
-            print_json(snapshot.to_json())
-        else:
-            Console().print(render(snapshot))
-        return
-    interval_s = max(MIN_INTERVAL_S, parse_duration_s(interval))
+    """Servers, partitions, generations, high-water marks, sessions, replica lag, rates; q quits.
+
+    Example: waltz top
+
+    Example: waltz top --once --json -z localhost:2181 -r /waltz --http localhost:8081
+
+    Example: waltz top -i 5000 --json > cluster.jsonl
+    """
+    settings = load_settings(config, zookeeper, cluster_root)
+    addresses = list(http or []) or dev_cluster_http(config)
+    interval_s = interval_ms / MS_PER_S
     try:
-        run_live(settings, addresses, interval_s, Console())
+        if once:
+            _show(take_snapshot(settings, addresses), as_json)
+        elif as_json or not console.is_terminal:
+            for snapshot in watch(settings, addresses, interval_s):
+                _show(snapshot, as_json)
+        else:
+            run_live(settings, addresses, interval_s, Console())
     except KeyboardInterrupt:
         raise typer.Exit(INTERRUPTED) from None
+
+
+def _show(snapshot: Snapshot, as_json: bool) -> None:
+    """One snapshot, plain: JSON on one line, or tables at their own width (never redrawn)."""
+    if as_json:
+        print_json(snapshot.to_json())
+    else:
+        console.print(render(snapshot, live=False))
+    sys.stdout.flush()

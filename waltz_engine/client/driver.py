@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import ssl
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -30,6 +31,12 @@ from waltz_engine.zk.cluster import next_client_id, read_cluster_params
 from waltz_engine.zk.cluster_manager import ClusterWatcher
 from waltz_engine.zk.connection import ZooKeeperError, ZooKeeperSettings, describe
 from waltz_engine.zk.payloads import PartitionInfo
+
+# kazoo logs every failed connection attempt ("Connection dropped: ..."); without a handler of
+# ours Python's last-resort handler prints each on stderr. An application that configures
+# logging still sees them, under this name.
+_KAZOO_LOGGER = logging.getLogger("waltz_engine.client.kazoo")
+_KAZOO_LOGGER.addHandler(logging.NullHandler())
 
 OnEndpoints = Callable[[dict[Endpoint, list[PartitionInfo]]], None]
 OnServerRemoved = Callable[[Endpoint], None]
@@ -76,7 +83,9 @@ class ZooKeeperDriver(WaltzClientDriver):
 
     async def start(self, on_endpoints: OnEndpoints, on_server_removed: OnServerRemoved) -> DriverInfo:
         settings = self._settings
-        zk = KazooClient(hosts=settings.connect_string, timeout=settings.session_timeout_ms / 1000)
+        zk = KazooClient(
+            hosts=settings.connect_string, timeout=settings.session_timeout_ms / 1000, logger=_KAZOO_LOGGER
+        )
         self._zk = zk
         try:
             await asyncio.to_thread(zk.start, settings.connect_timeout_ms / 1000)
