@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
-import sys
 
 import typer
 
@@ -91,13 +89,7 @@ _register()
 
 
 def main() -> None:
-    try:
-        app(prog_name="waltz")
-    except BrokenPipeError:
-        # The reader went away (`waltz tail | head`): that ends the output, it is no error.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # Python's flush at exit must not fail again
-        sys.exit(0)
+    app(prog_name="waltz")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import typer.rich_utils
 from rich.markup import escape
 from typer.core import TyperGroup, TyperOption
 
-from waltz_cli.output import err_console
+from waltz_cli.output import closed_pipe, err_console
 
 # The one meaning of each short flag (short → canonical long name).
 SHORT_FLAGS: dict[str, str] = {
@@ -109,7 +109,15 @@ def _rewrite_aliases(command: Any, args: list[str]) -> list[str]:
 
 
 class WaltzGroup(TyperGroup):
-    """A command group that understands the hidden aliases of :data:`ALIASES`."""
+    """A command group that understands the hidden aliases of :data:`ALIASES`, and ends a
+    command whose reader went away (`waltz zk list | head -1`) quietly with exit 0 (click's
+    own handling exits 1)."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            closed_pipe()
 
     def resolve_command(self, ctx: Any, args: list[str]) -> tuple[str | None, Any, list[str]]:
         name, command, rest = super().resolve_command(ctx, args)
