@@ -637,8 +637,10 @@ class LocalCluster:
             wanted.append((embedded.port, "ZooKeeper's client port"))
         for node in self.nodes:
             if not node.is_running():
+                words = _PORT_WORDS[node.kind]
                 wanted += [
-                    (port, f"{node.name} {_PORT_WORDS[node.kind][key]}") for key, port in node.ports.items()
+                    (port, f"{node.name} {words.get(key, key.replace('_', ' '))}")
+                    for key, port in self.process_ports(node).items()
                 ]
         for port, use in wanted:
             if _port_in_use(port):
@@ -646,6 +648,10 @@ class LocalCluster:
                     f"port {port} ({use}) is in use by another process: stop that process, "
                     "or start the cluster in another directory (other ports)"
                 )
+
+    def process_ports(self, node: LocalNode) -> dict[str, int]:
+        """The ports ``node``'s own process binds (a subclass may put a proxy on one of them)."""
+        return dict(node.ports)
 
     def _stop_started(self, started: list[LocalNode], zookeeper: EmbeddedZooKeeper | None) -> None:
         """After a failed ``up``: stop what it started, servers first, ZooKeeper last."""

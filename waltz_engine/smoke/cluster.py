@@ -14,11 +14,12 @@ from pathlib import Path
 
 import yaml
 
-from waltz_engine.devcluster import LocalCluster, LocalNode, free_port
+from waltz_engine.devcluster import STORAGE, LocalCluster, LocalNode, free_port
 from waltz_engine.smoke.schedule import NUM_SERVERS, NUM_STORAGES
 from waltz_engine.storage.node.config import KEY_PORT
 
 BACKEND_PORT = "backend_port"
+KEY_NODE_PORT = "port"  # LocalNode.ports: the registered data port
 
 
 class ProxiedCluster(LocalCluster):
@@ -33,6 +34,12 @@ class ProxiedCluster(LocalCluster):
             config = yaml.safe_load(node.config_path.read_text(encoding="utf-8"))
             config[KEY_PORT] = backend_port(node)
             self._write_yaml(node.config_path, config)
+
+    def process_ports(self, node: LocalNode) -> dict[str, int]:
+        ports = super().process_ports(node)
+        if node.kind == STORAGE:
+            del ports[KEY_NODE_PORT]  # its proxy's, listening before the cluster comes up
+        return ports
 
     def node(self, name: str) -> LocalNode:
         return next(n for n in self.nodes if n.name == name)
