@@ -144,7 +144,16 @@ class Segment:
         return header
 
     def _recover(self, local_low_water_mark: int) -> None:
-        """The original's ``Segment.recover``: validate from the last stable point, cut the rest."""
+        """The original's ``Segment.recover``: validate from the last stable point, cut the rest.
+
+        What this promises after a crash (kill -9, power loss), record by record as the original:
+        every record kept is whole and its checksum verifies; the records kept are consecutive (the
+        scan stops at the first torn, dirty or out-of-order record and everything from there on is
+        cut: never a gap); every record of an acknowledged append is kept (SUCCESS is sent only
+        once its data is synced). An append is not atomic on one node: a crash inside its data
+        write keeps a prefix of its records, whole, and cuts the rest. Whole appends across the
+        replicas are the server's recovery's business (it settles a partial append, §2.7).
+        """
         first = self.header.first_transaction_id
         max_transaction_id = self._index_max_transaction_id()
         if max_transaction_id <= local_low_water_mark:
