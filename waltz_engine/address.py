@@ -4,6 +4,8 @@ words (``Storage must be in format of host:port, got 'x'``)."""
 
 from __future__ import annotations
 
+import errno
+import socket
 from typing import NamedTuple
 
 from waltz_engine.errors import WaltzError
@@ -22,6 +24,20 @@ class HostPort(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.host}:{self.port}"
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether another socket listens on ``host:port``. Binds with SO_REUSEADDR, as our nodes and
+    ZooKeeper do, so a port in TIME_WAIT counts as free; any other bind error is raised."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return True
+            raise
+    return False
 
 
 def is_port(port: int) -> bool:

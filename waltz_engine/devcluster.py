@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import json
 import os
 import shutil
@@ -40,7 +39,7 @@ from typing import Any, NamedTuple
 import yaml
 from kazoo.client import KazooClient
 
-from waltz_engine.address import is_port
+from waltz_engine.address import is_port, port_in_use
 from waltz_engine.cluster_ops import read_cluster_view, verify
 from waltz_engine.config import DEV_CLIENT_CONFIG_NAME, DEV_CLUSTER_DIRECTORY
 from waltz_engine.errors import WaltzError
@@ -150,17 +149,10 @@ def _last_error(path: Path) -> str:
 
 
 def _port_in_use(port: int) -> bool:
-    """Whether another socket listens on ``HOST:port`` (SO_REUSEADDR: TIME_WAIT counts as free,
-    as for the nodes, which bind the same way)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((HOST, port))
-        except OSError as e:
-            if e.errno == errno.EADDRINUSE:
-                return True
-            raise DevClusterError(f"cannot bind {HOST}:{port}: {e.strerror}") from None
-    return False
+    try:
+        return port_in_use(HOST, port)
+    except OSError as e:
+        raise DevClusterError(f"cannot bind {HOST}:{port}: {e.strerror}") from None
 
 
 def _accepts(host_port: str) -> bool:

@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from waltz_cli.commands.cluster import say
-from waltz_cli.commands.storage_admin import StoragePortOption, TimeoutOption
+from waltz_cli.commands.storage_admin import StoragePortOption, TimeoutOption, storage_node
 from waltz_cli.options import (
     ConfigOption,
     ConnectTimeoutOption,
@@ -112,16 +112,16 @@ def truncate(
 
     Example: waltz truncate -c tools.yml -s localhost:55280 -p 0 --to 41
     """
-    admin_ops.parse_storage_address(storage)
-    settings = load_settings(config, zookeeper, cluster_root, connect_timeout_ms)
-    with connect(settings) as client:
-        layout = admin_ops.read_store_layout(client, settings.cluster_root)
-    node = layout.resolve_node(storage)
-    data_port = node.data_port(storage_port)
-    context = layout.context(admin_ops.client_ssl_context(ssl_config), timeout_ms)
-    result = asyncio.run(
-        cluster_ops.truncate_partition(context, node.admin, data_port, partition, to, force=force)
-    )
+    with storage_node(
+        storage, config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms
+    ) as (
+        context,
+        node,
+    ):
+        data_port = node.data_port(storage_port)
+        result = asyncio.run(
+            cluster_ops.truncate_partition(context, node.admin, data_port, partition, to, force=force)
+        )
     if as_json:
         print_json(result.to_json())
         return

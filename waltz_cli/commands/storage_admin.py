@@ -103,6 +103,26 @@ def _storage(
     yield layout.context(admin_ops.client_ssl_context(ssl_config), timeout_ms), layout
 
 
+@contextmanager
+def storage_node(
+    storage: str,
+    config: Path | None,
+    zookeeper: str | None,
+    cluster_root: str | None,
+    connect_timeout_ms: int | None,
+    ssl_config: Path | None,
+    timeout_ms: int,
+) -> Iterator[tuple[StorageContext, StorageNode]]:
+    """The admin context and the node ``storage`` names (its data or admin address); a
+    malformed address fails before ZooKeeper is asked."""
+    admin_ops.parse_storage_address(storage)
+    with _storage(config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms) as (
+        ctx,
+        layout,
+    ):
+        yield ctx, layout.resolve_node(storage)
+
+
 def _run(coroutine: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coroutine)
 
@@ -214,13 +234,13 @@ def add_partition(
 
     Example: waltz storage add-partition -c tools.yml -s localhost:55280 -p 0-3
     """
-    admin_ops.parse_storage_address(storage)
     ids = parse_partition_ranges(partition)
-    with _storage(config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms) as (
+    with storage_node(
+        storage, config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms
+    ) as (
         ctx,
-        layout,
+        node,
     ):
-        node = layout.resolve_node(storage)
         ids = _run(admin_ops.add_partitions(ctx, node.admin, ids))
     _say(f"added partitions {format_partition_ranges(ids)} to {_name(node)}")
 
@@ -244,13 +264,13 @@ def remove_partition(
 
     Example: waltz storage remove-partition -c tools.yml -s localhost:55280 -p 3 --delete-storage-files
     """
-    admin_ops.parse_storage_address(storage)
     ids = parse_partition_ranges(partition)
-    with _storage(config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms) as (
+    with storage_node(
+        storage, config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms
+    ) as (
         ctx,
-        layout,
+        node,
     ):
-        node = layout.resolve_node(storage)
         ids = _run(
             admin_ops.remove_partitions(ctx, node.admin, ids, delete_storage_files=delete_storage_files)
         )
@@ -283,13 +303,13 @@ def availability(
     """
     if online is None:
         fail("give --online or --offline")
-    admin_ops.parse_storage_address(storage)
     ids = parse_partition_ranges(partition)
-    with _storage(config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms) as (
+    with storage_node(
+        storage, config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms
+    ) as (
         ctx,
-        layout,
+        node,
     ):
-        node = layout.resolve_node(storage)
         ids = _run(admin_ops.set_availability(ctx, node.admin, ids, online=online))
     state = "online" if online else "offline"
     _say(f"partitions {format_partition_ranges(ids)} at {_name(node)} are now {state}")
@@ -385,12 +405,12 @@ def max_transaction_id(
 
     Example: waltz storage max-transaction-id -c tools.yml -s localhost:55280 -p 0
     """
-    admin_ops.parse_storage_address(storage)
-    with _storage(config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms) as (
+    with storage_node(
+        storage, config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms
+    ) as (
         ctx,
-        layout,
+        node,
     ):
-        node = layout.resolve_node(storage)
         data_port = node.data_port(storage_port)
         txid = _run(admin_ops.max_transaction_id(ctx, node.admin, data_port, partition, offline=offline))
     if as_json:

@@ -8,7 +8,6 @@ Readiness and status use the ``ruok``/``srvr`` four-letter words on the client p
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import shutil
 import signal
@@ -18,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from waltz_engine.address import port_in_use
 from waltz_engine.config import DEV_CLUSTER_DIRECTORY
 from waltz_engine.errors import WaltzError
 
@@ -128,16 +128,10 @@ def four_letter_word(address: str, port: int, word: str, timeout_ms: int = PROBE
 
 
 def _port_is_free(address: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        # ZooKeeper binds with SO_REUSEADDR too, so a port in TIME_WAIT counts as free.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((address, port))
-        except OSError as e:
-            if e.errno == errno.EADDRINUSE:
-                return False
-            raise EmbeddedZooKeeperError(f"cannot bind {address}:{port}: {e.strerror}") from None
-    return True
+    try:
+        return not port_in_use(address, port)
+    except OSError as e:
+        raise EmbeddedZooKeeperError(f"cannot bind {address}:{port}: {e.strerror}") from None
 
 
 def _process_alive(pid: int) -> bool:
