@@ -17,7 +17,7 @@ import contextlib
 import threading
 
 from waltz_engine.client import SyncWaltzClient, Transaction, WaltzClientCallbacks, WaltzClientConfig
-from waltz_engine.config import Config
+from waltz_engine.common.config import Config
 
 NO_TRANSACTION = -1
 

@@ -20,7 +20,7 @@ from waltz_engine.client import (
     WaltzClientCallbacks,
     WaltzClientConfig,
 )
-from waltz_engine.config import Config
+from waltz_engine.common.config import Config
 
 APPEND_TIMEOUT_S = 30.0
 

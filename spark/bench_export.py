@@ -29,9 +29,9 @@ from typing import Any
 from spark.plan import OPTION_PATHS, ReadOptions, plan
 from spark.segments import read_slice
 from waltz_engine.bench.storage_node import BenchError
-from waltz_engine.crc import crc32
-from waltz_engine.record import Record
-from waltz_engine.reqid import ReqId
+from waltz_engine.common.crc import crc32
+from waltz_engine.common.record import Record
+from waltz_engine.common.reqid import ReqId
 from waltz_engine.storage import StorageManager
 from waltz_engine.storage.constants import CONTROL_FILE_NAME
 
@@ -49,7 +49,6 @@ STORAGE_DIR_NAME = "storage"
 EXPORT_DIR_NAME = "export"
 WARM_EXPORT_DIR_PREFIX = "export-warm-"
 TXID_PREFIX_BYTES = 8  # each record's data starts with its txid, so no two are alike
-WALTZ_MAIN = "from waltz_cli.main import main; main()"
 
 
 def rows_of(partition_id: int, rows: int, partitions: int) -> int:
@@ -111,8 +110,8 @@ def export(storage: Path, output: Path, master: str) -> tuple[dict[str, Any], fl
         shutil.rmtree(output)
     command = [
         sys.executable,
-        "-c",
-        WALTZ_MAIN,
+        "-m",
+        "waltz_cli",  # the user's command, end to end
         "spark",
         "export",
         "--output",

@@ -29,8 +29,8 @@ from spark.watermarks import (
     state_dir,
     write_json_atomically,
 )
-from waltz_engine.errors import WaltzError
-from waltz_engine.fileio import fsync_directory
+from waltz_engine.common.errors import WaltzError
+from waltz_engine.common.fileio import fsync_directory
 from waltz_engine.zk.export_watermarks import Watermarks
 
 STAGING_DIR_NAME = "staging"

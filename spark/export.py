@@ -32,7 +32,7 @@ from spark.plan import PartitionPlan, ReadOptions, plan
 from spark.schema import COLUMN_PARTITION
 from spark.watermarks import load_file_watermarks
 from spark.worker_daemon import DAEMON_MODULE
-from waltz_engine.errors import WaltzError
+from waltz_engine.common.errors import WaltzError
 from waltz_engine.zk.connection import connect
 from waltz_engine.zk.export_watermarks import publish_export_watermarks
 

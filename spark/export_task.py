@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 from spark.schema import COLUMN_DATA, COLUMN_DECODED, COLUMN_PARTITION, COLUMN_TRANSACTION_ID
 from spark.segments import SegmentSlice, read_slice
-from waltz_engine.fileio import fsync_file
+from waltz_engine.common.fileio import fsync_file
 
 PARQUET_SUFFIX = ".parquet"
 # Rows per task: a file of at most this many rows, and the unit Spark balances over cores.
@@ -122,7 +122,7 @@ def _output_batches(task: ExportTask) -> Iterator[pa.RecordBatch]:
         return
     if task.decoder_path is not None and task.decoder_path not in sys.path:
         sys.path.append(task.decoder_path)
-    from waltz_cli.decoder import load_decoder
+    from waltz_engine.common.decoder import load_decoder
 
     decode = load_decoder(task.decoder)
     for batch in batches:

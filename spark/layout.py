@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spark.segments import SegmentSlice
+from waltz_engine.common.errors import WaltzError
 from waltz_engine.disk.control_reader import CONTROL_FILE_NAME, read_control_file
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
 from waltz_engine.disk.record_format import INDEX_ENTRY_SIZE_BYTES
 from waltz_engine.disk.segment_reader import INDEX_SUFFIX, SEGMENT_SUFFIX, first_txid_from_name
-from waltz_engine.errors import WaltzError
 
 NO_TRANSACTION = -1
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from spark.committed import control_low_water_marks, server_high_water_marks
 from spark.layout import NO_TRANSACTION, Replica, choose_replica, discover, slices
 from spark.segments import ON_CORRUPT_CHOICES, ON_CORRUPT_FAIL, SegmentSlice
-from waltz_engine.errors import WaltzError
+from waltz_engine.common.errors import WaltzError
 from waltz_engine.zk.connection import ZooKeeperSettings
 
 OPTION_PATH = "path"

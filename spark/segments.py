@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark.schema import ARROW_SCHEMA
+from waltz_engine.common.errors import WaltzError
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES, SegmentFileHeader
 from waltz_engine.disk.record_format import (
     INDEX_ENTRY_SIZE_BYTES,
@@ -42,7 +43,6 @@ from waltz_engine.disk.segment_reader import (
     SegmentReader,
     SegmentRecord,
 )
-from waltz_engine.errors import WaltzError
 
 ON_CORRUPT_FAIL = "fail"
 ON_CORRUPT_SKIP = "skip"

@@ -17,8 +17,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from waltz_engine.errors import FormatError
-from waltz_engine.fileio import fsync_directory
+from waltz_engine.common.errors import FormatError
+from waltz_engine.common.fileio import fsync_directory
 from waltz_engine.zk.export_watermarks import Watermarks
 from waltz_engine.zk.java_io import INT32_MAX
 

@@ -37,8 +37,8 @@ import pytest
 from testkit import unique_cluster_root
 
 from waltz_engine.client import WaltzClientConfig
-from waltz_engine.config import Config
-from waltz_engine.devcluster import DEFAULT_CLUSTER_ROOT, LocalCluster
+from waltz_engine.common.config import Config
+from waltz_engine.ops.devcluster import DEFAULT_CLUSTER_ROOT, LocalCluster
 
 CLUSTER_UP_TIMEOUT_MS = 120_000
 CLI_TIMEOUT_S = 120.0

@@ -30,11 +30,11 @@ from typing import Any, TypeVar
 import yaml
 from testkit import free_tcp_port
 
-from waltz_engine.net import ConnectionClosedError
-from waltz_engine.record import Record
-from waltz_engine.reqid import ReqId
+from waltz_engine.common.record import Record
+from waltz_engine.common.reqid import ReqId
+from waltz_engine.net.channel import ConnectionClosedError
+from waltz_engine.net.tls import TlsConfig, client_context
 from waltz_engine.storage.client import StorageAdminClient, StorageClient, StorageRpcError
-from waltz_engine.tls import TlsConfig, client_context
 from waltz_engine.zk.cluster import create_cluster
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
 
@@ -86,7 +86,7 @@ def make_records(
     """Consecutive records with recognizable data and a correct data checksum."""
     import zlib
 
-    from waltz_engine.crc import to_signed32
+    from waltz_engine.common.crc import to_signed32
 
     records = []
     for txid in range(first_transaction_id, first_transaction_id + count):

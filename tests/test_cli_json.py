@@ -20,7 +20,7 @@ from testkit import REPO_ROOT
 from typer.testing import CliRunner
 
 from waltz_cli.main import app
-from waltz_engine.devcluster import LocalCluster
+from waltz_engine.ops.devcluster import LocalCluster
 from waltz_engine.zk.cluster import read_server_descriptors
 from waltz_engine.zk.connection import connect
 

@@ -27,7 +27,7 @@ class _WarningLine(logging.Handler):
         warn(record.getMessage())
 
 
-_config_log = logging.getLogger("waltz_engine.config")
+_config_log = logging.getLogger("waltz_engine.common.config")
 _config_log.addHandler(_WarningLine(logging.WARNING))
 _config_log.propagate = False
 

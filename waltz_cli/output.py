@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from waltz_engine.errors import WaltzError
+from waltz_engine.common.errors import WaltzError
 
 # A pipe or file gets whole lines: rich would otherwise fold everything at 80 columns.
 PIPE_WIDTH_COLUMNS = 100_000

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 from examples.bank.service import Bank, InsufficientFunds
 from waltz_engine.client import WaltzClientConfig
-from waltz_engine.config import Config
-from waltz_engine.errors import WaltzError
+from waltz_engine.common.config import Config
+from waltz_engine.common.errors import WaltzError
 
 USAGE = """commands:
   deposit ACCOUNT AMOUNT    add AMOUNT to ACCOUNT

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from waltz_cli.main import app
 from waltz_engine.bench import producers
 from waltz_engine.bench.storage_node import BenchError
-from waltz_engine.errors import WaltzError
+from waltz_engine.common.errors import WaltzError
 
 STOP = "stopped before the benchmark"
 

@@ -55,7 +55,7 @@ def test_consumers_prints_the_original_report_and_ours(tmp_path: Path) -> None:
 
 def test_producers_json_against_a_given_cluster_config(tmp_path: Path) -> None:
     """--config of a running local cluster: its node processes are found from its state file."""
-    from waltz_engine.devcluster import LocalCluster
+    from waltz_engine.ops.devcluster import LocalCluster
 
     with LocalCluster(tmp_path / "cluster", storages=1, partitions=1) as cluster:
         cluster.up()

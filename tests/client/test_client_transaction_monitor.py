@@ -13,7 +13,7 @@ from client_support.app import MockContext
 from waltz_engine.client import ClientClosedError, PartitionInactiveError
 from waltz_engine.client.config import DEFAULT_MAX_CONCURRENT_TRANSACTIONS
 from waltz_engine.client.transaction_monitor import TransactionFuture, TransactionMonitor
-from waltz_engine.reqid import ReqId
+from waltz_engine.common.reqid import ReqId
 
 TIMEOUT_MS = 100
 

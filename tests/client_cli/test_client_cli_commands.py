@@ -16,7 +16,7 @@ import pytest
 from cluster_support import local_cluster, run_waltz_cli, waltz_cli_command
 from testkit import free_tcp_port
 
-from waltz_engine.devcluster import LocalCluster
+from waltz_engine.ops.devcluster import LocalCluster
 
 TAIL_LINE_WAIT_S = 5.0
 MAX_APPENDS_UNTIL_SEEN = 10
@@ -361,8 +361,8 @@ def test_a_mount_time_out_is_one_line(cluster: LocalCluster) -> None:
 
 
 def test_tail_json_carries_utf8_data_as_text_and_always_hex() -> None:
-    from waltz_engine.client_tools import TailedTransaction
-    from waltz_engine.reqid import ReqId
+    from waltz_engine.common.reqid import ReqId
+    from waltz_engine.ops.client_tools import TailedTransaction
 
     req_id = ReqId(1, 2, 3, 4)
     text = TailedTransaction(3, 7, 0, req_id, "héllo\n✓".encode()).to_json()

@@ -19,8 +19,8 @@ from client_support.app import STRINGS, MockContext
 from cluster_support import local_cluster, waltz_client_config
 
 from waltz_engine.client import ClientTimeoutError, Transaction, WaltzClient, WaltzClientCallbacks
-from waltz_engine.devcluster import LocalCluster
-from waltz_engine.tcp_proxy import HOST, TcpProxy
+from waltz_engine.net.tcp_proxy import HOST, TcpProxy
+from waltz_engine.ops.devcluster import LocalCluster
 
 NUM_PARTITIONS = 4
 NUM_TRANSACTIONS = 1_000

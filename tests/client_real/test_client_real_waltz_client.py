@@ -35,8 +35,8 @@ from waltz_engine.client import (
     WaltzClient,
     WaltzClientConfig,
 )
-from waltz_engine.client_tools import validate
-from waltz_engine.devcluster import LocalCluster
+from waltz_engine.ops.client_tools import validate
+from waltz_engine.ops.devcluster import LocalCluster
 
 NUM_PARTITIONS = 4
 VALIDATE_PARTITIONS = 1  # partition 0 belongs to the validate test

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable
 
 from waltz_engine.client import Transaction, TransactionBuilder, TransactionContext, WaltzClientCallbacks
-from waltz_engine.reqid import ReqId
+from waltz_engine.common.reqid import ReqId
 
 WAIT_S = 10.0
 POLL_S = 0.005

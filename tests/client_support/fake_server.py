@@ -11,8 +11,8 @@ import asyncio
 from collections.abc import Iterable
 
 from waltz_engine.client.mock_driver import ADMIN_REQUESTS, MockServerPartition, admin_response
-from waltz_engine.net import FramedConnection, serve
-from waltz_engine.tls import TlsConfig, server_context
+from waltz_engine.net.channel import FramedConnection, serve
+from waltz_engine.net.tls import TlsConfig, server_context
 from waltz_engine.wire.client_messages import (
     CLIENT_CODECS,
     PARTITION_STATE_NOT_READY,

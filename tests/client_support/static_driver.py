@@ -10,7 +10,7 @@ from waltz_engine.client.driver import (
     WaltzClientDriver,
     open_framed_channel,
 )
-from waltz_engine.tls import TlsConfig, client_context
+from waltz_engine.net.tls import TlsConfig, client_context
 from waltz_engine.zk.payloads import PartitionInfo
 
 

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from waltz_engine.metrics import TIMER_RESERVOIR_SIZE, MetricsRegistry
+from waltz_engine.common.metrics import TIMER_RESERVOIR_SIZE, MetricsRegistry
 
 
 def test_timer_reservoir_is_bounded_and_quantiles_follow_recent_samples() -> None:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from cluster_support import run_waltz_cli, waltz_cli_command
 
-from waltz_engine.cluster_ops import read_cluster_view, verify
-from waltz_engine.devcluster import LocalCluster
-from waltz_engine.tls import TlsConfig, client_context
+from waltz_engine.net.tls import TlsConfig, client_context
+from waltz_engine.ops.cluster_ops import read_cluster_view, verify
+from waltz_engine.ops.devcluster import LocalCluster
 from waltz_engine.zk.connection import connect
 
 READY_LINE_WAIT_S = 120.0

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from cluster_support import local_cluster
 
-from waltz_engine.config import Config
-from waltz_engine.devcluster import STATE_FILE_NAME, DevClusterError, LocalCluster
+from waltz_engine.common.config import Config
+from waltz_engine.ops.devcluster import STATE_FILE_NAME, DevClusterError, LocalCluster
 
 
 def test_up_status_kill_restart_down_and_reuse(tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from cluster_support import run_waltz_cli
 
-from waltz_engine.devcluster import (
+from waltz_engine.ops.devcluster import (
     PORTS_PER_SERVER,
     PORTS_PER_STORAGE,
     STATE_FILE_NAME,

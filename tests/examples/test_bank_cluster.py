@@ -21,7 +21,7 @@ from cluster_support import local_cluster, run_waltz_cli, waltz_client_config
 from testkit import REPO_ROOT
 
 from waltz_engine.client.dbapi_callbacks import DEFAULT_TABLE
-from waltz_engine.devcluster import LocalCluster
+from waltz_engine.ops.devcluster import LocalCluster
 
 NUM_PARTITIONS = 4
 NUM_ACCOUNTS = 4

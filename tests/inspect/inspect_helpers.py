@@ -11,11 +11,11 @@ from typing import Any
 from typer.testing import CliRunner, Result
 
 from waltz_cli.main import app
-from waltz_engine.crc import crc32
+from waltz_engine.common.crc import crc32
+from waltz_engine.common.record import Record
+from waltz_engine.common.reqid import ReqId
 from waltz_engine.disk.file_header import SegmentFileHeader
 from waltz_engine.disk.record_format import encode_records
-from waltz_engine.record import Record
-from waltz_engine.reqid import ReqId
 
 KEY = uuid.UUID("dad1ea14-6351-4aca-a2fd-ba73d70294b2")
 

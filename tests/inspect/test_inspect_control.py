@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from inspect_helpers import run, run_json
 
-from waltz_engine.inspect import inspect_control
+from waltz_engine.ops.inspect import inspect_control
 
 JAVA_DUMP = "waltz-storage.ctl.dump-control-file.txt"
 JAVA_COLUMNS = 6  # partition, session, lwm, local lwm, assigned, available

@@ -10,7 +10,7 @@ import pytest
 from inspect_helpers import run, run_json, write_segment
 from testkit import read_jsonl
 
-from waltz_engine.inspect import inspect_segment
+from waltz_engine.ops.inspect import inspect_segment
 
 RECORD_FIELDS = (
     "transaction_id",

@@ -8,7 +8,7 @@ import pytest
 from inspect_helpers import run, run_json, write_segment
 from testkit import read_jsonl
 
-from waltz_engine.inspect import segment_stats
+from waltz_engine.ops.inspect import segment_stats
 
 JAVA_COLUMNS = 5  # rows, max, min, average, median
 

@@ -13,7 +13,7 @@ import pytest
 from inspect_helpers import copy_storage, run, run_json, write_segment
 from testkit import read_jsonl
 
-from waltz_engine.inspect import inspect_segment, verify
+from waltz_engine.ops.inspect import inspect_segment, verify
 
 P0_FIRST = "0/0000000000000000000.seg"
 

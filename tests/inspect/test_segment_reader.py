@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from inspect_helpers import write_segment
 
-from waltz_engine.crc import crc32
+from waltz_engine.common.crc import crc32
 from waltz_engine.disk import segment_reader
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
 from waltz_engine.disk.segment_reader import SegmentProblem, SegmentReader, SegmentRecord

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from cluster_support import local_cluster
 
-from waltz_engine.config import DEV_CLIENT_CONFIG_NAME, DEV_CLUSTER_DIRECTORY
-from waltz_engine.devcluster import LocalCluster
+from waltz_engine.common.config import DEV_CLIENT_CONFIG_NAME, DEV_CLUSTER_DIRECTORY
+from waltz_engine.ops.devcluster import LocalCluster
 
 CLI_TIMEOUT_S = 120.0
 NUM_PARTITIONS = 2

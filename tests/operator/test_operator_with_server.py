@@ -13,9 +13,9 @@ import pytest
 from operator_support import NUM_PARTITIONS, StorageCluster, invoke, ok_json, one_line_error, storage_cluster
 from server_process_support import ServerProcess
 
-from waltz_engine.address import HostPort
+from waltz_engine.common.address import HostPort
+from waltz_engine.net.tls import TlsConfig, client_context
 from waltz_engine.server.rpc_client import ServerRpcClient
-from waltz_engine.tls import TlsConfig, client_context
 from waltz_engine.zk.cluster import read_server_descriptors
 from waltz_engine.zk.connection import connect
 

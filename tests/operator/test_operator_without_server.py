@@ -22,7 +22,7 @@ from operator_support import (
 from storage_node_support import StorageNodeProcess, client_ssl, make_records
 from testkit import free_tcp_port
 
-from waltz_engine.address import HostPort
+from waltz_engine.common.address import HostPort
 from waltz_engine.storage import admin_ops
 from waltz_engine.storage.admin_ops import StorageContext
 from waltz_engine.zk.cluster_manager import read_forced_assignments

@@ -22,11 +22,10 @@ from typer.testing import CliRunner
 
 from waltz_cli.commands import inspect as inspect_cli
 from waltz_cli.commands import retention as retention_cli
-from waltz_engine.address import HostPort
 from waltz_engine.client import WaltzClient
-from waltz_engine.devcluster import LocalCluster, LocalNode
-from waltz_engine.record import Record
-from waltz_engine.retention import removable_head_segments, retained_start_in
+from waltz_engine.common.address import HostPort
+from waltz_engine.common.record import Record
+from waltz_engine.ops.devcluster import LocalCluster, LocalNode
 from waltz_engine.storage.admin_ops import (
     StorageContext,
     add_partitions,
@@ -38,6 +37,7 @@ from waltz_engine.storage.client import StorageRpcError
 from waltz_engine.zk.connection import connect
 from waltz_engine.zk.export_watermarks import exports_path
 from waltz_engine.zk.java_io import DataWriter
+from waltz_engine.zk.retention import removable_head_segments, retained_start_in
 
 PARTITION = 0
 SEGMENT_THRESHOLD_BYTES = 2048

@@ -8,13 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from waltz_engine.crc import crc32
+from waltz_engine.common.crc import crc32
+from waltz_engine.common.errors import StorageError
+from waltz_engine.common.record import Record
+from waltz_engine.common.reqid import ReqId
 from waltz_engine.disk.record_format import RECORD_OVERHEAD_BYTES
-from waltz_engine.errors import StorageError
-from waltz_engine.inspect import verify
-from waltz_engine.record import Record
-from waltz_engine.reqid import ReqId
-from waltz_engine.retention import (
+from waltz_engine.ops.inspect import verify
+from waltz_engine.storage import StorageManager
+from waltz_engine.storage.partition import Partition
+from waltz_engine.zk.export_watermarks import decode_export_watermarks
+from waltz_engine.zk.java_io import DataWriter, JavaFormatError
+from waltz_engine.zk.retention import (
     BelowRetainedStartError,
     decode_retention_bound,
     effective_bound,
@@ -22,10 +26,6 @@ from waltz_engine.retention import (
     removable_head_segments,
     retained_start_in,
 )
-from waltz_engine.storage import StorageManager
-from waltz_engine.storage.partition import Partition
-from waltz_engine.zk.export_watermarks import decode_export_watermarks
-from waltz_engine.zk.java_io import DataWriter, JavaFormatError
 
 KEY = uuid.UUID("6a0f3c2e-51b4-4f0e-9d2c-7b8e1a4c5d36")
 DATA_BYTES = 60

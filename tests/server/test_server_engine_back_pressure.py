@@ -8,9 +8,9 @@ from collections.abc import Awaitable, Callable
 
 from server_support.engine_harness import GENERATION, Harness, append, req, running_core
 
-from waltz_engine.crc import crc32
-from waltz_engine.net import WRITE_BUFFER_HIGH_BYTES
-from waltz_engine.record import Record
+from waltz_engine.common.crc import crc32
+from waltz_engine.common.record import Record
+from waltz_engine.net.channel import WRITE_BUFFER_HIGH_BYTES
 from waltz_engine.server.partition import APPEND_QUEUE_SIZE
 from waltz_engine.wire.client_messages import (
     PARTITION_STATE_READY,

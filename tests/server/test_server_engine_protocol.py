@@ -17,8 +17,8 @@ from server_support.engine_harness import (
 )
 from server_support.fake_store import FakeStorePartition
 
-from waltz_engine.crc import crc32
-from waltz_engine.record import Record
+from waltz_engine.common.crc import crc32
+from waltz_engine.common.record import Record
 from waltz_engine.server.config import EngineSettings
 from waltz_engine.wire.client_messages import (
     PARTITION_STATE_CLIENT_AHEAD,

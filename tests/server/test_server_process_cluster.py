@@ -12,9 +12,9 @@ from server_process_support import ServerProcess, run_server_to_exit
 from server_support.engine_harness import append
 from storage_node_support import StorageNodeProcess, create_test_cluster
 
-from waltz_engine.net import connect
-from waltz_engine.reqid import ReqId
-from waltz_engine.tls import TlsConfig, client_context
+from waltz_engine.common.reqid import ReqId
+from waltz_engine.net.channel import connect
+from waltz_engine.net.tls import TlsConfig, client_context
 from waltz_engine.wire.client_messages import (
     CLIENT_CODECS,
     PARTITION_STATE_READY,

@@ -21,16 +21,16 @@ from cluster_support import local_cluster, waltz_client_config
 from typer.testing import CliRunner
 
 from waltz_cli.main import app
-from waltz_engine.address import HostPort
 from waltz_engine.client import WaltzClient
-from waltz_engine.devcluster import LocalCluster
+from waltz_engine.common.address import HostPort
+from waltz_engine.net.tls import TlsConfig, client_context
+from waltz_engine.ops.devcluster import LocalCluster
 from waltz_engine.server.rpc_client import ServerRpcClient
 from waltz_engine.storage.admin_ops import (
     StorageContext,
     max_transaction_id,
     replica_checksums,
 )
-from waltz_engine.tls import TlsConfig, client_context
 from waltz_engine.zk.cluster import read_partition_assignment
 from waltz_engine.zk.cluster_manager import force_assign
 from waltz_engine.zk.connection import connect

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from kazoo.client import KazooClient
 from storage_node_support import StorageNodeProcess, client_ssl, create_test_cluster, make_records
 
-from waltz_engine.record import Record
+from waltz_engine.common.record import Record
 from waltz_engine.server.store import Store, StoreConfig
 from waltz_engine.storage.admin_ops import replica_checksums
 from waltz_engine.storage.client import SessionInfo

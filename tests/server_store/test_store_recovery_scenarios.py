@@ -34,7 +34,7 @@ from store_cluster_support import (
     write_metadata,
 )
 
-from waltz_engine.tcp_proxy import TcpProxy
+from waltz_engine.net.tcp_proxy import TcpProxy
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
 from waltz_engine.zk.payloads import UNRESOLVED_HIGH_WATER_MARK as U
 

@@ -9,14 +9,14 @@ from typing import Any
 
 from server_support.fake_store import FakeStore
 
-from waltz_engine.crc import crc32
-from waltz_engine.metrics import MetricsRegistry
-from waltz_engine.net import FramedConnection, connect, serve
-from waltz_engine.reqid import ReqId
+from waltz_engine.common.crc import crc32
+from waltz_engine.common.metrics import MetricsRegistry
+from waltz_engine.common.reqid import ReqId
+from waltz_engine.net.channel import FramedConnection, connect, serve
+from waltz_engine.net.tls import TlsConfig, client_context, server_context
 from waltz_engine.server.config import EngineSettings
 from waltz_engine.server.handler import ClientHandler
 from waltz_engine.server.server import ServerCore
-from waltz_engine.tls import TlsConfig, client_context, server_context
 from waltz_engine.wire.client_messages import CLIENT_CODECS, NO_LOCKS, AppendRequest
 from waltz_engine.wire.hello import CLIENT_HELLO_TEXT, SERVER_HELLO_TEXT
 from waltz_engine.zk.payloads import PartitionInfo

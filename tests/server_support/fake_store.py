@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import asyncio
 
-from waltz_engine.errors import WaltzError
-from waltz_engine.record import Record, RecordHeader
-from waltz_engine.reqid import ReqId
+from waltz_engine.common.errors import WaltzError
+from waltz_engine.common.record import Record, RecordHeader
+from waltz_engine.common.reqid import ReqId
 
 FAKE_MAX_BATCH_SIZE = 100
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from waltz_engine.metrics import MetricsRegistry
-from waltz_engine.record import RecordHeader
-from waltz_engine.reqid import ReqId
+from waltz_engine.common.metrics import MetricsRegistry
+from waltz_engine.common.record import RecordHeader
+from waltz_engine.common.reqid import ReqId
 from waltz_engine.server.feed_cache import (
     DEFAULT_FEED_CACHE_SIZE_BYTES,
     FEED_CACHE_BLOCK_NUM_TRANSACTIONS,

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from testkit import read_jsonl
 
-from waltz_engine.lock_hash import java_long_hash, partition_local_lock_hash
+from waltz_engine.common.lock_hash import java_long_hash, partition_local_lock_hash
 from waltz_engine.server.locks import (
     DEFAULT_LOCK_TABLE_SIZE,
     NO_LOCK_HIGH_WATER_MARK,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from waltz_engine.metrics import MetricsRegistry
+from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.server.transaction_cache import (
     ENTRY_OVERHEAD_SIZE_BYTES,
     TransactionCache,

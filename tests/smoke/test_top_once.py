@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 from cluster_support import local_cluster, run_waltz_cli, waltz_cli_command
 
-from waltz_engine.devcluster import LocalCluster
+from waltz_engine.ops.devcluster import LocalCluster
 
 NUM_PARTITIONS = 2
 NUM_APPENDS = 3

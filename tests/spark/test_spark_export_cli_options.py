@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 import spark.export
 from spark.plan import OPTION_CLUSTER_ROOT, OPTION_PARTITIONS, OPTION_PATHS, OPTION_ZOOKEEPER
 from waltz_cli.main import app
-from waltz_engine.errors import WaltzError
+from waltz_engine.common.errors import WaltzError
 
 STOP = "stopped before Spark"
 

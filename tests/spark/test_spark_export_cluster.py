@@ -36,7 +36,7 @@ from spark.layout import NO_TRANSACTION
 from spark.plan import OPTION_CLUSTER_ROOT, OPTION_PATHS, OPTION_ZOOKEEPER
 from spark.schema import COLUMN_DATA, COLUMN_DECODED, SPARK_SCHEMA
 from spark.watermarks import STATE_DIR_NAME
-from waltz_engine.devcluster import LocalCluster
+from waltz_engine.ops.devcluster import LocalCluster
 
 PARTITIONS = (0, 1)
 # Bounds waits for something that must happen (never asserted on as a duration).

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from waltz_engine.crc import crc32
-from waltz_engine.record import Record
-from waltz_engine.reqid import ReqId
+from waltz_engine.common.crc import crc32
+from waltz_engine.common.record import Record
+from waltz_engine.common.reqid import ReqId
 from waltz_engine.storage import SessionInfo, StorageManager
 
 KEY = uuid.UUID("0e3c3d1e-8a4b-4e0e-9a57-6f7c7a0c2f11")

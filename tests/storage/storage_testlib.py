@@ -8,9 +8,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from waltz_engine.common.record import Record
+from waltz_engine.common.reqid import ReqId
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
-from waltz_engine.record import Record
-from waltz_engine.reqid import ReqId
 
 # The cluster of the golden disk vectors (README §3/§4).
 VECTOR_KEY = uuid.UUID("dad1ea14-6351-4aca-a2fd-ba73d70294b2")

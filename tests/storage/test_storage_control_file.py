@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from waltz_engine.common.errors import FormatError, StorageError
 from waltz_engine.disk.partition_info import (
     FLAG_ASSIGNED,
     FLAG_AVAILABLE,
@@ -20,7 +21,6 @@ from waltz_engine.disk.partition_info import (
     decode_record,
     partition_info_offset,
 )
-from waltz_engine.errors import FormatError, StorageError
 from waltz_engine.storage import ConcurrentUpdateError, ControlFile, SessionInfo, StorageManager
 from waltz_engine.storage.constants import CONTROL_FILE_NAME
 
@@ -131,7 +131,7 @@ _HOLDER = textwrap.dedent(
     import sys, uuid
     from pathlib import Path
     from waltz_engine.storage import StorageManager
-    from waltz_engine.errors import StorageError
+    from waltz_engine.common.errors import StorageError
     try:
         manager = StorageManager(Path(sys.argv[1]), uuid.UUID(sys.argv[2]), 2)
     except StorageError as e:

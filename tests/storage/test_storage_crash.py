@@ -19,6 +19,7 @@ import pytest
 import storage_crash_writer as writer
 from storage_crash_writer import Append, Model, Op, SetLowWaterMark, Truncate, Workload
 
+from waltz_engine.common.record import Record
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES, SegmentFileHeader
 from waltz_engine.disk.record_format import (
     CHECKPOINT_INTERVAL,
@@ -27,7 +28,6 @@ from waltz_engine.disk.record_format import (
     DiskRecord,
     read_record,
 )
-from waltz_engine.record import Record
 
 KILLS = 20
 MAX_OPS_BEFORE_KILL = 40

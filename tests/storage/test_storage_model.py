@@ -12,10 +12,10 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from waltz_engine.crc import crc32
-from waltz_engine.errors import StorageError
-from waltz_engine.record import Record
-from waltz_engine.reqid import ReqId
+from waltz_engine.common.crc import crc32
+from waltz_engine.common.errors import StorageError
+from waltz_engine.common.record import Record
+from waltz_engine.common.reqid import ReqId
 from waltz_engine.storage import ConcurrentUpdateError, Partition, SessionInfo, StorageManager
 
 KEY = uuid.UUID("5d2b7c1a-1f0e-4a51-9a7e-0b5c8f0e6d42")

@@ -9,12 +9,12 @@ from typing import NamedTuple
 
 import pytest
 
-from waltz_engine.crc import crc32
+from waltz_engine.common.crc import crc32
+from waltz_engine.common.errors import StorageError
+from waltz_engine.common.record import Record
+from waltz_engine.common.reqid import ReqId
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
 from waltz_engine.disk.record_format import CHECKPOINT_INTERVAL, INDEX_ENTRY_SIZE_BYTES, RECORD_OVERHEAD_BYTES
-from waltz_engine.errors import StorageError
-from waltz_engine.record import Record
-from waltz_engine.reqid import ReqId
 from waltz_engine.storage import StorageManager
 from waltz_engine.storage.lru import LRUCache
 from waltz_engine.storage.segment_finder import find_segment

@@ -19,8 +19,8 @@ from storage_testlib import (
 )
 
 from tests.conftest import read_jsonl
-from waltz_engine.errors import FormatError, StorageError
-from waltz_engine.record import Record
+from waltz_engine.common.errors import FormatError, StorageError
+from waltz_engine.common.record import Record
 from waltz_engine.storage import SessionInfo, StorageManager
 
 ALL_PARTITIONS = list(range(VECTOR_NUM_PARTITIONS))

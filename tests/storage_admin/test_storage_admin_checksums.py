@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from storage_node_support import make_records
 
-from waltz_engine.crc import to_signed32
+from waltz_engine.common.crc import to_signed32
+from waltz_engine.common.errors import StorageError
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
-from waltz_engine.errors import StorageError
 from waltz_engine.storage import StorageManager
 from waltz_engine.storage.admin_ops import StorageAdminError, replica_checksums
 

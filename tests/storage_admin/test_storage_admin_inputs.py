@@ -13,7 +13,7 @@ from testkit import free_tcp_port
 from typer.testing import CliRunner, Result
 
 from waltz_cli.main import app
-from waltz_engine.address import AddressError, HostPort, parse_host_port
+from waltz_engine.common.address import AddressError, HostPort, parse_host_port
 from waltz_engine.storage import admin_ops
 from waltz_engine.storage.admin_ops import PartitionStatus, StorageAdminError, StorageNode
 from waltz_engine.zk import store_metadata

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from storage_node_support import StorageNodeProcess, make_records, start_storage_node
 
-from waltz_engine.inspect import verify
+from waltz_engine.ops.inspect import verify
 from waltz_engine.storage.client import StorageClient, StorageRpcError
 
 PARTITION = 0

@@ -20,8 +20,8 @@ from storage_node_support import (
     start_storage_node,
 )
 
+from waltz_engine.net.tls import TlsConfig, client_context
 from waltz_engine.storage.client import StorageAdminClient
-from waltz_engine.tls import TlsConfig, client_context
 
 
 def _one_line_error(stderr: str) -> str:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from storage_node_support import StorageNodeProcess, client_ssl, make_records, start_storage_node
 
-from waltz_engine.record import Record
+from waltz_engine.common.record import Record
 from waltz_engine.storage.client import StorageClient, StorageRpcError, encode_append_records
 from waltz_engine.wire.storage_messages import STORAGE_CODEC, StorageAppendRequest
 
@@ -246,7 +246,7 @@ def test_admin_metrics_and_record_list(node: StorageNodeProcess) -> None:
 
 
 def test_requests_before_open_fail_and_close(node: StorageNodeProcess) -> None:
-    from waltz_engine.net import connect
+    from waltz_engine.net.channel import connect
     from waltz_engine.wire.hello import STORAGE_CLIENT_HELLO_TEXT
     from waltz_engine.wire.storage_messages import StorageFailureResponse, StorageMaxTransactionIdRequest
 

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from waltz_engine.reqid import ReqId
+from waltz_engine.common.reqid import ReqId
 from waltz_engine.wire.admin_messages import ADMIN_CODEC, AdminMetricsResponse, AdminPartitionAvailableRequest
 from waltz_engine.wire.client_messages import (
     CLIENT_CODECS,

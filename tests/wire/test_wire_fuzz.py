@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from wire_strategies import FUZZ_EXAMPLES, every_message_kind, kind_id, message_strategy
 
-from waltz_engine.errors import ProtocolError
+from waltz_engine.common.errors import ProtocolError
 from waltz_engine.wire.codec import MessageCodec, MessageSpec
 from waltz_engine.wire.codecs import ALL_CODECS, AnyCodec
 from waltz_engine.wire.describe import describe_frame

@@ -8,9 +8,9 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from waltz_engine.crc import crc32
-from waltz_engine.record import Record, RecordHeader
-from waltz_engine.reqid import ReqId
+from waltz_engine.common.crc import crc32
+from waltz_engine.common.record import Record, RecordHeader
+from waltz_engine.common.reqid import ReqId
 from waltz_engine.wire.client_messages import (
     PARTITION_STATE_NOT_READY,
     PARTITION_STATE_READY,

@@ -8,8 +8,8 @@ from typing import Any
 
 from testkit import read_jsonl, vectors_dir
 
-from waltz_engine.record import Record, RecordHeader
-from waltz_engine.reqid import ReqId
+from waltz_engine.common.record import Record, RecordHeader
+from waltz_engine.common.reqid import ReqId
 from waltz_engine.wire.client_messages import (
     PARTITION_STATE_NOT_READY,
     PARTITION_STATE_READY,

@@ -11,7 +11,7 @@ import pytest
 from kazoo.client import KazooClient
 from testkit import read_jsonl
 
-from waltz_engine.address import AddressError
+from waltz_engine.common.address import AddressError
 from waltz_engine.zk import store_metadata
 from waltz_engine.zk.admin_lock import AdminLockTimeoutError, admin_lock
 from waltz_engine.zk.cluster import (

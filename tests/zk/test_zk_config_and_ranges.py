@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from waltz_engine.config import Config, ConfigError
-from waltz_engine.errors import WaltzError
+from waltz_engine.common.config import Config, ConfigError
+from waltz_engine.common.errors import WaltzError
+from waltz_engine.ops.tool_config import load_settings
 from waltz_engine.zk.connection import (
     DEFAULT_CONNECT_TIMEOUT_MS,
     DEFAULT_SESSION_TIMEOUT_MS,
     KNOWN_KEYS,
     ZooKeeperSettings,
-    load_settings,
 )
 from waltz_engine.zk.partition_ranges import (
     MAX_PARTITIONS_PER_REQUEST,

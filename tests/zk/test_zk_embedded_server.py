@@ -11,7 +11,7 @@ from testkit import free_tcp_port
 from typer.testing import CliRunner, Result
 
 from waltz_cli.main import app
-from waltz_engine.devcluster import DEFAULT_DIRECTORY, ZOOKEEPER_DIR_NAME
+from waltz_engine.ops.devcluster import DEFAULT_DIRECTORY, ZOOKEEPER_DIR_NAME
 from waltz_engine.zk.server import DEFAULT_DATA_DIR, DEV_DATA_DIR, EmbeddedZooKeeper, four_letter_word
 
 runner = CliRunner()

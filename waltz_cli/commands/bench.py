@@ -22,8 +22,8 @@ from waltz_cli.options import (
     ZooKeeperOption,
 )
 from waltz_cli.output import console, err_console, fail, one_line_errors, print_json
-from waltz_engine.address import parse_host_port
 from waltz_engine.bench import crc_bench, engine_bench
+from waltz_engine.common.address import parse_host_port
 
 app = options.group(help="Benchmarks: measure throughput and latency on this machine.")
 
@@ -165,8 +165,9 @@ def storage(
     import tempfile
 
     from waltz_engine.bench import storage_node
+    from waltz_engine.ops.tool_config import load_settings
     from waltz_engine.storage import admin_ops
-    from waltz_engine.zk.connection import connect, load_settings
+    from waltz_engine.zk.connection import connect
 
     if seconds is not None and requests is not None:
         fail("give --duration-s or --requests, not both")

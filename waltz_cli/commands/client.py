@@ -21,9 +21,9 @@ from waltz_cli.options import (
     group,
 )
 from waltz_cli.output import one_line_errors, print_json
-from waltz_engine import client_tools
 from waltz_engine.client import WaltzClientConfig
-from waltz_engine.client_tools import DEFAULT_CONSUMER_IDLE_TIMEOUT_MS, DEFAULT_TIMEOUT_MS, ProducerSpec
+from waltz_engine.ops import client_tools
+from waltz_engine.ops.client_tools import DEFAULT_CONSUMER_IDLE_TIMEOUT_MS, DEFAULT_TIMEOUT_MS, ProducerSpec
 
 T = TypeVar("T")
 INTERRUPTED = 130

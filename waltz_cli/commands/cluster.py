@@ -1,6 +1,6 @@
 """`waltz cluster check-connectivity | verify`: the original's ``ClusterCli`` (reference §4.5).
 
-A thin skin over :mod:`waltz_engine.cluster_ops`: read the cluster from ZooKeeper once, ask
+A thin skin over :mod:`waltz_engine.ops.cluster_ops`: read the cluster from ZooKeeper once, ask
 servers and storage nodes, render. TLS keys for those connections are read under ``ssl.``
 in the ``--config`` YAML, as the original's tools do.
 """
@@ -18,9 +18,10 @@ from rich.text import Text
 from waltz_cli import options
 from waltz_cli.options import ConfigOption, ConnectTimeoutOption, JsonOption, RootOption, ZooKeeperOption
 from waltz_cli.output import console, one_line_errors, print_json
-from waltz_engine import cluster_ops
-from waltz_engine.cluster_ops import ClusterView, VerifyReport
-from waltz_engine.zk.connection import connect, load_settings
+from waltz_engine.ops import cluster_ops
+from waltz_engine.ops.cluster_ops import ClusterView, VerifyReport
+from waltz_engine.ops.tool_config import load_settings
+from waltz_engine.zk.connection import connect
 
 app = options.group(help="Check and verify a whole cluster (servers, storage nodes, ZooKeeper).")
 

@@ -11,7 +11,7 @@ import typer
 from waltz_cli import options
 from waltz_cli.options import JsonOption
 from waltz_cli.output import console, err_console, one_line_errors, print_json
-from waltz_engine.devcluster import (
+from waltz_engine.ops.devcluster import (
     DEFAULT_DIRECTORY,
     DEFAULT_PARTITIONS,
     DEFAULT_SERVERS,

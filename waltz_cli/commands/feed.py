@@ -14,7 +14,6 @@ from typing import Annotated, Any
 
 import typer
 
-from waltz_cli.decoder import Decoder, load_decoder
 from waltz_cli.options import (
     ClientTimeoutOption,
     ConfigOption,
@@ -24,8 +23,9 @@ from waltz_cli.options import (
     ZooKeeperOption,
 )
 from waltz_cli.output import fail, one_line_errors, print_json
-from waltz_engine import client_tools
-from waltz_engine.client_tools import DEFAULT_TIMEOUT_MS, AppendItem, TailedTransaction, TailRange
+from waltz_engine.common.decoder import Decoder, load_decoder
+from waltz_engine.ops import client_tools
+from waltz_engine.ops.client_tools import DEFAULT_TIMEOUT_MS, AppendItem, TailedTransaction, TailRange
 from waltz_engine.zk.partition_ranges import parse_partition_ranges
 
 STDIN = "-"

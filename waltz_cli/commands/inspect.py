@@ -1,6 +1,6 @@
 """`waltz inspect`: read-only views of storage files and wire frames.
 
-The storage commands are a thin skin over :mod:`waltz_engine.inspect`: each calls one
+The storage commands are a thin skin over :mod:`waltz_engine.ops.inspect`: each calls one
 library function, then renders its result as a table (people) or JSON (``--json``, scripts).
 """
 
@@ -17,10 +17,10 @@ from rich.table import Table
 
 from waltz_cli import options
 from waltz_cli.commands import frame as frame_command
-from waltz_cli.decoder import load_decoder
 from waltz_cli.options import JsonOption, TransactionOption
 from waltz_cli.output import console, fail, one_line_errors, print_json
-from waltz_engine.inspect import inspect_control, inspect_segment, segment_stats, verify
+from waltz_engine.common.decoder import load_decoder
+from waltz_engine.ops.inspect import inspect_control, inspect_segment, segment_stats, verify
 
 app = options.group(help="Read-only inspection of storage files and wire frames (never modifies a file).")
 

@@ -1,7 +1,7 @@
 """`waltz recover` and `waltz truncate`: partition repair commands (top-level; the lead registers them).
 
 ``recover`` opens a store session from this process (recovery runs now); ``truncate`` cuts a
-replica's tail offline. Thin skins over :mod:`waltz_engine.cluster_ops`.
+replica's tail offline. Thin skins over :mod:`waltz_engine.ops.cluster_ops`.
 """
 
 from __future__ import annotations
@@ -26,10 +26,11 @@ from waltz_cli.options import (
     ZooKeeperOption,
 )
 from waltz_cli.output import console, one_line_errors, print_json
-from waltz_engine import cluster_ops
-from waltz_engine.cluster_ops import RecoverResult
+from waltz_engine.ops import cluster_ops
+from waltz_engine.ops.cluster_ops import RecoverResult
+from waltz_engine.ops.tool_config import load_settings
 from waltz_engine.storage import admin_ops
-from waltz_engine.zk.connection import connect, load_settings
+from waltz_engine.zk.connection import connect
 
 MS_PER_S = 1000
 

@@ -1,5 +1,5 @@
 """`waltz retention ...`: mark what the storage nodes may remove (our extension; reference
-Waltz never deletes). A thin skin over :mod:`waltz_engine.retention`: the bounds live in
+Waltz never deletes). A thin skin over :mod:`waltz_engine.zk.retention`: the bounds live in
 ZooKeeper, and each storage node's cleaner removes whole segments below the effective bound
 (the bound, lowered to every export's watermark + 1) in the background.
 """
@@ -23,10 +23,11 @@ from waltz_cli.options import (
     ZooKeeperOption,
 )
 from waltz_cli.output import console, fail, one_line_errors, print_json
-from waltz_engine import retention
-from waltz_engine.retention_report import RetentionReport, read_retentions, replica_starts
+from waltz_engine.ops.retention_report import RetentionReport, read_retentions, replica_starts
+from waltz_engine.ops.tool_config import load_settings
 from waltz_engine.storage import admin_ops
-from waltz_engine.zk.connection import connect, load_settings
+from waltz_engine.zk import retention
+from waltz_engine.zk.connection import connect
 
 app = options.group(help="Log retention: which records the storage nodes may remove.")
 

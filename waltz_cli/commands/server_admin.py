@@ -1,7 +1,7 @@
 """`waltz server list | add-preferred-partition | remove-preferred-partition | assign | unassign`.
 
 The original's ``ServerCli`` (reference §4.3) plus forced assignment, which the original
-lacked (its issue #6). A thin skin over :mod:`waltz_engine.cluster_ops`; the lead adds these
+lacked (its issue #6). A thin skin over :mod:`waltz_engine.ops.cluster_ops`; the lead adds these
 to the `waltz server` group with :func:`register`.
 """
 
@@ -24,10 +24,11 @@ from waltz_cli.options import (
     ZooKeeperOption,
 )
 from waltz_cli.output import one_line_errors, print_json
-from waltz_engine import cluster_ops
-from waltz_engine.address import HostPort, parse_host_port
-from waltz_engine.cluster_ops import ForcedAssignment
-from waltz_engine.zk.connection import connect, load_settings
+from waltz_engine.common.address import HostPort, parse_host_port
+from waltz_engine.ops import cluster_ops
+from waltz_engine.ops.cluster_ops import ForcedAssignment
+from waltz_engine.ops.tool_config import load_settings
+from waltz_engine.zk.connection import connect
 from waltz_engine.zk.partition_ranges import parse_partition_ranges
 
 ServerOption = Annotated[

@@ -20,8 +20,9 @@ from rich.table import Table
 from waltz_cli import options
 from waltz_cli.options import ENV_CONFIG, JsonOption, RootOption, ZooKeeperOption
 from waltz_cli.output import console, err_console, fail, one_line_errors, print_json
-from waltz_engine.config import Config
-from waltz_engine.zk.connection import KEY_CLUSTER_ROOT, KEY_CONNECT_STRING, load_tool_config
+from waltz_engine.common.config import Config
+from waltz_engine.ops.tool_config import load_tool_config
+from waltz_engine.zk.connection import KEY_CLUSTER_ROOT, KEY_CONNECT_STRING
 
 app = options.group(help="Spark jobs over a Waltz log (export to Parquet).")
 

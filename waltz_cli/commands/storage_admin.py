@@ -33,6 +33,7 @@ from waltz_cli.options import (
     ZooKeeperOption,
 )
 from waltz_cli.output import console, err_console, fail, one_line_errors, print_json
+from waltz_engine.ops.tool_config import load_settings
 from waltz_engine.storage import admin_ops
 from waltz_engine.storage.admin_ops import (
     NodePartitions,
@@ -41,7 +42,7 @@ from waltz_engine.storage.admin_ops import (
     StorageNode,
     StoreLayout,
 )
-from waltz_engine.zk.connection import connect, load_settings
+from waltz_engine.zk.connection import connect
 from waltz_engine.zk.partition_ranges import format_partition_ranges, parse_partition_ranges
 
 T = TypeVar("T")

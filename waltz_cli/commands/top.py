@@ -1,4 +1,4 @@
-"""`waltz top`: a live view of a cluster (a thin skin over :mod:`waltz_engine.top`).
+"""`waltz top`: a live view of a cluster (a thin skin over :mod:`waltz_engine.ops.top`).
 
 On a terminal it redraws in place; into a pipe or a file it prints plain snapshots one after
 another, and with --json one JSON document per interval (JSON lines), never tables.
@@ -14,8 +14,8 @@ from rich.console import Console
 
 from waltz_cli.options import ConfigOption, RootOption, ZooKeeperOption
 from waltz_cli.output import console, one_line_errors, print_json
-from waltz_engine.top import Snapshot, dev_cluster_http, render, run_live, take_snapshot, watch
-from waltz_engine.zk.connection import load_settings
+from waltz_engine.ops.tool_config import load_settings
+from waltz_engine.ops.top import Snapshot, dev_cluster_http, render, run_live, take_snapshot, watch
 
 DEFAULT_INTERVAL_MS = 1000
 MIN_INTERVAL_MS = 100

@@ -30,10 +30,11 @@ from waltz_cli.options import (
     ZooKeeperOption,
 )
 from waltz_cli.output import console, one_line_errors, print_json
+from waltz_engine.ops.tool_config import load_settings
 from waltz_engine.zk import store_metadata
 from waltz_engine.zk.cluster import ClusterSnapshot, delete_cluster, read_snapshot
 from waltz_engine.zk.cluster import create_cluster as create_cluster_znodes
-from waltz_engine.zk.connection import ZooKeeperSettings, connect, load_settings
+from waltz_engine.zk.connection import ZooKeeperSettings, connect
 from waltz_engine.zk.partition_ranges import format_partition_ranges, parse_partition_ranges
 from waltz_engine.zk.server import (
     DEFAULT_ADDRESS,

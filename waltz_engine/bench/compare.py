@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from waltz_engine.errors import WaltzError
+from waltz_engine.common.errors import WaltzError
 
 # What describes the run rather than measures it.
 IGNORED_KEYS = frozenset({"machine"})

@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from waltz_engine.crc import crc32
-from waltz_engine.record import Record
-from waltz_engine.reqid import ReqId
+from waltz_engine.common.crc import crc32
+from waltz_engine.common.record import Record
+from waltz_engine.common.reqid import ReqId
 from waltz_engine.storage import StorageManager
 
 RECORD_DATA_BYTES = 1024

@@ -14,7 +14,7 @@ Unlike the original, the appenders are asyncio tasks sharing ``clients`` WaltzCl
 (default 1): every client is fed every transaction of its partitions, so one client per
 appender makes the server send each commit ``threads`` times.
 
-By default the benchmark brings its own cluster (a `waltz_engine.devcluster.LocalCluster`:
+By default the benchmark brings its own cluster (a `waltz_engine.ops.devcluster.LocalCluster`:
 embedded ZooKeeper, ``storages`` storage nodes, one server) and reports the CPU seconds of
 each process, this one included, per 1 000 transactions.
 """
@@ -50,7 +50,7 @@ from waltz_engine.client import (
     WaltzClientConfig,
 )
 from waltz_engine.client.config import DEFAULT_MAX_CONCURRENT_TRANSACTIONS
-from waltz_engine.devcluster import LocalCluster
+from waltz_engine.ops.devcluster import LocalCluster
 
 BYTES_PER_MB = 1024 * 1024  # the original's BYTES_IN_MEGABYTE
 MS_PER_S = 1000.0

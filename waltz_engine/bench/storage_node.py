@@ -32,7 +32,6 @@ from typing import Any
 
 import yaml
 
-from waltz_engine.address import HostPort
 from waltz_engine.bench.engine_bench import (
     BYTES_PER_MB,
     PAYLOAD_POOL_SIZE,
@@ -42,9 +41,10 @@ from waltz_engine.bench.engine_bench import (
     RawLoop,
     make_payloads,
 )
-from waltz_engine.errors import WaltzError
-from waltz_engine.record import Record
-from waltz_engine.reqid import ReqId
+from waltz_engine.common.address import HostPort
+from waltz_engine.common.errors import WaltzError
+from waltz_engine.common.record import Record
+from waltz_engine.common.reqid import ReqId
 from waltz_engine.storage.admin_ops import StorageContext
 from waltz_engine.storage.client import StorageAdminClient, StorageClient, encode_append_records
 from waltz_engine.zk.cluster import create_cluster
@@ -381,10 +381,9 @@ def own_node(work: Path, ssl_context: ssl.SSLContext) -> Iterator[NodeTarget]:
             admin_port,
             StorageContext(params.key, params.num_partitions, ssl_context),
         )
-        command = [sys.executable, "-c", "from waltz_cli.main import main; main()"]
         with log_path.open("ab") as log:
             process = subprocess.Popen(
-                [*command, "storage", "start", "--config", str(config_path)],
+                [sys.executable, "-m", "waltz_engine.storage", "--config", str(config_path)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from waltz_engine.net import FramedConnection
+from waltz_engine.net.channel import FramedConnection
 from waltz_engine.wire.client_messages import ClientMessage
 
 

@@ -36,9 +36,9 @@ from waltz_engine.client.transaction import Transaction
 from waltz_engine.client.transaction_builder import TransactionBuilder
 from waltz_engine.client.transaction_context import TransactionContext
 from waltz_engine.client.transaction_monitor import TransactionFuture
-from waltz_engine.errors import WaltzError
-from waltz_engine.metrics import MetricsRegistry
-from waltz_engine.reqid import ReqId
+from waltz_engine.common.errors import WaltzError
+from waltz_engine.common.metrics import MetricsRegistry
+from waltz_engine.common.reqid import ReqId
 from waltz_engine.wire.client_messages import AppendRequest
 from waltz_engine.zk.payloads import PartitionInfo
 

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from waltz_engine.config import Config, ConfigError
-from waltz_engine.tls import TlsConfig
+from waltz_engine.common.config import Config, ConfigError
+from waltz_engine.net.tls import TlsConfig
 from waltz_engine.zk.connection import ZooKeeperSettings
 
 if TYPE_CHECKING:

@@ -20,11 +20,11 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
-from waltz_engine.address import parse_host_port
 from waltz_engine.client.channel import Channel, FramedChannel
 from waltz_engine.client.network_client import Endpoint
-from waltz_engine.net import connect
-from waltz_engine.tls import TlsConfig, client_context
+from waltz_engine.common.address import parse_host_port
+from waltz_engine.net.channel import connect
+from waltz_engine.net.tls import TlsConfig, client_context
 from waltz_engine.wire.client_messages import CLIENT_CODECS
 from waltz_engine.wire.hello import CLIENT_HELLO_TEXT
 from waltz_engine.zk.cluster import next_client_id, read_cluster_params

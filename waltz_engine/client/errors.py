@@ -6,7 +6,7 @@ needs one ``except`` for everything the client reports.
 
 from __future__ import annotations
 
-from waltz_engine.errors import WaltzError
+from waltz_engine.common.errors import WaltzError
 
 
 class WaltzClientError(WaltzError):

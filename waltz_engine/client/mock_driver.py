@@ -25,9 +25,9 @@ from typing import Any, Protocol
 
 from waltz_engine.client.driver import DriverInfo, OnEndpoints, OnServerRemoved, WaltzClientDriver
 from waltz_engine.client.network_client import Endpoint
-from waltz_engine.crc import crc32
-from waltz_engine.net import ConnectionClosedError
-from waltz_engine.reqid import ReqId
+from waltz_engine.common.crc import crc32
+from waltz_engine.common.reqid import ReqId
+from waltz_engine.net.channel import ConnectionClosedError
 from waltz_engine.wire.client_messages import (
     PARTITION_STATE_CLIENT_AHEAD,
     PARTITION_STATE_READY,

@@ -15,12 +15,12 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from waltz_engine.client.channel import Channel
-from waltz_engine.errors import WaltzError
+from waltz_engine.common.errors import WaltzError
 from waltz_engine.wire.client_messages import ClientMessage
 
 log = logging.getLogger(__name__)
 
-Endpoint = str  # "host:port", as the cluster manager publishes it (waltz_engine.address parses it)
+Endpoint = str  # "host:port", as the cluster manager publishes it (waltz_engine.common.address parses it)
 OpenChannel = Callable[[Endpoint], Awaitable[Channel]]
 
 

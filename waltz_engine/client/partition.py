@@ -25,7 +25,7 @@ from waltz_engine.client.errors import (
     PartitionInactiveError,
 )
 from waltz_engine.client.transaction_monitor import TransactionFuture, TransactionMonitor
-from waltz_engine.reqid import ReqId
+from waltz_engine.common.reqid import ReqId
 from waltz_engine.wire.client_messages import AppendRequest, FlushRequest, LockFailure
 
 if TYPE_CHECKING:

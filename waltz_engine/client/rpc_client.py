@@ -16,8 +16,8 @@ from waltz_engine.client.base_client import BaseClient
 from waltz_engine.client.errors import ClientClosedError, ClientTimeoutError, DataChecksumError, RpcError
 from waltz_engine.client.network_client import Endpoint, NetworkClient, OpenChannel
 from waltz_engine.client.partition import next_seq_num
-from waltz_engine.crc import crc32
-from waltz_engine.reqid import ReqId
+from waltz_engine.common.crc import crc32
+from waltz_engine.common.reqid import ReqId
 from waltz_engine.wire.client_messages import (
     AddPreferredPartitionRequest,
     AddPreferredPartitionResponse,

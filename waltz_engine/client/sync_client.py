@@ -17,7 +17,7 @@ from waltz_engine.client.callbacks import WaltzClientCallbacks
 from waltz_engine.client.client import WaltzClient
 from waltz_engine.client.config import WaltzClientConfig
 from waltz_engine.client.transaction_context import TransactionContext
-from waltz_engine.metrics import MetricsRegistry
+from waltz_engine.common.metrics import MetricsRegistry
 
 T = TypeVar("T")
 

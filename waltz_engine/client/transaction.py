@@ -7,7 +7,7 @@ import threading
 from typing import TYPE_CHECKING, TypeVar, overload
 
 from waltz_engine.client.errors import InvalidOperationError
-from waltz_engine.reqid import ReqId
+from waltz_engine.common.reqid import ReqId
 
 if TYPE_CHECKING:
     from waltz_engine.client.rpc_client import RpcClient

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import NamedTuple, Protocol, TypeVar
 
-from waltz_engine.crc import crc32
-from waltz_engine.lock_hash import partition_local_lock_hash
-from waltz_engine.reqid import ReqId
+from waltz_engine.common.crc import crc32
+from waltz_engine.common.lock_hash import partition_local_lock_hash
+from waltz_engine.common.reqid import ReqId
 from waltz_engine.wire.client_messages import AppendRequest
 
 T = TypeVar("T")

@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING
 
 from waltz_engine.client.errors import ClientClosedError, PartitionInactiveError
-from waltz_engine.reqid import ReqId
+from waltz_engine.common.reqid import ReqId
 
 if TYPE_CHECKING:
     from waltz_engine.client.transaction_context import TransactionContext

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from waltz_engine.common.errors import FormatError
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES, ControlFileHeader
 from waltz_engine.disk.partition_info import (
     PARTITION_INFO_SIZE_BYTES,
@@ -18,7 +19,6 @@ from waltz_engine.disk.partition_info import (
     decode_record,
     partition_info_offset,
 )
-from waltz_engine.errors import FormatError
 
 CONTROL_FILE_NAME = "waltz-storage.ctl"
 SEGMENT_FILE_SUFFIXES = (".seg", ".idx")

@@ -12,7 +12,7 @@ import struct
 import uuid
 from typing import NamedTuple
 
-from waltz_engine.errors import FormatError
+from waltz_engine.common.errors import FormatError
 
 HEADER_SIZE_BYTES = 128
 FORMAT_VERSION = 0

@@ -11,9 +11,9 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-from waltz_engine.crc import crc32
+from waltz_engine.common.crc import crc32
+from waltz_engine.common.errors import FormatError
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
-from waltz_engine.errors import FormatError
 
 PARTITION_INFO_SIZE_BYTES = 76
 STRUCT_SIZE_BYTES = 36

@@ -12,9 +12,9 @@ import zlib
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from waltz_engine.crc import crc32
-from waltz_engine.record import Record
-from waltz_engine.reqid import ReqId
+from waltz_engine.common.crc import crc32
+from waltz_engine.common.record import Record
+from waltz_engine.common.reqid import ReqId
 
 RECORD_HEADER_SIZE_BYTES = 36
 RECORD_OVERHEAD_BYTES = 40

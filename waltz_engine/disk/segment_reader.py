@@ -19,6 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO
 
+from waltz_engine.common.errors import FormatError
 from waltz_engine.disk.control_reader import CONTROL_FILE_NAME, require_exists
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES, SegmentFileHeader
 from waltz_engine.disk.record_format import (
@@ -29,7 +30,6 @@ from waltz_engine.disk.record_format import (
     DiskRecord,
     read_record,
 )
-from waltz_engine.errors import FormatError
 
 SEGMENT_SUFFIX = ".seg"
 INDEX_SUFFIX = ".idx"

@@ -8,11 +8,11 @@ import socket
 from pathlib import Path
 from typing import NamedTuple
 
-from waltz_engine.config import Config, ConfigError, require_ports
+from waltz_engine.common.config import Config, ConfigError, require_ports
+from waltz_engine.net.tls import TlsConfig
 from waltz_engine.server.feed_cache import DEFAULT_FEED_CACHE_SIZE_BYTES
 from waltz_engine.server.locks import DEFAULT_LOCK_TABLE_SIZE
 from waltz_engine.server.transaction_cache import DEFAULT_TRANSACTION_DATA_CACHE_SIZE_BYTES
-from waltz_engine.tls import TlsConfig
 from waltz_engine.zk.connection import ZOOKEEPER_KEYS, ZooKeeperSettings, node_zookeeper_settings
 
 log = logging.getLogger(__name__)

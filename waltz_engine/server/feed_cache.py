@@ -23,9 +23,9 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable
 
-from waltz_engine.metrics import Meter, MetricsRegistry
-from waltz_engine.record import RecordHeader
-from waltz_engine.reqid import ReqId
+from waltz_engine.common.metrics import Meter, MetricsRegistry
+from waltz_engine.common.record import RecordHeader
+from waltz_engine.common.reqid import ReqId
 
 DEFAULT_FEED_CACHE_SIZE_BYTES = 64 * 1024 * 1024
 

@@ -21,8 +21,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
-from waltz_engine.record import RecordHeader
-from waltz_engine.reqid import ReqId
+from waltz_engine.common.record import RecordHeader
+from waltz_engine.common.reqid import ReqId
 from waltz_engine.server.feed_cache import (
     FEED_CACHE_BLOCK_INDEX_MASK,
     FEED_CACHE_BLOCK_NUM_TRANSACTIONS,

@@ -20,7 +20,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from waltz_engine.net import WRITE_BUFFER_HIGH_BYTES, ConnectionClosedError, FramedConnection
+from waltz_engine.net.channel import WRITE_BUFFER_HIGH_BYTES, ConnectionClosedError, FramedConnection
 from waltz_engine.server.feeds import FeedContext
 from waltz_engine.server.partition import Partition
 from waltz_engine.wire.client_messages import (

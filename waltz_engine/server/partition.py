@@ -19,10 +19,10 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
-from waltz_engine.errors import WaltzError
-from waltz_engine.metrics import MetricsRegistry
-from waltz_engine.record import Record, RecordHeader
-from waltz_engine.reqid import ReqId
+from waltz_engine.common.errors import WaltzError
+from waltz_engine.common.metrics import MetricsRegistry
+from waltz_engine.common.record import Record, RecordHeader
+from waltz_engine.common.reqid import ReqId
 from waltz_engine.server.config import EngineSettings
 from waltz_engine.server.feed_cache import FeedCache
 from waltz_engine.server.feeds import FeedClient, FeedContext, FeedWorker

@@ -13,10 +13,10 @@ import ssl
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from waltz_engine.address import HostPort
-from waltz_engine.errors import ProtocolError, WaltzError
-from waltz_engine.net import ConnectionClosedError, FramedConnection, connect
-from waltz_engine.reqid import ReqId
+from waltz_engine.common.address import HostPort
+from waltz_engine.common.errors import ProtocolError, WaltzError
+from waltz_engine.common.reqid import ReqId
+from waltz_engine.net.channel import ConnectionClosedError, FramedConnection, connect
 from waltz_engine.wire.client_messages import (
     CLIENT_CODECS,
     AddPreferredPartitionRequest,

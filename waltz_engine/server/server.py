@@ -21,17 +21,17 @@ from kazoo.client import KazooClient
 from kazoo.protocol.states import KazooState
 
 from waltz_engine import __version__
-from waltz_engine.errors import WaltzError
-from waltz_engine.http_endpoints import HttpEndpoints
-from waltz_engine.metrics import MetricsRegistry
-from waltz_engine.net import Listener, serve
-from waltz_engine.process import run_service
+from waltz_engine.common.errors import WaltzError
+from waltz_engine.common.metrics import MetricsRegistry
+from waltz_engine.common.process import run_service
+from waltz_engine.net.channel import Listener, serve
+from waltz_engine.net.http_endpoints import HttpEndpoints
+from waltz_engine.net.tls import client_context, server_context
 from waltz_engine.server.config import EngineSettings, ServerConfig
 from waltz_engine.server.feed_cache import FeedCache
 from waltz_engine.server.handler import ClientHandler
 from waltz_engine.server.partition import Partition, StorePartitionLike
 from waltz_engine.server.transaction_cache import TransactionCache, TransactionFetcher
-from waltz_engine.tls import client_context, server_context
 from waltz_engine.wire.client_messages import CLIENT_CODECS
 from waltz_engine.wire.hello import SERVER_HELLO_TEXT
 from waltz_engine.zk.cluster import read_cluster_params

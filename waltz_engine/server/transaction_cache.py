@@ -18,7 +18,7 @@ import asyncio
 import struct
 from collections.abc import Awaitable, Callable
 
-from waltz_engine.metrics import Meter, MetricsRegistry
+from waltz_engine.common.metrics import Meter, MetricsRegistry
 
 DEFAULT_TRANSACTION_DATA_CACHE_SIZE_BYTES = 128 * 1024 * 1024
 # An entry is cached only if it takes at most this fraction of the buffer.

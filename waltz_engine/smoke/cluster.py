@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from waltz_engine.devcluster import STORAGE, LocalCluster, LocalNode, free_port
+from waltz_engine.ops.devcluster import STORAGE, LocalCluster, LocalNode, free_port
 from waltz_engine.smoke.schedule import NUM_SERVERS, NUM_STORAGES
 from waltz_engine.storage.node.config import KEY_PORT
 

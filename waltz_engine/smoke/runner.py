@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import TypeVar
 
 from waltz_engine.client import Transaction, WaltzClient, WaltzClientConfig
-from waltz_engine.client_tools import HighWaterMarks
-from waltz_engine.config import Config
-from waltz_engine.errors import WaltzError
+from waltz_engine.common.config import Config
+from waltz_engine.common.errors import WaltzError
+from waltz_engine.net.tcp_proxy import HOST as PROXY_HOST
+from waltz_engine.net.tcp_proxy import TcpProxy
+from waltz_engine.ops.client_tools import HighWaterMarks
 from waltz_engine.smoke import checks, workload
 from waltz_engine.smoke.checks import Applied
 from waltz_engine.smoke.clients import ClientProcess
@@ -35,8 +37,6 @@ from waltz_engine.smoke.schedule import (
     make_schedule,
 )
 from waltz_engine.storage.admin_ops import replica_checksums
-from waltz_engine.tcp_proxy import HOST as PROXY_HOST
-from waltz_engine.tcp_proxy import TcpProxy
 from waltz_engine.zk.connection import connect
 from waltz_engine.zk.store_metadata import read_store_params
 

@@ -35,8 +35,8 @@ from waltz_engine.client import (
     WaltzClientCallbacks,
     WaltzClientConfig,
 )
-from waltz_engine.config import Config
-from waltz_engine.errors import WaltzError
+from waltz_engine.common.config import Config
+from waltz_engine.common.errors import WaltzError
 
 COMMITTED_FILE = "committed.log"
 APPLIED_FILE = "applied.log"

@@ -1,6 +1,6 @@
 """The retention cleaner of a storage node: a background task that re-reads the effective
 retention bounds from ZooKeeper (on start, then every interval) and removes, in each assigned
-partition, the whole head segments that lie below the bound (``waltz_engine.retention``).
+partition, the whole head segments that lie below the bound (``waltz_engine.zk.retention``).
 
 Only committed data goes: a partition removes nothing at or above its local low-water mark + 1,
 and never its current segment. When ZooKeeper cannot be read the round is skipped rather than
@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 
 from kazoo.exceptions import KazooException
 
-from waltz_engine.errors import StorageError, WaltzError
-from waltz_engine.retention import read_effective_bounds
+from waltz_engine.common.errors import StorageError, WaltzError
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
+from waltz_engine.zk.retention import read_effective_bounds
 
 if TYPE_CHECKING:  # the node package imports this module
     from waltz_engine.storage.node.partition_worker import PartitionWorker

@@ -22,9 +22,9 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from waltz_engine.errors import ProtocolError, WaltzError
-from waltz_engine.net import CONNECT_TIMEOUT_MS, ConnectionClosedError, FramedConnection, connect
-from waltz_engine.record import Record, RecordHeader
+from waltz_engine.common.errors import ProtocolError, WaltzError
+from waltz_engine.common.record import Record, RecordHeader
+from waltz_engine.net.channel import CONNECT_TIMEOUT_MS, ConnectionClosedError, FramedConnection, connect
 from waltz_engine.wire.admin_messages import (
     ADMIN_CODEC,
     AdminAssignedPartitionStatusRequest,

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+from waltz_engine.common.errors import FormatError, StorageError
+from waltz_engine.common.fileio import pread_upto, pwrite_all
 from waltz_engine.disk.file_header import FORMAT_VERSION, HEADER_SIZE_BYTES, ControlFileHeader
 from waltz_engine.disk.partition_info import (
     FLAG_AVAILABLE,
@@ -28,8 +30,6 @@ from waltz_engine.disk.partition_info import (
     initial_structs,
     partition_info_offset,
 )
-from waltz_engine.errors import FormatError, StorageError
-from waltz_engine.fileio import pread_upto, pwrite_all
 from waltz_engine.storage.constants import now_ms
 from waltz_engine.storage.file_lock import HeaderLock
 

@@ -19,7 +19,7 @@ import sys
 import threading
 from pathlib import Path
 
-from waltz_engine.errors import StorageError
+from waltz_engine.common.errors import StorageError
 from waltz_engine.storage.constants import CONTROL_LOCK_SIZE_BYTES, CONTROL_LOCK_START_BYTES
 
 # Linux `struct flock`: l_type, l_whence (short), l_start, l_len (off_t), l_pid (pid_t), padded.

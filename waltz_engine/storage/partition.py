@@ -17,12 +17,11 @@ import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from waltz_engine.crc import to_signed32
+from waltz_engine.common.crc import to_signed32
+from waltz_engine.common.errors import FormatError, StorageError
+from waltz_engine.common.fileio import fsync_directory
+from waltz_engine.common.record import Record, RecordHeader
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
-from waltz_engine.errors import FormatError, StorageError
-from waltz_engine.fileio import fsync_directory
-from waltz_engine.record import Record, RecordHeader
-from waltz_engine.retention import BelowRetainedStartError, removable_head_segments
 from waltz_engine.storage.constants import (
     DEFAULT_SEGMENT_CACHE_CAPACITY,
     DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES,
@@ -35,6 +34,7 @@ from waltz_engine.storage.control_file import PartitionInfo, SessionInfo
 from waltz_engine.storage.lru import LRUCache
 from waltz_engine.storage.segment import Segment, create_segment_files
 from waltz_engine.storage.segment_finder import find_segment
+from waltz_engine.zk.retention import BelowRetainedStartError, removable_head_segments
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,10 @@ import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from waltz_engine.crc import to_signed32
+from waltz_engine.common.crc import to_signed32
+from waltz_engine.common.errors import FormatError, StorageError
+from waltz_engine.common.fileio import fsync_directory, pread_upto, pwrite_all
+from waltz_engine.common.record import Record, RecordHeader
 from waltz_engine.disk.file_header import FORMAT_VERSION, HEADER_SIZE_BYTES, SegmentFileHeader
 from waltz_engine.disk.record_format import (
     CHECKPOINT_INTERVAL,
@@ -35,9 +38,6 @@ from waltz_engine.disk.record_format import (
     encode_records,
     read_record,
 )
-from waltz_engine.errors import FormatError, StorageError
-from waltz_engine.fileio import fsync_directory, pread_upto, pwrite_all
-from waltz_engine.record import Record, RecordHeader
 
 _NO_FD = -1
 

@@ -13,8 +13,8 @@ import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from waltz_engine.common.errors import StorageError
 from waltz_engine.disk.partition_info import FLAG_ASSIGNED, FLAG_AVAILABLE
-from waltz_engine.errors import StorageError
 from waltz_engine.storage.constants import (
     CONTROL_FILE_NAME,
     DEFAULT_SEGMENT_CACHE_CAPACITY,

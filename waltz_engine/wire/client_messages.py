@@ -10,8 +10,8 @@ from __future__ import annotations
 import struct
 from typing import Any, NamedTuple, TypeAlias
 
-from waltz_engine.crc import crc32
-from waltz_engine.reqid import ReqId
+from waltz_engine.common.crc import crc32
+from waltz_engine.common.reqid import ReqId
 from waltz_engine.wire.codec import Field, HeaderLayout, MessageCodec, MessageSpec, field_spec, fixed_spec
 from waltz_engine.wire.errors import DataChecksumError, EncodeError, InvalidValueError
 from waltz_engine.wire.primitives import (

@@ -16,7 +16,7 @@ import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from waltz_engine.errors import ProtocolError
+from waltz_engine.common.errors import ProtocolError
 from waltz_engine.wire.errors import (
     EncodeError,
     TrailingBytesError,

@@ -10,8 +10,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from waltz_engine.errors import ProtocolError
-from waltz_engine.reqid import ReqId
+from waltz_engine.common.errors import ProtocolError
+from waltz_engine.common.reqid import ReqId
 from waltz_engine.wire.codecs import codec_for
 from waltz_engine.wire.frame import FRAME_HEADER, FRAME_HEADER_SIZE_BYTES, Frame, parse_frame
 from waltz_engine.wire.hello import HELLO_NAME, HelloCodec

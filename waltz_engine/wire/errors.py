@@ -1,12 +1,12 @@
 """Why bytes on a connection were refused, or why a message could not be encoded.
 
-Every class derives from :class:`waltz_engine.errors.ProtocolError`, so a connection
+Every class derives from :class:`waltz_engine.common.errors.ProtocolError`, so a connection
 handler needs one ``except`` to close the connection on any of them.
 """
 
 from __future__ import annotations
 
-from waltz_engine.errors import ChecksumError, ProtocolError
+from waltz_engine.common.errors import ChecksumError, ProtocolError
 
 
 class FrameHeaderError(ProtocolError):

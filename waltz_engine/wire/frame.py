@@ -11,7 +11,7 @@ import asyncio
 import struct
 from typing import NamedTuple
 
-from waltz_engine.errors import ProtocolError
+from waltz_engine.common.errors import ProtocolError
 from waltz_engine.wire.errors import (
     FrameHeaderError,
     FrameTooLargeError,

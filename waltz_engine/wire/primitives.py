@@ -16,8 +16,8 @@ import uuid
 from collections.abc import Sequence
 from typing import NamedTuple, TypeAlias
 
-from waltz_engine.record import Record, RecordHeader
-from waltz_engine.reqid import ReqId
+from waltz_engine.common.record import Record, RecordHeader
+from waltz_engine.common.reqid import ReqId
 from waltz_engine.wire.errors import (
     EncodeError,
     InvalidValueError,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, NamedTuple, TypeAlias
 
-from waltz_engine.record import Record, RecordHeader
+from waltz_engine.common.record import Record, RecordHeader
 from waltz_engine.wire.codec import Field, HeaderLayout, MessageCodec, MessageSpec, field_spec, fixed_spec
 from waltz_engine.wire.primitives import (
     SessionInfo,

@@ -22,7 +22,7 @@ import random
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
-from waltz_engine.errors import WaltzError
+from waltz_engine.common.errors import WaltzError
 from waltz_engine.zk.java_io import JavaHashMap, to_int32
 from waltz_engine.zk.payloads import PartitionAssignment, PartitionInfo, ServerDescriptor, ServerPartitions
 

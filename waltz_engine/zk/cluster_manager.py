@@ -32,7 +32,7 @@ from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, N
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import KazooState
 
-from waltz_engine.errors import FormatError, WaltzError
+from waltz_engine.common.errors import FormatError, WaltzError
 from waltz_engine.zk import assignment_policy
 from waltz_engine.zk.cluster import next_server_id, read_cluster_params
 from waltz_engine.zk.paths import ClusterPaths

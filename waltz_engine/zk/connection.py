@@ -11,16 +11,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import NamedTuple
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
-from waltz_engine.address import is_port
-from waltz_engine.config import Config, ConfigError, resolve_config_path
-from waltz_engine.errors import WaltzError
+from waltz_engine.common.address import is_port
+from waltz_engine.common.config import Config, ConfigError
+from waltz_engine.common.errors import WaltzError
 from waltz_engine.zk.paths import normalize_root
 
 KEY_CONNECT_STRING = "zookeeper.connectString"
@@ -97,44 +96,6 @@ def _check_connect_string(connect_string: str) -> str:
                 f"ZooKeeper connect string must be HOST:PORT[,HOST:PORT...], got '{connect_string}'"
             )
     return connect_string
-
-
-# Keys a tool's config may hold beside ZooKeeper's: the client's (a client YAML serves every
-# command) and TLS for the tool's own connections (``ssl.``) or to storage nodes (``server.ssl.``).
-TOOL_KNOWN_PREFIXES = ("ssl.", "server.ssl.")
-_warned_sources: set[str] = set()
-_CONFIG_LOGGER = logging.getLogger("waltz_engine.config")
-
-
-def load_tool_config(config_path: Path | None) -> Config | None:
-    """A command's config: ``config_path``, else the local dev cluster's client config, else None.
-
-    Unknown keys (a misspelling, most often) are logged once per file as warnings; they are
-    still ignored, as the original does.
-    """
-    from waltz_engine.client.config import KNOWN_KEYS as CLIENT_KEYS  # the client imports this module
-
-    path = resolve_config_path(config_path)
-    if path is None:
-        return None
-    config = Config.load(path)
-    if config.source not in _warned_sources:
-        _warned_sources.add(config.source)
-        config.warn_unknown_keys((*KNOWN_KEYS, *CLIENT_KEYS), _CONFIG_LOGGER.warning, TOOL_KNOWN_PREFIXES)
-    return config
-
-
-def load_settings(
-    config_path: Path | None,
-    zookeeper: str | None,
-    cluster_root: str | None,
-    connect_timeout_ms: int | None = None,
-) -> ZooKeeperSettings:
-    """Explicit values, else the config file (or the dev cluster's), see :func:`load_tool_config`."""
-    config = load_tool_config(config_path)
-    return ZooKeeperSettings.resolve(
-        zookeeper=zookeeper, cluster_root=cluster_root, config=config, connect_timeout_ms=connect_timeout_ms
-    )
 
 
 @contextmanager

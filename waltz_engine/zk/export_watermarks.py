@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
-from waltz_engine.errors import FormatError
+from waltz_engine.common.errors import FormatError
 from waltz_engine.zk.java_io import DataReader, DataWriter, JavaFormatError
 from waltz_engine.zk.paths import normalize_root
 from waltz_engine.zk.znodes import NO_VERSION, ConcurrentUpdateError, create_ancestors, read_optional, write

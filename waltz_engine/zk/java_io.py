@@ -15,7 +15,7 @@ import struct
 from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
-from waltz_engine.errors import FormatError
+from waltz_engine.common.errors import FormatError
 
 UTF_MAX_SIZE_BYTES = 0xFFFF  # writeUTF's length prefix is an unsigned 16-bit count of bytes
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from waltz_engine.errors import WaltzError
+from waltz_engine.common.errors import WaltzError
 from waltz_engine.zk.java_io import INT32_MAX
 
 # A typo like 0-2000000000 must not allocate billions of ints before the range check.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from waltz_engine.errors import WaltzError
+from waltz_engine.common.errors import WaltzError
 
 SERVER_DESCRIPTOR_PREFIX = "s_"
 _SERVER_DESCRIPTOR_NAME = re.compile(r"s_\d+")

@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from waltz_engine.address import port_in_use
-from waltz_engine.config import DEV_CLUSTER_DIRECTORY
-from waltz_engine.errors import WaltzError
+from waltz_engine.common.address import port_in_use
+from waltz_engine.common.config import DEV_CLUSTER_DIRECTORY
+from waltz_engine.common.errors import WaltzError
 
 ZOOKEEPER_MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
 DEFAULT_PORT = 2181

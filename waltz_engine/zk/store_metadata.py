@@ -15,7 +15,7 @@ from typing import NamedTuple
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError
 
-from waltz_engine.address import MAX_PORT, is_port, parse_host_port
+from waltz_engine.common.address import MAX_PORT, is_port, parse_host_port
 from waltz_engine.zk.admin_lock import admin_lock
 from waltz_engine.zk.java_io import INT32_MAX, JavaHashMap, java_string_hash
 from waltz_engine.zk.paths import ClusterPaths

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from waltz_engine.errors import FormatError
+from waltz_engine.common.errors import FormatError
 from waltz_engine.zk.paths import ClusterPaths
 from waltz_engine.zk.payloads import decode_payload
 from waltz_engine.zk.znodes import ClusterNotFoundError

@@ -9,7 +9,7 @@ from typing import TypeVar
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
-from waltz_engine.errors import FormatError, WaltzError
+from waltz_engine.common.errors import FormatError, WaltzError
 
 T = TypeVar("T")
 

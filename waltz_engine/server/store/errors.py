@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from waltz_engine.errors import WaltzError
+from waltz_engine.common.errors import WaltzError
 
 
 class StoreError(WaltzError):

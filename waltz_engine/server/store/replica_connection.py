@@ -13,8 +13,8 @@ import ssl
 import uuid
 from collections.abc import Sequence
 
-from waltz_engine.address import parse_host_port
-from waltz_engine.record import Record, RecordHeader
+from waltz_engine.common.address import parse_host_port
+from waltz_engine.common.record import Record, RecordHeader
 from waltz_engine.storage.client import SessionInfo, StorageClient
 
 

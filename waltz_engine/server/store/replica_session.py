@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
+from waltz_engine.common.record import Record
 from waltz_engine.server.store.backoff import Backoff
 from waltz_engine.server.store.config import CATCH_UP_BATCH_SIZE, StoreConfig
 from waltz_engine.server.store.errors import RecoveryFailedError, RetainedStartError, StoreError
@@ -23,8 +24,19 @@ from waltz_engine.server.store.retained_start import restart_at_retained_start
 from waltz_engine.server.store.voting import Voting
 from waltz_engine.zk.payloads import ReplicaId
 
-if TYPE_CHECKING:
-    from waltz_engine.server.store.store_session import StoreSession
+
+class CommittedBatches(Protocol):
+    """What a replica session reads from its store session (``StoreSession``) to catch up: a
+    protocol, so that the two modules do not import each other."""
+
+    def next_encoded_batch(self, transaction_id: int) -> int | None: ...
+
+    def committed_encoded_batch(self, transaction_id: int) -> tuple[bytes, int] | None: ...
+
+    async def committed_records(
+        self, transaction_id: int, max_records: int, exclude: ReplicaSession | None = None
+    ) -> list[Record]: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +75,7 @@ class ReplicaSession(LatencyWeightedRoute):
         self._batch: _Batch | None = None
         self._wakeup = asyncio.Event()
         self._recovery: RecoveryManager | None = None
-        self._store_session: StoreSession | None = None
+        self._store_session: CommittedBatches | None = None
         self._task: asyncio.Task[None] | None = None
         self.recovered = asyncio.Event()
 
@@ -88,7 +100,7 @@ class ReplicaSession(LatencyWeightedRoute):
     def next_transaction_id(self) -> int:
         return self._next_transaction_id
 
-    def open(self, recovery: RecoveryManager, store_session: StoreSession) -> None:
+    def open(self, recovery: RecoveryManager, store_session: CommittedBatches) -> None:
         assert self._task is None, "a replica session opens once"
         self._recovery = recovery
         self._store_session = store_session

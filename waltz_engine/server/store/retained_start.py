@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import logging
 
-from waltz_engine.retention import retained_start_in
 from waltz_engine.server.store.errors import RecoveryFailedError, RetainedStartError
 from waltz_engine.server.store.replica_connection import ReplicaConnection
 from waltz_engine.storage.client import StorageRpcError
 from waltz_engine.zk.payloads import ReplicaId
+from waltz_engine.zk.retention import retained_start_in
 
 log = logging.getLogger(__name__)
 

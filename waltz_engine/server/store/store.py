@@ -10,7 +10,7 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
-from waltz_engine.metrics import MetricsRegistry
+from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.server.store.config import CONNECTIVITY_CHECK_TIMEOUT_MS, StoreConfig
 from waltz_engine.server.store.errors import StoreError
 from waltz_engine.server.store.replica_connection import StorageConnections

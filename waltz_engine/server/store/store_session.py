@@ -19,8 +19,8 @@ from typing import NamedTuple, TypeVar
 
 from kazoo.client import KazooClient
 
-from waltz_engine.record import Record, RecordHeader
-from waltz_engine.reqid import ReqId
+from waltz_engine.common.record import Record, RecordHeader
+from waltz_engine.common.reqid import ReqId
 from waltz_engine.server.store.config import QUEUE_CAPACITY_BATCHES, StoreConfig
 from waltz_engine.server.store.errors import (
     GenerationMismatchError,

@@ -11,9 +11,9 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from waltz_engine.errors import ProtocolError, StorageError
-from waltz_engine.metrics import MetricsRegistry
-from waltz_engine.net import FramedConnection
+from waltz_engine.common.errors import ProtocolError, StorageError
+from waltz_engine.common.metrics import MetricsRegistry
+from waltz_engine.net.channel import FramedConnection
 from waltz_engine.storage.node.data_handler import NOT_OPENED_MESSAGE, check_open
 from waltz_engine.storage.node.failures import NotOpenedError, PartitionNotAssignedError, rpc_exception
 from waltz_engine.storage.storage_manager import StorageManager
@@ -42,7 +42,7 @@ METRICS_JSON_INDENT = 2
 
 
 class AdminHandler:
-    """``handler(conn)`` for :func:`waltz_engine.net.serve` on the admin port."""
+    """``handler(conn)`` for :func:`waltz_engine.net.channel.serve` on the admin port."""
 
     def __init__(
         self,

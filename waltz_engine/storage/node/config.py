@@ -6,13 +6,13 @@ import logging
 from pathlib import Path
 from typing import NamedTuple
 
-from waltz_engine.config import Config, ConfigError, require_ports
+from waltz_engine.common.config import Config, ConfigError, require_ports
+from waltz_engine.net.tls import TlsConfig
 from waltz_engine.storage.cleaner import DEFAULT_RETENTION_CHECK_INTERVAL_MS
 from waltz_engine.storage.constants import (
     DEFAULT_SEGMENT_CACHE_CAPACITY,
     DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES,
 )
-from waltz_engine.tls import TlsConfig
 from waltz_engine.zk.connection import ZOOKEEPER_KEYS, ZooKeeperSettings, node_zookeeper_settings
 
 log = logging.getLogger(__name__)

@@ -7,8 +7,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from waltz_engine.errors import ProtocolError, StorageError
-from waltz_engine.net import FramedConnection
+from waltz_engine.common.errors import ProtocolError, StorageError
+from waltz_engine.net.channel import FramedConnection
 from waltz_engine.storage.node.failures import NotOpenedError, PartitionNotAssignedError
 from waltz_engine.storage.node.partition_worker import PARTITION_REQUEST_TYPES, PartitionWorker, failure_frame
 from waltz_engine.storage.storage_manager import StorageManager
@@ -39,7 +39,7 @@ async def check_open(manager: StorageManager, key: Any, num_partitions: int) -> 
 
 
 class DataHandler:
-    """``handler(conn)`` for :func:`waltz_engine.net.serve` on the data port."""
+    """``handler(conn)`` for :func:`waltz_engine.net.channel.serve` on the data port."""
 
     def __init__(self, manager: StorageManager, worker_of: Callable[[int], PartitionWorker | None]) -> None:
         self._manager = manager

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from waltz_engine.errors import StorageError
+from waltz_engine.common.errors import StorageError
 from waltz_engine.storage.control_file import ConcurrentUpdateError
 from waltz_engine.wire.primitives import StorageRpcException
 

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from waltz_engine import __version__
-from waltz_engine.errors import StorageError
-from waltz_engine.http_endpoints import HttpEndpoints
-from waltz_engine.metrics import MetricsRegistry
-from waltz_engine.net import ConnectionHandler, FramedConnection, Listener, serve
-from waltz_engine.process import run_service
+from waltz_engine.common.errors import StorageError
+from waltz_engine.common.metrics import MetricsRegistry
+from waltz_engine.common.process import run_service
+from waltz_engine.net.channel import ConnectionHandler, FramedConnection, Listener, serve
+from waltz_engine.net.http_endpoints import HttpEndpoints
+from waltz_engine.net.tls import server_context
 from waltz_engine.storage.cleaner import RetentionCleaner
 from waltz_engine.storage.node.admin_handler import AdminHandler
 from waltz_engine.storage.node.config import KEY_ADMIN_PORT, KEY_JETTY_PORT, KEY_PORT, StorageConfig
@@ -27,7 +28,6 @@ from waltz_engine.storage.node.data_handler import DataHandler
 from waltz_engine.storage.node.partition_worker import PartitionWorker
 from waltz_engine.storage.partition import Partition
 from waltz_engine.storage.storage_manager import StorageManager
-from waltz_engine.tls import server_context
 from waltz_engine.wire.admin_messages import ADMIN_CODEC
 from waltz_engine.wire.codec import MessageCodec
 from waltz_engine.wire.hello import STORAGE_ADMIN_SERVER_HELLO_TEXT, STORAGE_SERVER_HELLO_TEXT

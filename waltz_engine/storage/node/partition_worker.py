@@ -20,10 +20,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from waltz_engine.errors import StorageError
-from waltz_engine.metrics import Counter, Meter, MetricsRegistry, Timer
-from waltz_engine.net import ConnectionClosedError, FramedConnection
-from waltz_engine.record import Record
+from waltz_engine.common.errors import StorageError
+from waltz_engine.common.metrics import Counter, Meter, MetricsRegistry, Timer
+from waltz_engine.common.record import Record
+from waltz_engine.net.channel import ConnectionClosedError, FramedConnection
 from waltz_engine.storage.control_file import ConcurrentUpdateError
 from waltz_engine.storage.node.failures import PartitionNotAssignedError, rpc_exception
 from waltz_engine.storage.partition import Partition

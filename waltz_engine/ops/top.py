@@ -29,9 +29,9 @@ from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 
-from waltz_engine.cluster_ops import read_cluster_view
-from waltz_engine.config import resolve_config_path
-from waltz_engine.devcluster import HOST, STATE_FILE_NAME
+from waltz_engine.common.config import resolve_config_path
+from waltz_engine.ops.cluster_ops import read_cluster_view
+from waltz_engine.ops.devcluster import HOST, STATE_FILE_NAME
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
 
 HTTP_TIMEOUT_S = 2.0

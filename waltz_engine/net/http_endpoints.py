@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from waltz_engine import __version__
-from waltz_engine.metrics import MetricsRegistry
+from waltz_engine.common.metrics import MetricsRegistry
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from waltz_engine.reqid import ReqId
+from waltz_engine.common.reqid import ReqId
 
 
 class RecordHeader(NamedTuple):

@@ -8,7 +8,7 @@ import errno
 import socket
 from typing import NamedTuple
 
-from waltz_engine.errors import WaltzError
+from waltz_engine.common.errors import WaltzError
 
 MIN_PORT = 1
 MAX_PORT = 65_535

@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from waltz_engine.errors import WaltzError
+from waltz_engine.common.errors import WaltzError
 
 Decoder = Callable[[bytes], object]
 

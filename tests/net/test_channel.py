@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from waltz_engine.net import ConnectionClosedError, FramedConnection, connect, serve
-from waltz_engine.tls import TlsConfig, client_context, server_context
+from waltz_engine.net.channel import ConnectionClosedError, FramedConnection, connect, serve
+from waltz_engine.net.tls import TlsConfig, client_context, server_context
 from waltz_engine.wire.client_messages import CLIENT_CODECS
 from waltz_engine.wire.errors import HandshakeFailedError
 from waltz_engine.wire.hello import HELLO_CODEC, Hello
@@ -117,6 +117,6 @@ def test_garbage_instead_of_tls_is_logged_with_its_reason(caplog: pytest.LogCapt
             server.close()
             await server.wait_closed()
 
-    with caplog.at_level("WARNING", logger="waltz_engine.net"):
+    with caplog.at_level("WARNING", logger="waltz_engine.net.channel"):
         asyncio.run(go())
     assert any("TLS handshake failed" in r.getMessage() for r in caplog.records)

@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import NameOID
 
-from waltz_engine.tls import TlsConfig, TlsConfigError, client_context, server_context
+from waltz_engine.net.tls import TlsConfig, TlsConfigError, client_context, server_context
 
 
 def _cert(

@@ -26,7 +26,7 @@ from typing import NamedTuple
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from waltz_engine.errors import StorageError
+from waltz_engine.common.errors import StorageError
 from waltz_engine.zk.export_watermarks import read_export_watermarks
 from waltz_engine.zk.java_io import DataReader, DataWriter, JavaFormatError
 from waltz_engine.zk.paths import normalize_root

@@ -6,16 +6,18 @@ stop cleanly (exit 0), or fail at start-up with one line on stderr (exit 1).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import signal
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol, TypeVar
 
 import setproctitle
 
-from waltz_engine.errors import WaltzError
+from waltz_engine.common.errors import WaltzError
 
 log = logging.getLogger(__name__)
 
@@ -81,3 +83,13 @@ def run_service(
         print_error(e)
         return 1
     return asyncio.run(serve_until_signalled(make_service(config)))
+
+
+def node_main(kind: str, run: Callable[[Path, str], int]) -> None:
+    """``python -m waltz_engine.<kind> --config FILE [--log-level L]``: the entry point that
+    ``waltz <kind> start`` and the dev cluster start nodes through."""
+    parser = argparse.ArgumentParser(prog=f"python -m waltz_engine.{kind}", description=f"Run a {kind} node.")
+    parser.add_argument("--config", "-c", type=Path, required=True, help=f"the {kind} node's YAML")
+    parser.add_argument("--log-level", default="info", choices=LOG_LEVELS)
+    args = parser.parse_args()
+    sys.exit(run(args.config, args.log_level))

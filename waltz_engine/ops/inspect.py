@@ -4,7 +4,7 @@ Every function here only reads (see :mod:`waltz_engine.disk.segment_reader`): it
 truncates, rewrites or locks, so it is safe on a damaged copy and next to a running node.
 Results are plain JSON-ready dicts (``inspect_control``, ``inspect_segment``) or small
 dataclasses with ``to_json()`` (``verify``, ``segment_stats``). Damage is part of the result;
-only input that is not a storage file at all raises :class:`~waltz_engine.errors.WaltzError`.
+only input that is not a storage file at all raises :class:`~waltz_engine.common.errors.WaltzError`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from waltz_engine.common.errors import FormatError, WaltzError
 from waltz_engine.disk.control_reader import (
     CONTROL_FILE_NAME,
     ControlFileView,
@@ -35,7 +36,6 @@ from waltz_engine.disk.segment_reader import (
     SegmentReader,
     SegmentRecord,
 )
-from waltz_engine.errors import FormatError, WaltzError
 
 Decoder = Callable[[bytes], object]
 

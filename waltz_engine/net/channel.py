@@ -16,7 +16,7 @@ import ssl
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from waltz_engine.errors import ProtocolError, WaltzError
+from waltz_engine.common.errors import ProtocolError, WaltzError
 from waltz_engine.wire.codec import MessageCodec
 from waltz_engine.wire.frame import MAX_FRAME_SIZE_BYTES, read_frame
 from waltz_engine.wire.hello import HELLO_CODEC, HELLO_MAGIC, HELLO_VERSION, Hello, negotiate_version

@@ -2,7 +2,7 @@
 watermarks, the effective bound and — where the storage admin ports are known from ZooKeeper —
 each replica's first retained txid (its ``first-transaction-id`` metric).
 
-Separate from :mod:`waltz_engine.retention` because it talks to storage nodes, and the storage
+Separate from :mod:`waltz_engine.zk.retention` because it talks to storage nodes, and the storage
 engine itself imports that module.
 """
 
@@ -13,16 +13,16 @@ from typing import Any, NamedTuple
 
 from kazoo.client import KazooClient
 
-from waltz_engine.errors import WaltzError
-from waltz_engine.retention import (
-    PartitionRetention,
-    partition_retentions,
-    read_retention_bounds,
-)
+from waltz_engine.common.errors import WaltzError
 from waltz_engine.storage import admin_ops
 from waltz_engine.storage.admin_ops import StoreLayout
 from waltz_engine.storage.node.partition_worker import metric_group
 from waltz_engine.zk.export_watermarks import read_export_watermarks
+from waltz_engine.zk.retention import (
+    PartitionRetention,
+    partition_retentions,
+    read_retention_bounds,
+)
 
 FIRST_TRANSACTION_ID_GAUGE = "first-transaction-id"
 

@@ -1,20 +1,5 @@
-"""A whole Waltz cluster on one machine, for development and tests (the original's
-``bin/test-cluster.sh``, without Docker; reference §4.8).
-
-Layout of a cluster directory::
-
-    devcluster.json          state: topology, ports, pids (so another process can stop it)
-    client.yml               a client config for this cluster (zookeeper + cluster.root)
-    zookeeper/               the embedded ZooKeeper (its own zoo.cfg, pid file and log)
-    storage-<i>/             storage.yml, storage.log, data/
-    server-<j>/              server.yml, server.log
-
-Every node is a detached subprocess (its own session, so Ctrl-C in a terminal reaches only
-the process that owns the cluster, which then stops the nodes in order). ``up`` on a
-directory that already holds a cluster reuses its ports and data; on any other non-empty
-directory it refuses. An ``up`` that fails half way stops what it started. ``down(clean=True)``
-removes only the names above (and the directory when ``up`` made it and it is left empty), so
-a file of someone else's in that directory survives. Every wait is bounded.
+"""A local cluster: ZooKeeper, storage nodes and servers brought up, checked and taken down
+together, with its state kept in the cluster directory.
 """
 
 from __future__ import annotations
@@ -22,342 +7,56 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import shutil
-import signal
 import socket
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import yaml
 from kazoo.client import KazooClient
 
-from waltz_engine.address import is_port, port_in_use
-from waltz_engine.cluster_ops import read_cluster_view, verify
-from waltz_engine.config import DEV_CLIENT_CONFIG_NAME, DEV_CLUSTER_DIRECTORY
-from waltz_engine.errors import WaltzError
+from waltz_engine.common.address import is_port
+from waltz_engine.common.errors import WaltzError
+from waltz_engine.net.tls import TlsConfig, client_context
+from waltz_engine.ops.cluster_ops import read_cluster_view, verify
+from waltz_engine.ops.devcluster.nodes import (
+    ADMIN_TIMEOUT_MS,
+    CLIENT_CONFIG_FILE_NAME,
+    DEFAULT_CLUSTER_NAME,
+    DEFAULT_CLUSTER_ROOT,
+    DEFAULT_PARTITIONS,
+    DEFAULT_SERVERS,
+    DEFAULT_STORAGES,
+    DEFAULT_WAIT_TIMEOUT_MS,
+    HOST,
+    PORT_WORDS,
+    PORTS_PER_SERVER,
+    PORTS_PER_STORAGE,
+    SERVER,
+    SERVER_STORAGE_INITIAL_RETRY_MS,
+    SERVER_STORAGE_MAX_RETRY_MS,
+    STATE_FILE_NAME,
+    STATE_VERSION,
+    STORAGE,
+    STORAGE_GROUP,
+    VERIFY_RETRY_INTERVAL_S,
+    VERIFY_RPC_TIMEOUT_S,
+    ZK_CONNECT_TIMEOUT_MS,
+    ZK_SESSION_TIMEOUT_MS,
+    ZOOKEEPER_DIR_NAME,
+    DevClusterError,
+    LocalNode,
+    NodeStatus,
+    accepts_connections,
+    port_taken,
+)
 from waltz_engine.storage.admin_ops import add_partitions, client_ssl_context, read_store_layout
-from waltz_engine.tls import TlsConfig, client_context
 from waltz_engine.zk import store_metadata
 from waltz_engine.zk.cluster import create_cluster, delete_cluster, read_cluster_params
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
 from waltz_engine.zk.server import EmbeddedZooKeeper
-
-HOST = "127.0.0.1"
-STATE_FILE_NAME = "devcluster.json"
-CLIENT_CONFIG_FILE_NAME = DEV_CLIENT_CONFIG_NAME
-ZOOKEEPER_DIR_NAME = "zookeeper"
-DEFAULT_DIRECTORY = DEV_CLUSTER_DIRECTORY
-DEFAULT_CLUSTER_ROOT = "/waltz_cluster"  # as bin/test-cluster.sh
-DEFAULT_CLUSTER_NAME = "waltz-dev"
-DEFAULT_STORAGES = 3
-DEFAULT_SERVERS = 1
-DEFAULT_PARTITIONS = 4
-STORAGE_GROUP = 0  # test-cluster.sh: `add-storage-node -g 0`; every node holds every partition
-STATE_VERSION = 1
-
-DEFAULT_WAIT_TIMEOUT_MS = 120_000
-NODE_STOP_TIMEOUT_MS = 30_000
-ZK_SESSION_TIMEOUT_MS = 10_000
-ZK_CONNECT_TIMEOUT_MS = 10_000
-VERIFY_RPC_TIMEOUT_S = 5
-ADMIN_TIMEOUT_MS = 10_000
-HEALTH_HTTP_TIMEOUT_S = 2.0
-POLL_INTERVAL_S = 0.1
-VERIFY_RETRY_INTERVAL_S = 0.5
-LOG_TAIL_LINES = 20
-# Short store retries: a local cluster is restarted often and should heal in seconds, not in
-# the original's 20 s backoff cap.
-SERVER_STORAGE_INITIAL_RETRY_MS = 50
-SERVER_STORAGE_MAX_RETRY_MS = 1_000
-
-PORTS_PER_STORAGE = 3  # data, admin, http
-PORTS_PER_SERVER = 2  # client, http
-# What each port of a node is, in words (for "port N (storage-0 admin port) is in use").
-_PORT_WORDS = {
-    "storage": {"port": "data port", "admin_port": "admin port", "jetty_port": "HTTP port"},
-    "server": {"port": "client port", "jetty_port": "HTTP port"},
-}
-
-STORAGE = "storage"
-SERVER = "server"
-# Run the command groups directly (not `waltz_cli.main`), so a node does not depend on which
-# other groups are registered at the top level.
-_NODE_MAIN = {
-    STORAGE: "import sys; from waltz_cli.commands.storage import app; sys.argv[0] = 'waltz storage'; app()",
-    SERVER: "import sys; from waltz_cli.commands.server import app; sys.argv[0] = 'waltz server'; app()",
-}
-# The line each node logs once it serves (storage/node/node.py, server/server.py).
-_READY_MARKER = {STORAGE: "storage node ready:", SERVER: " ready: cluster "}
-
-# Children started by this Python process: reaped when stopped so that they do not linger as
-# zombies (a zombie would still look alive through /proc).
-_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
-
-
-class DevClusterError(WaltzError):
-    """The local cluster cannot be brought up, inspected or stopped; one line for a person."""
-
-
-def free_port() -> int:
-    """A port nothing listens on right now (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _pid_alive(pid: int, marker: str) -> bool:
-    """Whether ``pid`` is a live process whose command line contains ``marker``.
-
-    The marker (the node's config path) guards against a recycled pid; a zombie counts as dead.
-    """
-    child = _CHILDREN.get(pid)
-    if child is not None:
-        return child.poll() is None
-    proc = Path(f"/proc/{pid}")
-    try:
-        cmdline = (proc / "cmdline").read_bytes()
-        state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return marker.encode() in cmdline and state != "Z"
-
-
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def _last_error(path: Path) -> str:
-    """The line of a node's log that says why it stopped, as one line."""
-    lines = [line.strip() for line in _tail(path).splitlines() if line.strip()]
-    for line in reversed(lines):
-        if line.startswith("error:") or "Error" in line or "ERROR" in line:
-            return line
-    return lines[-1] if lines else "no log"
-
-
-def _port_in_use(port: int) -> bool:
-    try:
-        return port_in_use(HOST, port)
-    except OSError as e:
-        raise DevClusterError(f"cannot bind {HOST}:{port}: {e.strerror}") from None
-
-
-def _accepts(host_port: str) -> bool:
-    """Whether something accepts TCP connections at ``HOST:PORT``."""
-    host, _, port = host_port.strip().rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=HEALTH_HTTP_TIMEOUT_S):
-            return True
-    except (OSError, ValueError):
-        return False
-
-
-def _http_status(port: int, path: str) -> int | None:
-    try:
-        with urllib.request.urlopen(f"http://{HOST}:{port}{path}", timeout=HEALTH_HTTP_TIMEOUT_S) as r:
-            status: int = r.status
-            return status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except (OSError, TimeoutError):
-        return None
-
-
-class NodeStatus(NamedTuple):
-    name: str
-    kind: str
-    pid: int | None
-    running: bool
-    healthy: bool
-    ports: dict[str, int]
-    log: str
-
-    def to_json(self) -> dict[str, Any]:
-        return self._asdict()
-
-
-@dataclass
-class LocalNode:
-    """One storage node or server process of a :class:`LocalCluster`."""
-
-    kind: str
-    index: int
-    cluster_dir: Path
-    ports: dict[str, int]
-    pid: int | None = None
-    on_change: Callable[[], None] = field(default=lambda: None, repr=False)
-
-    @property
-    def name(self) -> str:
-        return f"{self.kind}-{self.index}"
-
-    @property
-    def directory(self) -> Path:
-        return self.cluster_dir / self.name
-
-    @property
-    def config_path(self) -> Path:
-        return self.directory / f"{self.kind}.yml"
-
-    @property
-    def log_path(self) -> Path:
-        return self.directory / f"{self.kind}.log"
-
-    @property
-    def port(self) -> int:
-        """The data port (storage) or client port (server)."""
-        return self.ports["port"]
-
-    @property
-    def jetty_port(self) -> int:
-        return self.ports["jetty_port"]
-
-    @property
-    def admin_port(self) -> int:
-        assert self.kind == STORAGE, "only storage nodes have an admin port"
-        return self.ports["admin_port"]
-
-    @property
-    def connect_string(self) -> str:
-        return f"{HOST}:{self.port}"
-
-    def is_running(self) -> bool:
-        return self.pid is not None and _pid_alive(self.pid, str(self.config_path))
-
-    def is_healthy(self) -> bool:
-        return self.is_running() and _http_status(self.jetty_port, "/health") == 200
-
-    def status(self) -> NodeStatus:
-        running = self.is_running()
-        healthy = running and _http_status(self.jetty_port, "/health") == 200
-        return NodeStatus(
-            self.name,
-            self.kind,
-            self.pid if running else None,
-            running,
-            healthy,
-            dict(self.ports),
-            str(self.log_path),
-        )
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(encoding="utf-8", errors="replace") if self.log_path.exists() else ""
-
-    # --- lifecycle -----------------------------------------------------------------------
-
-    def start(self, wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS) -> None:
-        """Launch the node (detached) and wait until it logs that it serves."""
-        self.await_ready(self.launch(), wait_timeout_ms)
-
-    def launch(self) -> int:
-        """Start the process (detached); returns the log offset :meth:`await_ready` needs."""
-        if self.is_running():
-            raise DevClusterError(f"{self.name} is already running (pid {self.pid})")
-        self.directory.mkdir(parents=True, exist_ok=True)
-        # Only a ready line written after this offset counts: the log survives restarts.
-        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        with self.log_path.open("ab") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-c", _NODE_MAIN[self.kind], "start", "--config", str(self.config_path)],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.directory,
-                start_new_session=True,
-            )
-        _CHILDREN[process.pid] = process
-        self.pid = process.pid
-        self.on_change()
-        return offset
-
-    def await_ready(self, log_offset: int, wait_timeout_ms: int) -> None:
-        """Until the node logs (after ``log_offset``) that it serves; raises if it exits."""
-        assert wait_timeout_ms > 0
-        deadline = time.monotonic() + wait_timeout_ms / 1000
-        marker = _READY_MARKER[self.kind].encode()
-        while True:
-            with self.log_path.open("rb") as log:
-                log.seek(log_offset)
-                if marker in log.read():
-                    return
-            if not self.is_running():
-                raise DevClusterError(
-                    f"{self.name} exited during startup: {_last_error(self.log_path)} (log: {self.log_path})"
-                )
-            if time.monotonic() > deadline:
-                raise DevClusterError(f"{self.name} not ready in time; see {self.log_path}")
-            time.sleep(POLL_INTERVAL_S)
-
-    def _signal(self, sig: signal.Signals) -> bool:
-        if not self.is_running():
-            return False
-        assert self.pid is not None
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, sig)
-        return True
-
-    def _await_exit(self, timeout_ms: int) -> bool:
-        deadline = time.monotonic() + timeout_ms / 1000
-        while self.is_running():
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(POLL_INTERVAL_S)
-        self._forget()
-        return True
-
-    def _forget(self) -> None:
-        if self.pid is not None:
-            child = _CHILDREN.pop(self.pid, None)
-            if child is not None:
-                child.wait(timeout=NODE_STOP_TIMEOUT_MS / 1000)
-        self.pid = None
-        self.on_change()
-
-    def stop(self, timeout_ms: int = NODE_STOP_TIMEOUT_MS) -> bool:
-        """SIGTERM (a paused node is resumed first), SIGKILL after ``timeout_ms``.
-
-        False when it was not running.
-        """
-        if not self._signal(signal.SIGTERM):
-            self._forget()
-            return False
-        self._signal(signal.SIGCONT)  # a stopped process would never act on SIGTERM
-        if not self._await_exit(timeout_ms):
-            self.kill()
-        return True
-
-    def kill(self) -> None:
-        """SIGKILL (a crash: nothing is flushed or closed) and reap."""
-        self._signal(signal.SIGKILL)
-        if not self._await_exit(NODE_STOP_TIMEOUT_MS):
-            raise DevClusterError(f"{self.name} (pid {self.pid}) survived SIGKILL")
-
-    def restart(self, wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS) -> None:
-        self.stop()
-        self.start(wait_timeout_ms)
-
-    def pause(self) -> None:
-        """SIGSTOP: the process holds its sockets but answers nothing (a hung node)."""
-        if not self._signal(signal.SIGSTOP):
-            raise DevClusterError(f"{self.name} is not running")
-
-    def resume(self) -> None:
-        """SIGCONT after :meth:`pause`."""
-        if not self._signal(signal.SIGCONT):
-            raise DevClusterError(f"{self.name} is not running")
 
 
 class ClusterStatus(NamedTuple):
@@ -570,7 +269,7 @@ class LocalCluster:
         embedded = self.embedded_zookeeper
         if embedded is not None:
             return embedded.is_serving()
-        return any(_accepts(host) for host in self.zookeeper.partition("/")[0].split(","))
+        return any(accepts_connections(host) for host in self.zookeeper.partition("/")[0].split(","))
 
     # --- up ------------------------------------------------------------------------------
 
@@ -629,13 +328,13 @@ class LocalCluster:
             wanted.append((embedded.port, "ZooKeeper's client port"))
         for node in self.nodes:
             if not node.is_running():
-                words = _PORT_WORDS[node.kind]
+                words = PORT_WORDS[node.kind]
                 wanted += [
                     (port, f"{node.name} {words.get(key, key.replace('_', ' '))}")
                     for key, port in self.process_ports(node).items()
                 ]
         for port, use in wanted:
-            if _port_in_use(port):
+            if port_taken(port):
                 raise DevClusterError(
                     f"port {port} ({use}) is in use by another process: stop that process, "
                     "or start the cluster in another directory (other ports)"

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from waltz_engine.errors import WaltzError
+from waltz_engine.common.errors import WaltzError
 
 SELF_SIGNED_VALIDITY_DAYS = 3650
 SUPPORTED_STORE_TYPES = ("JKS", "JCEKS", "PKCS12", "PEM")

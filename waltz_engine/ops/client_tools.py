@@ -33,15 +33,15 @@ from waltz_engine.client import (
     WaltzClientCallbacks,
     WaltzClientConfig,
 )
-from waltz_engine.config import Config
-from waltz_engine.errors import WaltzError
-from waltz_engine.reqid import ReqId
+from waltz_engine.common.config import Config
+from waltz_engine.common.errors import WaltzError
+from waltz_engine.common.reqid import ReqId
+from waltz_engine.ops.tool_config import load_tool_config
 from waltz_engine.zk.connection import (
     KEY_CLUSTER_ROOT,
     KEY_CONNECT_STRING,
     KEY_CONNECT_TIMEOUT,
     NO_CONFIG_SOURCE,
-    load_tool_config,
 )
 
 NO_TRANSACTION = -1

@@ -6,8 +6,8 @@ import asyncio
 import json
 from typing import Any
 
-from waltz_engine.http_endpoints import HttpEndpoints
-from waltz_engine.metrics import MetricsRegistry
+from waltz_engine.common.metrics import MetricsRegistry
+from waltz_engine.net.http_endpoints import HttpEndpoints
 
 
 async def _get(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:

@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 import yaml
 
-from waltz_engine.address import MAX_PORT, MIN_PORT, is_port
-from waltz_engine.errors import WaltzError
+from waltz_engine.common.address import MAX_PORT, MIN_PORT, is_port
+from waltz_engine.common.errors import WaltzError
 
 INT32_MIN = -(1 << 31)
 INT32_MAX = (1 << 31) - 1

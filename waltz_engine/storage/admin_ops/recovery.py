@@ -1,0 +1,231 @@
+"""Copying a partition's records from one node to another (the original's
+``StorageRecoveryRunnable``) and checksums of a stopped node's replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from waltz_engine.common.address import HostPort
+from waltz_engine.storage.admin_ops.layout import (
+    DEFAULT_RECOVERY_BATCH_SIZE,
+    MAX_RECOVERY_BATCH_SIZE,
+    NO_TRANSACTION,
+    RECOVERY_MAX_ATTEMPTS,
+    RECOVERY_RETRY_BACKOFF_MS,
+    StorageAdminError,
+    StorageContext,
+)
+from waltz_engine.storage.admin_ops.operations import NodeCallFailure, admin_client, call_node, data_client
+from waltz_engine.storage.constants import CONTROL_FILE_NAME
+from waltz_engine.storage.storage_manager import StorageManager
+from waltz_engine.zk.partition_ranges import format_partition_ranges
+
+# --- recovery --------------------------------------------------------------------------------
+
+
+class RecoveryProgress(NamedTuple):
+    partition_id: int
+    start: int  # the destination's max txid after truncation to its low-water mark
+    current: int  # the destination's max txid (and low-water mark) now
+    target: int  # the source's local low-water mark when the recovery began
+
+    @property
+    def fraction(self) -> float:
+        span = self.target - self.start
+        return 1.0 if span <= 0 else (self.current - self.start) / span
+
+
+class RecoveryResult(NamedTuple):
+    partition_id: int
+    destination_session_id: int
+    start: int
+    target: int
+    final: int
+    records_copied: int
+    attempts: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "partition_id": self.partition_id,
+            "destination_session_id": self.destination_session_id,
+            "start": self.start,
+            "target": self.target,
+            "max_transaction_id": self.final,
+            "records_copied": self.records_copied,
+            "attempts": self.attempts,
+        }
+
+
+def check_batch_size(batch_size: int) -> int:
+    if not 0 < batch_size <= MAX_RECOVERY_BATCH_SIZE:
+        raise StorageAdminError(
+            f"Batch size must be a positive integer up to {MAX_RECOVERY_BATCH_SIZE}, got {batch_size}"
+        )
+    return batch_size
+
+
+@dataclass
+class _RecoveryState:
+    target: int | None = None
+    start: int | None = None
+    session_id: int = NO_TRANSACTION
+    copied: int = 0
+
+
+async def _recover_once(
+    source: StorageContext,
+    destination: StorageContext,
+    source_admin_address: HostPort,
+    destination_admin_address: HostPort,
+    destination_data_port: int,
+    partition_id: int,
+    batch_size: int,
+    state: _RecoveryState,
+    progress: Callable[[RecoveryProgress], None],
+) -> int:
+    data_address = HostPort(destination_admin_address.host, destination_data_port)
+    async with (
+        admin_client(source, source_admin_address) as source_admin,
+        admin_client(destination, destination_admin_address) as destination_admin,
+        data_client(destination, data_address, used_by_offline_recovery=True) as destination_data,
+    ):
+        info = await call_node(
+            destination,
+            f"last session info request to {destination_admin_address}",
+            destination_admin.last_session_info(partition_id),
+        )
+        session_id = state.session_id = info.session_id
+        await call_node(
+            destination,
+            f"max transaction id request to {data_address}",
+            destination_data.max_transaction_id(session_id, partition_id),
+        )
+        current = await call_node(
+            destination,
+            f"truncating {data_address} to its low-water mark {info.low_water_mark}",
+            destination_data.truncate(session_id, partition_id, info.low_water_mark),
+        )
+        if state.target is None:
+            # Fixed at the first start, as the original: re-run to catch up further.
+            source_info = await call_node(
+                source,
+                f"last session info request to {source_admin_address}",
+                source_admin.last_session_info(partition_id),
+            )
+            state.target = source_info.local_low_water_mark
+        target = state.target
+        if state.start is None:
+            state.start = current
+        progress(RecoveryProgress(partition_id, state.start, current, target))
+        while current < target:
+            count = min(target - current, batch_size)
+            records = await call_node(
+                source,
+                f"record list request to {source_admin_address}",
+                source_admin.record_list(partition_id, current + 1, count),
+            )
+            if not records:
+                raise NodeCallFailure(
+                    f"source {source_admin_address} returned no record at transaction {current + 1} "
+                    f"(below its local low-water mark {target})",
+                    transient=False,
+                )
+            await call_node(
+                destination,
+                f"append to {data_address}",
+                destination_data.append(session_id, partition_id, records),
+            )
+            current += len(records)
+            await call_node(
+                destination,
+                f"setting the low-water mark of {data_address} to {current}",
+                destination_data.set_low_water_mark(session_id, partition_id, current),
+            )
+            state.copied += len(records)
+            progress(RecoveryProgress(partition_id, state.start, current, target))
+        return current
+
+
+async def recover_partition(
+    context: StorageContext,
+    source_admin_address: HostPort,
+    destination_admin_address: HostPort,
+    destination_data_port: int,
+    partition_id: int,
+    *,
+    batch_size: int = DEFAULT_RECOVERY_BATCH_SIZE,
+    source_ssl_context: ssl.SSLContext | None = None,
+    destination_ssl_context: ssl.SSLContext | None = None,
+    progress: Callable[[RecoveryProgress], None] = lambda _: None,
+) -> RecoveryResult:
+    """Copy a partition from a source node to a destination whose copy is offline (unavailable).
+
+    As ``StorageRecoveryRunnable``: destination admin LAST_SESSION_INFO → (session, lwm);
+    destination data client in offline-recovery mode; MAX_TRANSACTION_ID; TRUNCATE to the lwm;
+    target = the source's local low-water mark; then RECORD_LIST from the source admin port →
+    APPEND → SET_LOW_WATER_MARK, batch by batch. A lost connection or a timeout restarts from
+    the destination's last low-water mark, up to ``RECOVERY_MAX_ATTEMPTS`` runs in all.
+    """
+    context.check_partitions([partition_id])
+    check_batch_size(batch_size)
+    source = replace(context, ssl_context=source_ssl_context or context.ssl_context)
+    destination = replace(context, ssl_context=destination_ssl_context or context.ssl_context)
+    state = _RecoveryState()
+    backoff_ms = RECOVERY_RETRY_BACKOFF_MS
+    for attempt in range(1, RECOVERY_MAX_ATTEMPTS + 1):
+        try:
+            final = await _recover_once(
+                source,
+                destination,
+                source_admin_address,
+                destination_admin_address,
+                destination_data_port,
+                partition_id,
+                batch_size,
+                state,
+                progress,
+            )
+        except NodeCallFailure as e:
+            if not e.transient or attempt == RECOVERY_MAX_ATTEMPTS:
+                tries = f" (after {attempt} attempts)" if attempt > 1 else ""
+                raise StorageAdminError(f"Partition {partition_id} failed to recover{tries}. {e}") from None
+            await asyncio.sleep(backoff_ms / 1000)
+            backoff_ms *= 2
+            continue
+        assert state.target is not None and state.start is not None
+        return RecoveryResult(
+            partition_id, state.session_id, state.start, state.target, final, state.copied, attempt
+        )
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+# --- replica checksums ------------------------------------------------------------------------
+
+
+def replica_checksums(
+    directory: Path, key: uuid.UUID, num_partitions: int, partition_ids: Sequence[int] | None = None
+) -> dict[int, int]:
+    """Per partition, CRC-32 (signed, as Java) over every segment's bytes after its header.
+
+    Equal values on two nodes mean equal copies. The node of ``directory`` must be stopped:
+    the control file is locked (and the partitions opened, recovering any torn tail) as the
+    original's ``WaltzStorage.checksums`` does. Default: every assigned partition.
+    """
+    if not (directory / CONTROL_FILE_NAME).is_file():
+        raise StorageAdminError(f"{directory} is not a storage directory (no {CONTROL_FILE_NAME})")
+    with StorageManager(directory, key, num_partitions) as manager:
+        assigned = manager.assigned_partition_ids()
+        wanted = assigned if partition_ids is None else sorted(set(partition_ids))
+        missing = [p for p in wanted if p not in assigned]
+        if missing:
+            raise StorageAdminError(
+                f"partition {format_partition_ranges(missing)} is not assigned in {directory}"
+            )
+        return {p: manager.partition(p).checksum() for p in wanted}
