@@ -14,11 +14,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from storage_node_support import StorageNodeProcess, create_test_cluster, make_records
+from storage_node_support import StorageNodeProcess, client_ssl, create_test_cluster, make_records
 from typer.testing import CliRunner, Result
 
 from waltz_cli.main import app
-from waltz_engine.storage.client import StorageRpcError
+from waltz_engine.common.address import HostPort
+from waltz_engine.storage.admin_ops import (
+    SESSION_CHANGE_ATTEMPTS,
+    StorageAdminError,
+    StorageContext,
+    max_transaction_id,
+)
+from waltz_engine.storage.client import StorageAdminClient, StorageRpcError
 from waltz_engine.zk import store_metadata
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
 
@@ -198,6 +205,34 @@ def test_max_transaction_id_online_and_offline(cluster: Cluster) -> None:
         }
     finally:
         cluster.ok("availability", "-s", data(a), "-p", "3", "--online")
+
+
+def test_max_transaction_id_reads_a_session_that_changed_meanwhile_again(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recovery can open a new session between LAST_SESSION_INFO and MAX_TRANSACTION_ID (the
+    node then refuses the stale session): the session is read again, a bounded number of times."""
+    a = cluster.a
+    a.run(_write(a, 2, 0, 3, 2))  # the low-water mark persists session SESSION_ID
+    stale_reads = {"left": 1}
+    real = StorageAdminClient.last_session_info
+
+    async def sometimes_stale(self: StorageAdminClient, partition_id: int) -> Any:
+        info = await real(self, partition_id)
+        if stale_reads["left"] > 0:
+            stale_reads["left"] -= 1
+            return info._replace(session_id=info.session_id - 1)  # what it was before the new session
+        return info
+
+    monkeypatch.setattr(StorageAdminClient, "last_session_info", sometimes_stale)
+    context = StorageContext(a.key, NUM_PARTITIONS, client_ssl())
+    address = HostPort(a.host, a.admin_port)
+    assert a.run(max_transaction_id(context, address, a.port, 2, offline=False)) == 2
+
+    stale_reads["left"] = SESSION_CHANGE_ATTEMPTS  # stale every time: a clear error, no endless loop
+    with pytest.raises(StorageAdminError, match="session id has changed"):
+        a.run(max_transaction_id(context, address, a.port, 2, offline=False))
+    assert stale_reads["left"] == 0
 
 
 # --- validate --------------------------------------------------------------------------------------

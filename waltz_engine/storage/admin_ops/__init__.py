@@ -33,6 +33,7 @@ from waltz_engine.storage.admin_ops.layout import (
     read_store_layout,
 )
 from waltz_engine.storage.admin_ops.operations import (
+    SESSION_CHANGE_ATTEMPTS,
     EndpointCheck,
     NodePartitions,
     PartitionStatus,
@@ -59,6 +60,7 @@ from waltz_engine.storage.admin_ops.recovery import (
 )
 
 __all__ = [
+    "SESSION_CHANGE_ATTEMPTS",
     "DEFAULT_RECOVERY_BATCH_SIZE",
     "DEFAULT_TIMEOUT_MS",
     "EndpointCheck",

@@ -27,6 +27,7 @@ from waltz_engine.storage.client import (
     StorageRpcError,
     StorageTimeoutError,
 )
+from waltz_engine.storage.node.failures import JAVA_CONCURRENT_UPDATE_EXCEPTION
 from waltz_engine.zk.partition_ranges import format_partition_ranges
 
 # --- connections -----------------------------------------------------------------------------
@@ -52,6 +53,9 @@ def _is_transient(error: BaseException) -> bool:
 _GAUGE_PARTITION_PREFIX = "waltz-storage.partition-"
 # How the client words a lost connection (``StorageRpcError("<client> <host:port>: disconnected (...)")``).
 _DISCONNECTED = ": disconnected ("
+
+# A partition's session may change between reading it and using it; how often to read it again.
+SESSION_CHANGE_ATTEMPTS = 3
 
 
 class NodeCallFailure(StorageAdminError):
@@ -403,23 +407,31 @@ async def max_transaction_id(
     """Session id from admin LAST_SESSION_INFO, then MAX_TRANSACTION_ID on the data port with it.
 
     ``offline`` sends the request in offline-recovery mode: the partition must then be
-    unavailable on the node (issue #3).
+    unavailable on the node (issue #3). A live partition's session can change between the two
+    requests (a server recovering it opens a new one): the session is read again and the
+    question asked again, at most :data:`SESSION_CHANGE_ATTEMPTS` times.
     """
     context.check_partitions([partition_id])
     data_address = HostPort(admin_address.host, data_port)
     try:
-        async with admin_client(context, admin_address) as admin:
-            info = await call_node(
-                context,
-                f"last session info request to {admin_address}",
-                admin.last_session_info(partition_id),
-            )
-        async with data_client(context, data_address, used_by_offline_recovery=offline) as client:
-            return await call_node(
-                context,
-                f"max transaction id request to {data_address}",
-                client.max_transaction_id(info.session_id, partition_id),
-            )
+        for attempt in range(1, SESSION_CHANGE_ATTEMPTS + 1):
+            async with admin_client(context, admin_address) as admin:
+                info = await call_node(
+                    context,
+                    f"last session info request to {admin_address}",
+                    admin.last_session_info(partition_id),
+                )
+            try:
+                async with data_client(context, data_address, used_by_offline_recovery=offline) as client:
+                    return await call_node(
+                        context,
+                        f"max transaction id request to {data_address}",
+                        client.max_transaction_id(info.session_id, partition_id),
+                    )
+            except NodeCallFailure as e:
+                if attempt == SESSION_CHANGE_ATTEMPTS or JAVA_CONCURRENT_UPDATE_EXCEPTION not in str(e):
+                    raise
+        raise AssertionError("unreachable: the last attempt returns or raises")
     except NodeCallFailure as e:
         raise StorageAdminError(
             f"Failed to read max transaction ID for storage {admin_address}. {e}"
