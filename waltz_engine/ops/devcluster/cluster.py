@@ -291,7 +291,11 @@ class LocalCluster:
             if embedded is not None and not embedded.is_running():
                 embedded.start(wait_timeout_ms)
                 zookeeper_started = True
-            with connect(self.zookeeper_settings()) as zk:
+            # `ruok` answers as soon as ZooKeeper's process listens; its first session can take
+            # longer on a loaded machine (the transaction log's first preallocation and fsync),
+            # so the connect may use what is left of up's own bound, not a shorter one.
+            remaining_ms = max(ZK_CONNECT_TIMEOUT_MS, int((deadline - time.monotonic()) * 1000))
+            with connect(self.zookeeper_settings()._replace(connect_timeout_ms=remaining_ms)) as zk:
                 self._ensure_metadata(zk)
                 self._write_node_configs()
                 self._start_all(self.storages, deadline, started)
