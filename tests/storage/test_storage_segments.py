@@ -26,8 +26,9 @@ RECORD_BYTES = RECORD_OVERHEAD_BYTES + DATA_BYTES
 
 def _records(first: int, count: int) -> list[Record]:
     return [
-        Record(t, ReqId(1, 1, 0, t), t, t.to_bytes(8, "big") * (DATA_BYTES // 8) + b"zz", 0)
+        Record(t, ReqId(1, 1, 0, t), t, data, crc32(data))
         for t in range(first, first + count)
+        for data in (t.to_bytes(8, "big") * (DATA_BYTES // 8) + b"zz",)
     ]
 
 

@@ -22,6 +22,7 @@ from tests.conftest import read_jsonl
 from waltz_engine.common.errors import FormatError, StorageError
 from waltz_engine.common.record import Record
 from waltz_engine.storage import SessionInfo, StorageManager
+from waltz_engine.storage.segment import CorruptRecordError
 
 ALL_PARTITIONS = list(range(VECTOR_NUM_PARTITIONS))
 # Run 1 (store session 0) wrote these txids, run 2 (session 1) the rest (README §4).
@@ -102,9 +103,11 @@ def test_recovery_of_the_damaged_directory(tmp_path: Path, vectors: Path) -> Non
         p0 = manager.partition(0)
         assert p0.max_transaction_id() == 178
         assert p0.record(179) is None
-        rotten = p0.record(10)
-        assert rotten is not None and rotten.data == b"q0-t10"  # not "repaired", original checksum kept
-        assert rotten.checksum == _vector_records(vectors)[0][10].checksum
+        # Record 10 is rotten (kept on disk, not "repaired"): never served, the error names it.
+        with pytest.raises(CorruptRecordError, match="partition 0 transaction 10: record checksum mismatch"):
+            p0.record(10)
+        assert p0.records(0, 20) == _vector_records(vectors)[0][:10]  # the good ones before it
+        assert p0.records(11, 2) == _vector_records(vectors)[0][11:13]
         assert manager.partition(2).max_transaction_id() == 24
         # Partition 1's current struct is broken: it falls back to struct 2 (session 0).
         assert manager.partition(1).last_session_info() == SessionInfo(0, -1, -1)

@@ -32,7 +32,7 @@ from waltz_engine.storage.constants import (
 )
 from waltz_engine.storage.control_file import PartitionInfo, SessionInfo
 from waltz_engine.storage.lru import LRUCache
-from waltz_engine.storage.segment import Segment, create_segment_files
+from waltz_engine.storage.segment import CorruptRecordError, Segment, create_segment_files
 from waltz_engine.storage.segment_finder import find_segment
 from waltz_engine.zk.retention import BelowRetainedStartError, removable_head_segments
 
@@ -251,7 +251,13 @@ class Partition:
                 segment = self._segment_for_read(transaction_id + len(result))
                 if segment is None:
                     break
-                result += segment.read_records(transaction_id + len(result), max_records - len(result))
+                try:
+                    result += segment.read_records(transaction_id + len(result), max_records - len(result))
+                except CorruptRecordError as e:
+                    if not result:
+                        log.warning("not serving it: %s", e)
+                        raise
+                    break  # a short answer; the next read, starting at the bad record, fails
         return result
 
     def record_headers(self, transaction_id: int, max_records: int) -> list[RecordHeader]:
@@ -263,7 +269,15 @@ class Partition:
                 segment = self._segment_for_read(transaction_id + len(result))
                 if segment is None:
                     break
-                result += segment.read_record_headers(transaction_id + len(result), max_records - len(result))
+                try:
+                    result += segment.read_record_headers(
+                        transaction_id + len(result), max_records - len(result)
+                    )
+                except CorruptRecordError as e:
+                    if not result:
+                        log.warning("not serving it: %s", e)
+                        raise
+                    break  # a short answer; the next read, starting at the bad record, fails
         return result
 
     def _segment_for_read(self, transaction_id: int) -> Segment | None:

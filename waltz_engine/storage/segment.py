@@ -40,6 +40,26 @@ from waltz_engine.disk.record_format import (
 )
 
 _NO_FD = -1
+# What a corrupt record's error says first; the server recognises the storage FAILURE by it
+# (``waltz_engine.server.store.store_session``) and reads the record from another replica.
+CORRUPT_RECORD_MESSAGE = "corrupt record"
+
+
+class CorruptRecordError(StorageError):
+    """A record fails its CRC (over header and data) or its data checksum: never served.
+
+    A ``StorageError``, so the node answers the request with a FAILURE naming the record.
+    """
+
+    def __init__(
+        self, partition_id: int, transaction_id: int, seg_path: Path, offset: int, what: str
+    ) -> None:
+        super().__init__(
+            f"{CORRUPT_RECORD_MESSAGE}: partition {partition_id} transaction {transaction_id}: {what} "
+            f"({seg_path} offset {offset})"
+        )
+        self.partition_id = partition_id
+        self.transaction_id = transaction_id
 
 
 def _java_div(dividend: int, divisor: int) -> int:
@@ -327,7 +347,12 @@ class Segment:
     # --- reading -------------------------------------------------------------------------
 
     def _read_span(self, transaction_id: int, max_records: int) -> list[DiskRecord]:
-        """Records ``transaction_id`` .. at most ``max_records``, read with two preads."""
+        """Records ``transaction_id`` .. at most ``max_records``, read with two preads.
+
+        Every record is checked (its CRC over header and data, and its data checksum) before it
+        leaves: a bad one ends the span before it, or raises :class:`CorruptRecordError` when it
+        is the first one asked for.
+        """
         assert self.files_open and transaction_id >= self.first_transaction_id
         count = min(max_records, self._next_transaction_id - transaction_id)
         if count <= 0:
@@ -344,7 +369,7 @@ class Segment:
         last_txid = transaction_id + count - 1
         end = self._next_offset if last_txid == self.max_transaction_id else self._index_get(last_txid + 1)
         buf = pread_upto(self._seg_fd, end - offsets[0], offsets[0])
-        result = []
+        result: list[DiskRecord] = []
         for i, offset in enumerate(offsets):
             parsed = read_record(buf, offset - offsets[0])
             if not isinstance(parsed, DiskRecord):
@@ -352,6 +377,15 @@ class Segment:
             if parsed.record.transaction_id != transaction_id + i:
                 raise FormatError(
                     f"{self.seg_path}: transaction id mismatch at transaction {transaction_id + i}"
+                )
+            if not (parsed.record_checksum_ok and parsed.checksum_ok):
+                if result:
+                    break  # serve the good records before it; a read starting at it fails
+                what = (
+                    "record checksum mismatch" if not parsed.record_checksum_ok else "data checksum mismatch"
+                )
+                raise CorruptRecordError(
+                    self.header.partition_id, transaction_id, self.seg_path, offset, what
                 )
             result.append(parsed)
         return result

@@ -35,6 +35,7 @@ from waltz_engine.server.store.replica_session import ReplicaSession
 from waltz_engine.server.store.retained_start import retained_start_error
 from waltz_engine.server.store.voting import Voting
 from waltz_engine.storage.client import StorageRpcError, encode_append_records
+from waltz_engine.storage.segment import CORRUPT_RECORD_MESSAGE
 
 log = logging.getLogger(__name__)
 
@@ -322,6 +323,7 @@ class StoreSession:
         exclude: ReplicaSession | None = None,
     ) -> T:
         """From the replica of least expected latency that has the record; lagging ones are penalised."""
+        rotten: list[ReplicaSession] = []  # answered "corrupt record" for this read: skipped
         for _ in range(len(self.replica_sessions) * 2):
             if not self._running:
                 break
@@ -331,6 +333,7 @@ class StoreSession:
                 break
             if (
                 replica is exclude
+                or replica in rotten
                 or transaction_id >= replica.next_transaction_id
                 or not replica.recovered.is_set()
             ):
@@ -345,6 +348,13 @@ class StoreSession:
                     # Retention removed it: an answer, not a broken replica (closing it would roll
                     # the session on every such read).
                     raise retained from None
+                if CORRUPT_RECORD_MESSAGE in str(e):
+                    # Rot on that replica's disk: the record is read from another one; the
+                    # replica stays (its other records are good).
+                    log.warning("read from %s refused, reading elsewhere: %s", replica.replica_id, e)
+                    rotten.append(replica)
+                    replica.update_expected_latency(MAX_LATENCY_MS)
+                    continue
                 log.warning("read from %s failed: %s", replica.replica_id, e)
                 replica.close()
                 continue

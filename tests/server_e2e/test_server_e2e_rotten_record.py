@@ -1,0 +1,125 @@
+"""Issue 13 item 3 with real processes: a rotten record below the low-water mark is never served.
+
+A bit flipped in a committed record's data on one of three storage nodes (below its local
+low-water mark, so start-up recovery does not look at it) used to be read and sent as it was:
+the server handed the rotten bytes to the client. Now the node checks every record it sends
+and answers a bad one with a FAILURE naming it; the server reads that record from another
+replica, and the client gets the bytes that were committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import pytest
+from client_support.app import MockCallbacks, MockContext
+from cluster_support import local_cluster, waltz_client_config
+
+from waltz_engine.client import WaltzClient
+from waltz_engine.common.address import HostPort
+from waltz_engine.disk.control_reader import read_control_file
+from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
+from waltz_engine.disk.record_format import INDEX_ENTRY, INDEX_ENTRY_SIZE_BYTES, RECORD_HEADER_SIZE_BYTES
+from waltz_engine.net.tls import TlsConfig, client_context
+from waltz_engine.ops.devcluster.nodes import LocalNode
+from waltz_engine.storage.admin_ops import StorageContext, max_transaction_id
+from waltz_engine.storage.client import StorageClient, StorageRpcError
+from waltz_engine.zk.connection import connect
+from waltz_engine.zk.store_metadata import read_partition_metadata, read_store_params
+
+COMMIT_TIMEOUT_S = 60.0
+TRANSACTIONS = 30
+ROTTEN = range(2, 22)  # flipped on one node; the router spreads reads, so it is asked for some
+
+
+def _data(txid: int) -> str:
+    return f"transaction {txid:03d}: committed bytes"
+
+
+def _flip_data_bits(partition_dir: Path, txids: range) -> None:
+    """Flip one bit in the data of each record of ``txids`` (all in the first segment)."""
+    (seg,) = sorted(partition_dir.glob("*.seg"))
+    assert seg.name == f"{0:019d}.seg"
+    index = seg.with_suffix(".idx").read_bytes()
+    fd = os.open(seg, os.O_RDWR)
+    try:
+        for txid in txids:
+            (offset,) = INDEX_ENTRY.unpack_from(index, HEADER_SIZE_BYTES + INDEX_ENTRY_SIZE_BYTES * txid)
+            at = offset + RECORD_HEADER_SIZE_BYTES + 5
+            os.pwrite(fd, bytes([os.pread(fd, 1, at)[0] ^ 0x04]), at)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+async def _wait_max_transaction_id(node: LocalNode, context: StorageContext, txid: int) -> None:
+    deadline = time.monotonic() + COMMIT_TIMEOUT_S
+    address = HostPort("127.0.0.1", node.admin_port)
+    while (seen := await max_transaction_id(context, address, node.port, 0, offline=False)) < txid:
+        assert time.monotonic() < deadline, f"the restarted node is stuck at {seen}, expected {txid}"
+        await asyncio.sleep(0.2)
+
+
+def test_a_rotten_record_is_read_from_another_replica_and_never_served(
+    tmp_path_factory: pytest.TempPathFactory, zookeeper: str
+) -> None:
+    with local_cluster(tmp_path_factory, storages=3, servers=1, partitions=1, zookeeper=zookeeper) as cluster:
+        with connect(cluster.zookeeper_settings()) as zk:
+            key = read_store_params(zk, cluster.cluster_root).key
+        server, rotten_node = cluster.servers[0], cluster.storages[0]
+
+        async def append(first: int, count: int) -> None:
+            async with WaltzClient(MockCallbacks(), waltz_client_config(cluster)) as client:
+                for txid in range(first, first + count):
+                    context = MockContext(_data(txid), partition=0)
+                    await client.submit(context)
+                    assert await context.result(COMMIT_TIMEOUT_S), f"transaction {txid} did not commit"
+
+        asyncio.run(append(0, TRANSACTIONS))
+        # A new server process: a new store session raises every replica's low-water mark to the
+        # high-water mark, and the server's transaction cache starts empty.
+        server.restart()
+        assert rotten_node.stop()
+        data_dir = rotten_node.directory / "data"
+        local_lwm = read_control_file(data_dir).partitions[0].current
+        assert local_lwm is not None and local_lwm.local_low_water_mark >= ROTTEN[-1], local_lwm
+        _flip_data_bits(data_dir / "0", ROTTEN)
+        rotten_node.start()
+        # One more transaction, and the rotten node back in the session with it (so it is asked).
+        asyncio.run(append(TRANSACTIONS, 1))
+        storage_context = StorageContext(key, 1, client_context(TlsConfig()))
+        asyncio.run(_wait_max_transaction_id(rotten_node, storage_context, TRANSACTIONS))
+
+        async def read_through_client() -> list[object]:
+            callbacks = MockCallbacks(fetch_data=True)
+            async with WaltzClient(callbacks, waltz_client_config(cluster)) as client:
+                assert client is not None
+                await callbacks.wait_for_high_water_mark(0, TRANSACTIONS, COMMIT_TIMEOUT_S)
+            return callbacks.data
+
+        fetched = asyncio.run(read_through_client())
+        assert fetched == [_data(t) for t in range(TRANSACTIONS + 1)]
+        assert "reading elsewhere" in server.log_text(), "the rotten replica was never asked"
+
+        with connect(cluster.zookeeper_settings()) as zk:
+            session_id = read_partition_metadata(zk, cluster.cluster_root, 0).metadata.session_id
+
+        async def direct_record_request(txid: int) -> str:
+            storage = StorageClient("127.0.0.1", rotten_node.port, client_context(TlsConfig()), key, 1)
+            await storage.open(10_000)
+            try:
+                record = await storage.record(session_id, 0, txid)
+            except StorageRpcError as e:
+                return str(e)
+            finally:
+                await storage.close()
+            raise AssertionError(f"the node served transaction {txid}: {record!r}")
+
+        message = asyncio.run(direct_record_request(ROTTEN[0]))
+        assert f"partition 0 transaction {ROTTEN[0]}" in message, message
+        assert "corrupt record" in message, message
+        # The node stays up and serves its good records.
+        assert rotten_node.is_running()
