@@ -3,6 +3,8 @@
 The original's ``InternalBaseClient``: endpoints and generations come from the cluster
 manager; a partition is *mounted* on the network client of the server that owns it once that
 client's connection is up, and moved when the assignment changes or the connection drops.
+Reconnects to one endpoint share one backoff (:mod:`waltz_engine.client.backoff`), reset by
+:meth:`BaseClient.connection_proved` once a connection did what it was opened for.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import asyncio
 import logging
 from abc import ABC, abstractmethod
 
+from waltz_engine.client.backoff import RECONNECT_BACKOFF_MAX_MS, ReconnectBackoff
+from waltz_engine.client.errors import ClientTlsRefusedError
 from waltz_engine.client.network_client import Endpoint, NetworkClient, OpenChannel
 from waltz_engine.wire.client_messages import ClientMessage
 from waltz_engine.zk.payloads import PartitionInfo
@@ -22,9 +26,17 @@ NO_GENERATION = -1
 
 
 class BaseClient(ABC):
-    def __init__(self, open_channel: OpenChannel, reconnect_delay_ms: int) -> None:
+    def __init__(
+        self,
+        open_channel: OpenChannel,
+        reconnect_delay_ms: int,
+        reconnect_max_delay_ms: int = RECONNECT_BACKOFF_MAX_MS,
+    ) -> None:
         self._open_channel = open_channel
         self._reconnect_delay_ms = reconnect_delay_ms
+        self._reconnect_max_delay_ms = max(reconnect_max_delay_ms, reconnect_delay_ms)
+        self._backoffs: dict[Endpoint, ReconnectBackoff] = {}
+        self.reconnects = 0  # connections replaced after a drop (metrics, tests)
         self._network_clients: dict[Endpoint, NetworkClient] = {}
         self._assigned: dict[int, NetworkClient] = {}
         self._generations: dict[int, int] = {}
@@ -43,6 +55,24 @@ class BaseClient(ABC):
 
     @abstractmethod
     async def on_message(self, network_client: NetworkClient, message: ClientMessage) -> None: ...
+
+    @abstractmethod
+    def on_refused(self, network_client: NetworkClient, error: ClientTlsRefusedError) -> None:
+        """The server keeps refusing this client at TLS: fail what waits on ``network_client``."""
+
+    def connection_proved(self, network_client: NetworkClient) -> None:
+        """``network_client``'s connection did its job: the next reconnect starts the backoff over."""
+        backoff = self._backoffs.get(network_client.endpoint)
+        if backoff is not None and backoff.attempts:
+            backoff.reset()
+
+    def _backoff(self, endpoint: Endpoint) -> ReconnectBackoff:
+        backoff = self._backoffs.get(endpoint)
+        if backoff is None:
+            backoff = self._backoffs[endpoint] = ReconnectBackoff(
+                self._reconnect_delay_ms, self._reconnect_max_delay_ms
+            )
+        return backoff
 
     # -- cluster changes -------------------------------------------------------------------
 
@@ -70,6 +100,7 @@ class BaseClient(ABC):
             self._on_assigned(partition_id, None)
         for endpoint in [e for e in self._network_clients if e not in endpoints]:
             self._drop_network_client(endpoint)
+            self._backoffs.pop(endpoint, None)
 
     def remove_server(self, endpoint: Endpoint) -> None:
         """A server left the cluster: its partitions wait for the next assignment."""
@@ -89,7 +120,7 @@ class BaseClient(ABC):
         network_client = self._network_clients.get(endpoint)
         if network_client is None:
             network_client = NetworkClient(
-                endpoint, seq_num, self._open_channel, self, self._reconnect_delay_ms
+                endpoint, seq_num, self._open_channel, self, self._backoff(endpoint)
             )
             self._network_clients[endpoint] = network_client
             network_client.start()
@@ -114,14 +145,15 @@ class BaseClient(ABC):
         if self._closed or self._network_clients.get(endpoint) is not network_client:
             return
         replacement = NetworkClient(
-            endpoint, network_client.seq_num + 1, self._open_channel, self, self._reconnect_delay_ms
+            endpoint, network_client.seq_num + 1, self._open_channel, self, self._backoff(endpoint)
         )
+        self.reconnects += 1
         log.info("reconnecting to %s (seq %d)", endpoint, replacement.seq_num)
         self._network_clients[endpoint] = replacement
         for partition_id, owner in list(self._assigned.items()):
             if owner is network_client:
                 self._assign(partition_id, replacement)
-        replacement.start()
+        replacement.start(wait_first=True)
 
     async def close(self) -> None:
         self._closed = True

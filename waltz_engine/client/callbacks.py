@@ -27,9 +27,18 @@ class WaltzClientCallbacks(ABC):
         """Apply one committed transaction; called strictly in transaction id order per partition.
 
         The application must store ``transaction.transaction_id`` as its new high-water mark
-        atomically with the effects. Raising makes the client reconnect and feed it again.
+        atomically with the effects. Raising makes the client reconnect (after a backoff that
+        grows with each try) and feed it again; after ``client.config.MAX_APPLICATION_ATTEMPTS``
+        tries of the same transaction (``WaltzClientConfig.max_application_attempts``) the client
+        stops the partition (see :meth:`uncaught_exception`).
         """
 
     @abstractmethod
     def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
-        """``apply_transaction`` raised ``exception``."""
+        """``apply_transaction`` raised ``exception`` on ``transaction_id`` of ``partition_id``.
+
+        Called once per failed try. On the last allowed try ``exception`` is instead a
+        :class:`~waltz_engine.client.errors.PartitionStoppedError` (the application's exception
+        is its ``__cause__``): the client has stopped the partition (no feed, no appends; pending
+        ones fail with it) and logged one error line saying so.
+        """

@@ -31,7 +31,7 @@ from waltz_engine.client.errors import (
 from waltz_engine.client.network_client import Endpoint
 from waltz_engine.client.partition import Partition, call_hook
 from waltz_engine.client.rpc_client import RpcClient
-from waltz_engine.client.stream_client import StreamClient, TransactionApplicationError
+from waltz_engine.client.stream_client import StreamClient
 from waltz_engine.client.transaction import Transaction
 from waltz_engine.client.transaction_builder import TransactionBuilder
 from waltz_engine.client.transaction_context import TransactionContext
@@ -125,6 +125,7 @@ class WaltzClient:
             self._driver.open_channel,
             config.reconnect_delay_ms,
             config.rpc_timeout_ms,
+            config.reconnect_max_delay_ms,
         )
         self._stream = StreamClient(
             info.client_id,
@@ -135,6 +136,9 @@ class WaltzClient:
             config.not_ready_retry_ms,
             self._deliver,
             self._rpc.get_high_water_mark,
+            self._report_application_error,
+            config.reconnect_max_delay_ms,
+            config.max_application_attempts,
         )
 
     async def close(self) -> None:
@@ -318,25 +322,16 @@ class WaltzClient:
     # -- application callbacks -------------------------------------------------------------
 
     async def _deliver(self, transaction_id: int, header: int, req_id: ReqId) -> None:
+        """Hand one transaction to the application; what it raises the stream client handles."""
         assert self._rpc is not None and self._loop is not None and self._loop_thread is not None
         transaction = Transaction(transaction_id, header, req_id, self._rpc, self._loop, self._loop_thread)
-        try:
-            await self._invoke(self._callbacks.apply_transaction, transaction)
-        except Exception as e:
-            log.error(
-                "failed to apply transaction: partition=%d txid=%d: %s",
-                req_id.partition_id,
-                transaction_id,
-                e,
-            )
-            try:
-                self._callbacks.uncaught_exception(req_id.partition_id, transaction_id, e)
-            except Exception:
-                log.exception("callback error [uncaught_exception]")
-            raise TransactionApplicationError(
-                f"apply_transaction failed on transaction {transaction_id} "
-                f"of partition {req_id.partition_id}: {e}"
-            ) from e
+        await self._invoke(self._callbacks.apply_transaction, transaction)
+
+    def _report_application_error(
+        self, partition_id: int, transaction_id: int, exception: BaseException
+    ) -> None:
+        """Every failed try of apply_transaction; a PartitionStoppedError when the client gave up."""
+        self._callbacks.uncaught_exception(partition_id, transaction_id, exception)
 
     async def _invoke(self, function: Callable[..., Any], *args: Any) -> Any:
         if self._executor is None:
@@ -369,6 +364,7 @@ class WaltzClient:
         registry.gauge(METRIC_GROUP, "client-id", lambda: info.client_id)
         registry.gauge(METRIC_GROUP, "num-active-partitions", lambda: len(self.get_partitions()))
         registry.gauge(METRIC_GROUP, "active-partition-ids", lambda: sorted(self.get_partitions()))
+        registry.gauge(METRIC_GROUP, "stream-reconnects", lambda: stream.reconnects)
         for partition in stream.partitions.values():
             _register_partition_metrics(registry, partition)
 
@@ -385,3 +381,5 @@ def _register_partition_metrics(registry: MetricsRegistry, partition: Partition)
     registry.gauge(group, "num-registered-transactions", lambda: partition.monitor.registered_count)
     registry.gauge(group, "lock-failure", lambda: partition.lock_failures)
     registry.gauge(group, "transaction-monitor-timeout", lambda: partition.registration_timeouts)
+    registry.gauge(group, "application-failures", lambda: partition.application_failures)
+    registry.gauge(group, "is-stopped", lambda: partition.stopped is not None)

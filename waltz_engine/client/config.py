@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from waltz_engine.client.backoff import RECONNECT_BACKOFF_INITIAL_MS, RECONNECT_BACKOFF_MAX_MS
 from waltz_engine.common.config import Config, ConfigError
 from waltz_engine.net.tls import TlsConfig
 from waltz_engine.zk.connection import ZooKeeperSettings
@@ -42,10 +43,16 @@ DEFAULT_MAX_CONCURRENT_TRANSACTIONS = 5
 REGISTRATION_TIMEOUT_MS = 10_000
 ENSURE_MOUNTED_TIMEOUT_MS = 10_000
 NOT_READY_RETRY_MS = 500
-RECONNECT_DELAY_MS = 1_000
+# Ours: the original reconnects after 1 s (failed connect) or at once (dropped connection);
+# here both back off exponentially with jitter from the first delay to the cap (client/backoff.py).
+RECONNECT_DELAY_MS = RECONNECT_BACKOFF_INITIAL_MS
+RECONNECT_MAX_DELAY_MS = RECONNECT_BACKOFF_MAX_MS
 # Ours: the original waits for RPC answers and flushes without a bound.
 RPC_TIMEOUT_MS = 10_000
 FLUSH_TIMEOUT_MS = 10_000
+# Tries of one transaction (the first and the re-feeds after reconnects) before the client
+# stops the partition and says why through uncaught_exception (the original retries for ever).
+MAX_APPLICATION_ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -61,7 +68,10 @@ class WaltzClientConfig:
     registration_timeout_ms: int = REGISTRATION_TIMEOUT_MS
     ensure_mounted_timeout_ms: int = ENSURE_MOUNTED_TIMEOUT_MS
     not_ready_retry_ms: int = NOT_READY_RETRY_MS
-    reconnect_delay_ms: int = RECONNECT_DELAY_MS
+    reconnect_delay_ms: int = RECONNECT_DELAY_MS  # the reconnect backoff's first delay
+    reconnect_max_delay_ms: int = RECONNECT_MAX_DELAY_MS  # and its cap
+    # Tries of one transaction by apply_transaction before the client stops the partition.
+    max_application_attempts: int = MAX_APPLICATION_ATTEMPTS
     rpc_timeout_ms: int = RPC_TIMEOUT_MS
     flush_timeout_ms: int = FLUSH_TIMEOUT_MS
     # Server endpoint as the cluster publishes it ("host:port") -> the address to connect to
@@ -73,7 +83,12 @@ class WaltzClientConfig:
             raise ConfigError(
                 "a Waltz client needs zookeeper.connectString and cluster.root (or a mock driver)"
             )
-        for name in ("num_consumer_threads", "long_wait_threshold_ms", "max_concurrent_transactions"):
+        for name in (
+            "num_consumer_threads",
+            "long_wait_threshold_ms",
+            "max_concurrent_transactions",
+            "max_application_attempts",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.num_transaction_retry_threads < 0:

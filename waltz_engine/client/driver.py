@@ -21,9 +21,16 @@ from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
 from waltz_engine.client.channel import Channel, FramedChannel
+from waltz_engine.client.errors import ClientTlsRefusedError
 from waltz_engine.client.network_client import Endpoint
 from waltz_engine.common.address import parse_host_port
-from waltz_engine.net.channel import connect
+from waltz_engine.net.channel import (
+    CONNECT_TIMEOUT_MS,
+    STREAM_READ_LIMIT_BYTES,
+    ConnectionClosedError,
+    FramedConnection,
+    handshake,
+)
 from waltz_engine.net.tls import TlsConfig, client_context
 from waltz_engine.wire.client_messages import CLIENT_CODECS
 from waltz_engine.wire.hello import CLIENT_HELLO_TEXT
@@ -42,10 +49,96 @@ OnEndpoints = Callable[[dict[Endpoint, list[PartitionInfo]]], None]
 OnServerRemoved = Callable[[Endpoint], None]
 
 
-async def open_framed_channel(endpoint: Endpoint, ssl_context: ssl.SSLContext) -> FramedChannel:
-    """A TLS connection to a Waltz server, Hello "Waltz Client", codecs v0-v4 (highest common wins)."""
+# TLS alerts that mean "your certificate": none sent, or not accepted (OpenSSL's reason names).
+CERTIFICATE_WANTED_REASONS = frozenset(
+    {"TLSV13_ALERT_CERTIFICATE_REQUIRED", "PEER_DID_NOT_RETURN_A_CERTIFICATE"}
+)
+CERTIFICATE_REFUSED_REASONS = frozenset(
+    {
+        "SSLV3_ALERT_BAD_CERTIFICATE",
+        "SSLV3_ALERT_CERTIFICATE_UNKNOWN",
+        "SSLV3_ALERT_CERTIFICATE_EXPIRED",
+        "SSLV3_ALERT_CERTIFICATE_REVOKED",
+        "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE",
+        "TLSV1_ALERT_UNKNOWN_CA",
+        "TLSV1_ALERT_ACCESS_DENIED",
+        "TLSV1_ALERT_DECRYPT_ERROR",
+        "SSLV3_ALERT_HANDSHAKE_FAILURE",
+    }
+)
+
+
+def describe_certificate_refusal(
+    endpoint: Endpoint, error: BaseException, has_certificate: bool, after_tls: bool
+) -> str | None:
+    """Why ``endpoint`` refused the connection, if it was this client's certificate; else None.
+
+    A TLS alert says so outright. A server that does not send one (asyncio's TLS drops the
+    socket) shows it by the moment it hangs up: with TLS 1.2 during the TLS handshake, with
+    TLS 1.3 (where the server checks the client's certificate after the client's handshake is
+    done) right after it, before the server's Hello, which a Waltz server always sends.
+    """
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        reason = getattr(cause, "reason", None) if isinstance(cause, ssl.SSLError) else None
+        if reason in CERTIFICATE_WANTED_REASONS:
+            return f"the server {endpoint} asked for this client's certificate ({reason}){_NO_KEY_STORE}"
+        if reason in CERTIFICATE_REFUSED_REASONS:
+            return f"the server {endpoint} refused this client's certificate ({reason})"
+        if isinstance(cause, ssl.SSLError) and reason is not None:
+            return None  # another TLS failure: its own message says it
+        cause = cause.__cause__ or cause.__context__
+    # Not ConnectionRefusedError: nothing listens there, no TLS was spoken.
+    hung_up = (ConnectionResetError, ConnectionAbortedError, BrokenPipeError, ssl.SSLEOFError)
+    dropped = isinstance(error, (*hung_up, asyncio.IncompleteReadError)) or (
+        after_tls and isinstance(error, ConnectionClosedError)
+    )
+    if not dropped:
+        return None
+    when = "right after the TLS handshake, before its Hello" if after_tls else "during the TLS handshake"
+    if has_certificate:
+        return f"the server {endpoint} refused this client's certificate (it hung up {when})"
+    return f"the server {endpoint} asked for this client's certificate (it hung up {when}){_NO_KEY_STORE}"
+
+
+_NO_KEY_STORE = "; this client has none: set client.ssl.keyStore.location"
+
+
+async def open_framed_channel(
+    endpoint: Endpoint, ssl_context: ssl.SSLContext, has_certificate: bool = False
+) -> FramedChannel:
+    """A TLS connection to a Waltz server, Hello "Waltz Client", codecs v0-v4 (highest common wins).
+
+    A server that refuses the client's certificate (or wants one) raises ClientTlsRefusedError.
+    """
     host, port = parse_host_port(endpoint, "Server")
-    conn = await connect(host, port, ssl_context, CLIENT_CODECS, CLIENT_HELLO_TEXT)
+    after_tls = False
+
+    async def go() -> FramedConnection:
+        nonlocal after_tls
+        reader, writer = await asyncio.open_connection(
+            host, port, ssl=ssl_context, limit=STREAM_READ_LIMIT_BYTES
+        )
+        after_tls = True
+        try:
+            return await handshake(reader, writer, CLIENT_CODECS, CLIENT_HELLO_TEXT, CONNECT_TIMEOUT_MS)
+        except BaseException:
+            writer.close()
+            raise
+
+    try:
+        conn = await asyncio.wait_for(go(), CONNECT_TIMEOUT_MS / 1000)
+    except TimeoutError:
+        raise ConnectionClosedError(f"no answer from {host}:{port} within {CONNECT_TIMEOUT_MS} ms") from None
+    except (OSError, ssl.SSLError, ConnectionClosedError, asyncio.IncompleteReadError) as e:
+        refusal = describe_certificate_refusal(endpoint, e, has_certificate, after_tls)
+        if refusal is not None:
+            raise ClientTlsRefusedError(refusal) from e
+        if isinstance(e, ConnectionClosedError):
+            raise
+        raise ConnectionClosedError(f"cannot connect to {host}:{port}: {e or type(e).__name__}") from e
     return FramedChannel(conn)
 
 
@@ -77,6 +170,7 @@ class ZooKeeperDriver(WaltzClientDriver):
     ) -> None:
         self._settings = settings
         self._ssl: ssl.SSLContext = client_context(tls)
+        self._has_certificate = tls.key_store_location is not None
         self._endpoint_overrides = dict(endpoint_overrides or {})
         self._zk: KazooClient | None = None
         self._watcher: ClusterWatcher | None = None
@@ -106,7 +200,9 @@ class ZooKeeperDriver(WaltzClientDriver):
         return DriverInfo(client_id, params.name, params.num_partitions)
 
     async def open_channel(self, endpoint: Endpoint) -> Channel:
-        return await open_framed_channel(self._endpoint_overrides.get(endpoint, endpoint), self._ssl)
+        return await open_framed_channel(
+            self._endpoint_overrides.get(endpoint, endpoint), self._ssl, self._has_certificate
+        )
 
     async def close(self) -> None:
         if self._watcher is not None:

@@ -50,3 +50,23 @@ class PartitionNotFoundError(WaltzClientError):
 
 class RpcError(WaltzClientError):
     """A server answered an RPC with an error message."""
+
+
+class ClientTlsRefusedError(WaltzClientError):
+    """The server ended the TLS handshake: it refused this client's certificate, or wanted one."""
+
+
+class PartitionStoppedError(WaltzClientError):
+    """The client stopped working with a partition: ``apply_transaction`` kept raising on one
+    transaction (see ``MAX_APPLICATION_ATTEMPTS``). The original exception is the cause."""
+
+    def __init__(self, partition_id: int, transaction_id: int, attempts: int, cause: BaseException) -> None:
+        super().__init__(
+            f"partition {partition_id} stopped: apply_transaction raised on transaction {transaction_id} "
+            f"{attempts} times in a row (last: {type(cause).__name__}: {cause}); this client no longer "
+            "reads or writes the partition"
+        )
+        self.partition_id = partition_id
+        self.transaction_id = transaction_id
+        self.attempts = attempts
+        self.__cause__ = cause

@@ -2,7 +2,9 @@
 
 A network client is never reused after its connection drops: its owner replaces it with a
 new one whose ``seq_num`` is one higher, so the server can tell stale connections apart
-(reference §2.4). Only a failed connect is retried in place, after the reconnect delay.
+(reference §2.4). Only a failed connect is retried in place. Every wait before a connect
+(after a drop, after a failed connect) comes from the endpoint's shared
+:class:`~waltz_engine.client.backoff.ReconnectBackoff`: exponential, jittered, capped.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import ssl
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from waltz_engine.client.backoff import ReconnectBackoff
 from waltz_engine.client.channel import Channel
+from waltz_engine.client.errors import ClientTlsRefusedError
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.wire.client_messages import ClientMessage
 
@@ -22,6 +26,10 @@ log = logging.getLogger(__name__)
 
 Endpoint = str  # "host:port", as the cluster manager publishes it (waltz_engine.common.address parses it)
 OpenChannel = Callable[[Endpoint], Awaitable[Channel]]
+
+# A certificate refusal seen on this many connects in a row fails the calls waiting on the
+# endpoint at once (one alone may be a server going down mid-handshake).
+REFUSALS_BEFORE_FAILING = 2
 
 
 class NetworkClientOwner(Protocol):
@@ -31,6 +39,8 @@ class NetworkClientOwner(Protocol):
 
     def on_disconnected(self, network_client: NetworkClient) -> None: ...
 
+    def on_refused(self, network_client: NetworkClient, error: ClientTlsRefusedError) -> None: ...
+
 
 class NetworkClient:
     def __init__(
@@ -39,13 +49,16 @@ class NetworkClient:
         seq_num: int,
         open_channel: OpenChannel,
         owner: NetworkClientOwner,
-        reconnect_delay_ms: int,
+        backoff: ReconnectBackoff,
     ) -> None:
         self.endpoint = endpoint
         self.seq_num = seq_num
         self._open_channel = open_channel
         self._owner = owner
-        self._reconnect_delay_ms = reconnect_delay_ms
+        self._backoff = backoff
+        self.connects = 0  # connect attempts made (metrics, tests)
+        self.last_connect_error: BaseException | None = None  # of the last failed attempt
+        self.refused: ClientTlsRefusedError | None = None  # set while connects are refused at TLS
         self._channel: Channel | None = None
         self._outbox: list[ClientMessage] = []
         self._task: asyncio.Task[None] | None = None
@@ -58,9 +71,12 @@ class NetworkClient:
     def ready(self) -> bool:
         return self._channel is not None and not self._channel.closed and not self._closed
 
-    def start(self) -> None:
+    def start(self, wait_first: bool = False) -> None:
+        """Connect (first waiting the backoff's next delay if ``wait_first``: a reconnect)."""
         assert self._task is None, "start() once"
-        self._task = asyncio.create_task(self._run(), name=f"waltz-client {self.endpoint} seq={self.seq_num}")
+        self._task = asyncio.create_task(
+            self._run(wait_first), name=f"waltz-client {self.endpoint} seq={self.seq_num}"
+        )
 
     def send(self, message: ClientMessage) -> bool:
         """Queue ``message``; all queued in one loop turn leave in one write. False if not connected."""
@@ -101,8 +117,8 @@ class NetworkClient:
         if self._channel is not None:
             await self._channel.close()
 
-    async def _run(self) -> None:
-        channel = await self._connect()
+    async def _run(self, wait_first: bool) -> None:
+        channel = await self._connect(wait_first)
         if channel is None:
             return
         self._channel = channel
@@ -115,18 +131,42 @@ class NetworkClient:
                     break
                 await self._owner.on_message(self, message)
         except (WaltzError, ConnectionError, ssl.SSLError) as e:
-            log.warning("%r: connection lost: %s", self, e)
+            # An application error was reported where it happened; it only ends the connection.
+            level = logging.DEBUG if getattr(e, "application_error", False) else logging.WARNING
+            log.log(level, "%r: connection lost: %s", self, e)
         finally:
             await channel.close()
             if not self._closed:
                 self._closed = True
                 self._owner.on_disconnected(self)
 
-    async def _connect(self) -> Channel | None:
+    async def _connect(self, wait_first: bool) -> Channel | None:
+        if wait_first:
+            await asyncio.sleep(self._backoff.next_delay_ms() / 1000)
+        refusals = 0
         while not self._closed:
+            self.connects += 1
             try:
-                return await self._open_channel(self.endpoint)
+                channel = await self._open_channel(self.endpoint)
+                self.refused = None
+                return channel
             except (WaltzError, OSError) as e:
-                log.info("%r: cannot connect (retrying in %d ms): %s", self, self._reconnect_delay_ms, e)
-            await asyncio.sleep(self._reconnect_delay_ms / 1000)
+                self.last_connect_error = e
+                delay_ms = self._backoff.next_delay_ms()
+                if isinstance(e, ClientTlsRefusedError):
+                    refusals += 1
+                    self.refused = e
+                    log.log(
+                        logging.WARNING if refusals == 1 else logging.DEBUG,
+                        "%r: %s (retrying in %.0f ms, then less often)",
+                        self,
+                        e,
+                        delay_ms,
+                    )
+                    if refusals >= REFUSALS_BEFORE_FAILING:
+                        self._owner.on_refused(self, e)
+                else:
+                    refusals = 0
+                    log.info("%r: cannot connect (retrying in %.0f ms): %s", self, delay_ms, e)
+            await asyncio.sleep(delay_ms / 1000)
         return None

@@ -23,6 +23,7 @@ from waltz_engine.client.errors import (
     ClientClosedError,
     ClientTimeoutError,
     PartitionInactiveError,
+    PartitionStoppedError,
 )
 from waltz_engine.client.transaction_monitor import TransactionFuture, TransactionMonitor
 from waltz_engine.common.reqid import ReqId
@@ -58,6 +59,7 @@ class PartitionState(enum.Enum):
     ACTIVE = "active"
     INACTIVE = "inactive"
     CLOSED = "closed"
+    STOPPED = "stopped"  # apply_transaction kept raising: given up (see MAX_APPLICATION_ATTEMPTS)
 
 
 class Partition:
@@ -74,6 +76,8 @@ class Partition:
         self.session: ReqId | None = None  # the ReqId of the MountRequest whose answers count
         self.lock_failures = 0
         self.registration_timeouts = 0
+        self.application_failures = 0  # apply_transaction raised on the next transaction, in a row
+        self.stopped: PartitionStoppedError | None = None
         self._seq_num = 0
         self._lock_failure_queue: list[tuple[int, int, ReqId]] = []  # (lock hwm, arrival, reqId)
         self._arrivals = 0
@@ -131,6 +135,18 @@ class Partition:
         self.monitor.close()
         self._notify()
 
+    def stop(self, error: PartitionStoppedError) -> None:
+        """Give the partition up: no more mounts, feed or appends; pending appends fail with ``error``."""
+        self.stopped = error
+        self.state = PartitionState.STOPPED
+        self.mounted = False
+        self.monitor.close(error)
+        self._notify()
+
+    def refused(self) -> None:
+        """The partition's server refuses this client at TLS: waiting mounts learn it now."""
+        self._notify()
+
     # -- mounting --------------------------------------------------------------------------
 
     def mounting(self, network_client: NetworkClient | None) -> None:
@@ -162,14 +178,22 @@ class Partition:
         while not self.mounted:
             if self.state is PartitionState.CLOSED:
                 raise ClientClosedError()
+            if self.stopped is not None:
+                raise self.stopped
             if self.monitor.is_stopped:
                 raise PartitionInactiveError(self.partition_id)
             if self.client_ahead:
                 await check_ahead(self)  # remounts if the server caught up, else raises ClientAheadError
                 continue
+            network_client = self.network_client
+            if network_client is not None and network_client.refused is not None:
+                raise network_client.refused
             remaining = deadline - loop.time()
             if remaining <= 0:
-                where = self.network_client.endpoint if self.network_client else "no server assigned"
+                where = network_client.endpoint if network_client else "no server assigned"
+                last_error = network_client.last_connect_error if network_client else None
+                if last_error is not None and not network_client.ready:  # type: ignore[union-attr]
+                    where += f"; last connect failed: {last_error}"
                 raise ClientTimeoutError(
                     f"partition {self.partition_id} was not mounted within {timeout_ms} ms ({where})"
                 )
@@ -203,7 +227,11 @@ class Partition:
     def flush_async(self) -> TransactionFuture | None:
         """Ask the server to decide every pending append; the future of the last one, if any."""
         future = self.monitor.last_enqueued()
-        if future is None or future.is_flushed or self.state is PartitionState.CLOSED:
+        if (
+            future is None
+            or future.is_flushed
+            or self.state in (PartitionState.CLOSED, PartitionState.STOPPED)
+        ):
             return None
         network_client = self.network_client
         if network_client is None or not network_client.send(FlushRequest(future.req_id)):
@@ -268,10 +296,12 @@ class Partition:
                 try:
                     await deliver(transaction_id, header, req_id)
                 except BaseException:
+                    self.application_failures += 1
                     if context is not None:
                         self._application_failed[req_id] = context
                     raise
                 self.client_high_water_mark += 1
+                self.application_failures = 0
                 if context is not None:
                     call_hook(context.on_application)
             finally:

@@ -12,8 +12,15 @@ import logging
 from collections import deque
 from typing import Any, TypeVar
 
+from waltz_engine.client.backoff import RECONNECT_BACKOFF_MAX_MS
 from waltz_engine.client.base_client import BaseClient
-from waltz_engine.client.errors import ClientClosedError, ClientTimeoutError, DataChecksumError, RpcError
+from waltz_engine.client.errors import (
+    ClientClosedError,
+    ClientTimeoutError,
+    ClientTlsRefusedError,
+    DataChecksumError,
+    RpcError,
+)
 from waltz_engine.client.network_client import Endpoint, NetworkClient, OpenChannel
 from waltz_engine.client.partition import next_seq_num
 from waltz_engine.common.crc import crc32
@@ -80,8 +87,9 @@ class RpcClient(BaseClient):
         open_channel: OpenChannel,
         reconnect_delay_ms: int,
         rpc_timeout_ms: int,
+        reconnect_max_delay_ms: int = RECONNECT_BACKOFF_MAX_MS,
     ) -> None:
-        super().__init__(open_channel, reconnect_delay_ms)
+        super().__init__(open_channel, reconnect_delay_ms, reconnect_max_delay_ms)
         self.client_id = client_id
         self.rpc_timeout_ms = rpc_timeout_ms
         self._partitions = {p: _RpcPartition(p) for p in range(num_partitions)}
@@ -112,7 +120,24 @@ class RpcClient(BaseClient):
         if partition.high_water_mark is not None:
             network_client.send(HighWaterMarkRequest(self._req_id(partition)))
 
+    def on_refused(self, network_client: NetworkClient, error: ClientTlsRefusedError) -> None:
+        """Fail every call waiting on ``network_client``'s server: it will not answer this client."""
+        for partition in self._partitions.values():
+            if self.network_client_of(partition.partition_id) is not network_client:
+                continue
+            futures: list[asyncio.Future[Any]] = [p.future for p in partition.data.values()]
+            if partition.high_water_mark is not None:
+                futures.append(partition.high_water_mark)
+            partition.data.clear()
+            partition.high_water_mark = None
+            _fail(futures, error)
+        for (endpoint, _), waiters in self._admin.items():
+            if endpoint == network_client.endpoint:
+                _fail(list(waiters), error)
+                waiters.clear()
+
     async def on_message(self, network_client: NetworkClient, message: ClientMessage) -> None:
+        self.connection_proved(network_client)
         if isinstance(message, TransactionDataResponse):
             self._data_received(message)
         elif isinstance(message, HighWaterMarkResponse):
@@ -216,8 +241,13 @@ class RpcClient(BaseClient):
         network_client = self._network_client_for(endpoint)
         deadline = loop.time() + self.rpc_timeout_ms / 1000
         while not network_client.ready:
+            if network_client.refused is not None:
+                raise network_client.refused
             if loop.time() >= deadline:
-                raise ClientTimeoutError(f"cannot reach server {endpoint} within {self.rpc_timeout_ms} ms")
+                raise ClientTimeoutError(
+                    f"cannot reach server {endpoint} within {self.rpc_timeout_ms} ms"
+                    + _last_connect_error(network_client)
+                )
             await asyncio.sleep(0.01)
             network_client = self._network_client_for(endpoint)
         future: asyncio.Future[Any] = loop.create_future()
@@ -232,12 +262,25 @@ class RpcClient(BaseClient):
         try:
             return await asyncio.wait_for(asyncio.shield(future), max(remaining, 0))
         except TimeoutError:
-            error = ClientTimeoutError(f"no answer for {what} within {self.rpc_timeout_ms} ms")
+            error = ClientTimeoutError(
+                f"no answer for {what} within {self.rpc_timeout_ms} ms" + self._why_no_answer(future)
+            )
             if not future.done():
                 future.set_exception(error)  # every caller sharing it gives up together
                 future.exception()  # retrieved here; others sharing it see it too
                 self._forget(future)
             raise error from None
+
+    def _why_no_answer(self, future: asyncio.Future[Any]) -> str:
+        """The last connect error of the server ``future`` waits on, if it is not connected."""
+        for partition in self._partitions.values():
+            waits = [p.future for p in partition.data.values()]
+            if partition.high_water_mark is future or any(f is future for f in waits):
+                network_client = self.network_client_of(partition.partition_id)
+                if network_client is None:
+                    return "; no server is assigned the partition"
+                return _last_connect_error(network_client)
+        return ""
 
     def _forget(self, future: asyncio.Future[Any]) -> None:
         for partition in self._partitions.values():
@@ -269,6 +312,20 @@ class RpcClient(BaseClient):
                 if not future.done():
                     future.set_exception(error)
                     future.exception()
+
+
+def _last_connect_error(network_client: NetworkClient) -> str:
+    error = network_client.last_connect_error
+    if network_client.ready or error is None:
+        return ""
+    return f"; {network_client.endpoint}: last connect failed: {error}"
+
+
+def _fail(futures: list[asyncio.Future[Any]], error: BaseException) -> None:
+    for future in futures:
+        if not future.done():
+            future.set_exception(error)
+            future.exception()  # nobody may be waiting: do not warn "never retrieved"
 
 
 def _chain(source: asyncio.Future[bytes], target: asyncio.Future[bytes]) -> None:

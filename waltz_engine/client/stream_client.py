@@ -12,12 +12,16 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from waltz_engine.client.backoff import RECONNECT_BACKOFF_MAX_MS
 from waltz_engine.client.base_client import BaseClient
+from waltz_engine.client.config import MAX_APPLICATION_ATTEMPTS
 from waltz_engine.client.errors import (
     ClientAheadError,
     ClientClosedError,
     ClientTimeoutError,
+    ClientTlsRefusedError,
     PartitionNotFoundError,
+    PartitionStoppedError,
     WaltzClientError,
 )
 from waltz_engine.client.network_client import NetworkClient, OpenChannel
@@ -43,9 +47,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+ReportApplicationError = Callable[[int, int, BaseException], None]
+
 
 class TransactionApplicationError(WaltzClientError):
     """``apply_transaction`` raised: the stream connection is dropped; the feed resumes from the HWM."""
+
+    application_error = True  # reported through uncaught_exception already: log it quietly
 
 
 class StreamClient(BaseClient):
@@ -59,8 +67,13 @@ class StreamClient(BaseClient):
         not_ready_retry_ms: int,
         deliver: Deliver,
         server_high_water_mark: Callable[[int], Awaitable[int]],
+        report_application_error: ReportApplicationError | None = None,
+        reconnect_max_delay_ms: int = RECONNECT_BACKOFF_MAX_MS,
+        max_application_attempts: int = MAX_APPLICATION_ATTEMPTS,
     ) -> None:
-        super().__init__(open_channel, reconnect_delay_ms)
+        super().__init__(open_channel, reconnect_delay_ms, reconnect_max_delay_ms)
+        self._report_application_error = report_application_error
+        self._max_application_attempts = max_application_attempts
         self.client_id = client_id
         self.num_partitions = num_partitions
         self._not_ready_retry_ms = not_ready_retry_ms
@@ -149,6 +162,7 @@ class StreamClient(BaseClient):
             log.debug("ignoring obsolete MountResponse %s", message)
             return
         if message.partition_state == PARTITION_STATE_READY:
+            self.connection_proved(network_client)
             partition.mounted_by(network_client)
             network_client.send(FeedRequest(partition.session, partition.client_high_water_mark))
         elif message.partition_state == PARTITION_STATE_NOT_READY:
@@ -174,10 +188,46 @@ class StreamClient(BaseClient):
             await partition.apply_transaction(
                 message.transaction_id, message.header, message.req_id, self._deliver
             )
-        except TransactionApplicationError:
-            raise
         except Exception as e:
-            raise TransactionApplicationError(f"applying transaction {message.transaction_id}: {e}") from e
+            self._application_failed(partition, message.transaction_id, e)
+            raise TransactionApplicationError(
+                f"apply_transaction failed on transaction {message.transaction_id} "
+                f"of partition {partition.partition_id}: {e}"
+            ) from e
+
+    def _application_failed(self, partition: Partition, transaction_id: int, error: Exception) -> None:
+        """Report the failure; after ``max_application_attempts`` in a row, stop the partition.
+
+        Either way the caller drops the connection: the server forgets the mount and, after the
+        backoff, the others are mounted again (a stopped partition no more).
+        """
+        attempts = partition.application_failures
+        reported: BaseException = error
+        if attempts >= self._max_application_attempts:
+            stopped = PartitionStoppedError(partition.partition_id, transaction_id, attempts, error)
+            log.error("%s", stopped)  # the one line; each try went to uncaught_exception
+            partition.stop(stopped)
+            reported = stopped
+        else:
+            log.debug(
+                "partition %d: apply_transaction raised on transaction %d (try %d of %d): %s",
+                partition.partition_id,
+                transaction_id,
+                attempts,
+                self._max_application_attempts,
+                error,
+            )
+        report = self._report_application_error
+        if report is not None:
+            try:
+                report(partition.partition_id, transaction_id, reported)
+            except Exception:
+                log.exception("callback error [uncaught_exception]")
+
+    def on_refused(self, network_client: NetworkClient, error: ClientTlsRefusedError) -> None:
+        for partition in self.partitions.values():
+            if partition.network_client is network_client:
+                partition.refused()
 
     # -- appends ---------------------------------------------------------------------------
 

@@ -109,11 +109,12 @@ class TransactionMonitor:
     def is_stopped(self) -> bool:
         return self.state is MonitorState.STOPPED
 
-    def close(self) -> None:
+    def close(self, error: BaseException | None = None) -> None:
+        """Fail every pending append with ``error`` (default: ClientClosedError); no more appends."""
         self.state = MonitorState.CLOSED
         for future in self._registered.values():
             if not future.done():
-                future.set_exception(ClientClosedError())
+                future.set_exception(error if error is not None else ClientClosedError())
             future.mark_flushed()
         self._registered.clear()
         self._num_registered = 0
