@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from waltz_engine.common.config import Config, ConfigError, require_ports
+from waltz_engine.net.channel import ConnectionLimits, read_connection_limits
 from waltz_engine.net.tls import TlsConfig
 from waltz_engine.server.feed_cache import DEFAULT_FEED_CACHE_SIZE_BYTES
 from waltz_engine.server.locks import DEFAULT_LOCK_TABLE_SIZE
@@ -32,6 +33,11 @@ KEY_MAX_BATCH_SIZE = "storage.maxBatchSize"
 KEY_INITIAL_RETRY_INTERVAL = "storage.initialRetryInterval"
 KEY_MAX_RETRY_INTERVAL = "storage.maxRetryInterval"
 KEY_CHECKPOINT_INTERVAL = "storage.checkpointInterval"
+# Our extension: what the client port admits (waltz_engine/net/channel.py).
+KEY_HANDSHAKE_TIMEOUT = "server.handshakeTimeout"
+KEY_MAX_CONNECTIONS = "server.maxConnections"
+KEY_MAX_CONNECTIONS_PER_PEER = "server.maxConnectionsPerPeer"
+KEY_MAX_BUFFERED_BYTES = "server.maxBufferedBytesPerConnection"
 KNOWN_KEYS = (
     KEY_HOST,
     KEY_ADVERTISED_HOST,
@@ -48,6 +54,10 @@ KNOWN_KEYS = (
     KEY_INITIAL_RETRY_INTERVAL,
     KEY_MAX_RETRY_INTERVAL,
     KEY_CHECKPOINT_INTERVAL,
+    KEY_HANDSHAKE_TIMEOUT,
+    KEY_MAX_CONNECTIONS,
+    KEY_MAX_CONNECTIONS_PER_PEER,
+    KEY_MAX_BUFFERED_BYTES,
     *ZOOKEEPER_KEYS,
 )
 # TLS keys are read by TlsConfig; Graphite is accepted (as the original) but not reported to.
@@ -93,6 +103,7 @@ class ServerConfig(NamedTuple):
     zookeeper: ZooKeeperSettings
     tls: TlsConfig
     source: str
+    connection_limits: ConnectionLimits = ConnectionLimits()
 
     @classmethod
     def load(cls, path: Path | str) -> ServerConfig:
@@ -151,6 +162,13 @@ class ServerConfig(NamedTuple):
             raise ConfigError(
                 f"{src}: '{KEY_INITIAL_RETRY_INTERVAL}' must not exceed '{KEY_MAX_RETRY_INTERVAL}'"
             )
+        connection_limits = read_connection_limits(
+            config,
+            KEY_HANDSHAKE_TIMEOUT,
+            KEY_MAX_CONNECTIONS,
+            KEY_MAX_CONNECTIONS_PER_PEER,
+            KEY_MAX_BUFFERED_BYTES,
+        )
         zookeeper = node_zookeeper_settings(config)
         advertised = config.optional_str(KEY_ADVERTISED_HOST)
         return cls(
@@ -164,4 +182,5 @@ class ServerConfig(NamedTuple):
             zookeeper=zookeeper,
             tls=TlsConfig.from_flat(config.as_dict(), TLS_PREFIX),
             source=src,
+            connection_limits=connection_limits,
         )

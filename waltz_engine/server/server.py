@@ -24,7 +24,7 @@ from waltz_engine import __version__
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.common.process import run_service
-from waltz_engine.net.channel import Listener, serve
+from waltz_engine.net.channel import ConnectionGate, Listener, serve
 from waltz_engine.net.http_endpoints import HttpEndpoints
 from waltz_engine.net.tls import client_context, server_context
 from waltz_engine.server.config import EngineSettings, ServerConfig
@@ -247,6 +247,7 @@ class WaltzServer:
             SERVER_HELLO_TEXT,
             handler,
             "server client port",
+            ConnectionGate(config.connection_limits),
         )
         self._assigner = asyncio.get_running_loop().create_task(self._apply_assignments(), name="assignments")
         await manager.start()

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from waltz_engine.common.config import Config, ConfigError, require_ports
+from waltz_engine.net.channel import ConnectionLimits, read_connection_limits
 from waltz_engine.net.tls import TlsConfig
 from waltz_engine.storage.cleaner import DEFAULT_RETENTION_CHECK_INTERVAL_MS
 from waltz_engine.storage.constants import (
@@ -26,6 +27,11 @@ KEY_SEGMENT_SIZE_THRESHOLD = "storage.segment.size.threshold"
 KEY_SEGMENT_CACHE_CAPACITY = "storage.segment.cache.capacity"
 # Our extension: how often the retention cleaner re-reads the bounds (waltz_engine/retention.py).
 KEY_RETENTION_CHECK_INTERVAL = "storage.retention.check.interval.ms"
+# Our extension: what the data and admin ports admit together (waltz_engine/net/channel.py).
+KEY_HANDSHAKE_TIMEOUT = "storage.handshake.timeout.ms"
+KEY_MAX_CONNECTIONS = "storage.max.connections"
+KEY_MAX_CONNECTIONS_PER_PEER = "storage.max.connections.per.peer"
+KEY_MAX_BUFFERED_BYTES = "storage.max.buffered.bytes.per.connection"
 KNOWN_KEYS = (
     KEY_HOST,
     KEY_PORT,
@@ -35,6 +41,10 @@ KNOWN_KEYS = (
     KEY_SEGMENT_SIZE_THRESHOLD,
     KEY_SEGMENT_CACHE_CAPACITY,
     KEY_RETENTION_CHECK_INTERVAL,
+    KEY_HANDSHAKE_TIMEOUT,
+    KEY_MAX_CONNECTIONS,
+    KEY_MAX_CONNECTIONS_PER_PEER,
+    KEY_MAX_BUFFERED_BYTES,
     *ZOOKEEPER_KEYS,
 )
 # TLS keys are read by TlsConfig; Graphite is accepted (as the original) but not reported to.
@@ -56,6 +66,7 @@ class StorageConfig(NamedTuple):
     tls: TlsConfig
     source: str
     retention_check_interval_ms: int = DEFAULT_RETENTION_CHECK_INTERVAL_MS
+    connection_limits: ConnectionLimits = ConnectionLimits()
 
     @classmethod
     def load(cls, path: Path | str) -> StorageConfig:
@@ -86,6 +97,13 @@ class StorageConfig(NamedTuple):
         if not directory.strip():
             raise ConfigError(f"{src}: key '{KEY_DIRECTORY}' must not be empty")
         host = config.get_str(KEY_HOST, DEFAULT_HOST)
+        connection_limits = read_connection_limits(
+            config,
+            KEY_HANDSHAKE_TIMEOUT,
+            KEY_MAX_CONNECTIONS,
+            KEY_MAX_CONNECTIONS_PER_PEER,
+            KEY_MAX_BUFFERED_BYTES,
+        )
         zookeeper = node_zookeeper_settings(config)
         return cls(
             host=host,
@@ -99,4 +117,5 @@ class StorageConfig(NamedTuple):
             tls=TlsConfig.from_flat(config.as_dict(), TLS_PREFIX),
             source=src,
             retention_check_interval_ms=retention_interval_ms,
+            connection_limits=connection_limits,
         )

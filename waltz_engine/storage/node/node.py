@@ -18,7 +18,7 @@ from waltz_engine import __version__
 from waltz_engine.common.errors import StorageError
 from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.common.process import run_service
-from waltz_engine.net.channel import ConnectionHandler, FramedConnection, Listener, serve
+from waltz_engine.net.channel import ConnectionGate, ConnectionHandler, FramedConnection, Listener, serve
 from waltz_engine.net.http_endpoints import HttpEndpoints
 from waltz_engine.net.tls import server_context
 from waltz_engine.storage.cleaner import RetentionCleaner
@@ -79,6 +79,8 @@ class StorageNode:
         self.workers: dict[int, PartitionWorker] = {}
         self._admin_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="storage-admin")
         self._servers: list[Listener] = []
+        # One count of open connections for the data and admin ports together.
+        self._gate = ConnectionGate(config.connection_limits)
         self._http: HttpEndpoints | None = None
         self._stopped = False
         # Set once the directory is open and the handlers exist; connections wait for it.
@@ -194,7 +196,9 @@ class StorageNode:
         name: str,
     ) -> Listener:
         try:
-            return await serve(self.config.host, port, ssl_context, codecs, hello_text, handler, name)
+            return await serve(
+                self.config.host, port, ssl_context, codecs, hello_text, handler, name, self._gate
+            )
         except OSError as e:
             raise _port_error(key, self.config.host, port, e) from None
 
