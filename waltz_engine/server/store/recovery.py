@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 NO_DUMMY_SESSION_ID = -1  # the session id a replica new to the partition gets in ZK
 UNKNOWN_HIGH_WATER_MARK = -1  # resolved high-water mark when the previous session had no replicas
+KEEP_ALL_TRANSACTIONS = (1 << 63) - 1  # TRUNCATE to Long.MAX_VALUE: removes nothing, answers max txid
 
 
 class _ReplicaRecoveryState(NamedTuple):
@@ -73,6 +74,7 @@ class RecoveryManager:
         self._states: dict[ReplicaId, _ReplicaRecoveryState] = {}
         self._recovered: set[ReplicaId] = set()
         self._clean: set[ReplicaId] = set()
+        self._left: set[ReplicaId] = set()  # failed during this recovery: finishes without them
         self._min_voting_high_water_mark: int | None = None
         self.resolved_high_water_mark: int | None = None
         self._aborted: RecoveryFailedError | None = None
@@ -162,7 +164,12 @@ class RecoveryManager:
                 max_transaction_id = await connection.truncate(state.closing_high_water_mark)
                 voting = False
             else:
-                max_transaction_id = await connection.max_transaction_id()
+                # A TRUNCATE that keeps everything answers the max txid, and, being a write, fences
+                # the previous session out of this replica before we read it: a storage node moves
+                # its session id on writes only (a read moving it would let one forged read fence
+                # the partition for good), so a MAX_TRANSACTION_ID would leave the old session
+                # appending here until our first write.
+                max_transaction_id = await connection.truncate(KEEP_ALL_TRANSACTIONS)
                 # Below its session's low-water mark the replica is clean but too far behind to vote.
                 voting = max_transaction_id >= info.low_water_mark
             await self._resolve(replica_id, connection, voting, max_transaction_id)
@@ -171,10 +178,39 @@ class RecoveryManager:
         except asyncio.CancelledError:
             raise
         except BaseException as e:
-            self.abort(e)
+            # This replica only: its replica session closes and leaves the recovery (``leave``),
+            # which goes on while a quorum of replicas can still finish it.
             if isinstance(e, RecoveryFailedError):
                 raise
             raise RecoveryFailedError(f"failed to recover {replica_id}: {e}") from e
+
+    def leave(self, replica_id: ReplicaId, cause: BaseException) -> None:
+        """``replica_id`` failed (a refused request, a lost connection): it is left out of this
+        recovery, which finishes without it while a quorum of replicas remains (its ZK state then
+        keeps its old session and gets the resolved closing mark, so the next session truncates
+        and catches it up). The original aborts the whole recovery, so that one replica refusing
+        the new session, a session id forged on it say, made the partition unwritable."""
+        if self._aborted is not None or replica_id in self._left or replica_id in self._recovered:
+            return
+        self._left.add(replica_id)
+        remaining = len(self._replica_ids) - len(self._left)
+        if remaining < self.quorum:
+            self.abort(
+                RecoveryFailedError(
+                    f"{replica_id} failed and {remaining} replicas remain, fewer than a quorum of "
+                    f"{self.quorum}: {cause}"
+                )
+            )
+            return
+        log.warning(
+            "partition %d session %d: %s left out of this recovery (%d replicas remain): %s",
+            self.partition_id,
+            self.session_id,
+            replica_id,
+            remaining,
+            cause,
+        )
+        self._notify()
 
     async def end(self, replica_id: ReplicaId) -> None:
         """This replica is clean and caught up; the quorum-th one writes the replica states to ZK."""
@@ -247,7 +283,9 @@ class RecoveryManager:
         min_voting = self._min_voting_high_water_mark
         for i, other in enumerate(states):
             if other.high_water_mark > state.high_water_mark:
-                usher = other
+                # A replica left out still supports what it reported, but cannot be copied from.
+                if other.replica_id not in self._left:
+                    usher = other
             elif other.high_water_mark < state.high_water_mark:
                 break
             if (

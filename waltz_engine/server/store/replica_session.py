@@ -70,6 +70,7 @@ class ReplicaSession(LatencyWeightedRoute):
         self._connection: ReplicaConnection | None = None
         self._connect_finished = False  # connected, or gave up: the replica counts as a voter
         self._closed = False
+        self._left_recovery = False
         self._next_transaction_id = NO_TRANSACTION_ID  # the writer's; valid once recovered
         self._batch_transaction_id = NO_TRANSACTION_ID  # first txid of the latest batch handed over
         self._batch: _Batch | None = None
@@ -89,8 +90,9 @@ class ReplicaSession(LatencyWeightedRoute):
 
     @property
     def is_voter(self) -> bool:
-        """Counted in a batch's voting: connected once (a closed one abstains)."""
-        return self._connect_finished
+        """Counted in a batch's voting: connected once (a closed one abstains), unless it was left
+        out of the recovery."""
+        return self._connect_finished and not self._left_recovery
 
     @property
     def connection(self) -> ReplicaConnection | None:
@@ -109,7 +111,7 @@ class ReplicaSession(LatencyWeightedRoute):
             name=f"ReplicaSession-{self.replica_id.partition_id}-{self.session_id}-{self.storage}",
         )
 
-    def close(self) -> None:
+    def close(self, cause: BaseException | None = None) -> None:
         if self._closed:
             return
         self._closed = True
@@ -117,8 +119,15 @@ class ReplicaSession(LatencyWeightedRoute):
         self.state = STATE_CLOSED
         recovery, self._recovery = self._recovery, None
         if recovery is not None and not self.recovered.is_set():
-            recovery.abort(
-                RecoveryFailedError(f"replica session closed: {self.replica_id} session {self.session_id}")
+            # Left out of the recovery (which goes on while a quorum remains) and of the votes:
+            # counted as a voter it would abstain on every batch, rolling the session each time.
+            self._left_recovery = True
+            recovery.leave(
+                self.replica_id,
+                cause
+                or RecoveryFailedError(
+                    f"replica session closed: {self.replica_id} session {self.session_id}"
+                ),
             )
         batch, self._batch = self._batch, None
         if batch is not None:
@@ -137,7 +146,8 @@ class ReplicaSession(LatencyWeightedRoute):
     def append(self, first_transaction_id: int, encoded: bytes, count: int, voting: Voting) -> None:
         """Hand over the store session's next batch (the previous one, if never taken, abstains)."""
         if self._closed:
-            voting.abstain()
+            if not self._left_recovery:  # one left out of the recovery is no voter
+                voting.abstain()
             return
         if self._batch is not None:
             self._batch.voting.abstain()
@@ -167,6 +177,7 @@ class ReplicaSession(LatencyWeightedRoute):
                 log.warning(
                     "closing replica session %s (session %d): %s", self.replica_id, self.session_id, e
                 )
+                self.close(e)
         finally:
             self.close()
 
