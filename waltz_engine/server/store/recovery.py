@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 
 NO_DUMMY_SESSION_ID = -1  # the session id a replica new to the partition gets in ZK
 UNKNOWN_HIGH_WATER_MARK = -1  # resolved high-water mark when the previous session had no replicas
-KEEP_ALL_TRANSACTIONS = (1 << 63) - 1  # TRUNCATE to Long.MAX_VALUE: removes nothing, answers max txid
 
 
 class _ReplicaRecoveryState(NamedTuple):
@@ -164,12 +163,7 @@ class RecoveryManager:
                 max_transaction_id = await connection.truncate(state.closing_high_water_mark)
                 voting = False
             else:
-                # A TRUNCATE that keeps everything answers the max txid, and, being a write, fences
-                # the previous session out of this replica before we read it: a storage node moves
-                # its session id on writes only (a read moving it would let one forged read fence
-                # the partition for good), so a MAX_TRANSACTION_ID would leave the old session
-                # appending here until our first write.
-                max_transaction_id = await connection.truncate(KEEP_ALL_TRANSACTIONS)
+                max_transaction_id = await connection.max_transaction_id()
                 # Below its session's low-water mark the replica is clean but too far behind to vote.
                 voting = max_transaction_id >= info.low_water_mark
             await self._resolve(replica_id, connection, voting, max_transaction_id)

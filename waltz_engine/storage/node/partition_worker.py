@@ -65,10 +65,6 @@ _OFFLINE_CAPABLE = (
     StorageAppendRequest,
     StorageMaxTransactionIdRequest,
 )
-# Requests that may write: only these move the node's fencing session id. A read (the original
-# moves it on any request) with a session id above it is served without moving it, so a forged
-# read (LAST_SESSION_INFO with session 2^62, say) cannot fence every real session out for good.
-_WRITE_REQUESTS = (StorageAppendRequest, StorageTruncateRequest, StorageSetLowWaterMarkRequest)
 PARTITION_REQUEST_TYPES = (
     *_OFFLINE_CAPABLE,
     StorageRecordHeaderRequest,
@@ -140,8 +136,7 @@ class PartitionWorker:
     def __init__(self, partition_id: int, registry: MetricsRegistry) -> None:
         self.partition_id = partition_id
         self.partition: Partition | None = None
-        # The fencing session id: raised on receipt of a write, checked when processed (reference
-        # §1.2; the original raises it on any request, see ``_WRITE_REQUESTS``).
+        # The fencing session id: raised on receipt, checked when processed (reference §1.2).
         self.session_id = -1
         self.max_transaction_id = -1
         self.first_transaction_id = 0
@@ -185,7 +180,7 @@ class PartitionWorker:
 
     async def submit(self, conn: FramedConnection, msg: Any) -> None:
         """Queue a request; waits while the queue is full, which stops the caller's reads."""
-        if msg.session_id > self.session_id and type(msg) in _WRITE_REQUESTS:
+        if msg.session_id > self.session_id:
             self.session_id = msg.session_id
         await self.queue.put((conn, msg))
 
@@ -268,10 +263,7 @@ class PartitionWorker:
                 raise StorageError(
                     f"read and write for partition={self.partition_id} have been disabled on storage node"
                 )
-            # A write's session is the fence (or older: refused); a read may come from a newer
-            # session that has not written yet (a recovery reading before it truncates).
-            fenced = msg.session_id < self.session_id
-            if fenced or (msg.session_id != self.session_id and type(msg) in _WRITE_REQUESTS):
+            if msg.session_id != self.session_id:
                 raise ConcurrentUpdateError(
                     f"session id has changed to {self.session_id}, but request context contains "
                     f"{msg.session_id}"
