@@ -6,13 +6,13 @@ import ssl
 
 import pytest
 
-from waltz_engine.client.backoff import ReconnectBackoff
 from waltz_engine.client.driver import describe_certificate_refusal
+from waltz_engine.common.backoff import Backoff
 from waltz_engine.net.channel import ConnectionClosedError
 
 
 def test_backoff_doubles_to_its_cap_and_starts_over_on_reset() -> None:
-    backoff = ReconnectBackoff(100, 1_000, 2.0, 0.25, rand=lambda: 0.5)  # no jitter drawn
+    backoff = Backoff(100, 1_000, 2.0, 0.25, rand=lambda: 0.5)  # no jitter drawn
     assert [backoff.next_delay_ms() for _ in range(6)] == [100, 200, 400, 800, 1_000, 1_000]
     assert backoff.attempts == 6
     backoff.reset()
@@ -21,11 +21,11 @@ def test_backoff_doubles_to_its_cap_and_starts_over_on_reset() -> None:
 
 @pytest.mark.parametrize(("draw", "expected"), [(0.0, 75.0), (1.0, 125.0)])
 def test_backoff_jitter_stays_within_its_band(draw: float, expected: float) -> None:
-    assert ReconnectBackoff(100, 1_000, 2.0, 0.25, rand=lambda: draw).next_delay_ms() == expected
+    assert Backoff(100, 1_000, 2.0, 0.25, rand=lambda: draw).next_delay_ms() == expected
 
 
 def test_backoff_jitter_never_exceeds_the_cap() -> None:
-    backoff = ReconnectBackoff(100, 100, 2.0, 0.25, rand=lambda: 1.0)
+    backoff = Backoff(100, 100, 2.0, 0.25, rand=lambda: 1.0)
     assert backoff.next_delay_ms() == 100
 
 

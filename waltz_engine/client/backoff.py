@@ -6,14 +6,13 @@ raising, a certificate the server refuses) then costs thousands of connections a
 every reconnect of one endpoint shares one backoff, reset only once a connection has proved
 useful (a mount answered READY, an RPC answered).
 
-The server's store has a plain doubling ``Backoff`` (``waltz_engine.server.store.backoff``);
-this one adds the jitter that keeps many clients from reconnecting in step.
+The store's retries use the same :class:`~waltz_engine.common.backoff.Backoff` without jitter;
+reconnects add the jitter that keeps many clients from reconnecting in step.
 """
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable
+from waltz_engine.common.backoff import Backoff
 
 RECONNECT_BACKOFF_INITIAL_MS = 100
 RECONNECT_BACKOFF_MAX_MS = 10_000
@@ -21,32 +20,8 @@ RECONNECT_BACKOFF_MULTIPLIER = 2.0
 RECONNECT_BACKOFF_JITTER = 0.25  # each delay is drawn from [1 - jitter, 1 + jitter] x the interval
 
 
-class ReconnectBackoff:
-    def __init__(
-        self,
-        initial_ms: float = RECONNECT_BACKOFF_INITIAL_MS,
-        max_ms: float = RECONNECT_BACKOFF_MAX_MS,
-        multiplier: float = RECONNECT_BACKOFF_MULTIPLIER,
-        jitter: float = RECONNECT_BACKOFF_JITTER,
-        rand: Callable[[], float] = random.random,
-    ) -> None:
-        assert 0 <= initial_ms <= max_ms and multiplier >= 1 and 0 <= jitter < 1
-        self.initial_ms = initial_ms
-        self.max_ms = max_ms
-        self.multiplier = multiplier
-        self.jitter = jitter
-        self._rand = rand
-        self._interval_ms = initial_ms
-        self.attempts = 0  # delays handed out since the last reset
-
-    def reset(self) -> None:
-        self._interval_ms = self.initial_ms
-        self.attempts = 0
-
-    def next_delay_ms(self) -> float:
-        """The next delay (jittered, at most ``max_ms``); the interval grows for the one after."""
-        interval = self._interval_ms
-        self._interval_ms = min(interval * self.multiplier, self.max_ms)
-        self.attempts += 1
-        spread = 1 - self.jitter + 2 * self.jitter * self._rand()
-        return min(interval * spread, self.max_ms)
+def reconnect_backoff(
+    initial_ms: float = RECONNECT_BACKOFF_INITIAL_MS, max_ms: float = RECONNECT_BACKOFF_MAX_MS
+) -> Backoff:
+    """The backoff one endpoint's reconnects share."""
+    return Backoff(initial_ms, max_ms, RECONNECT_BACKOFF_MULTIPLIER, RECONNECT_BACKOFF_JITTER)

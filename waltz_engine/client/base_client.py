@@ -13,9 +13,10 @@ import asyncio
 import logging
 from abc import ABC, abstractmethod
 
-from waltz_engine.client.backoff import RECONNECT_BACKOFF_MAX_MS, ReconnectBackoff
+from waltz_engine.client.backoff import RECONNECT_BACKOFF_MAX_MS, reconnect_backoff
 from waltz_engine.client.errors import ClientTlsRefusedError
 from waltz_engine.client.network_client import Endpoint, NetworkClient, OpenChannel
+from waltz_engine.common.backoff import Backoff
 from waltz_engine.wire.client_messages import ClientMessage
 from waltz_engine.zk.payloads import PartitionInfo
 
@@ -35,7 +36,7 @@ class BaseClient(ABC):
         self._open_channel = open_channel
         self._reconnect_delay_ms = reconnect_delay_ms
         self._reconnect_max_delay_ms = max(reconnect_max_delay_ms, reconnect_delay_ms)
-        self._backoffs: dict[Endpoint, ReconnectBackoff] = {}
+        self._backoffs: dict[Endpoint, Backoff] = {}
         self.reconnects = 0  # connections replaced after a drop (metrics, tests)
         self._network_clients: dict[Endpoint, NetworkClient] = {}
         self._assigned: dict[int, NetworkClient] = {}
@@ -66,10 +67,10 @@ class BaseClient(ABC):
         if backoff is not None and backoff.attempts:
             backoff.reset()
 
-    def _backoff(self, endpoint: Endpoint) -> ReconnectBackoff:
+    def _backoff(self, endpoint: Endpoint) -> Backoff:
         backoff = self._backoffs.get(endpoint)
         if backoff is None:
-            backoff = self._backoffs[endpoint] = ReconnectBackoff(
+            backoff = self._backoffs[endpoint] = reconnect_backoff(
                 self._reconnect_delay_ms, self._reconnect_max_delay_ms
             )
         return backoff

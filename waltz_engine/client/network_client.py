@@ -4,7 +4,7 @@ A network client is never reused after its connection drops: its owner replaces 
 new one whose ``seq_num`` is one higher, so the server can tell stale connections apart
 (reference §2.4). Only a failed connect is retried in place. Every wait before a connect
 (after a drop, after a failed connect) comes from the endpoint's shared
-:class:`~waltz_engine.client.backoff.ReconnectBackoff`: exponential, jittered, capped.
+:func:`~waltz_engine.client.backoff.reconnect_backoff`: exponential, jittered, capped.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import ssl
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from waltz_engine.client.backoff import ReconnectBackoff
 from waltz_engine.client.channel import Channel
 from waltz_engine.client.errors import ClientTlsRefusedError
+from waltz_engine.common.backoff import Backoff
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.wire.client_messages import ClientMessage
 
@@ -49,7 +49,7 @@ class NetworkClient:
         seq_num: int,
         open_channel: OpenChannel,
         owner: NetworkClientOwner,
-        backoff: ReconnectBackoff,
+        backoff: Backoff,
     ) -> None:
         self.endpoint = endpoint
         self.seq_num = seq_num

@@ -13,8 +13,8 @@ import contextlib
 import logging
 from typing import NamedTuple, Protocol
 
+from waltz_engine.common.backoff import Backoff
 from waltz_engine.common.record import Record
-from waltz_engine.server.store.backoff import Backoff
 from waltz_engine.server.store.config import CATCH_UP_BATCH_SIZE, StoreConfig
 from waltz_engine.server.store.errors import RecoveryFailedError, RetainedStartError, StoreError
 from waltz_engine.server.store.latency_router import LatencyWeightedRoute

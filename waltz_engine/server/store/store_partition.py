@@ -7,9 +7,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from waltz_engine.common.backoff import Backoff
 from waltz_engine.common.record import Record, RecordHeader
 from waltz_engine.common.reqid import ReqId
-from waltz_engine.server.store.backoff import Backoff
 from waltz_engine.server.store.config import StoreConfig
 from waltz_engine.server.store.errors import (
     GenerationMismatchError,

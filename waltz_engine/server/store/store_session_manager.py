@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from kazoo.client import KazooClient
 
-from waltz_engine.server.store.backoff import Backoff
+from waltz_engine.common.backoff import Backoff
 from waltz_engine.server.store.config import (
     METADATA_INITIAL_RETRY_INTERVAL_MS,
     METADATA_MAX_RETRY_INTERVAL_MS,
