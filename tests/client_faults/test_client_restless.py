@@ -12,7 +12,6 @@ says the server refused its certificate (or asked for one), before its timeout.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import time
 from collections.abc import Coroutine, Iterator
 from dataclasses import replace
@@ -21,12 +20,12 @@ from typing import Any
 
 import pytest
 import yaml
+from cert_support import make_cert
 from client_support.app import MockCallbacks, MockContext
 from cluster_support import local_cluster, waltz_client_config
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from waltz_engine.client import (
     ClientTlsRefusedError,
@@ -121,26 +120,6 @@ def test_a_raising_callback_backs_off_then_stops_the_partition(cluster: LocalClu
 # -- a server that checks client certificates -----------------------------------------------
 
 
-def _cert(
-    name: str, issuer_key: ec.EllipticCurvePrivateKey | None, issuer: x509.Name | None, ca: bool
-) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(issuer or subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=2))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        .sign(issuer_key or key, hashes.SHA256())
-    )
-    return key, cert
-
-
 def _write_pem(path: Path, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate) -> Path:
     path.write_bytes(
         cert.public_bytes(serialization.Encoding.PEM)
@@ -155,12 +134,12 @@ def _write_pem(path: Path, key: ec.EllipticCurvePrivateKey, cert: x509.Certifica
 def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A CA with the storage's and the server's certificates, and a rogue self-signed client."""
     d = tmp_path_factory.mktemp("pki")
-    ca_key, ca = _cert("waltz-test-ca", None, None, True)
+    ca_key, ca = make_cert("waltz-test-ca", None, None, True)
     (d / "ca.pem").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     out = {"ca": d / "ca.pem"}
     for who in ("storage", "server"):
-        out[who] = _write_pem(d / f"{who}.pem", *_cert(who, ca_key, ca.subject, False))
-    out["rogue"] = _write_pem(d / "rogue.pem", *_cert("rogue", None, None, False))
+        out[who] = _write_pem(d / f"{who}.pem", *make_cert(who, ca_key, ca.subject, False))
+    out["rogue"] = _write_pem(d / "rogue.pem", *make_cert("rogue", None, None, False))
     return out
 
 

@@ -4,50 +4,27 @@ and JKS key and trust stores made by the JDK's keytool."""
 from __future__ import annotations
 
 import asyncio
-import datetime
 import ssl
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cert_support import make_cert
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.serialization import pkcs12
-from cryptography.x509.oid import NameOID
 
 from waltz_engine.net.tls import TlsConfig, TlsConfigError, client_context, server_context
-
-
-def _cert(
-    name: str, issuer_key: ec.EllipticCurvePrivateKey | None, issuer: x509.Name | None, ca: bool
-) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(issuer or subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=2))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        .sign(issuer_key or key, hashes.SHA256())
-    )
-    return key, cert
 
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("pki")
-    ca_key, ca = _cert("test-ca", None, None, True)
+    ca_key, ca = make_cert("test-ca", None, None, True)
     out: dict[str, Path] = {"ca": d / "ca.pem"}
     out["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     for who in ("server", "client"):
-        key, cert = _cert(who, ca_key, ca.subject, False)
+        key, cert = make_cert(who, ca_key, ca.subject, False)
         pem = d / f"{who}.pem"
         pem.write_bytes(
             cert.public_bytes(serialization.Encoding.PEM)
