@@ -22,6 +22,7 @@ from waltz_engine.server.store.recovery import RecoveryManager
 from waltz_engine.server.store.replica_connection import ReplicaConnection, StorageConnections
 from waltz_engine.server.store.retained_start import restart_at_retained_start
 from waltz_engine.server.store.voting import Voting
+from waltz_engine.storage.node.failures import JAVA_CONCURRENT_UPDATE_EXCEPTION
 from waltz_engine.zk.payloads import ReplicaId
 
 
@@ -119,16 +120,21 @@ class ReplicaSession(LatencyWeightedRoute):
         self.state = STATE_CLOSED
         recovery, self._recovery = self._recovery, None
         if recovery is not None and not self.recovered.is_set():
-            # Left out of the recovery (which goes on while a quorum remains) and of the votes:
-            # counted as a voter it would abstain on every batch, rolling the session each time.
-            self._left_recovery = True
-            recovery.leave(
-                self.replica_id,
-                cause
-                or RecoveryFailedError(
-                    f"replica session closed: {self.replica_id} session {self.session_id}"
-                ),
-            )
+            if cause is not None and JAVA_CONCURRENT_UPDATE_EXCEPTION in str(cause):
+                # The node fences this session out (a higher session id reached it: a forged one,
+                # say): left out of the recovery, which goes on while a quorum remains, and of the
+                # votes (counted as a voter it would abstain on every batch, rolling the session).
+                self._left_recovery = True
+                recovery.leave(self.replica_id, cause)
+            else:
+                # Anything else (a lost connection, a closing store) aborts the recovery, as in the
+                # original: the next session starts over with every replica that is back by then.
+                recovery.abort(
+                    RecoveryFailedError(
+                        f"replica session closed: {self.replica_id} session {self.session_id}"
+                        + (f": {cause}" if cause is not None else "")
+                    )
+                )
         batch, self._batch = self._batch, None
         if batch is not None:
             batch.voting.abstain()
