@@ -16,11 +16,10 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
-from bank_support import DEPOSIT, WITHDRAW, Bank
+from bank_support import DEPOSIT, WITHDRAW, Bank, stored_high_water_mark
 from cluster_support import local_cluster, run_waltz_cli, waltz_client_config
 from testkit import REPO_ROOT
 
-from waltz_engine.client.dbapi_callbacks import DEFAULT_TABLE
 from waltz_engine.ops.devcluster import LocalCluster
 
 NUM_PARTITIONS = 4
@@ -179,14 +178,6 @@ def run_cli(
         timeout=timeout_s,
         check=False,
     )
-
-
-def stored_high_water_mark(path: Path, partition_id: int) -> int:
-    with closing(sqlite3.connect(path)) as db:
-        row = db.execute(
-            f"SELECT high_water_mark FROM {DEFAULT_TABLE} WHERE partition_id = ?", (partition_id,)
-        ).fetchone()
-    return int(row[0])
 
 
 def test_foreign_transaction_is_skipped_once(cluster: LocalCluster, tmp_path: Path) -> None:

@@ -4,16 +4,13 @@ other applications' transactions."""
 from __future__ import annotations
 
 import logging
-import sqlite3
-from contextlib import closing
 from pathlib import Path
 
 import pytest
-from bank_support import DEPOSIT, WITHDRAW, Bank, InsufficientFunds
+from bank_support import DEPOSIT, WITHDRAW, Bank, InsufficientFunds, stored_high_water_mark
 from client_support.app import MockCallbacks, MockContext
 
 from waltz_engine.client import WaltzClientConfig
-from waltz_engine.client.dbapi_callbacks import DEFAULT_TABLE
 from waltz_engine.client.mock_driver import MockDriver
 from waltz_engine.client.pytest_plugin import WaltzMockHarness
 
@@ -84,14 +81,6 @@ def test_operations_on_different_accounts_go_to_their_partitions(tmp_path: Path)
         outcomes = [bank.submit(DEPOSIT, account, 10) for account in range(4)]
         assert all(outcome.result(WAIT_S) for outcome in outcomes)
     assert [p.high_water_mark for p in harness.partitions.values()] == [1, 1]
-
-
-def stored_high_water_mark(path: Path, partition_id: int) -> int:
-    with closing(sqlite3.connect(path)) as db:
-        row = db.execute(
-            f"SELECT high_water_mark FROM {DEFAULT_TABLE} WHERE partition_id = ?", (partition_id,)
-        ).fetchone()
-    return int(row[0])
 
 
 def test_other_applications_transactions_are_skipped_once(
