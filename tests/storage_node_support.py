@@ -37,6 +37,7 @@ from waltz_engine.net.tls import TlsConfig, client_context
 from waltz_engine.storage.client import StorageAdminClient, StorageClient, StorageRpcError
 from waltz_engine.zk.cluster import create_cluster
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
+from waltz_engine.zk.store_metadata import issue_store_sessions
 
 T = TypeVar("T")
 
@@ -70,6 +71,11 @@ def run_waltz(*args: str, timeout_s: float = CLI_TIMEOUT_S) -> subprocess.Comple
     )
 
 
+# Tests talk to nodes with session ids of their own, up to this one; a node accepts only ids
+# that ZooKeeper has issued, so the test cluster issues it as a server would.
+ISSUED_SESSION_ID = 1_000
+
+
 def create_test_cluster(
     zookeeper: str, num_partitions: int = DEFAULT_NUM_PARTITIONS, root: str | None = None
 ) -> tuple[str, uuid.UUID]:
@@ -77,6 +83,7 @@ def create_test_cluster(
     root = root or f"/test-{uuid.uuid4().hex[:16]}/cluster"
     with connect(ZooKeeperSettings(zookeeper, root)) as client:
         params = create_cluster(client, root, "test-cluster", num_partitions)
+        issue_store_sessions(client, root, num_partitions, ISSUED_SESSION_ID)
     return root, params.key
 
 

@@ -19,7 +19,7 @@ from operator_support import (
     storage_cluster,
     write_records,
 )
-from storage_node_support import StorageNodeProcess, client_ssl, make_records
+from storage_node_support import ISSUED_SESSION_ID, StorageNodeProcess, client_ssl, make_records
 from testkit import free_tcp_port
 
 from waltz_engine.common.address import HostPort
@@ -126,14 +126,17 @@ def test_verify_quorum_and_storage_assignment_failures(cluster: StorageCluster) 
 def test_verify_replica_recovery_status(cluster: StorageCluster) -> None:
     a, b, c = (cluster.storage(n) for n in cluster.nodes)
     stranger = "127.0.0.1:1"
+    # The session the test cluster issued: a lower one would make the nodes refuse the other
+    # tests' sessions (ZooKeeper never lowers it).
+    issued = ISSUED_SESSION_ID
     states = (
-        ReplicaState(ReplicaId(0, a), 5, UNRESOLVED_HIGH_WATER_MARK),
-        ReplicaState(ReplicaId(0, b), 4, UNRESOLVED_HIGH_WATER_MARK),  # an older session
-        ReplicaState(ReplicaId(0, stranger), 5, UNRESOLVED_HIGH_WATER_MARK),
+        ReplicaState(ReplicaId(0, a), issued, UNRESOLVED_HIGH_WATER_MARK),
+        ReplicaState(ReplicaId(0, b), issued - 1, UNRESOLVED_HIGH_WATER_MARK),  # an older session
+        ReplicaState(ReplicaId(0, stranger), issued, UNRESOLVED_HIGH_WATER_MARK),
     )
     with connect(cluster.settings()) as zk:
         version = read_partition_metadata(zk, cluster.root, 0).version
-        version = write_partition_metadata(zk, cluster.root, 0, PartitionMetadata(1, 5, states), version)
+        version = write_partition_metadata(zk, cluster.root, 0, PartitionMetadata(1, issued, states), version)
     _, report = verify_json(cluster)
     assert sorted(errors_of(report, 0)[RECOVERY]) == sorted(
         [
@@ -142,13 +145,14 @@ def test_verify_replica_recovery_status(cluster: StorageCluster) -> None:
             f"Storage {c} replica info missing in replica states",
         ]
     )
-    complete = tuple(ReplicaState(ReplicaId(0, s), 5, UNRESOLVED_HIGH_WATER_MARK) for s in (a, b, c))
-    closing = complete[:2] + (ReplicaState(ReplicaId(0, c), 5, 17),)  # a closing high-water mark is set
+    complete = tuple(ReplicaState(ReplicaId(0, s), issued, UNRESOLVED_HIGH_WATER_MARK) for s in (a, b, c))
+    closing = complete[:2] + (ReplicaState(ReplicaId(0, c), issued, 17),)  # a closing high-water mark is set
     with connect(cluster.settings()) as zk:
-        version = write_partition_metadata(zk, cluster.root, 0, PartitionMetadata(1, 5, closing), version)
+        closing_metadata = PartitionMetadata(1, issued, closing)
+        version = write_partition_metadata(zk, cluster.root, 0, closing_metadata, version)
         _, report = verify_json(cluster)
         assert errors_of(report, 0)[RECOVERY] == [f"Storage {c} recovery not completed"]
-        write_partition_metadata(zk, cluster.root, 0, PartitionMetadata(1, 5, complete), version)
+        write_partition_metadata(zk, cluster.root, 0, PartitionMetadata(1, issued, complete), version)
     _, report = verify_json(cluster)
     assert RECOVERY not in errors_of(report, 0)
 

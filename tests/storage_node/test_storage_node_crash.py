@@ -88,6 +88,8 @@ async def _check_recovered(
     client = node.data_client()
     await client.open()
     try:
+        # A restarted node knows only its persisted session; LAST_SESSION_INFO opens ours again.
+        await client.last_session_info(SESSION_ID, PARTITION)
         max_txid = await client.max_transaction_id(SESSION_ID, PARTITION)
         # (b) every acknowledged append is wholly present.
         assert max_txid >= max_acked, f"acknowledged through {max_acked}, recovered through {max_txid}"

@@ -102,7 +102,12 @@ def test_older_session_fails_after_newer_seen(node: StorageNodeProcess) -> None:
         try:
             await old.set_low_water_mark(3, p, -1)
             await old.append(3, p, make_records(0, 2, p))
-            assert await new.max_transaction_id(4, p) == 1  # session 4 is seen
+            # A read cannot open a session: it neither moves the node's session id nor is served.
+            with pytest.raises(StorageRpcError, match="session id 4 has not been opened on this replica"):
+                await new.max_transaction_id(4, p)
+            await old.append(3, p, [])  # session 3 is still the node's
+            assert (await new.last_session_info(4, p)).session_id == 3  # session 4 is seen
+            assert await new.max_transaction_id(4, p) == 1
             with pytest.raises(
                 StorageRpcError, match="ConcurrentUpdateException: session id has changed to 4"
             ):
@@ -197,6 +202,8 @@ def test_availability_flags_and_offline_recovery_rules(node: StorageNodeProcess)
             # Offline recovery: partition unavailable and the persisted session id.
             with pytest.raises(StorageRpcError, match="partition last session id has changed to 7"):
                 await offline.max_transaction_id(8, p)
+            with pytest.raises(StorageRpcError, match="partition last session id has changed to 7"):
+                await offline.truncate(8, p, 6)
             assert await offline.max_transaction_id(7, p) == 4
             assert await offline.truncate(7, p, 2) == 2
             await offline.append(7, p, make_records(3, 4, p))
@@ -206,7 +213,8 @@ def test_availability_flags_and_offline_recovery_rules(node: StorageNodeProcess)
             assert await admin.record_list(p, 0, 100) == make_records(0, 7, p)
 
             await admin.set_partition_available([p], True)
-            # The refused offline request with session 8 still raised the fencing session id.
+            # The refused offline write with session 8 still raised the fencing session id (a read
+            # would not have).
             with pytest.raises(StorageRpcError, match="session id has changed to 8"):
                 await client.records(7, p, 5, 10)
             assert await client.records(8, p, 5, 10) == make_records(5, 2, p)

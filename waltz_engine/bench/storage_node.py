@@ -50,6 +50,7 @@ from waltz_engine.storage.client import StorageAdminClient, StorageClient, encod
 from waltz_engine.zk.cluster import create_cluster
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
 from waltz_engine.zk.server import EmbeddedZooKeeper
+from waltz_engine.zk.store_metadata import issue_store_sessions
 
 DEFAULT_RECORDS_PER_REQUEST = 100
 DEFAULT_IN_FLIGHT = 8
@@ -253,6 +254,8 @@ async def _measure(
     await client.open(context.timeout_ms)
     try:
         # Continue after whatever the partition holds, so an existing node can be measured twice.
+        # LAST_SESSION_INFO opens the session on the node (a read alone would not move it).
+        await client.last_session_info(BENCH_SESSION_ID, target.partition_id)
         first_txid = await client.max_transaction_id(BENCH_SESSION_ID, target.partition_id) + 1
         appender = _Appender(client, target.partition_id, first_txid, records_per_request)
         progress(f"warm-up: {WARMUP_REQUESTS} requests")
@@ -364,6 +367,7 @@ def own_node(work: Path, ssl_context: ssl.SSLContext) -> Iterator[NodeTarget]:
         root = f"/waltz-bench-{uuid.uuid4().hex[:8]}"
         with connect(ZooKeeperSettings(zookeeper.connect_string, root)) as client:
             params = create_cluster(client, root, "bench", NUM_PARTITIONS)
+            issue_store_sessions(client, root, NUM_PARTITIONS, BENCH_SESSION_ID)
         port, admin_port = _free_port(), _free_port()
         config = {
             "storage.host": NODE_HOST,

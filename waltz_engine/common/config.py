@@ -187,6 +187,18 @@ class Config:
         value = self.optional_bool(key)
         return default if value is None else value
 
+    def get_positive(self, key: str, default: int, *, long: bool = False) -> int:
+        value = self.get_long(key, default) if long else self.get_int(key, default)
+        if value <= 0:
+            raise ConfigError(f"{self.source}: key '{key}' must be positive, got {value}")
+        return value
+
+    def get_not_negative(self, key: str, default: int, *, long: bool = False) -> int:
+        value = self.get_long(key, default) if long else self.get_int(key, default)
+        if value < 0:
+            raise ConfigError(f"{self.source}: key '{key}' must not be negative, got {value}")
+        return value
+
     def unknown_keys(self, known: Iterable[str], known_prefixes: Iterable[str] = ()) -> list[str]:
         """Keys that are neither in ``known`` nor under one of ``known_prefixes`` (e.g. ``server.ssl.``)."""
         known_set = set(known)

@@ -23,7 +23,6 @@ import gc
 import logging
 import ssl
 import threading
-import time
 from asyncio import sslproto
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from typing import Any
 
 from waltz_engine.common.config import Config, ConfigError
 from waltz_engine.common.errors import ProtocolError, WaltzError
+from waltz_engine.common.limited_log import LIMITED_LOG_INTERVAL_S, LimitedLog
 from waltz_engine.wire.codec import MessageCodec
 from waltz_engine.wire.frame import FRAME_HEADER_SIZE_BYTES, MAX_FRAME_SIZE_BYTES, read_frame
 from waltz_engine.wire.hello import HELLO_CODEC, HELLO_MAGIC, HELLO_VERSION, Hello, negotiate_version
@@ -51,7 +51,7 @@ MAX_CONNECTIONS_PER_PEER = 1_000
 # Bytes read from a peer and not yet taken by the handler; a frame may not be larger.
 MAX_BUFFERED_BYTES_PER_CONNECTION = MAX_FRAME_SIZE_BYTES + FRAME_HEADER_SIZE_BYTES
 # A refused peer is named in the log at most once per interval (with how many were refused).
-REFUSAL_LOG_INTERVAL_S = 10.0
+REFUSAL_LOG_INTERVAL_S = LIMITED_LOG_INTERVAL_S
 # Once this many connections were open at once, half of them have closed and none for a
 # moment, the allocator is asked to give its free memory back (glibc keeps the pages of freed
 # TLS state, and the process would stay at its peak).
@@ -228,10 +228,7 @@ def read_connection_limits(
     """A node's :class:`ConnectionLimits` from its four keys (each positive; defaults as channel's)."""
 
     def positive(key: str, default: int) -> int:
-        value = config.get_long(key, default)
-        if value <= 0:
-            raise ConfigError(f"{config.source}: key '{key}' must be positive, got {value}")
-        return value
+        return config.get_positive(key, default, long=True)
 
     limits = ConnectionLimits(
         handshake_timeout_ms=positive(handshake_timeout, HANDSHAKE_TIMEOUT_MS),
@@ -254,8 +251,6 @@ class ConnectionGate:
     (so are connections that close or time out before sending a byte).
     """
 
-    _MAX_REMEMBERED_WARNINGS = 4096
-
     def __init__(self, limits: ConnectionLimits | None = None) -> None:
         self.limits = limits if limits is not None else ConnectionLimits()
         self.limits.check()
@@ -264,7 +259,7 @@ class ConnectionGate:
         self._peak = 0
         self._release_memory: asyncio.TimerHandle | None = None
         self._by_peer: dict[str, int] = {}
-        self._warned: dict[str, tuple[float, int]] = {}  # key → (last warning at, how many since)
+        self._limited_log = LimitedLog(log, REFUSAL_LOG_INTERVAL_S)
 
     def admit(self, address: str, name: str) -> bool:
         limits = self.limits
@@ -305,19 +300,7 @@ class ConnectionGate:
         release_free_memory()
 
     def warn_limited(self, key: str, message: str) -> None:
-        """Log ``message`` unless one of ``key`` was logged within the interval (then count it)."""
-        now = time.monotonic()
-        last, since = self._warned.get(key, (None, 0))
-        if last is not None and now - last < REFUSAL_LOG_INTERVAL_S:
-            self._warned[key] = (last, since + 1)
-            return
-        more = f" ({since} more like it since the last warning)" if since else ""
-        log.warning("%s%s", message, more)
-        if len(self._warned) >= self._MAX_REMEMBERED_WARNINGS:
-            self._warned = {
-                k: entry for k, entry in self._warned.items() if now - entry[0] < REFUSAL_LOG_INTERVAL_S
-            }
-        self._warned[key] = (now, 0)
+        self._limited_log.warn(key, message)
 
 
 class Listener:

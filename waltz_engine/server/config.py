@@ -117,17 +117,8 @@ class ServerConfig(NamedTuple):
         ports = require_ports(config, (KEY_PORT,), (KEY_JETTY_PORT,))
         jetty_port = ports.get(KEY_JETTY_PORT)
 
-        def positive(key: str, default: int, *, long: bool = False) -> int:
-            value = config.get_long(key, default) if long else config.get_int(key, default)
-            if value <= 0:
-                raise ConfigError(f"{src}: key '{key}' must be positive, got {value}")
-            return value
-
-        def not_negative(key: str, default: int) -> int:
-            value = config.get_int(key, default)
-            if value < 0:
-                raise ConfigError(f"{src}: key '{key}' must not be negative, got {value}")
-            return value
+        positive = config.get_positive
+        not_negative = config.get_not_negative
 
         engine = EngineSettings(
             lock_table_size=positive(KEY_LOCK_TABLE_SIZE, DEFAULT_LOCK_TABLE_SIZE),

@@ -98,6 +98,15 @@ def _check_connect_string(connect_string: str) -> str:
     return connect_string
 
 
+def new_client(settings: ZooKeeperSettings) -> KazooClient:
+    """A kazoo client for these settings, not started; once started, kazoo reconnects it."""
+    return KazooClient(
+        hosts=settings.connect_string,
+        timeout=settings.session_timeout_ms / 1000,
+        logger=_KAZOO_LOGGER,
+    )
+
+
 @contextmanager
 def connect(settings: ZooKeeperSettings) -> Iterator[KazooClient]:
     """A started kazoo client; waits at most ``connect_timeout_ms`` and always closes it.
@@ -105,14 +114,10 @@ def connect(settings: ZooKeeperSettings) -> Iterator[KazooClient]:
     Any kazoo failure escaping the block (lost connection, expired session, refused call that
     the caller did not handle) becomes a one-line :class:`ZooKeeperError`.
     """
-    client = KazooClient(
-        hosts=settings.connect_string,
-        timeout=settings.session_timeout_ms / 1000,
-        logger=_KAZOO_LOGGER,
-    )
+    client = new_client(settings)
     try:
         client.start(timeout=settings.connect_timeout_ms / 1000)
-    except KazooTimeoutError:
+    except KazooTimeoutError:  # kazoo has stopped and closed it
         raise ZooKeeperError(
             f"cannot connect to ZooKeeper at {settings.connect_string} "
             f"(no answer within {settings.connect_timeout_ms} ms)"

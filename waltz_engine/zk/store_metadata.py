@@ -98,6 +98,17 @@ def write_partition_metadata(
     return write(client, path, metadata.to_bytes(), expected_version)
 
 
+def issue_store_sessions(client: KazooClient, root: str, num_partitions: int, session_id: int) -> None:
+    """Record ``session_id`` as every partition's store session, as a server's compare-and-set
+    does. For a storage node used without a server (benchmarks, tests): a node accepts only
+    session ids that ZooKeeper has issued."""
+    for partition_id in range(num_partitions):
+        metadata, version = read_partition_metadata(client, root, partition_id)
+        if metadata.session_id < session_id:
+            issued = metadata._replace(session_id=session_id)
+            write_partition_metadata(client, root, partition_id, issued, version)
+
+
 # --- creation --------------------------------------------------------------------------------
 
 

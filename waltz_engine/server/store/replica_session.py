@@ -14,6 +14,7 @@ import logging
 from typing import NamedTuple, Protocol
 
 from waltz_engine.common.backoff import Backoff
+from waltz_engine.common.limited_log import LimitedLog
 from waltz_engine.common.record import Record
 from waltz_engine.server.store.config import CATCH_UP_BATCH_SIZE, StoreConfig
 from waltz_engine.server.store.errors import RecoveryFailedError, RetainedStartError, StoreError
@@ -40,6 +41,7 @@ class CommittedBatches(Protocol):
 
 
 log = logging.getLogger(__name__)
+_connect_failures = LimitedLog(log)
 
 NO_TRANSACTION_ID = -1
 
@@ -195,8 +197,9 @@ class ReplicaSession(LatencyWeightedRoute):
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                if self._backoff.at_max:
-                    log.warning("cannot connect to %s, retrying: %s", self.storage, e)
+                # The first failure is named at once (a node refusing the cluster key stays silent
+                # otherwise); then once per interval per node, whichever partition retries.
+                _connect_failures.warn(self.storage, f"cannot connect to {self.storage}, retrying: {e}")
             await self._backoff.wait()
         self._connection = ReplicaConnection(client, self.replica_id.partition_id, self.session_id)
         self._connect_finished = True

@@ -32,6 +32,9 @@ KEY_HANDSHAKE_TIMEOUT = "storage.handshake.timeout.ms"
 KEY_MAX_CONNECTIONS = "storage.max.connections"
 KEY_MAX_CONNECTIONS_PER_PEER = "storage.max.connections.per.peer"
 KEY_MAX_BUFFERED_BYTES = "storage.max.buffered.bytes.per.connection"
+# Our extension: how long a starting node keeps trying to reach ZooKeeper before it gives up.
+KEY_ZOOKEEPER_START_TIMEOUT = "storage.zookeeper.start.timeout.ms"
+DEFAULT_ZOOKEEPER_START_TIMEOUT_MS = 60_000
 KNOWN_KEYS = (
     KEY_HOST,
     KEY_PORT,
@@ -45,6 +48,7 @@ KNOWN_KEYS = (
     KEY_MAX_CONNECTIONS,
     KEY_MAX_CONNECTIONS_PER_PEER,
     KEY_MAX_BUFFERED_BYTES,
+    KEY_ZOOKEEPER_START_TIMEOUT,
     *ZOOKEEPER_KEYS,
 )
 # TLS keys are read by TlsConfig; Graphite is accepted (as the original) but not reported to.
@@ -67,6 +71,7 @@ class StorageConfig(NamedTuple):
     source: str
     retention_check_interval_ms: int = DEFAULT_RETENTION_CHECK_INTERVAL_MS
     connection_limits: ConnectionLimits = ConnectionLimits()
+    zookeeper_start_timeout_ms: int = DEFAULT_ZOOKEEPER_START_TIMEOUT_MS
 
     @classmethod
     def load(cls, path: Path | str) -> StorageConfig:
@@ -78,21 +83,13 @@ class StorageConfig(NamedTuple):
         config.warn_unknown_keys(KNOWN_KEYS, log.warning, KNOWN_PREFIXES)
         src = config.source
         ports = require_ports(config, (KEY_PORT, KEY_ADMIN_PORT), (KEY_JETTY_PORT,))
-        threshold = config.get_long(KEY_SEGMENT_SIZE_THRESHOLD, DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES)
-        if threshold <= 0:
-            raise ConfigError(f"{src}: key '{KEY_SEGMENT_SIZE_THRESHOLD}' must be positive, got {threshold}")
-        capacity = config.get_int(KEY_SEGMENT_CACHE_CAPACITY, DEFAULT_SEGMENT_CACHE_CAPACITY)
-        if capacity < 0:
-            raise ConfigError(
-                f"{src}: key '{KEY_SEGMENT_CACHE_CAPACITY}' must not be negative, got {capacity}"
-            )
-        retention_interval_ms = config.get_long(
-            KEY_RETENTION_CHECK_INTERVAL, DEFAULT_RETENTION_CHECK_INTERVAL_MS
+        threshold = config.get_positive(
+            KEY_SEGMENT_SIZE_THRESHOLD, DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES, long=True
         )
-        if retention_interval_ms <= 0:
-            raise ConfigError(
-                f"{src}: key '{KEY_RETENTION_CHECK_INTERVAL}' must be positive, got {retention_interval_ms}"
-            )
+        capacity = config.get_not_negative(KEY_SEGMENT_CACHE_CAPACITY, DEFAULT_SEGMENT_CACHE_CAPACITY)
+        retention_interval_ms = config.get_positive(
+            KEY_RETENTION_CHECK_INTERVAL, DEFAULT_RETENTION_CHECK_INTERVAL_MS, long=True
+        )
         directory = config.require_str(KEY_DIRECTORY)
         if not directory.strip():
             raise ConfigError(f"{src}: key '{KEY_DIRECTORY}' must not be empty")
@@ -105,6 +102,9 @@ class StorageConfig(NamedTuple):
             KEY_MAX_BUFFERED_BYTES,
         )
         zookeeper = node_zookeeper_settings(config)
+        zookeeper_start_timeout_ms = config.get_positive(
+            KEY_ZOOKEEPER_START_TIMEOUT, DEFAULT_ZOOKEEPER_START_TIMEOUT_MS, long=True
+        )
         return cls(
             host=host,
             port=ports[KEY_PORT],
@@ -118,4 +118,5 @@ class StorageConfig(NamedTuple):
             source=src,
             retention_check_interval_ms=retention_interval_ms,
             connection_limits=connection_limits,
+            zookeeper_start_timeout_ms=zookeeper_start_timeout_ms,
         )

@@ -8,6 +8,7 @@ import contextlib
 import errno
 import logging
 import ssl
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from waltz_engine import __version__
+from waltz_engine.common.backoff import Backoff
 from waltz_engine.common.errors import StorageError
 from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.common.process import run_service
@@ -23,16 +25,23 @@ from waltz_engine.net.http_endpoints import HttpEndpoints
 from waltz_engine.net.tls import server_context
 from waltz_engine.storage.cleaner import RetentionCleaner
 from waltz_engine.storage.node.admin_handler import AdminHandler
-from waltz_engine.storage.node.config import KEY_ADMIN_PORT, KEY_JETTY_PORT, KEY_PORT, StorageConfig
+from waltz_engine.storage.node.config import (
+    KEY_ADMIN_PORT,
+    KEY_JETTY_PORT,
+    KEY_PORT,
+    KEY_ZOOKEEPER_START_TIMEOUT,
+    StorageConfig,
+)
 from waltz_engine.storage.node.data_handler import DataHandler
 from waltz_engine.storage.node.partition_worker import PartitionWorker
+from waltz_engine.storage.node.session_bounds import SessionBounds
 from waltz_engine.storage.partition import Partition
 from waltz_engine.storage.storage_manager import StorageManager
 from waltz_engine.wire.admin_messages import ADMIN_CODEC
 from waltz_engine.wire.codec import MessageCodec
 from waltz_engine.wire.hello import STORAGE_ADMIN_SERVER_HELLO_TEXT, STORAGE_SERVER_HELLO_TEXT
 from waltz_engine.wire.storage_messages import STORAGE_CODEC
-from waltz_engine.zk.connection import connect
+from waltz_engine.zk.connection import ZooKeeperError, connect
 from waltz_engine.zk.store_metadata import read_store_params
 from waltz_engine.zk.znodes import ClusterNotFoundError
 
@@ -45,6 +54,10 @@ METRIC_GROUP = "waltz-storage"
 HEALTH_CHECK_NAME = "storage-health-check"
 # How long stopping waits for connection handlers to end once cancelled.
 STOP_CONNECTIONS_TIMEOUT_S = 10.0
+# A starting node's retries while ZooKeeper does not answer (until the configured limit).
+ZOOKEEPER_RETRY_INITIAL_MS = 200
+ZOOKEEPER_RETRY_MAX_MS = 5_000
+ZOOKEEPER_RETRY_JITTER = 0.25
 
 
 def _port_error(key: str, host: str, port: int, error: OSError) -> StorageError:
@@ -55,11 +68,10 @@ def _port_error(key: str, host: str, port: int, error: OSError) -> StorageError:
     return StorageError(f"cannot listen on {host}:{port} ('{key}'): {reason}")
 
 
-def read_cluster_params(config: StorageConfig) -> tuple[uuid.UUID, int]:
-    """Key and partition count from ``<cluster.root>/store``; bounded by the ZooKeeper timeouts."""
+def _read_cluster_params(config: StorageConfig, connect_timeout_ms: int) -> tuple[uuid.UUID, int]:
     settings = config.zookeeper
     try:
-        with connect(settings) as client:
+        with connect(settings._replace(connect_timeout_ms=connect_timeout_ms)) as client:
             params = read_store_params(client, settings.cluster_root)
     except ClusterNotFoundError as e:
         raise StorageError(
@@ -67,6 +79,32 @@ def read_cluster_params(config: StorageConfig) -> tuple[uuid.UUID, int]:
             "create it first (waltz create-cluster)"
         ) from None
     return params.key, params.num_partitions
+
+
+async def read_cluster_params(config: StorageConfig) -> tuple[uuid.UUID, int]:
+    """Key and partition count from ``<cluster.root>/store``.
+
+    ZooKeeper may start after the node (a machine booting, an ensemble restarting): the node
+    keeps trying with backoff for ``storage.zookeeper.start.timeout.ms``, a warning per try.
+    A reachable ZooKeeper without the cluster is an error at once.
+    """
+    limit_ms = config.zookeeper_start_timeout_ms
+    deadline_s = time.monotonic() + limit_ms / 1000
+    backoff = Backoff(ZOOKEEPER_RETRY_INITIAL_MS, ZOOKEEPER_RETRY_MAX_MS, jitter=ZOOKEEPER_RETRY_JITTER)
+    while True:
+        left_ms = max(1, int((deadline_s - time.monotonic()) * 1000))
+        connect_timeout_ms = min(config.zookeeper.connect_timeout_ms, left_ms)
+        try:
+            return await asyncio.to_thread(_read_cluster_params, config, connect_timeout_ms)
+        except ZooKeeperError as e:
+            delay_ms = backoff.next_delay_ms()
+            if time.monotonic() + delay_ms / 1000 >= deadline_s:
+                raise StorageError(
+                    f"{e}; gave up after {limit_ms} ms ('{KEY_ZOOKEEPER_START_TIMEOUT}'): "
+                    "start ZooKeeper, or check zookeeper.connectString"
+                ) from None
+            log.warning("%s; retrying in %d ms", e, delay_ms)
+            await asyncio.sleep(delay_ms / 1000)
 
 
 class StorageNode:
@@ -86,6 +124,7 @@ class StorageNode:
         # Set once the directory is open and the handlers exist; connections wait for it.
         self._open = asyncio.Event()
         self.cleaner: RetentionCleaner | None = None
+        self.session_bounds = SessionBounds(config.zookeeper)
 
     async def _off_loop(self, work: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._admin_executor, work)
@@ -106,8 +145,9 @@ class StorageNode:
         """
         config = self.config
         ssl_context = server_context(config.tls)
-        key, num_partitions = await self._off_loop(lambda: read_cluster_params(config))
+        key, num_partitions = await read_cluster_params(config)
         log.info("cluster %s: key %s, %d partitions", config.zookeeper.cluster_root, key, num_partitions)
+        self.session_bounds.start()
         self._register_metrics()
 
         handlers: dict[str, ConnectionHandler] = {}
@@ -227,7 +267,7 @@ class StorageNode:
                 worker.detach()
         for partition_id, (partition, max_transaction_id) in opened.items():
             if partition_id not in self.workers:
-                self.workers[partition_id] = PartitionWorker(partition_id, self.metrics)
+                self.workers[partition_id] = PartitionWorker(partition_id, self.metrics, self.session_bounds)
             worker = self.workers[partition_id]
             if worker.partition is not partition:
                 worker.attach(partition, max_transaction_id)
@@ -256,6 +296,7 @@ class StorageNode:
         await loop.run_in_executor(None, self._admin_executor.shutdown, True)
         if self.manager is not None:
             await loop.run_in_executor(None, self.manager.close)
+        await loop.run_in_executor(None, self.session_bounds.close)
         log.info("storage node stopped: %s closed and unlocked", self.config.directory)
 
 

@@ -18,14 +18,16 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 from waltz_engine.common.errors import StorageError
+from waltz_engine.common.limited_log import LimitedLog
 from waltz_engine.common.metrics import Counter, Meter, MetricsRegistry, Timer
 from waltz_engine.common.record import Record
 from waltz_engine.net.channel import ConnectionClosedError, FramedConnection
 from waltz_engine.storage.control_file import ConcurrentUpdateError
 from waltz_engine.storage.node.failures import PartitionNotAssignedError, rpc_exception
+from waltz_engine.storage.node.session_bounds import SessionBounds
 from waltz_engine.storage.partition import Partition
 from waltz_engine.wire.primitives import SessionInfo
 from waltz_engine.wire.storage_messages import (
@@ -50,6 +52,8 @@ from waltz_engine.wire.storage_messages import (
 )
 
 log = logging.getLogger(__name__)
+# A forged session id is anyone's to send: its warnings are limited.
+_refusals = LimitedLog(log)
 
 # The original's ArrayBlockingQueue(100) per partition.
 PARTITION_QUEUE_CAPACITY = 100
@@ -73,8 +77,25 @@ PARTITION_REQUEST_TYPES = (
     StorageRecordListRequest,
 )
 
+# The requests that may move the node's fencing session id: the one that opens a session on a
+# replica (a recovery's first request) and the writes. A read never moves it, so a read with an
+# id the node has not seen is refused rather than fencing the real session out.
+SESSION_MOVING_REQUESTS = (
+    StorageLastSessionInfoRequest,
+    StorageAppendRequest,
+    StorageTruncateRequest,
+    StorageSetLowWaterMarkRequest,
+)
+
 Reply = tuple[FramedConnection, bytes]
 Pending = tuple[FramedConnection, Any]
+
+
+class RefusedRequest(NamedTuple):
+    """A request refused on receipt; queued so that its FAILURE keeps the connection's order."""
+
+    request: Any
+    error: StorageError
 
 
 def metric_group(partition_id: int) -> str:
@@ -133,8 +154,9 @@ class _PartitionMetrics:
 class PartitionWorker:
     """Lives as long as the node; serves whichever :class:`Partition` object is attached."""
 
-    def __init__(self, partition_id: int, registry: MetricsRegistry) -> None:
+    def __init__(self, partition_id: int, registry: MetricsRegistry, session_bounds: SessionBounds) -> None:
         self.partition_id = partition_id
+        self._session_bounds = session_bounds
         self.partition: Partition | None = None
         # The fencing session id: raised on receipt, checked when processed (reference §1.2).
         self.session_id = -1
@@ -179,9 +201,18 @@ class PartitionWorker:
         await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown, True)
 
     async def submit(self, conn: FramedConnection, msg: Any) -> None:
-        """Queue a request; waits while the queue is full, which stops the caller's reads."""
-        if msg.session_id > self.session_id:
-            self.session_id = msg.session_id
+        """Queue a request; waits while the queue is full, which stops the caller's reads.
+
+        A request that may write moves the fencing session id on receipt (as the original),
+        but only to an id ZooKeeper has issued for the partition.
+        """
+        if msg.session_id > self.session_id and type(msg) in SESSION_MOVING_REQUESTS:
+            try:
+                await self._session_bounds.check(self.partition_id, msg.session_id)
+            except StorageError as e:
+                msg = RefusedRequest(msg, e)
+            else:
+                self.session_id = max(self.session_id, msg.session_id)
         await self.queue.put((conn, msg))
 
     async def _run(self) -> None:
@@ -206,8 +237,15 @@ class PartitionWorker:
         replies: list[Reply] = []
         i = 0
         while i < len(batch):
-            if type(batch[i][1]) is StorageAppendRequest:
+            kind = type(batch[i][1])
+            if kind is StorageAppendRequest:
                 i = self._append_group(batch, i, replies)
+            elif kind is RefusedRequest:
+                conn, refused = batch[i]
+                where = f"partition {self.partition_id}"
+                _refusals.warn(where, f"{where}: {refused.error}")
+                replies.append((conn, failure_frame(refused.request, refused.error)))
+                i += 1
             else:
                 conn, msg = batch[i]
                 replies.append((conn, self._process_one(msg)))
@@ -263,10 +301,15 @@ class PartitionWorker:
                 raise StorageError(
                     f"read and write for partition={self.partition_id} have been disabled on storage node"
                 )
-            if msg.session_id != self.session_id:
+            if msg.session_id < self.session_id:
                 raise ConcurrentUpdateError(
                     f"session id has changed to {self.session_id}, but request context contains "
                     f"{msg.session_id}"
+                )
+            if msg.session_id > self.session_id:
+                raise ConcurrentUpdateError(
+                    f"session id {msg.session_id} has not been opened on this replica (its session id "
+                    f"is {self.session_id}): a read does not move it"
                 )
         return partition
 

@@ -1,0 +1,129 @@
+"""ZooKeeper's bound on a partition's session ids, as a storage node enforces it.
+
+A store session id is issued only by a server's compare-and-set of
+``<root>/store/partition/<id>`` (``PartitionMetadata.sessionId``), before the server sends it
+to any replica. A request carrying a higher id was forged (by any TLS client that knows the
+cluster key) or comes from a cluster recreated under the node. In the original such a request
+raises the node's fencing session id for good, so that every real session is refused there
+and the partition can become unwritable. Here a request may move the session id only up to
+what ZooKeeper has issued: the node reads the znode when a higher id than it knows arrives.
+
+Reads of the znode are bounded: one in flight per partition (concurrent checks share it) and
+at most one per ``ISSUED_READ_INTERVAL_MS``, however many forged ids arrive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING
+
+from kazoo.exceptions import KazooException, NoNodeError
+from kazoo.handlers.threading import KazooTimeoutError
+
+from waltz_engine.common.errors import StorageError, WaltzError
+from waltz_engine.zk.connection import ZooKeeperSettings, describe, new_client
+from waltz_engine.zk.paths import ClusterPaths
+from waltz_engine.zk.payloads import PartitionMetadata
+
+if TYPE_CHECKING:
+    from kazoo.client import KazooClient
+
+# A flood of forged ids costs ZooKeeper at most one read per partition per interval.
+ISSUED_READ_INTERVAL_MS = 50
+# One ZooKeeper call (sync, then get) waits at most this long; the request then fails and the
+# sender (a server's recovery) retries it.
+ZOOKEEPER_CALL_TIMEOUT_MS = 5_000
+NO_SESSION = -1
+
+
+class UnissuedSessionError(StorageError):
+    """A request's session id is above every id ZooKeeper has issued for its partition."""
+
+
+class SessionBounds:
+    """The highest store session id ZooKeeper has issued, per partition, as last read."""
+
+    def __init__(self, settings: ZooKeeperSettings) -> None:
+        self._settings = settings
+        self._paths = ClusterPaths.of(settings.cluster_root)
+        self._client: KazooClient | None = None
+        self._issued: dict[int, int] = {}
+        self._reads: dict[int, asyncio.Task[int]] = {}
+        self._last_read_ns: dict[int, int] = {}
+
+    def start(self) -> None:
+        """Connect in the background: a check before the connection is up waits for it (bounded)."""
+        assert self._client is None
+        self._client = new_client(self._settings)
+        self._client.start_async()
+
+    def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            client.stop()
+            client.close()
+
+    def issued(self, partition_id: int) -> int:
+        return self._issued.get(partition_id, NO_SESSION)
+
+    async def check(self, partition_id: int, session_id: int) -> None:
+        """Return if ZooKeeper has issued ``session_id`` for the partition; raise otherwise."""
+        if session_id <= self.issued(partition_id):
+            return
+        read = self._reads.get(partition_id)
+        if read is None:
+            read = asyncio.create_task(self._read(partition_id), name=f"session-bound-{partition_id}")
+            self._reads[partition_id] = read
+            read.add_done_callback(lambda _: self._reads.pop(partition_id, None))
+        issued = await asyncio.shield(read)
+        if session_id > issued:
+            raise UnissuedSessionError(
+                f"session id {session_id} of partition {partition_id} was never issued (ZooKeeper's "
+                f"store session is {issued}): refused, the node's session id stays as it is"
+            )
+
+    async def _read(self, partition_id: int) -> int:
+        last_ns = self._last_read_ns.get(partition_id)
+        if last_ns is not None:
+            wait_ms = ISSUED_READ_INTERVAL_MS - (time.monotonic_ns() - last_ns) / 1e6
+            if wait_ms > 0:
+                await asyncio.sleep(wait_ms / 1000)
+        try:
+            issued = await asyncio.to_thread(self._read_znode, partition_id)
+        finally:
+            self._last_read_ns[partition_id] = time.monotonic_ns()
+        # Ids are issued in increasing order; never lower a bound already seen.
+        issued = max(issued, self.issued(partition_id))
+        self._issued[partition_id] = issued
+        return issued
+
+    def _read_znode(self, partition_id: int) -> int:
+        client = self._client
+        path = self._paths.partition(partition_id)
+        timeout_s = ZOOKEEPER_CALL_TIMEOUT_MS / 1000
+        try:
+            if client is None:
+                raise StorageError("no ZooKeeper connection")
+            # The server's compare-and-set may have gone through another ensemble member.
+            client.sync_async(path).get(timeout=timeout_s)
+            data, _ = client.get_async(path).get(timeout=timeout_s)
+        except NoNodeError:
+            return NO_SESSION
+        except (KazooException, StorageError) as e:
+            detail = describe(e) if isinstance(e, KazooException) else str(e)
+            raise StorageError(
+                f"cannot confirm a new session id of partition {partition_id} with ZooKeeper ({detail}); "
+                "retry once ZooKeeper answers"
+            ) from None
+        except KazooTimeoutError:
+            raise StorageError(
+                f"cannot confirm a new session id of partition {partition_id} with ZooKeeper "
+                f"(no answer within {ZOOKEEPER_CALL_TIMEOUT_MS} ms); retry once ZooKeeper answers"
+            ) from None
+        if not data:
+            return NO_SESSION
+        try:
+            return PartitionMetadata.from_bytes(data).session_id
+        except WaltzError as e:
+            raise StorageError(f"znode {path} cannot be read ({e}): no new session id is accepted") from None
