@@ -16,9 +16,10 @@ import threading
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, NoReturn
 
 from waltz_engine.common.crc import to_signed32
-from waltz_engine.common.errors import FormatError, StorageError
+from waltz_engine.common.errors import StorageError
 from waltz_engine.common.fileio import fsync_directory
 from waltz_engine.common.record import Record, RecordHeader
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
@@ -31,12 +32,24 @@ from waltz_engine.storage.constants import (
     segment_paths,
 )
 from waltz_engine.storage.control_file import PartitionInfo, SessionInfo
+from waltz_engine.storage.damage import DamageLog, SegmentDamage
 from waltz_engine.storage.lru import LRUCache
-from waltz_engine.storage.segment import CorruptRecordError, Segment, create_segment_files
+from waltz_engine.storage.refill import RefillCopy, clean_interrupted_refills
+from waltz_engine.storage.segment import (
+    CorruptRecordError,
+    Segment,
+    create_segment_files,
+    first_transaction_id_of,
+)
 from waltz_engine.storage.segment_finder import find_segment
 from waltz_engine.zk.retention import BelowRetainedStartError, removable_head_segments
 
 log = logging.getLogger(__name__)
+
+
+def _head(path: Path) -> bytes:
+    with path.open("rb") as f:
+        return f.read(HEADER_SIZE_BYTES)
 
 
 def _clean_interrupted_files(directory: Path) -> None:
@@ -56,13 +69,7 @@ def _clean_interrupted_files(directory: Path) -> None:
         log.warning("removing segment whose creation was interrupted: %s", seg_paths[-1])
         seg_paths[-1].with_suffix(INDEX_SUFFIX).unlink(missing_ok=True)
         seg_paths[-1].unlink()
-
-
-def _first_transaction_id_of(seg_path: Path) -> int:
-    try:
-        return int(seg_path.stem)
-    except ValueError as e:
-        raise FormatError(f"unexpected segment file name: {seg_path}") from e
+    clean_interrupted_refills(directory)
 
 
 class Partition:
@@ -87,6 +94,9 @@ class Partition:
         self._cache: LRUCache[Segment] = LRUCache(segment_cache_capacity, self._evict)
         self._lock = threading.Lock()
         self._closed = False
+        self.damage = DamageLog()
+        # A damaged segment's copy being written from a healthy replica (see ``refill``).
+        self._refill: RefillCopy | None = None
 
     @property
     def partition_id(self) -> int:
@@ -118,12 +128,15 @@ class Partition:
         directory.mkdir(exist_ok=True)
         _clean_interrupted_files(directory)
         local_low_water_mark = self.info.current.local_low_water_mark
-        seg_paths = sorted(directory.glob("*" + SEGMENT_SUFFIX), key=_first_transaction_id_of)
+        seg_paths = sorted(directory.glob("*" + SEGMENT_SUFFIX), key=first_transaction_id_of)
         if not seg_paths:
             seg_path, idx_path = segment_paths(directory, 0)
             create_segment_files(self.key, self.partition_id, seg_path, idx_path, 0, self._clock_ms)
             seg_paths = [seg_path]
-        for seg_path in seg_paths:
+        for i, seg_path in enumerate(seg_paths):
+            # A sealed segment ends where the next one starts: checked, never written, so damage
+            # in it can neither cut records nor leave a gap between segments.
+            sealed_end = first_transaction_id_of(seg_paths[i + 1]) if i + 1 < len(seg_paths) else None
             segment = Segment.open(
                 self.key,
                 self.partition_id,
@@ -131,17 +144,22 @@ class Partition:
                 seg_path.with_suffix(INDEX_SUFFIX),
                 local_low_water_mark,
                 self._threshold_bytes,
+                sealed_end=sealed_end,
             )
-            if self._segments and segment.first_transaction_id != self._segments[-1].next_transaction_id:
-                segment.close_files()
-                raise FormatError(
-                    f"{seg_path}: segment starts at transaction {segment.first_transaction_id}, the "
-                    f"previous one ends at {self._segments[-1].max_transaction_id}"
-                )
+            previous = self._segments[-1] if self._segments else None
+            assert previous is None or segment.first_transaction_id == previous.next_transaction_id
             self._segments.append(segment)
+            self.damage.add(segment.first_transaction_id, segment.damages)
             if len(self._segments) > 1:
                 self._cache.touch(self._segments[-2])
         self._segments[-1].writable = True
+        for damaged in self.damage_report():
+            log.warning(
+                "partition %d: %s; its bytes are kept and its damaged records are not served: "
+                "refill it from a healthy replica (waltz storage recover-partition)",
+                self.partition_id,
+                damaged.describe(),
+            )
 
     def _evict(self, segment: Segment) -> None:
         if not segment.writable and not segment.closed:
@@ -180,6 +198,7 @@ class Partition:
         """Append consecutive records starting at the next txid; durable when this returns."""
         with self._lock:
             self._check_open()
+            self._abort_refill()
             next_transaction_id = self._current.next_transaction_id
             for i, record in enumerate(records):
                 if record.transaction_id != next_transaction_id + i:
@@ -212,6 +231,7 @@ class Partition:
             self._check_retained(transaction_id + 1)
             if self._current.max_transaction_id <= transaction_id:
                 return self._current.max_transaction_id
+            self._abort_refill()
             while len(self._segments) > 1 and transaction_id + 1 < self._current.first_transaction_id:
                 doomed = self._segments.pop()
                 self._cache.remove(doomed)
@@ -221,6 +241,7 @@ class Partition:
             current.ensure_open()
             current.writable = True
             current.truncate(transaction_id)
+            self.damage.forget_after(transaction_id)
             return current.max_transaction_id
 
     def set_low_water_mark(self, session_id: int, low_water_mark: int) -> None:
@@ -255,8 +276,7 @@ class Partition:
                     result += segment.read_records(transaction_id + len(result), max_records - len(result))
                 except CorruptRecordError as e:
                     if not result:
-                        log.warning("not serving it: %s", e)
-                        raise
+                        self._refuse(segment, e)
                     break  # a short answer; the next read, starting at the bad record, fails
         return result
 
@@ -275,10 +295,22 @@ class Partition:
                     )
                 except CorruptRecordError as e:
                     if not result:
-                        log.warning("not serving it: %s", e)
-                        raise
+                        self._refuse(segment, e)
                     break  # a short answer; the next read, starting at the bad record, fails
         return result
+
+    def _refuse(self, segment: Segment, error: CorruptRecordError) -> NoReturn:
+        """A read met a damaged record: remember it (reported until refilled), then refuse it."""
+        if self.damage.found(segment.first_transaction_id, error.transaction_id, error.what):
+            log.warning(
+                "partition %d: %s; not served: refill its segment from a healthy replica "
+                "(waltz storage recover-partition)",
+                self.partition_id,
+                error,
+            )
+        else:
+            log.warning("not serving it: %s", error)
+        raise error
 
     def _segment_for_read(self, transaction_id: int) -> Segment | None:
         self._check_open()
@@ -301,6 +333,124 @@ class Partition:
                     segment.close_files()
             return to_signed32(crc)
 
+    # --- damage and refills ----------------------------------------------------------------
+
+    def damage_report(self) -> list[SegmentDamage]:
+        """The damaged segments, oldest first. Takes no partition lock (an fsync may hold it): for
+        ``/health`` and the metrics, read on the event loop."""
+        ends = {s.first_transaction_id: s.max_transaction_id for s in list(self._segments)}
+        return self.damage.report(lambda first: ends.get(first, -1))
+
+    def damage_json(self) -> list[dict[str, Any]]:
+        """:meth:`damage_report` for the metrics gauge (``waltz storage list`` reads it)."""
+        return [d.to_json() for d in self.damage_report()]
+
+    def refill(self, records: Sequence[Record]) -> bool:
+        """Offline recovery of a damaged segment: ``records`` are transactions this partition holds,
+        sent from a healthy replica. True once the segment was replaced.
+
+        A segment's records come in order from its first txid (a batch starting there starts the
+        copy again). Each record this partition holds whole must be the same as the one sent,
+        or nothing is replaced: the replicas disagree. When the last one is in, the copy is
+        swapped in for the segment (see ``refill.py``); until then the segment is unchanged.
+        """
+        with self._lock:
+            self._check_open()
+            if not records:
+                raise StorageError(f"partition {self.partition_id}: a refill without records")
+            first = records[0].transaction_id
+            if any(r.transaction_id != first + i for i, r in enumerate(records)):
+                raise StorageError("transaction out of order")
+            segment = find_segment(self._segments, first)
+            if segment is None:
+                raise StorageError(f"partition {self.partition_id} holds no transaction {first} to refill")
+            last = records[-1].transaction_id
+            if last > segment.max_transaction_id:
+                raise StorageError(
+                    f"partition {self.partition_id}: a refill stays within one segment; transaction {last} "
+                    f"is past segment {segment.first_transaction_id}-{segment.max_transaction_id}"
+                )
+            copy = self._refill_copy(segment, first)
+            if not segment.writable:
+                segment.ensure_open()
+                self._cache.touch(segment)
+            mine = segment.whole_records(first, len(records))
+            for record in records:
+                held = mine.get(record.transaction_id)
+                if held is not None and held != record:
+                    self._abort_refill()
+                    raise StorageError(
+                        f"partition {self.partition_id}: transaction {record.transaction_id} held whole "
+                        "here differs from the one sent: the replicas disagree; nothing was replaced"
+                    )
+            copy.append(records)
+            if copy.next_transaction_id <= segment.max_transaction_id:
+                return False
+            self._swap_in(segment, copy)
+            return True
+
+    def _refill_copy(self, segment: Segment, first: int) -> RefillCopy:
+        copy = self._refill
+        start = segment.first_transaction_id
+        if first == start:
+            self._abort_refill()
+            self._refill = copy = RefillCopy.begin(
+                segment.seg_path, segment.idx_path, start, *self._headers_for_copy(segment)
+            )
+            return copy
+        if copy is None or copy.seg_path != segment.seg_path or copy.next_transaction_id != first:
+            going = copy is not None and copy.seg_path == segment.seg_path
+            expected = f" or go on at {copy.next_transaction_id}" if copy is not None and going else ""
+            raise StorageError(
+                f"partition {self.partition_id}: a refill of segment {start}-{segment.max_transaction_id} "
+                f"starts at transaction {start}{expected}, not {first}"
+            )
+        return copy
+
+    def _headers_for_copy(self, segment: Segment) -> tuple[bytes, bytes]:
+        """The headers the segment was written with (byte for byte), or new ones if they are damaged."""
+        if not segment.header_damaged:
+            return _head(segment.seg_path), _head(segment.idx_path)
+        fresh = segment.header._replace(creation_time_ms=self._clock_ms()).to_bytes()
+        return fresh, fresh
+
+    def _swap_in(self, segment: Segment, copy: RefillCopy) -> None:
+        position = self._segments.index(segment)
+        last = position == len(self._segments) - 1
+        copy.swap_in()
+        self._refill = None
+        replaced = Segment.open(
+            self.key,
+            self.partition_id,
+            segment.seg_path,
+            segment.idx_path,
+            self.info.current.local_low_water_mark,
+            self._threshold_bytes,
+            sealed_end=None if last else segment.next_transaction_id,
+        )
+        replaced.writable = last
+        self._cache.remove(segment)
+        segment.close()
+        self._segments[position] = replaced
+        if not last:
+            self._cache.touch(replaced)
+        self.damage.forget_segment(replaced.first_transaction_id)
+        self.damage.add(replaced.first_transaction_id, replaced.damages)
+        log.info(
+            "partition %d: segment %d-%d refilled from a healthy replica%s",
+            self.partition_id,
+            replaced.first_transaction_id,
+            replaced.max_transaction_id,
+            "" if not replaced.damages else f", still damaged: {replaced.damages}",
+        )
+
+    def _abort_refill(self) -> None:
+        """Any other write ends a refill in progress: its copy would no longer match."""
+        if self._refill is not None:
+            log.warning("partition %d: refill of %s abandoned", self.partition_id, self._refill.seg_path.name)
+            self._refill.abort()
+            self._refill = None
+
     # --- retention -----------------------------------------------------------------------
 
     def remove_head_segments(self, bound: int) -> list[tuple[int, int]]:
@@ -315,10 +465,13 @@ class Partition:
             self._check_open()
             spans = [(s.first_transaction_id, s.max_transaction_id) for s in self._segments]
             count = removable_head_segments(spans, bound, self.info.current.local_low_water_mark)
+            if count:
+                self._abort_refill()
             for _ in range(count):
                 doomed = self._segments.pop(0)
                 self._cache.remove(doomed)
                 doomed.delete()
+                self.damage.forget_segment(doomed.first_transaction_id)
             if count:
                 fsync_directory(self.directory)
             return spans[:count]
@@ -367,6 +520,7 @@ class Partition:
             if self._closed:
                 return
             self._closed = True
+            self._abort_refill()
             for segment in self._segments:
                 self._cache.remove(segment)
                 segment.close()
@@ -375,6 +529,7 @@ class Partition:
         """Remove every segment's files (unassignment with deleteStorageFiles)."""
         with self._lock:
             self._closed = True
+            self._abort_refill()
             for segment in self._segments:
                 self._cache.remove(segment)
                 segment.delete()

@@ -9,8 +9,10 @@ Rules (reference §1.5, §1.6):
 * Within a call, data is written *before* the index entries that point at it. Recovery
   trusts the index entry of the scan start (a checkpoint or the local low-water mark) when
   the index extends past it, so that entry must never point at data that is not there yet.
-* On open, recovery re-validates records from the last checkpoint (or the local low-water
-  mark), rebuilds their index entries and cuts a torn or dirty tail.
+* On open, the last segment's recovery re-validates records from the last checkpoint (or the
+  local low-water mark), rebuilds their index entries and cuts a torn or dirty tail; a sealed
+  segment is only checked, never written (``segment_scan.py``). Damage found either way is
+  kept as it is, refused on reads and listed in ``Segment.damages``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from waltz_engine.common.crc import to_signed32
 from waltz_engine.common.errors import FormatError, StorageError
 from waltz_engine.common.fileio import fsync_directory, pread_upto, pwrite_all
 from waltz_engine.common.record import Record, RecordHeader
@@ -30,7 +31,6 @@ from waltz_engine.disk.record_format import (
     CHECKPOINT_INTERVAL,
     INDEX_ENTRY,
     INDEX_ENTRY_SIZE_BYTES,
-    RECORD_CRC,
     RECORD_HEADER,
     RECORD_HEADER_SIZE_BYTES,
     RECORD_OVERHEAD_BYTES,
@@ -38,6 +38,8 @@ from waltz_engine.disk.record_format import (
     encode_records,
     read_record,
 )
+from waltz_engine.storage.damage import Damage
+from waltz_engine.storage.segment_scan import check_record, check_sealed, plan_recovery
 
 _NO_FD = -1
 # What a corrupt record's error says first; the server recognises the storage FAILURE by it
@@ -60,12 +62,15 @@ class CorruptRecordError(StorageError):
         )
         self.partition_id = partition_id
         self.transaction_id = transaction_id
+        self.what = what
 
 
-def _java_div(dividend: int, divisor: int) -> int:
-    """Integer division truncating toward zero, as Java's ``/`` on longs."""
-    quotient = abs(dividend) // divisor
-    return -quotient if dividend < 0 else quotient
+def first_transaction_id_of(seg_path: Path) -> int:
+    """The first txid a segment holds, from its name: what the partition orders segments by."""
+    try:
+        return int(seg_path.stem)
+    except ValueError as e:
+        raise FormatError(f"unexpected segment file name: {seg_path}") from e
 
 
 def create_segment_files(
@@ -117,6 +122,9 @@ class Segment:
         self._next_offset = HEADER_SIZE_BYTES
         self.writable = False
         self.closed = False
+        # What the open found wrong (kept on disk, refused on reads); the header(s) among it.
+        self.damages: list[Damage] = []
+        self.header_damaged = False
 
     # --- opening -------------------------------------------------------------------------
 
@@ -129,21 +137,33 @@ class Segment:
         idx_path: Path,
         local_low_water_mark: int,
         segment_size_threshold_bytes: int,
+        *,
+        sealed_end: int | None = None,
     ) -> Segment:
-        """Open both files, check their headers and run start-up recovery."""
+        """Open both files and check them; the damage found is in ``segment.damages``.
+
+        ``sealed_end`` is the next segment's first txid when this one is sealed: it is checked
+        and never written. Without it this is the last segment, and start-up recovery runs (it
+        may cut a torn tail). Damage in the files never stops the open: it is reported, kept
+        and refused on reads until a refill replaces the segment.
+        """
+        first = first_transaction_id_of(seg_path)
         seg_fd = idx_fd = _NO_FD
         try:
             seg_fd = os.open(seg_path, os.O_RDWR)
             idx_fd = os.open(idx_path, os.O_RDWR)
-            header = cls._read_header(seg_fd, seg_path, key, partition_id)
-            index_header = cls._read_header(idx_fd, idx_path, key, partition_id)
-            if index_header.first_transaction_id != header.first_transaction_id:
-                raise FormatError(
-                    f"{idx_path}: first transaction id {index_header.first_transaction_id} does not "
-                    f"match the data file's {header.first_transaction_id}"
-                )
+            damages: list[Damage] = []
+            header = cls._read_header(seg_fd, key, partition_id, first, "data file", damages)
+            cls._read_header(idx_fd, key, partition_id, first, "index file", damages)
             segment = cls(seg_path, idx_path, header, seg_fd, idx_fd, segment_size_threshold_bytes)
-            segment._recover(local_low_water_mark)
+            segment.header_damaged = bool(damages)
+            if sealed_end is None:
+                damages += segment._recover(local_low_water_mark)
+            else:
+                damages += check_sealed(seg_fd, idx_fd, first, sealed_end, local_low_water_mark)
+                segment._next_transaction_id = sealed_end
+                segment._next_offset = os.fstat(seg_fd).st_size
+            segment.damages = damages
             return segment
         except BaseException:
             for fd in (seg_fd, idx_fd):
@@ -152,77 +172,53 @@ class Segment:
             raise
 
     @staticmethod
-    def _read_header(fd: int, path: Path, key: uuid.UUID, partition_id: int) -> SegmentFileHeader:
+    def _read_header(
+        fd: int, key: uuid.UUID, partition_id: int, first: int, name: str, damages: list[Damage]
+    ) -> SegmentFileHeader:
+        """The file's header; what is wrong with it goes to ``damages`` (the name says which
+        transactions the segment holds, the control file which cluster and partition)."""
+        raw = pread_upto(fd, HEADER_SIZE_BYTES, 0)
         try:
-            header = SegmentFileHeader.from_bytes(pread_upto(fd, HEADER_SIZE_BYTES, 0))
+            header = SegmentFileHeader.from_bytes(raw)
         except FormatError as e:
-            raise FormatError(f"failed to open segment file {path}: {e}") from e
-        if header.key != key:
-            raise StorageError(f"failed to open segment file {path}: the cluster key does not match")
-        if header.partition_id != partition_id:
-            raise StorageError(f"failed to open segment file {path}: partition id does not match")
-        return header
+            damages.append(Damage(f"{name} header: {e}"))
+            created = int.from_bytes(raw[4:12], "big", signed=True) if len(raw) >= 12 else 0
+            return SegmentFileHeader(FORMAT_VERSION, created, key, partition_id, first)
+        for what, found, expected in (
+            ("cluster key", header.key, key),
+            ("partition id", header.partition_id, partition_id),
+            ("first transaction id", header.first_transaction_id, first),
+        ):
+            if found != expected:
+                damages.append(Damage(f"{name} header: {what} {found}, expected {expected}"))
+        return header._replace(key=key, partition_id=partition_id, first_transaction_id=first)
 
-    def _recover(self, local_low_water_mark: int) -> None:
-        """The original's ``Segment.recover``: validate from the last stable point, cut the rest.
+    def _recover(self, local_low_water_mark: int) -> list[Damage]:
+        """The original's ``Segment.recover`` for the last segment: validate from the last stable
+        point, rebuild the index entries there, cut a torn tail (see ``segment_scan``).
 
         What this promises after a crash (kill -9, power loss), record by record as the original:
         every record kept is whole and its checksum verifies; the records kept are consecutive (the
-        scan stops at the first torn, dirty or out-of-order record and everything from there on is
-        cut: never a gap); every record of an acknowledged append is kept (SUCCESS is sent only
-        once its data is synced). An append is not atomic on one node: a crash inside its data
-        write keeps a prefix of its records, whole, and cuts the rest. Whole appends across the
-        replicas are the server's recovery's business (it settles a partial append, §2.7).
+        scan stops at the first torn, dirty or out-of-order record that no whole record follows and
+        everything from there on is cut: never a gap); every record of an acknowledged append is
+        kept (SUCCESS is sent only once its data is synced). An append is not atomic on one node: a
+        crash inside its data write keeps a prefix of its records, whole, and cuts the rest. Whole
+        appends across the replicas are the server's recovery's business (it settles a partial
+        append, §2.7). A bad record that whole ones follow is not a tail: it is kept and reported.
         """
-        first = self.header.first_transaction_id
-        max_transaction_id = self._index_max_transaction_id()
-        if max_transaction_id <= local_low_water_mark:
-            transaction_id = max_transaction_id
-        else:
-            checkpoint = _java_div(max_transaction_id - 1, CHECKPOINT_INTERVAL) * CHECKPOINT_INTERVAL
-            transaction_id = max(checkpoint, local_low_water_mark)
-
-        if transaction_id <= first:
-            transaction_id = first
-            offset = HEADER_SIZE_BYTES
-        else:
-            offset = self._index_get(transaction_id)
-            if offset < 0:
-                raise FormatError(f"{self.seg_path}: segment corrupted: index corrupted")
-            size_bytes = self._check_record(offset, transaction_id)
-            if size_bytes < 0:
-                raise FormatError(f"{self.seg_path}: segment corrupted: record corrupted")
-            offset += size_bytes
-            transaction_id += 1
-
-        rebuilt = bytearray()
-        rebuilt_from = transaction_id
-        while (size_bytes := self._check_record(offset, transaction_id)) >= 0:
-            rebuilt += INDEX_ENTRY.pack(offset)
-            offset += size_bytes
-            transaction_id += 1
-
-        pwrite_all(self._idx_fd, rebuilt, self._index_position(rebuilt_from))
-        os.ftruncate(self._idx_fd, self._index_position(transaction_id))
-        os.ftruncate(self._seg_fd, offset)
+        plan = plan_recovery(self._seg_fd, self._idx_fd, self.first_transaction_id, local_low_water_mark)
+        pwrite_all(self._idx_fd, plan.index, self._index_position(plan.rewrite_from))
+        os.ftruncate(self._idx_fd, self._index_position(plan.next_transaction_id))
+        if plan.cut:
+            os.ftruncate(self._seg_fd, plan.next_offset)
         self.flush()
-        self._next_transaction_id = transaction_id
-        self._next_offset = offset
+        self._next_transaction_id = plan.next_transaction_id
+        self._next_offset = plan.next_offset
+        return plan.damages
 
     def _check_record(self, offset: int, transaction_id: int) -> int:
         """The size of the valid record ``transaction_id`` at ``offset``, or -1."""
-        head = pread_upto(self._seg_fd, RECORD_HEADER_SIZE_BYTES, offset)
-        if len(head) < RECORD_HEADER_SIZE_BYTES:
-            return -1
-        stored_txid, _, _, _, data_length, _ = RECORD_HEADER.unpack(head)
-        if stored_txid != transaction_id or data_length < 0:
-            return -1
-        rest = pread_upto(self._seg_fd, data_length + RECORD_CRC.size, offset + RECORD_HEADER_SIZE_BYTES)
-        if len(rest) < data_length + RECORD_CRC.size:
-            return -1
-        crc = zlib.crc32(memoryview(rest)[:data_length], zlib.crc32(head))
-        (stored_crc,) = RECORD_CRC.unpack_from(rest, data_length)
-        return RECORD_OVERHEAD_BYTES + data_length if to_signed32(crc) == stored_crc else -1
+        return check_record(self._seg_fd, offset, transaction_id)
 
     # --- state ---------------------------------------------------------------------------
 
@@ -328,9 +324,7 @@ class Segment:
             return
         if not self.first_transaction_id <= transaction_id + 1 <= self._next_transaction_id:
             raise StorageError(f"transaction id out of range: file={self.seg_path}")
-        offset = self._index_get(transaction_id + 1)
-        if offset < 0:
-            raise FormatError(f"{self.seg_path}: corrupted index at transaction {transaction_id + 1}")
+        offset = self._end_of(transaction_id)
         # Index first: a crash in between leaves records past the index, which recovery keeps
         # (the truncate did not return), never an index pointing past the data.
         os.ftruncate(self._idx_fd, self._index_position(transaction_id + 1))
@@ -339,6 +333,24 @@ class Segment:
         os.fsync(self._seg_fd)
         self._next_offset = offset
         self._next_transaction_id = transaction_id + 1
+
+    def _end_of(self, transaction_id: int) -> int:
+        """Where record ``transaction_id`` ends, proven by the data: a whole record ``+1`` at the
+        next index entry, or a whole record ``transaction_id`` at its own. A truncate must never
+        cut where a damaged index entry points."""
+        if transaction_id < self.first_transaction_id:
+            return HEADER_SIZE_BYTES
+        following = self._index_get(transaction_id + 1)
+        if self._check_record(following, transaction_id + 1) >= 0:
+            return following
+        offset = self._index_get(transaction_id)
+        size = self._check_record(offset, transaction_id)
+        if size >= 0:
+            return offset + size
+        raise StorageError(
+            f"cannot truncate {self.seg_path} after transaction {transaction_id}: the segment is "
+            "damaged there; refill it from a healthy replica first (waltz storage recover-partition)"
+        )
 
     def flush(self) -> None:
         os.fsync(self._idx_fd)
@@ -349,9 +361,10 @@ class Segment:
     def _read_span(self, transaction_id: int, max_records: int) -> list[DiskRecord]:
         """Records ``transaction_id`` .. at most ``max_records``, read with two preads.
 
-        Every record is checked (its CRC over header and data, and its data checksum) before it
-        leaves: a bad one ends the span before it, or raises :class:`CorruptRecordError` when it
-        is the first one asked for.
+        Every record is checked (found where its index entry says, its CRC over header and data,
+        its data checksum) before it leaves: a bad one ends the span before it, or raises
+        :class:`CorruptRecordError` when it is the first one asked for. Damage in the index is
+        refused the same way, never read as a record.
         """
         assert self.files_open and transaction_id >= self.first_transaction_id
         count = min(max_records, self._next_transaction_id - transaction_id)
@@ -360,35 +373,75 @@ class Segment:
         raw_index = pread_upto(
             self._idx_fd, INDEX_ENTRY_SIZE_BYTES * count, self._index_position(transaction_id)
         )
-        count = len(raw_index) // INDEX_ENTRY_SIZE_BYTES
-        offsets = [INDEX_ENTRY.unpack_from(raw_index, i * INDEX_ENTRY_SIZE_BYTES)[0] for i in range(count)]
-        if count == 0:
-            return []
-        if offsets[0] < HEADER_SIZE_BYTES:
-            raise FormatError(f"{self.idx_path}: index corrupted at transaction {transaction_id}")
-        last_txid = transaction_id + count - 1
-        end = self._next_offset if last_txid == self.max_transaction_id else self._index_get(last_txid + 1)
+        offsets = [entry for (entry,) in INDEX_ENTRY.iter_unpack(raw_index[: len(raw_index) // 8 * 8])]
+        # An entry that cannot be where its record starts (outside the data, or not after the
+        # previous record) ends the span: the record it should locate is refused below.
+        data_end = self._next_offset
+        usable = 0
+        while usable < len(offsets) and HEADER_SIZE_BYTES <= offsets[usable] < data_end:
+            if usable and offsets[usable] < offsets[usable - 1] + RECORD_OVERHEAD_BYTES:
+                break
+            usable += 1
+        if usable == 0:
+            where = offsets[0] if offsets else -1
+            missing = (
+                "its index entry is missing" if not offsets else "its index entry points outside the data"
+            )
+            raise CorruptRecordError(self.header.partition_id, transaction_id, self.seg_path, where, missing)
+        offsets = offsets[:usable]
+        last_txid = transaction_id + usable - 1
+        end = self._span_end(last_txid, offsets[-1])
         buf = pread_upto(self._seg_fd, end - offsets[0], offsets[0])
         result: list[DiskRecord] = []
         for i, offset in enumerate(offsets):
             parsed = read_record(buf, offset - offsets[0])
+            what: str | None = None
             if not isinstance(parsed, DiskRecord):
-                raise FormatError(f"{self.seg_path}: {parsed.reason}")
-            if parsed.record.transaction_id != transaction_id + i:
-                raise FormatError(
-                    f"{self.seg_path}: transaction id mismatch at transaction {transaction_id + i}"
-                )
-            if not (parsed.record_checksum_ok and parsed.checksum_ok):
+                what = parsed.reason
+            elif parsed.record.transaction_id != transaction_id + i:
+                what = f"the bytes at its index offset say transaction {parsed.record.transaction_id}"
+            elif not parsed.record_checksum_ok:
+                what = "record checksum mismatch"
+            elif not parsed.checksum_ok:
+                what = "data checksum mismatch"
+            if what is not None:
                 if result:
                     break  # serve the good records before it; a read starting at it fails
-                what = (
-                    "record checksum mismatch" if not parsed.record_checksum_ok else "data checksum mismatch"
-                )
                 raise CorruptRecordError(
                     self.header.partition_id, transaction_id, self.seg_path, offset, what
                 )
+            assert isinstance(parsed, DiskRecord)
             result.append(parsed)
         return result
+
+    def _span_end(self, transaction_id: int, offset: int) -> int:
+        """Where the record ``transaction_id`` at ``offset`` ends: the next index entry when it is
+        plausible, else what the record's own header says (bounded by the data)."""
+        data_end = self._next_offset
+        if transaction_id >= self.max_transaction_id:
+            return data_end
+        following = self._index_get(transaction_id + 1)
+        if offset + RECORD_OVERHEAD_BYTES <= following <= data_end:
+            return following
+        head = pread_upto(self._seg_fd, RECORD_HEADER_SIZE_BYTES, offset)
+        length = RECORD_HEADER.unpack(head)[4] if len(head) == RECORD_HEADER_SIZE_BYTES else 0
+        return min(data_end, offset + RECORD_OVERHEAD_BYTES + max(0, length))
+
+    def whole_records(self, transaction_id: int, count: int) -> dict[int, Record]:
+        """The records of ``transaction_id`` .. ``+count-1`` this segment holds whole, by txid
+        (the damaged ones are left out)."""
+        found: dict[int, Record] = {}
+        txid, end = transaction_id, min(transaction_id + count, self._next_transaction_id)
+        while txid < end:
+            try:
+                span = self._read_span(txid, end - txid)
+            except CorruptRecordError:
+                txid += 1
+                continue
+            assert span, "a span inside the segment is never empty"
+            found.update((r.record.transaction_id, r.record) for r in span)
+            txid += len(span)
+        return found
 
     def read_records(self, transaction_id: int, max_records: int) -> list[Record]:
         return [r.record for r in self._read_span(transaction_id, max_records)]
