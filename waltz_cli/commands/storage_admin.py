@@ -171,7 +171,7 @@ def list_(
     timeout_ms: TimeoutOption = admin_ops.DEFAULT_TIMEOUT_MS,
     as_json: JsonOption = False,
 ) -> None:
-    """List partition ownership data of storage nodes (session, watermarks, assigned, available).
+    """List partition ownership data of storage nodes (session, watermarks, assigned, available, damaged).
 
     Without --storage, every node registered in ZooKeeper (store/connection) is asked.
 
@@ -210,10 +210,19 @@ def _render_node(node: NodePartitions) -> None:
             str(p.local_low_water_mark),
             "yes" if p.is_assigned else "no",
             "yes" if p.is_available else "no",
+            p.describe_damage(),
         )
         for p in node.partitions
     ]
-    columns = ("partition", "session", "low-water mark", "local low-water mark", "assigned", "available")
+    columns = (
+        "partition",
+        "session",
+        "low-water mark",
+        "local low-water mark",
+        "assigned",
+        "available",
+        "damaged",
+    )
     console.print(_table(f"partitions at {name}", columns, rows))
 
 
@@ -477,8 +486,9 @@ def recover_partition(
     """Copy records of a partition from one storage node (-s) to another (--destination-storage).
 
     The partition must be unavailable on the destination (`availability --offline`). The
-    destination is truncated to its low-water mark, then records are copied from the source up
-    to the source's local low-water mark (fixed at the start: re-run to catch up further).
+    destination is truncated to its low-water mark, its damaged segments (see `storage list`)
+    are refilled from the source, then records are copied from the source up to the source's
+    local low-water mark (fixed at the start: re-run to catch up further).
 
     Example: waltz storage recover-partition -s host1:55280 --destination-storage host2:55280 -p 0
     """
@@ -512,6 +522,11 @@ def recover_partition(
     _say(
         f"partition {partition}: {_name(destination)} now holds transactions up to {result.final} "
         f"(copied {result.records_copied} records from {_name(source)}, target {result.target})"
+        + (
+            f"; refilled {result.records_refilled} records of damaged segments"
+            if result.records_refilled
+            else ""
+        )
     )
 
 

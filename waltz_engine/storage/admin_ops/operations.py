@@ -27,6 +27,7 @@ from waltz_engine.storage.client import (
     StorageRpcError,
     StorageTimeoutError,
 )
+from waltz_engine.storage.damage import DAMAGE_GAUGE, SegmentDamage, format_ranges
 from waltz_engine.storage.node.failures import JAVA_CONCURRENT_UPDATE_EXCEPTION
 from waltz_engine.zk.partition_ranges import format_partition_ranges
 
@@ -138,6 +139,8 @@ class PartitionStatus(NamedTuple):
     low_water_mark: int
     local_low_water_mark: int
     flags: int
+    # Segments the node holds damaged (our extension; a node that does not say has none).
+    damaged: tuple[SegmentDamage, ...] = ()
 
     @property
     def is_assigned(self) -> bool:
@@ -155,7 +158,14 @@ class PartitionStatus(NamedTuple):
             "local_low_water_mark": self.local_low_water_mark,
             "is_assigned": self.is_assigned,
             "is_available": self.is_available,
+            "damaged": [d.to_json() for d in self.damaged],
         }
+
+    def describe_damage(self) -> str:
+        """``none``, or the damaged transactions (a segment whose records are all whole: its name)."""
+        if not self.damaged:
+            return "none"
+        return ", ".join(format_ranges(d.transactions) or f"segment {d.segment} files" for d in self.damaged)
 
 
 class NodePartitions(NamedTuple):
@@ -215,10 +225,29 @@ def partition_status_from_metrics(metrics: dict[str, Any], address: HostPort) ->
         session_id, low_water_mark, local_low_water_mark, flags = (
             _int_value(value, name, address) for value, name in zip(raw, names, strict=True)
         )
+        damaged = damaged_segments(metrics, partition_id, address)
         statuses.append(
-            PartitionStatus(partition_id, session_id, low_water_mark, local_low_water_mark, flags)
+            PartitionStatus(partition_id, session_id, low_water_mark, local_low_water_mark, flags, damaged)
         )
     return statuses
+
+
+def damaged_segments(
+    metrics: dict[str, Any], partition_id: int, address: HostPort
+) -> tuple[SegmentDamage, ...]:
+    """The damaged segments a node's metrics list for a partition (none when it does not say)."""
+    gauges = metrics.get("gauges")
+    name = f"{_GAUGE_PARTITION_PREFIX}{partition_id}.{DAMAGE_GAUGE}"
+    entry = gauges.get(name) if isinstance(gauges, dict) else None
+    value = entry.get("value") if isinstance(entry, dict) else None
+    if value is None:
+        return ()
+    try:
+        if not isinstance(value, list):
+            raise ValueError(f"{value!r} is not a list")
+        return tuple(SegmentDamage.from_json(v) for v in value)
+    except ValueError as e:
+        raise StorageAdminError(f"Cannot read the damaged segments of {address}: {e}") from None
 
 
 async def list_partitions(

@@ -1,5 +1,6 @@
 """Copying a partition's records from one node to another (the original's
-``StorageRecoveryRunnable``) and checksums of a stopped node's replicas.
+``StorageRecoveryRunnable``), refilling the destination's damaged segments on the way, and
+checksums of a stopped node's replicas.
 """
 
 from __future__ import annotations
@@ -22,8 +23,16 @@ from waltz_engine.storage.admin_ops.layout import (
     StorageAdminError,
     StorageContext,
 )
-from waltz_engine.storage.admin_ops.operations import NodeCallFailure, admin_client, call_node, data_client
+from waltz_engine.storage.admin_ops.operations import (
+    NodeCallFailure,
+    admin_client,
+    call_node,
+    damaged_segments,
+    data_client,
+)
+from waltz_engine.storage.client import StorageAdminClient, StorageClient
 from waltz_engine.storage.constants import CONTROL_FILE_NAME
+from waltz_engine.storage.damage import SegmentDamage
 from waltz_engine.storage.storage_manager import StorageManager
 from waltz_engine.zk.partition_ranges import format_partition_ranges
 
@@ -50,6 +59,8 @@ class RecoveryResult(NamedTuple):
     final: int
     records_copied: int
     attempts: int
+    # Records sent to replace the destination's damaged segments (issue 13; not in the original).
+    records_refilled: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -60,6 +71,7 @@ class RecoveryResult(NamedTuple):
             "max_transaction_id": self.final,
             "records_copied": self.records_copied,
             "attempts": self.attempts,
+            "records_refilled": self.records_refilled,
         }
 
 
@@ -77,6 +89,7 @@ class _RecoveryState:
     start: int | None = None
     session_id: int = NO_TRANSACTION
     copied: int = 0
+    refilled: int = 0
 
 
 async def _recover_once(
@@ -123,6 +136,16 @@ async def _recover_once(
         target = state.target
         if state.start is None:
             state.start = current
+        await _refill_damaged(
+            _Refill(source, destination, source_admin, destination_admin, destination_data),
+            source_admin_address,
+            destination_admin_address,
+            partition_id,
+            session_id,
+            current,
+            batch_size,
+            state,
+        )
         progress(RecoveryProgress(partition_id, state.start, current, target))
         while current < target:
             count = min(target - current, batch_size)
@@ -201,9 +224,77 @@ async def recover_partition(
             continue
         assert state.target is not None and state.start is not None
         return RecoveryResult(
-            partition_id, state.session_id, state.start, state.target, final, state.copied, attempt
+            partition_id,
+            state.session_id,
+            state.start,
+            state.target,
+            final,
+            state.copied,
+            attempt,
+            state.refilled,
         )
     raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+class _Refill(NamedTuple):
+    source: StorageContext
+    destination: StorageContext
+    source_admin: StorageAdminClient
+    destination_admin: StorageAdminClient
+    destination_data: StorageClient
+
+
+async def _refill_damaged(
+    nodes: _Refill,
+    source_address: HostPort,
+    destination_address: HostPort,
+    partition_id: int,
+    session_id: int,
+    current: int,
+    batch_size: int,
+    state: _RecoveryState,
+) -> None:
+    """Send every record of each damaged segment the destination holds (up to ``current``) from
+    the source, in order: the destination writes a copy and swaps it in after the last record,
+    checking each record it holds whole against the one sent (see ``storage/refill.py``)."""
+
+    async def damaged() -> list[SegmentDamage]:
+        metrics = await call_node(
+            nodes.destination,
+            f"metrics request to {destination_address}",
+            nodes.destination_admin.metrics(),
+        )
+        found = damaged_segments(metrics, partition_id, destination_address)
+        return [d for d in found if d.segment <= current]
+
+    for segment in await damaged():
+        last = min(segment.max_transaction_id, current)
+        txid = segment.segment
+        while txid <= last:
+            records = await call_node(
+                nodes.source,
+                f"record list request to {source_address}",
+                nodes.source_admin.record_list(partition_id, txid, min(batch_size, last - txid + 1)),
+            )
+            if not records:
+                raise NodeCallFailure(
+                    f"source {source_address} returned no record at transaction {txid} to refill "
+                    f"segment {segment.segment}-{last} of {destination_address}",
+                    transient=False,
+                )
+            await call_node(
+                nodes.destination,
+                f"refilling segment {segment.segment}-{last} of {destination_address}",
+                nodes.destination_data.append(session_id, partition_id, records),
+            )
+            txid += len(records)
+            state.refilled += len(records)
+    still = await damaged() if state.refilled else []
+    if still:
+        raise NodeCallFailure(
+            f"{destination_address} still reports damage after the refill: {still[0].describe()}",
+            transient=False,
+        )
 
 
 # --- replica checksums ------------------------------------------------------------------------
