@@ -33,6 +33,7 @@ from waltz_engine.storage.node.config import (
     StorageConfig,
 )
 from waltz_engine.storage.node.data_handler import DataHandler
+from waltz_engine.storage.node.integrity import INTEGRITY_CHECK_NAME, integrity_health
 from waltz_engine.storage.node.partition_worker import PartitionWorker
 from waltz_engine.storage.node.session_bounds import SessionBounds
 from waltz_engine.storage.partition import Partition
@@ -187,6 +188,7 @@ class StorageNode:
                 HEALTH_CHECK_NAME,
                 lambda: (self._open.is_set(), {"storage": "true" if self._open.is_set() else "starting"}),
             )
+            http.add_health_check(INTEGRITY_CHECK_NAME, lambda: integrity_health(self.workers))
             try:
                 await http.start(config.host, config.jetty_port)
             except OSError as e:

@@ -26,6 +26,7 @@ from waltz_engine.common.metrics import Counter, Meter, MetricsRegistry, Timer
 from waltz_engine.common.record import Record
 from waltz_engine.net.channel import ConnectionClosedError, FramedConnection
 from waltz_engine.storage.control_file import ConcurrentUpdateError
+from waltz_engine.storage.damage import DAMAGE_GAUGE
 from waltz_engine.storage.node.failures import PartitionNotAssignedError, rpc_exception
 from waltz_engine.storage.node.session_bounds import SessionBounds
 from waltz_engine.storage.partition import Partition
@@ -138,6 +139,8 @@ class _PartitionMetrics:
         registry.gauge(group, "max-transaction-id", lambda: worker.max_transaction_id)
         # Retention (our extension): the retained start, and how many segments the cleaner removed.
         registry.gauge(group, "first-transaction-id", lambda: worker.first_transaction_id)
+        # Damaged segments (issue 13): kept on disk and refused on reads until refilled.
+        registry.gauge(group, DAMAGE_GAUGE, lambda: worker.partition and worker.partition.damage_json())
         self.removed_segments: Counter = registry.counter(group, "removed-segments")
         self.counters: dict[type[Any], Counter] = {
             StorageLastSessionInfoRequest: registry.counter(group, "last-session-info-request"),
@@ -407,6 +410,11 @@ class PartitionWorker:
             new_max = partition.truncate(msg.transaction_id)
             return StorageMaxTransactionIdResponse(session_id, seq_num, partition_id, new_max)
         if kind is StorageAppendRequest:
+            held = msg.records and msg.records[0].transaction_id <= partition.max_transaction_id()
+            if msg.used_by_offline_recovery and held:
+                # Records it holds: a damaged segment refilled from a healthy replica.
+                partition.refill(msg.records)
+                return StorageSuccessResponse(session_id, seq_num, partition_id)
             # Reached only for an append that cannot join a group: it fails alone here.
             self._start_late(partition, msg)
             partition.append(msg.records)
