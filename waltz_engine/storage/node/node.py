@@ -53,6 +53,7 @@ T = TypeVar("T")
 SERVICE_NAME = "waltz-storage"
 METRIC_GROUP = "waltz-storage"
 HEALTH_CHECK_NAME = "storage-health-check"
+DISK_CHECK_NAME = "storage-disk-check"
 # How long stopping waits for connection handlers to end once cancelled.
 STOP_CONNECTIONS_TIMEOUT_S = 10.0
 # A starting node's retries while ZooKeeper does not answer (until the configured limit).
@@ -189,6 +190,7 @@ class StorageNode:
                 lambda: (self._open.is_set(), {"storage": "true" if self._open.is_set() else "starting"}),
             )
             http.add_health_check(INTEGRITY_CHECK_NAME, lambda: integrity_health(self.workers))
+            http.add_health_check(DISK_CHECK_NAME, self._disk_health)
             try:
                 await http.start(config.host, config.jetty_port)
             except OSError as e:
@@ -243,6 +245,11 @@ class StorageNode:
             )
         except OSError as e:
             raise _port_error(key, self.config.host, port, e) from None
+
+    def _disk_health(self) -> tuple[bool, dict[str, Any]]:
+        """Unhealthy while a partition's last write failed on the disk (full, or failing)."""
+        errors = {str(p): w.write_error for p, w in sorted(self.workers.items()) if w.write_error}
+        return (False, {"write_errors": errors}) if errors else (True, {"writes": "ok"})
 
     def _register_metrics(self) -> None:
         self.metrics.gauge(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import time
 from collections.abc import Callable
@@ -55,6 +56,7 @@ from waltz_engine.wire.storage_messages import (
 log = logging.getLogger(__name__)
 # A forged session id is anyone's to send: its warnings are limited.
 _refusals = LimitedLog(log)
+_disk_errors = LimitedLog(log)
 
 # The original's ArrayBlockingQueue(100) per partition.
 PARTITION_QUEUE_CAPACITY = 100
@@ -97,6 +99,14 @@ class RefusedRequest(NamedTuple):
 
     request: Any
     error: StorageError
+
+
+def describe_os_error(error: OSError) -> str:
+    """``No space left on device (ENOSPC) in FILE``: what an operator acts on, in one line."""
+    code = errno.errorcode.get(error.errno or 0, "")
+    text = error.strerror or str(error)
+    where = f" in {error.filename}" if error.filename else ""
+    return f"{text} ({code}){where}" if code else f"{text}{where}"
 
 
 def metric_group(partition_id: int) -> str:
@@ -165,6 +175,8 @@ class PartitionWorker:
         self.session_id = -1
         self.max_transaction_id = -1
         self.first_transaction_id = 0
+        # The last write's disk error (a full disk, EIO), until a write succeeds: for /health.
+        self.write_error: str | None = None
         # The effective retention bound the node's cleaner last read (None: none, or unknown). An
         # empty replica may start its log late only at or below it (see ``_start_late``).
         self.retention_bound: int | None = None
@@ -356,6 +368,7 @@ class PartitionWorker:
             self._log_failure(group[0][1], e)
             replies += [(conn, failure_frame(msg, e)) for conn, msg in group]
             return end
+        self.write_error = None
         if metrics is not None:
             metrics.append.mark(len(group))
             latency_ms = (time.perf_counter_ns() - started_ns) / 1e6
@@ -418,11 +431,24 @@ class PartitionWorker:
             # Reached only for an append that cannot join a group: it fails alone here.
             self._start_late(partition, msg)
             partition.append(msg.records)
+            self.write_error = None
             return StorageSuccessResponse(session_id, seq_num, partition_id)
         raise StorageError(f"unknown message type: {kind.__name__}")
 
     def _log_failure(self, msg: Any, error: BaseException) -> None:
         if isinstance(error, StorageError):
             log.info("partition %d: %s failed: %s", self.partition_id, type(msg).__name__, error)
+        elif isinstance(error, OSError):
+            # A full or failing disk fails every batch the same way: one line now and then, and a
+            # state that /health reports until a write succeeds again.
+            partition = self.partition
+            under = f" under {partition.directory}" if partition is not None else ""
+            self.write_error = describe_os_error(error) + under
+            where = f"partition {self.partition_id}"
+            _disk_errors.warn(
+                where,
+                f"{where}: {type(msg).__name__} failed: {self.write_error}; writes to this partition fail "
+                "until the disk is fixed (reads are served)",
+            )
         else:
             log.error("partition %d: %s failed", self.partition_id, type(msg).__name__, exc_info=error)
