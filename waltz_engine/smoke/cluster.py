@@ -16,15 +16,23 @@ import yaml
 
 from waltz_engine.ops.devcluster import STORAGE, LocalCluster, LocalNode, free_port
 from waltz_engine.smoke.schedule import NUM_SERVERS, NUM_STORAGES
-from waltz_engine.storage.node.config import KEY_PORT
+from waltz_engine.storage.node.config import KEY_PORT, KEY_SEGMENT_SIZE_THRESHOLD
 
 BACKEND_PORT = "backend_port"
+# Small segments, so that a run seals several per partition (a sealed-segment flip needs one).
+SEGMENT_SIZE_THRESHOLD_BYTES = 128 * 1024
 KEY_NODE_PORT = "port"  # LocalNode.ports: the registered data port
 
 
 class ProxiedCluster(LocalCluster):
     def __init__(self, directory: Path, partitions: int) -> None:
-        super().__init__(directory, NUM_STORAGES, NUM_SERVERS, partitions)
+        super().__init__(
+            directory,
+            NUM_STORAGES,
+            NUM_SERVERS,
+            partitions,
+            storage_config={KEY_SEGMENT_SIZE_THRESHOLD: SEGMENT_SIZE_THRESHOLD_BYTES},
+        )
         for node in self.storages:
             node.ports.setdefault(BACKEND_PORT, free_port())
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -18,15 +20,26 @@ from pathlib import Path
 from typing import TypeVar
 
 from waltz_engine.client import Transaction, WaltzClient, WaltzClientConfig
+from waltz_engine.common.address import HostPort
 from waltz_engine.common.config import Config
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.net.tcp_proxy import HOST as PROXY_HOST
 from waltz_engine.net.tcp_proxy import TcpProxy
+from waltz_engine.net.tls import TlsConfig, client_context
 from waltz_engine.ops.client_tools import HighWaterMarks
+from waltz_engine.ops.devcluster import STORAGE
 from waltz_engine.smoke import checks, workload
 from waltz_engine.smoke.checks import Applied
 from waltz_engine.smoke.clients import ClientProcess
 from waltz_engine.smoke.cluster import ProxiedCluster, backend_port
+from waltz_engine.smoke.hostile import (
+    IDLE_FLOOD_HOLD_S,
+    Flip,
+    flip_sealed_bit,
+    forge_frames,
+    idle_flood,
+    refused_on_read,
+)
 from waltz_engine.smoke.report import SmokeReport, percentile
 from waltz_engine.smoke.schedule import (
     ZOOKEEPER,
@@ -36,7 +49,7 @@ from waltz_engine.smoke.schedule import (
     count_by_kind,
     make_schedule,
 )
-from waltz_engine.storage.admin_ops import replica_checksums
+from waltz_engine.storage.admin_ops import StorageContext, admin_client, recover_partition, replica_checksums
 from waltz_engine.zk.connection import connect
 from waltz_engine.zk.store_metadata import read_store_params
 
@@ -54,6 +67,8 @@ REREAD_TXNS_PER_S = 100  # the slowest re-read rate we wait for before giving up
 DATA_DIR_NAME = "data"
 CLIENTS_DIR_NAME = "clients"
 UP, DOWN = "*", "."
+NODE_HOST = "127.0.0.1"  # where the dev cluster's nodes listen
+REFILL_TIMEOUT_MS = 30_000
 
 T = TypeVar("T")
 Console = Callable[[str], None]
@@ -92,6 +107,9 @@ class SmokeRun:
         # concurrently (each rewrites the cluster's state file): one worker thread.
         self._nodes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smoke-nodes")
         self._started = time.monotonic()
+        self._key: uuid.UUID | None = None
+        self._tls = client_context(TlsConfig())
+        self._flips: dict[Fault, Flip | None] = {}
 
     # --- helpers ---------------------------------------------------------------------------------
 
@@ -205,6 +223,30 @@ class SmokeRun:
             await self.on_nodes(self.cluster.node(fault.target).kill)
         elif fault.kind is FaultKind.PAUSE:
             await self.on_nodes(self.cluster.node(fault.target).pause)
+        elif fault.kind is FaultKind.FORGED_FRAMES:
+            node = self.cluster.node(fault.target)
+            # Seeded by the fault, so that a replay sends the same garbage.
+            rng = random.Random(f"{self.options.seed}:{fault.at_s}")
+            key = await self._cluster_key()
+            port = backend_port(node)
+            refused = await forge_frames(NODE_HOST, port, self._tls, key, self.options.partitions, rng)
+            self.say(f"{fault.target} refused {refused} forged requests")
+        elif fault.kind is FaultKind.IDLE_FLOOD:
+            node = self.cluster.node(fault.target)
+            port = backend_port(node) if node.kind == STORAGE else node.port
+            opened = await idle_flood(NODE_HOST, port)
+            self.say(f"{fault.target}: {opened} idle connections held {IDLE_FLOOD_HOLD_S:.0f}s, closed")
+        elif fault.kind is FaultKind.SEALED_SEGMENT_FLIP:
+            node = self.cluster.node(fault.target)
+            directories = [node.directory / DATA_DIR_NAME / str(p) for p in range(self.options.partitions)]
+            rng = random.Random(f"{self.options.seed}:{fault.at_s}")
+            flip = await asyncio.to_thread(flip_sealed_bit, directories, rng)
+            self._flips[fault] = flip
+            if flip is None:
+                self.say(f"{fault.target}: no sealed segment yet, nothing flipped")
+            else:
+                where = f"transaction {flip.transaction_id} in {flip.segment.name}"
+                self.say(f"{fault.target}: flipped a bit of {where}")
         if fault.kind.takes_down:
             self.node_state[fault.target] = DOWN
 
@@ -215,7 +257,41 @@ class SmokeRun:
             await self.on_nodes(self.cluster.node(fault.target).launch)  # its startup is not waited for
         elif fault.kind is FaultKind.PAUSE:
             await self.on_nodes(self.cluster.node(fault.target).resume)
+        elif fault.kind is FaultKind.SEALED_SEGMENT_FLIP:
+            flip = self._flips.pop(fault, None)
+            if flip is not None:
+                await self._refill(fault.target, flip)
         self.node_state[fault.target] = UP
+
+    async def _refill(self, target: str, flip: Flip) -> None:
+        """The flipped record must be refused; then the operator's refill from a healthy replica
+        (the partition offline on that node meanwhile), after which the node holds no damage."""
+        node = self.cluster.node(target)
+        key = await self._cluster_key()
+        context = StorageContext(key, self.options.partitions, self._tls, REFILL_TIMEOUT_MS)
+        address = HostPort(NODE_HOST, node.admin_port)
+        async with admin_client(context, address) as admin:
+            if not await refused_on_read(admin, flip):
+                raise WaltzError(f"{target} served transaction {flip.transaction_id} with a flipped bit")
+            await admin.set_partition_available([flip.partition_id], False)
+            try:
+                source = next(n for n in self.cluster.storages if n.name != target)
+                result = await recover_partition(
+                    context,
+                    HostPort(NODE_HOST, source.admin_port),
+                    address,
+                    backend_port(node),
+                    flip.partition_id,
+                )
+            finally:
+                await admin.set_partition_available([flip.partition_id], True)
+        # The original's recovery first cuts the copy to its low-water mark; the server's
+        # catch-up brings back what was cut once the partition is available again.
+        done = (
+            f"cut to {result.start}, {result.records_refilled} records refilled, "
+            f"{result.records_copied} copied; the server's catch-up does the rest"
+        )
+        self.say(f"{target}: partition {flip.partition_id} repaired from {source.name} ({done})")
 
     async def _progress(self) -> None:
         while True:
@@ -285,9 +361,19 @@ class SmokeRun:
         self.report.high_water_marks = marks
         self._record(checks.check_reread(self.committed, records, marks))
 
+    async def _cluster_key(self) -> uuid.UUID:
+        if self._key is None:
+            settings = self.cluster.zookeeper_settings()
+
+            def read() -> uuid.UUID:
+                with connect(settings) as zk:
+                    return read_store_params(zk, settings.cluster_root).key
+
+            self._key = await asyncio.to_thread(read)
+        return self._key
+
     async def compare_replicas(self) -> None:
-        with connect(self.cluster.zookeeper_settings()) as zk:
-            key = read_store_params(zk, self.cluster.cluster_root).key
+        key = await self._cluster_key()
         await self.on_nodes(self.cluster.down)
         sums = {
             node.name: replica_checksums(node.directory / DATA_DIR_NAME, key, self.options.partitions)

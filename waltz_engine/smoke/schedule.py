@@ -41,11 +41,19 @@ class FaultKind(enum.Enum):
     ZOOKEEPER_RESTART = "zookeeper-restart"  # stopped, started after the down time
     CLIENT_DISCONNECT = "client-disconnect"  # every client↔server connection of one server cut
     STORAGE_DISCONNECT = "storage-disconnect"  # every server↔storage connection of one node cut
+    FORGED_FRAMES = "forged-frames"  # a rogue client's forged session ids and garbage frames
+    IDLE_FLOOD = "idle-flood"  # hundreds of connections that never send a byte, held, then closed
+    # A bit flipped in a sealed segment of a live storage node; after the down time the record
+    # must be refused there, and the partition is refilled from a healthy replica (offline on
+    # that node meanwhile, so it counts as the one storage node down).
+    SEALED_SEGMENT_FLIP = "sealed-segment-flip"
 
     @property
     def takes_down(self) -> bool:
-        return self in (FaultKind.KILL, FaultKind.PAUSE, FaultKind.ZOOKEEPER_RESTART)
+        return self in _TAKES_DOWN
 
+
+_TAKES_DOWN = (FaultKind.KILL, FaultKind.PAUSE, FaultKind.ZOOKEEPER_RESTART, FaultKind.SEALED_SEGMENT_FLIP)
 
 # Relative weights: process faults are the point of the test, cuts are cheap and frequent.
 KIND_WEIGHTS: dict[FaultKind, int] = {
@@ -54,6 +62,9 @@ KIND_WEIGHTS: dict[FaultKind, int] = {
     FaultKind.ZOOKEEPER_RESTART: 1,
     FaultKind.CLIENT_DISCONNECT: 2,
     FaultKind.STORAGE_DISCONNECT: 2,
+    FaultKind.FORGED_FRAMES: 1,
+    FaultKind.IDLE_FLOOD: 1,
+    FaultKind.SEALED_SEGMENT_FLIP: 1,
 }
 
 
@@ -135,6 +146,12 @@ def _candidates(kind: FaultKind, faults: list[Fault], at_s: float) -> list[str]:
         return [s for s in SERVERS if s not in servers_down]
     if kind is FaultKind.STORAGE_DISCONNECT:
         return sorted(storages_down) if storages_down else list(STORAGES)
+    if kind is FaultKind.FORGED_FRAMES:
+        return [s for s in STORAGES if s not in storages_down]
+    if kind is FaultKind.IDLE_FLOOD:
+        return [n for n in STORAGES + SERVERS if n not in storages_down | servers_down]
+    if kind is FaultKind.SEALED_SEGMENT_FLIP:
+        return [] if len(storages_down) >= MAX_STORAGES_DOWN else list(STORAGES)
     # KILL / PAUSE: a storage node only while none is down; a server only while none is down.
     targets = [] if len(storages_down) >= MAX_STORAGES_DOWN else list(STORAGES)
     if len(servers_down) < MAX_SERVERS_DOWN:
