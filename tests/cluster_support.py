@@ -25,10 +25,11 @@ it fails to come up, the error carries the failing node's log tail.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -101,3 +102,73 @@ def local_cluster(
 def waltz_client_config(cluster: LocalCluster, **overrides: Any) -> WaltzClientConfig:
     """The client config of ``cluster`` (its client.yml); ``overrides`` as WaltzClientConfig fields."""
     return WaltzClientConfig.from_config(Config.load(cluster.client_config_path), **overrides)
+
+
+# (partition, txid, client id, generation, seq num, header, data as hex): a row of `waltz tail`.
+TailRow = tuple[int, int, int, int, int, int, str]
+
+
+def run_cli_at_once(runs: list[tuple[list[str], str]]) -> list[str]:
+    """Run ``waltz`` commands (arguments, stdin) as concurrent processes; their outputs, in order.
+    Each is a Python start (about a second), so one per partition in a row adds up."""
+    processes = [
+        subprocess.Popen(
+            waltz_cli_command(*arguments),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for arguments, _ in runs
+    ]
+    try:
+        outputs = []
+        for process, (arguments, stdin) in zip(processes, runs, strict=True):
+            stdout, stderr = process.communicate(stdin, CLI_TIMEOUT_S)
+            assert process.returncode == 0, f"waltz {' '.join(arguments)}: {stderr}"
+            outputs.append(stdout)
+        return outputs
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def append_lines(cluster: LocalCluster, lines_by_partition: Mapping[int, list[str]]) -> None:
+    """`waltz append`: one transaction per line, partitions at once."""
+    config = str(cluster.client_config_path)
+    run_cli_at_once(
+        [
+            (["append", "--partition", str(p), "--config", config], "\n".join(lines) + "\n")
+            for p, lines in lines_by_partition.items()
+        ]
+    )
+
+
+def tailed(cluster: LocalCluster, partitions: Iterable[int]) -> list[TailRow]:
+    """Every committed transaction of ``partitions`` as `waltz tail --data --json` prints it."""
+    config = str(cluster.client_config_path)
+    wanted = list(partitions)
+    outputs = run_cli_at_once(
+        [
+            (["tail", "--partition", str(p), "--no-follow", "--data", "--json", "--config", config], "")
+            for p in wanted
+        ]
+    )
+    rows = []
+    for partition, output in zip(wanted, outputs, strict=True):
+        for line in output.splitlines():
+            t = json.loads(line)
+            rows.append(
+                (
+                    partition,
+                    t["transaction_id"],
+                    t["client_id"],
+                    t["generation"],
+                    t["seq_num"],
+                    t["header"],
+                    t["data_hex"],
+                )
+            )
+    return rows

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_support import CLI_TIMEOUT_S, local_cluster, waltz_cli_command
+from cluster_support import TailRow, append_lines, local_cluster
+from cluster_support import tailed as tailed_rows
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 from spark_support import (
@@ -49,8 +50,6 @@ STREAM_TRIGGER_INTERVAL = "500 milliseconds"
 TEST_DECODER = "spark_test_decoder:utf8"
 TESTS_DIR = Path(__file__).parent
 
-TailRow = tuple[int, int, int, int, int, int, str]
-
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: str) -> Iterator[LocalCluster]:
@@ -78,67 +77,12 @@ def read_options(cluster: LocalCluster) -> dict[str, str]:
     }
 
 
-def run_cli_at_once(runs: list[tuple[list[str], str]]) -> list[str]:
-    """Run ``waltz`` commands (arguments, stdin) as concurrent processes; their outputs, in order.
-    Each is a Python start (about a second), so one per partition in a row adds up."""
-    processes = [
-        subprocess.Popen(
-            waltz_cli_command(*arguments),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for arguments, _ in runs
-    ]
-    try:
-        outputs = []
-        for process, (arguments, stdin) in zip(processes, runs, strict=True):
-            stdout, stderr = process.communicate(stdin, CLI_TIMEOUT_S)
-            assert process.returncode == 0, f"waltz {' '.join(arguments)}: {stderr}"
-            outputs.append(stdout)
-        return outputs
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-
-
 def append(cluster: LocalCluster, lines_by_partition: dict[int, list[str]]) -> None:
-    config = str(cluster.client_config_path)
-    run_cli_at_once(
-        [
-            (["append", "--partition", str(p), "--config", config], "\n".join(lines) + "\n")
-            for p, lines in lines_by_partition.items()
-        ]
-    )
+    append_lines(cluster, lines_by_partition)
 
 
 def tailed(cluster: LocalCluster) -> list[TailRow]:
-    config = str(cluster.client_config_path)
-    outputs = run_cli_at_once(
-        [
-            (["tail", "--partition", str(p), "--no-follow", "--data", "--json", "--config", config], "")
-            for p in PARTITIONS
-        ]
-    )
-    rows = []
-    for partition, output in zip(PARTITIONS, outputs, strict=True):
-        for line in output.splitlines():
-            t = json.loads(line)
-            rows.append(
-                (
-                    partition,
-                    t["transaction_id"],
-                    t["client_id"],
-                    t["generation"],
-                    t["seq_num"],
-                    t["header"],
-                    t["data_hex"],
-                )
-            )
-    return rows
+    return tailed_rows(cluster, PARTITIONS)
 
 
 def as_tail(rows: list[dict[str, Any]]) -> list[TailRow]:
