@@ -333,8 +333,8 @@ def test_a_partition_whose_task_dies_is_reopened_and_serves_again() -> None:
         await c.send(append(req(1, 2), -1, b"before"))
         assert await flush(c, 1) == 0
         failed = h.core.partitions[0]
-        h.store.partitions[0].flush_error = RuntimeError("injected: not a WaltzError")
-        await c.send(FlushRequest(req(1, 3)))  # ends the append task
+        h.store.partitions[0].append_error = RuntimeError("injected: not a WaltzError")
+        await c.send(append(req(1, 3), 0, b"never"))  # ends the append task
         deadline = asyncio.get_running_loop().time() + RECEIVE_TIMEOUT_S
         while h.core.partitions.get(0) in (failed, None):
             assert asyncio.get_running_loop().time() < deadline, "the partition was never reopened"

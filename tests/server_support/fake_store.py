@@ -38,8 +38,9 @@ class FakeStorePartition:
         self.healthy = True
         self.held = False
         self.fail_next = 0
-        # Raised by the next flush: an unexpected failure inside the store layer.
+        # Raised by the next flush or append: an unexpected failure inside the store layer.
         self.flush_error: BaseException | None = None
+        self.append_error: BaseException | None = None
         self.max_pending_seen = 0
         self.record_header_calls = 0
         self.record_calls = 0
@@ -58,6 +59,9 @@ class FakeStorePartition:
         return None
 
     async def append(self, req_id: ReqId, header: int, data: bytes, checksum: int) -> asyncio.Future[int]:
+        error, self.append_error = self.append_error, None
+        if error is not None:
+            raise error
         if req_id.generation != self.generation:
             raise FakeGenerationMismatchError(f"generation {req_id.generation} != {self.generation}")
         async with self._changed:

@@ -8,9 +8,15 @@ which waits for commits; others by the catch-up worker, which reads storage on c
 hands a context over once it is close enough. Each worker is one task woken in batches (a
 commit or a new context sets one event), never a task per context or per transaction.
 
-Back pressure: before every frame a worker checks that the client's write buffer is below its
+Fan-out costs once: a round sends each context the frames from its position up to the committed
+high-water mark (at most one feed cache block) as one slice of the partition's shared encoded
+frames (:mod:`feed_frames`): one write per context per round, the frames encoded once for all
+clients, the terminal message in the same write.
+
+Back pressure: before every batch a worker checks that the client's write buffer is below its
 high-water mark; if not, the context is parked on the client, which resumes it once the buffer
-drained. So a client that does not read costs at most one write buffer, never an unbounded one.
+drained. So a client that does not read costs at most one write buffer and one batch, never an
+unbounded one.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from waltz_engine.common.record import RecordHeader
 from waltz_engine.common.reqid import ReqId
@@ -28,12 +34,18 @@ from waltz_engine.server.feed_cache import (
     FEED_CACHE_BLOCK_NUM_TRANSACTIONS,
     FeedCache,
 )
-from waltz_engine.wire.client_messages import CLIENT_CODECS, FeedData
+from waltz_engine.server.feed_frames import FeedFrames
 
 log = logging.getLogger(__name__)
 
-# Transactions one context is sent before the worker turns to the next context (fairness).
+# Transactions one context is sent in one write before the worker turns to the next context
+# (fairness): at most the rest of one feed cache block.
 FEED_BATCH_NUM_TRANSACTIONS = FEED_CACHE_BLOCK_NUM_TRANSACTIONS
+
+# What serving a context once leaves to do.
+_KEEP: Final = 0  # stays with this worker
+_DONE: Final = 1  # finished, parked, closed or handed over
+_LOAD: Final = 2  # its next frames need headers from storage first
 
 
 class FeedClient(Protocol):
@@ -50,6 +62,10 @@ class FeedClient(Protocol):
     def send(self, message: Any) -> None: ...
 
     def send_frame(self, frame: bytes) -> None: ...
+
+    def send_feed(self, frames: memoryview, terminal: Any | None) -> None:
+        """``frames`` (and the encoded ``terminal`` message, if any) in one write."""
+        ...
 
     def park(self, context: FeedContext) -> None: ...
 
@@ -107,13 +123,13 @@ class FeedWorker:
         "realtime",
         "source",
         "feed_cache",
+        "frames",
         "realtime_threshold",
         "contexts",
         "handover",
         "total_added",
         "total_removed",
         "_wake",
-        "_frames",
     )
 
     def __init__(
@@ -122,6 +138,7 @@ class FeedWorker:
         realtime: bool,
         source: FeedSource,
         feed_cache: FeedCache,
+        frames: FeedFrames,
         realtime_threshold: int,
         handover: Callable[[FeedContext], None],
     ) -> None:
@@ -129,6 +146,8 @@ class FeedWorker:
         self.realtime = realtime
         self.source = source
         self.feed_cache = feed_cache
+        # The partition's encoded frames, shared with its other worker.
+        self.frames = frames
         self.realtime_threshold = realtime_threshold
         self.contexts: deque[FeedContext] = deque()
         # Where a context goes when it belongs to the other worker (the partition's router).
@@ -136,9 +155,6 @@ class FeedWorker:
         self.total_added = 0
         self.total_removed = 0
         self._wake = asyncio.Event()
-        # (txid, codec version) -> FeedData frame, for one round: every realtime client at the same
-        # txid gets the same bytes, encoded once.
-        self._frames: dict[tuple[int, int], bytes] = {}
 
     def add(self, context: FeedContext) -> None:
         self.contexts.append(context)
@@ -159,74 +175,67 @@ class FeedWorker:
     async def _round(self) -> bool:
         """Serves every context once; True when some context could go on right away."""
         more = False
-        self._frames.clear()
-        for _ in range(len(self.contexts)):
-            context = self.contexts.popleft()
-            if await self._serve(context):
-                self.contexts.append(context)
+        contexts = self.contexts
+        for _ in range(len(contexts)):
+            context = contexts.popleft()
+            outcome = self._serve(context)
+            if outcome == _LOAD:
+                outcome = self._serve(context) if await self._load(context) else _KEEP
+                if outcome == _LOAD:
+                    outcome = _KEEP  # storage did not have it (yet): try again on the next round
+            if outcome == _KEEP:
+                contexts.append(context)
                 more |= context.next_transaction_id <= self.source.high_water_mark
         return more
 
     def _remove(self) -> None:
         self.total_removed += 1
 
-    async def _serve(self, context: FeedContext) -> bool:
-        """Sends one batch; True if the context stays with this worker."""
+    def _serve(self, context: FeedContext) -> int:
+        """Sends one batch, in one write."""
         client = context.client
         if client.closed:
             self._remove()
-            return False
-        sent = 0
-        while not context.finished:
-            high_water_mark = self.source.high_water_mark
-            if context.next_transaction_id > high_water_mark or sent == FEED_BATCH_NUM_TRANSACTIONS:
-                break
+            return _DONE
+        assert not context.finished, context  # a finished context is sent its terminal and dropped
+        next_transaction_id = context.next_transaction_id
+        high_water_mark = self.source.high_water_mark
+        if next_transaction_id <= high_water_mark:
             if not client.writable():
                 self._remove()
                 client.park(context)
-                return False
-            frame = await self._frame(context.next_transaction_id, client.version)
-            if frame is None:
-                # Storage did not have it (yet): try again on the next round.
-                return True
-            if client.closed:
+                return _DONE
+            last = min(
+                context.end_transaction_id, high_water_mark, next_transaction_id | FEED_CACHE_BLOCK_INDEX_MASK
+            )
+            frames = self.frames.frames(client.version, next_transaction_id, last)
+            if frames is None:
+                return _LOAD
+            context.next_transaction_id = last + 1
+            if context.finished:
                 self._remove()
-                return False
-            client.send_frame(frame)
-            context.next_transaction_id += 1
-            sent += 1
-        if context.finished:
-            self._remove()
-            client.send(context.terminal)
-            return False
-        lagging = context.lag(self.source.high_water_mark) >= self.realtime_threshold
+                client.send_feed(frames, context.terminal)
+                return _DONE
+            client.send_feed(frames, None)
+        lagging = context.lag(high_water_mark) >= self.realtime_threshold
         if lagging == self.realtime:
             self._remove()
             self.handover(context)
-            return False
-        return True
+            return _DONE
+        return _KEEP
 
-    async def _frame(self, transaction_id: int, version: int) -> bytes | None:
-        key = (transaction_id, version)
-        frame = self._frames.get(key)
-        if frame is not None:
-            return frame
-        partition_id = self.source.partition_id
-        cached = self.feed_cache.get(partition_id, transaction_id)
-        if cached is not None:
-            req_id, header = cached
-        else:
-            # Prefetch the rest of the cache block, as the original does.
-            prefetch = FEED_CACHE_BLOCK_NUM_TRANSACTIONS - (transaction_id & FEED_CACHE_BLOCK_INDEX_MASK)
-            headers = await self.source.record_headers(transaction_id, prefetch)
-            if not headers or headers[0].transaction_id != transaction_id:
-                log.warning("%s: storage has no header for txid %d", self.name, transaction_id)
-                return None
-            self.feed_cache.add_all(partition_id, headers)
-            req_id, header = headers[0].req_id, headers[0].header
-        frame = CLIENT_CODECS[version].encode_frame(FeedData(req_id, transaction_id, header))
-        self._frames[key] = frame
-        return frame
+    async def _load(self, context: FeedContext) -> bool:
+        """Reads the headers of the context's next txid up to its block's end from storage, as
+        the original prefetches; False when storage did not have the first one."""
+        transaction_id = context.next_transaction_id
+        prefetch = FEED_CACHE_BLOCK_NUM_TRANSACTIONS - (transaction_id & FEED_CACHE_BLOCK_INDEX_MASK)
+        headers = await self.source.record_headers(transaction_id, prefetch)
+        if not headers or headers[0].transaction_id != transaction_id:
+            log.warning("%s: storage has no header for txid %d", self.name, transaction_id)
+            return False
+        self.feed_cache.add_all(self.source.partition_id, headers)
+        self.frames.add(context.client.version, headers)
+        return True
 
     def num_contexts(self) -> int:
         return len(self.contexts)

@@ -103,6 +103,16 @@ class ClientConnection:
         with contextlib.suppress(ConnectionClosedError):
             self.conn.send_frame(frame)
 
+    def send_feed(self, frames: memoryview, terminal: Any | None) -> None:
+        # One write: over TLS one flush to the socket for the whole batch. The slice of the shared
+        # frames is not copied here; TLS encrypts it as it goes.
+        if self.conn.closed:
+            return  # a feed to a client that is gone has nobody to go to
+        if terminal is None:
+            self.conn.writer.write(frames)
+        else:
+            self.conn.writer.writelines((frames, self.codec.encode_frame(terminal)))
+
     def park(self, context: FeedContext) -> None:
         """Holds a feed until the write buffer drains; one drain task per connection at most."""
         self._parked.append(context)

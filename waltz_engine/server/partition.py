@@ -6,6 +6,11 @@ arrive as callbacks on the store's append futures (in txid order), never as task
 the feed and transaction caches, commits the lock slots, raises the commit high-water mark and
 wakes the feed workers.
 
+Mounts and flushes never stall the append task: each waits (``append_barrier``) until the appends
+queued before it are decided, while the appends behind it go on to the store; the mounts waiting
+on the same appends are answered together. A mount's catch-up is sent from the partition's shared
+encoded frames (``feed_frames``), in batches, like every feed.
+
 Connection validity (PR #167): a MOUNT registers its connection for the client id unless the
 registered one is newer by (generation, network-client seqNum); APPEND, FEED and MOUNT from any
 other connection of that client are ignored (a stale network client).
@@ -17,14 +22,17 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any, NamedTuple, Protocol
 
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.common.record import Record, RecordHeader
 from waltz_engine.common.reqid import ReqId
+from waltz_engine.server.append_barrier import AppendBarrier
 from waltz_engine.server.config import EngineSettings
 from waltz_engine.server.feed_cache import FeedCache
+from waltz_engine.server.feed_frames import FeedFrames
 from waltz_engine.server.feeds import FeedClient, FeedContext, FeedWorker
 from waltz_engine.server.locks import NUM_HASH_FUNCS, LockRequest, Locks
 from waltz_engine.server.transaction_cache import TransactionData, TransactionFetcher
@@ -134,11 +142,29 @@ class Partition:
         self._locks: Locks | None = None
         self._queue: asyncio.Queue[tuple[int, FeedClient | None, Any]] = asyncio.Queue(APPEND_QUEUE_SIZE)
         self._clients: dict[int, _Registration] = {}
+        # Mounts and flushes waiting for the appends queued before them.
+        self._barrier = AppendBarrier()
+        # Drives the store while work waits on the barrier (a failed store session is only
+        # replaced, and its appends decided, when someone asks the store).
+        self._store_driver: asyncio.Task[None] | None = None
+        self.feed_frames = FeedFrames(partition_id, feed_cache)
         self.realtime = FeedWorker(
-            f"Feed-R-P{partition_id}", True, self, feed_cache, settings.realtime_threshold, self._route
+            f"Feed-R-P{partition_id}",
+            True,
+            self,
+            feed_cache,
+            self.feed_frames,
+            settings.realtime_threshold,
+            self._route,
         )
         self.catch_up = FeedWorker(
-            f"Feed-C-P{partition_id}", False, self, feed_cache, settings.realtime_threshold, self._route
+            f"Feed-C-P{partition_id}",
+            False,
+            self,
+            feed_cache,
+            self.feed_frames,
+            settings.realtime_threshold,
+            self._route,
         )
         self._tasks: list[asyncio.Task[None]] = []
         self.metrics = metrics
@@ -151,6 +177,7 @@ class Partition:
         metrics.gauge(group, "is-closed", lambda: self.closed)
         metrics.gauge(group, "generation", lambda: self.generation)
         metrics.gauge(group, "append-queue-size", self._queue.qsize)
+        metrics.gauge(group, "waiting-mounts-and-flushes", self.num_waiting_for_appends)
         metrics.gauge(group, "total-real-time-feed-context-added", lambda: self.realtime.total_added)
         metrics.gauge(group, "total-real-time-feed-context-removed", lambda: self.realtime.total_removed)
         metrics.gauge(group, "total-catchup-feed-context-added", lambda: self.catch_up.total_added)
@@ -189,10 +216,12 @@ class Partition:
         if self.closed:
             return
         self.closed = True
-        for task in self._tasks:
+        self._barrier.clear()
+        tasks = self._tasks + ([self._store_driver] if self._store_driver is not None else [])
+        for task in tasks:
             task.cancel()
-        if self._tasks:
-            await asyncio.wait(self._tasks)
+        if tasks:
+            await asyncio.wait(tasks)
         self.realtime.contexts.clear()
         self.catch_up.contexts.clear()
         self._clients.clear()
@@ -216,6 +245,10 @@ class Partition:
 
     def append_queue_size(self) -> int:
         return self._queue.qsize()
+
+    def num_waiting_for_appends(self) -> int:
+        """Mounts and flushes waiting until the appends queued before them are decided."""
+        return self._barrier.num_waiting
 
     # --- clients ---------------------------------------------------------------------------
 
@@ -298,10 +331,9 @@ class Partition:
                 if kind == _APPEND:
                     await self._append(client, message)
                 elif kind == _FLUSH:
-                    client.send(FlushResponse(message.req_id, await self._flush_store()))
+                    self._after_appends(partial(self._answer_flush, client, message))
                 elif kind == _MOUNT:
-                    await self._flush_store()
-                    self._start_mount_feed(client, message)
+                    self._after_appends(partial(self._start_mount_feed, client, message))
                 elif kind == _FEED:
                     self._start_feed(client, message)
                 else:
@@ -311,6 +343,37 @@ class Partition:
                 # A refused append (generation mismatch, closed store session) is dropped silently
                 # for the client, as the original: it learns the outcome from flush or feed.
                 log.debug("partition %d: %s failed: %s", self.partition_id, type(message).__name__, e)
+
+    def _after_appends(self, work: Callable[[], None]) -> None:
+        """Runs ``work`` once every append queued so far is decided; the append task goes on."""
+        if self._barrier.after_issued(work) or self._store_driver is not None:
+            return
+        self._store_driver = asyncio.get_running_loop().create_task(
+            self._drive_store(), name=f"Store-driver-P{self.partition_id}"
+        )
+
+    async def _drive_store(self) -> None:
+        try:
+            while self._barrier.num_waiting and not self.closed:
+                await self.store.flush()
+                await asyncio.sleep(0)  # the appends' callbacks run before the next look
+        except WaltzError as e:
+            log.debug("partition %d: store flush for waiting mounts failed: %s", self.partition_id, e)
+        except Exception:
+            # The store layer broke: the append task meets it too and the partition is replaced.
+            log.error("partition %d: store flush for waiting mounts failed", self.partition_id, exc_info=True)
+        finally:
+            self._store_driver = None
+
+    def _decided_high_water_mark(self) -> int:
+        """The commit high-water mark, once the appends a mount or flush waited for are decided."""
+        if self.pending_appends == 0:
+            # Nothing is in flight, so no commit callback can come after the store's mark.
+            self.commit_high_water_mark = max(self.commit_high_water_mark, self.store.high_water_mark)
+        return self.commit_high_water_mark
+
+    def _answer_flush(self, client: FeedClient, request: FlushRequest) -> None:
+        client.send(FlushResponse(request.req_id, self._decided_high_water_mark()))
 
     async def _flush_store(self) -> int:
         """The store's HWM once every append queued so far is resolved and its callback ran."""
@@ -348,6 +411,7 @@ class Partition:
             raise
         self.pending_appends += 1
         self._settled.clear()
+        append_number = self._barrier.issue()
         started_s = time.monotonic()
 
         def committed(done: asyncio.Future[int]) -> None:
@@ -357,23 +421,27 @@ class Partition:
             locks.end(lock_req)
             transaction_id = -1 if done.cancelled() or done.exception() is not None else done.result()
             self._latency_timer.update_ms((time.monotonic() - started_s) * 1000.0)
-            if transaction_id < 0 or self.closed:
-                return
-            assert transaction_id > self.commit_high_water_mark, (transaction_id, self.commit_high_water_mark)
-            self.feed_cache.add(self.partition_id, transaction_id, request.req_id, request.header)
-            self.fetcher.cache.put(self.partition_id, transaction_id, data, request.checksum)
-            locks.commit(lock_req, transaction_id)
-            self._success_meter.mark()
-            self.commit_high_water_mark = transaction_id
-            self.realtime.wake()
-            self.catch_up.wake()
+            if transaction_id >= 0 and not self.closed:
+                assert transaction_id > self.commit_high_water_mark, (
+                    transaction_id,
+                    self.commit_high_water_mark,
+                )
+                self.feed_cache.add(self.partition_id, transaction_id, request.req_id, request.header)
+                self.fetcher.cache.put(self.partition_id, transaction_id, data, request.checksum)
+                locks.commit(lock_req, transaction_id)
+                self._success_meter.mark()
+                self.commit_high_water_mark = transaction_id
+                self.realtime.wake()
+                self.catch_up.wake()
+            # Last: mounts released here see this transaction in the high-water mark.
+            self._barrier.decide(append_number)
 
         future.add_done_callback(committed)
 
     # --- feeds ---------------------------------------------------------------------------
 
     def _start_mount_feed(self, client: FeedClient, request: MountRequest) -> None:
-        fetch_size = self.commit_high_water_mark - request.client_high_water_mark
+        fetch_size = self._decided_high_water_mark() - request.client_high_water_mark
         if fetch_size < 0:
             client.send(MountResponse(request.req_id, PARTITION_STATE_CLIENT_AHEAD))
         elif fetch_size == 0:
