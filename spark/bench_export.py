@@ -26,8 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from spark.plan import OPTION_PATHS, ReadOptions, plan
-from spark.segments import read_slice
+from spark.plan import MAX_TXID, OPTION_PATHS, OPTION_TO_TXID, ReadOptions, Slice, plan
+from spark.segments import SegmentSlice, read_slice
 from waltz_engine.bench.storage_node import BenchError
 from waltz_engine.common.crc import crc32
 from waltz_engine.common.record import Record
@@ -49,6 +49,16 @@ STORAGE_DIR_NAME = "storage"
 EXPORT_DIR_NAME = "export"
 WARM_EXPORT_DIR_PREFIX = "export-warm-"
 TXID_PREFIX_BYTES = 8  # each record's data starts with its txid, so no two are alike
+
+
+def _read_options(storage: Path) -> dict[str, str]:
+    """Everything the generated directory holds: all of it is committed (its writer says so)."""
+    return {OPTION_PATHS: str(storage), OPTION_TO_TXID: str(MAX_TXID)}
+
+
+def _local(part: Slice) -> SegmentSlice:
+    assert isinstance(part, SegmentSlice)
+    return part
 
 
 def rows_of(partition_id: int, rows: int, partitions: int) -> int:
@@ -92,15 +102,15 @@ def generate(storage: Path, rows: int, partitions: int, data_bytes: int) -> floa
 
 def parse_all(storage: Path) -> tuple[int, float]:
     """(rows, seconds) of parsing every committed record into Arrow batches in this process."""
-    parts = [s for p in plan(ReadOptions.parse({OPTION_PATHS: str(storage)})) for s in p.slices]
+    parts = [s for p in plan(ReadOptions.parse(_read_options(storage))) for s in p.slices]
     # Warm-up, not timed: the first batch pays one-time imports (pyarrow loads pandas lazily),
     # which a Spark worker has paid before it reads.
-    for _ in read_slice(dataclasses.replace(parts[0], to_txid=parts[0].from_txid)):
+    for _ in read_slice(_local(dataclasses.replace(parts[0], to_txid=parts[0].from_txid))):
         pass
     started = time.perf_counter()
     rows = 0
     for part in parts:
-        rows += sum(batch.num_rows for batch in read_slice(part))
+        rows += sum(batch.num_rows for batch in read_slice(_local(part)))
     return rows, time.perf_counter() - started
 
 
@@ -140,7 +150,7 @@ def export_warm(storage: Path, directory: Path, master: str, runs: int) -> list[
     from spark.export import ExportConfig, run_export, spark_session
 
     session = spark_session(master)
-    config = ExportConfig(output=directory, read_options={OPTION_PATHS: str(storage)})
+    config = ExportConfig(output=directory, read_options=_read_options(storage))
     rates = []
     try:
         for run in range(runs + 1):

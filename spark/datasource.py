@@ -9,16 +9,34 @@ a micro-batch replayed from a checkpoint reads exactly the same rows, which make
 with a checkpoint exactly once. ``trigger(availableNow=True)`` reads what was committed when
 the query started, in limited micro-batches, then stops.
 
-Register with :func:`register` (``spark.dataSource.register(WaltzDataSource)``).
+Filters on ``partition`` and ``transaction_id`` (equality, IN, ranges) are pushed down: only
+the partitions and txids they select are read.
+
+Register with :func:`register` (``spark.dataSource.register(WaltzDataSource)``; it also turns on
+``spark.sql.python.filterPushdown.enabled``, which Python sources need for pushdown).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    EqualNullSafe,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    LessThan,
+    LessThanOrEqual,
+)
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -28,36 +46,111 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from spark.layout import NO_TRANSACTION, choose_replica, slices
-from spark.plan import ReadOptions, found_replicas, plan
-from spark.schema import SPARK_SCHEMA
-from spark.segments import SegmentSlice, read_slice
+from spark.layout import NO_TRANSACTION
+from spark.network import read_part
+from spark.plan import MAX_TXID, PartitionFilter, ReadOptions, Slice, partition_ids, plan
+from spark.schema import COLUMN_PARTITION, COLUMN_TRANSACTION_ID, SPARK_SCHEMA
 
 DATA_SOURCE_NAME = "waltz"
+PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 
 StreamOffset = dict[str, int]
 
 
 class SlicePartition(InputPartition):
-    """A Spark input partition: one segment slice (picklable, as Spark requires)."""
+    """A Spark input partition: one slice (picklable, as Spark requires)."""
 
-    def __init__(self, part: SegmentSlice) -> None:
+    def __init__(self, part: Slice) -> None:
         super().__init__(part)
         self.part = part
 
 
-def _input_partitions(parts: Sequence[SegmentSlice]) -> list[InputPartition]:
+def _input_partitions(parts: Sequence[Slice]) -> list[InputPartition]:
     return [SlicePartition(p) for p in parts]
 
 
 def _read(partition: InputPartition, on_corrupt: str) -> Iterator[pa.RecordBatch]:
-    assert isinstance(partition, SlicePartition)
-    yield from read_slice(partition.part, on_corrupt)
+    # Spark plans one InputPartition(None) when a plan has none: an empty range reads nothing.
+    if isinstance(partition, SlicePartition):
+        yield from read_part(partition.part, on_corrupt)
+
+
+def _int_value(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _as_range(f: Filter, value: int) -> tuple[int, int] | None:
+    """The inclusive range a comparison with ``value`` selects; None for other filters."""
+    if isinstance(f, EqualTo | EqualNullSafe):
+        return value, value
+    if isinstance(f, GreaterThan):
+        return value + 1, MAX_TXID
+    if isinstance(f, GreaterThanOrEqual):
+        return value, MAX_TXID
+    if isinstance(f, LessThan):
+        return NO_TRANSACTION + 1, value - 1
+    if isinstance(f, LessThanOrEqual):
+        return NO_TRANSACTION + 1, value
+    return None
+
+
+def push_filters(options: ReadOptions, filters: Iterable[Filter]) -> tuple[ReadOptions, list[Filter]]:
+    """``options`` narrowed by the filters on ``partition`` and ``transaction_id`` that it applies
+    exactly, and the filters Spark must still evaluate (the others, and IN on txids, which is
+    read as the range from its least to its greatest value)."""
+    kept: set[int] | None = None  # partitions an equality or IN allows
+    ranges = {COLUMN_PARTITION: (0, MAX_TXID), COLUMN_TRANSACTION_ID: (0, MAX_TXID)}
+    left: list[Filter] = []
+    for f in filters:
+        attribute: tuple[str, ...] = getattr(f, "attribute", ())
+        column = attribute[0] if len(attribute) == 1 else None
+        if column not in ranges:
+            left.append(f)
+            continue
+        if isinstance(f, In):
+            values = [_int_value(v) for v in f.value]
+            ints = {v for v in values if v is not None}
+            if len(ints) != len(set(values)) or not ints:
+                left.append(f)
+            elif column == COLUMN_PARTITION:
+                kept = ints if kept is None else kept & ints
+            else:
+                low, high = ranges[column]
+                ranges[column] = max(low, min(ints)), min(high, max(ints))
+                left.append(f)
+            continue
+        value = _int_value(getattr(f, "value", None))
+        selected = _as_range(f, value) if value is not None else None
+        if selected is None:
+            left.append(f)
+            continue
+        low, high = ranges[column]
+        ranges[column] = max(low, selected[0]), min(high, selected[1])
+    narrowed = options
+    low, high = ranges[COLUMN_PARTITION]
+    if kept is not None or (low, high) != (0, MAX_TXID):
+        narrowed = replace(
+            narrowed, partition_filter=PartitionFilter(low, high, kept).within(options.partition_filter)
+        )
+    low, high = ranges[COLUMN_TRANSACTION_ID]
+    if (low, high) != (0, MAX_TXID):
+        narrowed = replace(
+            narrowed,
+            from_txid=max(narrowed.from_txid, low),
+            from_txids={p: max(t, low) for p, t in narrowed.from_txids.items()},
+            to_txid=high if narrowed.to_txid is None else min(narrowed.to_txid, high),
+            to_txids={p: min(t, high) for p, t in narrowed.to_txids.items()},
+        )
+    return narrowed, left
 
 
 class WaltzBatchReader(DataSourceReader):
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:  # noqa: N802 - Spark's name
+        self.options, left = push_filters(self.options, filters)
+        return left
 
     def partitions(self) -> Sequence[InputPartition]:
         return _input_partitions([s for p in plan(self.options) for s in p.slices])
@@ -102,9 +195,7 @@ class WaltzStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> StreamOffset:  # noqa: N802 - Spark's name
         start = self.options.from_txid
-        return {
-            str(p): self.options.from_txids.get(p, start) - 1 for p in sorted(found_replicas(self.options))
-        }
+        return {str(p): self.options.from_txids.get(p, start) - 1 for p in partition_ids(self.options)}
 
     def latestOffset(self, start: StreamOffset, limit: ReadLimit) -> StreamOffset:  # noqa: N802
         available = self._available(start)
@@ -129,13 +220,17 @@ class WaltzStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return latest
 
     def partitions(self, start: StreamOffset, end: StreamOffset) -> Sequence[InputPartition]:
-        replicas = found_replicas(self.options)
-        parts: list[SegmentSlice] = []
-        for key, last in sorted(end.items(), key=lambda item: int(item[0])):
-            partition_id, first = int(key), start.get(key, NO_TRANSACTION) + 1
-            if last >= first and partition_id in replicas:
-                parts += slices(choose_replica(replicas[partition_id]), first, last)
-        return _input_partitions(parts)
+        # The end offsets were committed when latestOffset found them: they are the bounds.
+        wanted = {int(k): last for k, last in end.items() if last >= start.get(k, NO_TRANSACTION) + 1}
+        if not wanted:
+            return []
+        options = replace(
+            self.options,
+            partitions=tuple(sorted(wanted)),
+            from_txids={p: start.get(str(p), NO_TRANSACTION) + 1 for p in wanted},
+            to_txids=wanted,
+        )
+        return _input_partitions([s for p in plan(options, bounds=wanted) for s in p.slices])
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(partition, self.options.on_corrupt)
@@ -168,6 +263,7 @@ class WaltzDataSource(DataSource):
 
 
 def register(spark: SparkSession) -> None:
+    spark.conf.set(PUSHDOWN_CONF, "true")
     spark.dataSource.register(WaltzDataSource)
 
 

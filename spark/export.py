@@ -10,6 +10,7 @@ is known. A non-incremental run is the same run into an output that must hold no
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -33,6 +34,7 @@ from spark.schema import COLUMN_PARTITION
 from spark.watermarks import load_file_watermarks
 from spark.worker_daemon import DAEMON_MODULE
 from waltz_engine.common.errors import WaltzError
+from waltz_engine.storage.network_reader import check_partition_ids, partition_count
 from waltz_engine.zk.connection import connect
 from waltz_engine.zk.export_watermarks import publish_export_watermarks
 
@@ -123,6 +125,8 @@ class ExportSummary:
     seconds: float = 0.0
     published_to_zookeeper: bool = False
     partitions: list[PartitionSummary] = field(default_factory=list)
+    # The whole command's time, Spark's start included (``seconds`` is the export's own).
+    elapsed_seconds: float = 0.0
 
     @property
     def rows_per_s(self) -> float:
@@ -151,6 +155,8 @@ def spark_session(master: str = DEFAULT_MASTER, quiet: bool = False) -> SparkSes
         builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={QUIET_LOG4J}")
     session = builder.getOrCreate()
     if quiet:
+        # py4j logs the interrupted calls of a Ctrl-C as tracebacks; the command says it once.
+        logging.getLogger("py4j").setLevel(logging.CRITICAL + 1)
         # A failed task is reported once, as one line (ExportError), not as Spark's log of it.
         session.sparkContext.setLogLevel("OFF")
     register(session)
@@ -199,13 +205,39 @@ def _has_data(output: Path) -> bool:
     return output.is_dir() and any(p.name.startswith(f"{COLUMN_PARTITION}=") for p in output.iterdir())
 
 
+def check_output(output: Path) -> None:
+    """The output can be written: a directory (made if need be) where a file can be created."""
+    if output.exists() and not output.is_dir():
+        raise ExportError(f"--output {output} is a file, not a directory: give a directory")
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        probe = output / f".waltz-write-check-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ExportError(
+            f"cannot write to --output {output} ({e.strerror or e}): choose a directory you can write"
+        ) from None
+
+
 def check_config(config: ExportConfig) -> ReadOptions:
-    """Fail fast, before a Spark session is started, on options that cannot work; the parsed
-    read options."""
+    """Fail fast, before a Spark session is started, on options that cannot work (output,
+    partitions, the cluster or the directories); the parsed read options."""
     if config.format not in FORMATS:
         raise ExportError(f"format must be one of {', '.join(FORMATS)}, got {config.format!r}")
     options = ReadOptions.parse(config.read_options)
-    discover(options.directories)
+    check_output(config.output)
+    if options.directories:
+        found = sorted(discover(options.directories))
+        if options.partitions is not None and not set(options.partitions) <= set(found):
+            missing = sorted(set(options.partitions) - set(found))
+            raise ExportError(
+                f"partition(s) {', '.join(map(str, missing))} are in none of the storage directories "
+                f"(they hold {', '.join(map(str, found)) or 'none'})"
+            )
+    if options.cluster is not None:
+        count = partition_count(options.cluster)
+        check_partition_ids(options.partitions if options.partitions is not None else [], count)
     return options
 
 
@@ -255,6 +287,12 @@ def run_export(
     summary.published_to_zookeeper = _publish(config, options)
     summary.seconds = time.monotonic() - started
     return summary
+
+
+def finish_interrupted(output: Path) -> bool:
+    """After an interrupted run: its staging goes, unless it passed its commit point, in which
+    case it is finished (True)."""
+    return commit.recover(output)
 
 
 def _publish(config: ExportConfig, options: ReadOptions) -> bool:

@@ -27,8 +27,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from spark.network import read_part
+from spark.plan import Slice
 from spark.schema import COLUMN_DATA, COLUMN_DECODED, COLUMN_PARTITION, COLUMN_TRANSACTION_ID
-from spark.segments import SegmentSlice, read_slice
 from waltz_engine.common.fileio import fsync_file
 
 PARQUET_SUFFIX = ".parquet"
@@ -51,7 +52,7 @@ PARQUET_WRITE_OPTIONS: dict[str, object] = {
 class ExportTask:
     """What one Spark task does (pickled to the executor)."""
 
-    part: SegmentSlice
+    part: Slice
     staging: str  # the run's staging directory (shared by driver and executors)
     on_corrupt: str
     decoder: str | None = None  # module:function adding the "decoded" column
@@ -65,19 +66,19 @@ class TaskResult:
     file: str | None  # relative to the staging directory; None when no row was left
 
 
-def file_name(part: SegmentSlice) -> str:
+def file_name(part: Slice) -> str:
     """``partition=N/part-<from txid>-<to txid>.parquet``, hive-style like Spark's own writer."""
     name = f"part-{part.from_txid:019d}-{part.to_txid:019d}{PARQUET_SUFFIX}"
     return f"{COLUMN_PARTITION}={part.partition_id}/{name}"
 
 
-def split(parts: Sequence[SegmentSlice], parallelism: int) -> list[SegmentSlice]:
+def split(parts: Sequence[Slice], parallelism: int) -> list[Slice]:
     """``parts`` cut into tasks of at most :data:`TASK_MAX_ROWS` rows, and into at least
     ``parallelism`` tasks when that leaves each at least :data:`TASK_MIN_ROWS` rows."""
     assert parallelism >= 1
     total = sum(p.count for p in parts)
     target = max(TASK_MIN_ROWS, min(TASK_MAX_ROWS, -(-total // parallelism)))
-    tasks: list[SegmentSlice] = []
+    tasks: list[Slice] = []
     for part in parts:
         if part.count == 0:
             continue
@@ -116,7 +117,7 @@ def run_task(task: ExportTask) -> TaskResult:
 
 
 def _output_batches(task: ExportTask) -> Iterator[pa.RecordBatch]:
-    batches = (b.drop_columns([COLUMN_PARTITION]) for b in read_slice(task.part, task.on_corrupt))
+    batches = (b.drop_columns([COLUMN_PARTITION]) for b in read_part(task.part, task.on_corrupt))
     if task.decoder is None:
         yield from batches
         return

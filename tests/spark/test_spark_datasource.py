@@ -24,8 +24,6 @@ from waltz_engine.zk.export_watermarks import decode_export_watermarks, encode_e
 
 BEYOND_EVERY_TXID = "1000000"
 EXPECTED_ROWS = 279
-# The clean vectors' control file low-water marks: partitions 0..3.
-CONTROL_LOW_WATER_MARKS = {0: 149, 1: 59, 2: 19}
 # Bounds the wait for a streaming query to finish (never asserted on as a duration).
 STREAM_DEADLINE_S = 180
 
@@ -86,14 +84,37 @@ def test_reads_every_row_of_the_golden_vectors(session: SparkSession, vectors: P
     assert rows == expected_rows(vectors)
 
 
-def test_without_zookeeper_or_to_txid_stops_at_the_control_low_water_mark(
-    session: SparkSession, storage: Path
-) -> None:
-    rows = read(session, path=str(storage))
-    last = {}
-    for row in rows:
-        last[row["partition"]] = row["transaction_id"]
-    assert last == CONTROL_LOW_WATER_MARKS
+def test_without_a_cluster_the_bound_must_be_given_not_the_low_water_mark(storage: Path) -> None:
+    # It used to stop silently at the control files' low-water marks (149, 59, 19 here).
+    with pytest.raises(OptionsError, match="committed bound is unknown"):
+        ReadOptions.parse({"path": str(storage)})
+
+
+def test_unknown_options_are_rejected_with_the_known_ones(storage: Path) -> None:
+    with pytest.raises(OptionsError, match=r"unknown option\(s\) partiton: .*\bpartitions\b"):
+        ReadOptions.parse({"path": str(storage), "to_txid": "1", "partiton": "2"})
+    # Spark passes names lower-cased; a cluster is enough, no directory needed.
+    parsed = ReadOptions.parse(
+        {"zookeeper": "127.0.0.1:2181", "cluster.root": "/c", "ssl.truststore.type": "PEM"}
+    )
+    assert parsed.over_network and parsed.cluster is not None
+    assert parsed.cluster.tls.trust_store_type == "PEM"
+
+
+def test_an_empty_range_is_an_empty_dataframe(session: SparkSession, storage: Path) -> None:
+    # It failed with PythonException: AssertionError.
+    assert read(session, path=str(storage), from_txid=BEYOND_EVERY_TXID, to_txid=BEYOND_EVERY_TXID) == []
+    assert read(session, path=str(storage), partitions="0", from_txid="10", to_txid="5") == []
+
+
+def test_filters_on_partition_and_txid_are_pushed_down(session: SparkSession, storage: Path) -> None:
+    df = session.read.format("waltz").options(path=str(storage), to_txid=BEYOND_EVERY_TXID).load()
+    narrow = df.filter("partition = 2 AND transaction_id > 15")
+    assert narrow.rdd.getNumPartitions() == 1  # one slice of partition 2, not every segment
+    assert [(r.partition, r.transaction_id) for r in narrow.collect()] == [(2, t) for t in range(16, 25)]
+    some = df.filter("partition IN (0, 2) AND transaction_id BETWEEN 3 AND 4")
+    assert sorted((r.partition, r.transaction_id) for r in some.collect()) == [(0, 3), (0, 4), (2, 3), (2, 4)]
+    assert df.filter("partition = 77").count() == 0
 
 
 def test_range_and_partitions_options(session: SparkSession, storage: Path) -> None:
@@ -211,17 +232,17 @@ def test_admit_shares_the_limit_evenly_and_always_makes_progress() -> None:
 def test_max_rows_per_trigger_must_be_a_positive_count() -> None:
     for bad in ("0", "-5", "ten"):
         with pytest.raises(OptionsError, match="max_rows_per_trigger"):
-            ReadOptions.parse({"path": "/data", "max_rows_per_trigger": bad})
+            ReadOptions.parse({"path": "/data", "to_txid": "1", "max_rows_per_trigger": bad})
 
 
 def test_stream_available_now_reads_all_committed_in_limited_micro_batches(
-    session: SparkSession, storage: Path, tmp_path: Path
+    session: SparkSession, storage: Path, vectors: Path, tmp_path: Path
 ) -> None:
     limit = 50
     sink, checkpoint = tmp_path / "sink", tmp_path / "checkpoint"
     query = (
         session.readStream.format("waltz")
-        .options(path=str(storage), max_rows_per_trigger=str(limit))
+        .options(path=str(storage), to_txid=BEYOND_EVERY_TXID, max_rows_per_trigger=str(limit))
         .load()
         .writeStream.format("parquet")
         .option("path", str(sink))
@@ -232,12 +253,12 @@ def test_stream_available_now_reads_all_committed_in_limited_micro_batches(
     assert query.awaitTermination(STREAM_DEADLINE_S), "an availableNow query stops by itself"
     assert query.exception() is None
     sizes = [progress["numInputRows"] for progress in query.recentProgress]
-    committed = sum(t + 1 for t in CONTROL_LOW_WATER_MARKS.values())
+    committed = EXPECTED_ROWS
     assert sum(sizes) == committed
     assert max(sizes) == limit and len(sizes) >= -(-committed // limit)
     found = session.read.schema(SPARK_SCHEMA).parquet(str(sink)).select("partition", "transaction_id")
     assert sorted((r.partition, r.transaction_id) for r in found.collect()) == [
-        (p, t) for p, last in sorted(CONTROL_LOW_WATER_MARKS.items()) for t in range(last + 1)
+        (r["partition"], r["transaction_id"]) for r in expected_rows(vectors)
     ]
 
 
@@ -278,7 +299,8 @@ def test_export_of_a_corrupt_log_fails_with_one_line_and_commits_nothing(
 ) -> None:
     _corrupt_record(storage)
     output = tmp_path / "export"
-    result = run_spark_cli("export", "--output", str(output), "--master", "local[2]", str(storage))
+    bound = ("--to-txid", BEYOND_EVERY_TXID)
+    result = run_spark_cli("export", "--output", str(output), "--master", "local[2]", *bound, str(storage))
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
@@ -295,7 +317,8 @@ def test_export_of_a_corrupt_log_fails_with_one_line_and_commits_nothing(
         "--on-corrupt",
         "skip",
         "--json",
+        *bound,
         str(storage),
     )
     assert skipped.returncode == 0, skipped.stderr
-    assert json.loads(skipped.stdout)["rows"] == sum(t + 1 for t in CONTROL_LOW_WATER_MARKS.values()) - 1
+    assert json.loads(skipped.stdout)["rows"] == EXPECTED_ROWS - 1

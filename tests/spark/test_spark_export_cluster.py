@@ -1,5 +1,6 @@
 """`waltz spark export` and the streaming source against real clusters: one Waltz cluster's log,
-exported by the CLI, in-process, on a Spark standalone master, and streamed.
+exported by the CLI, in-process, on a Spark standalone master, and streamed, over the network
+(the killed export reads local storage directories).
 
 Time goes into JVM starts, so the module shares one Waltz cluster and one in-process Spark
 session; the CLI (a JVM each) runs only where the test is about the process itself.
@@ -34,7 +35,7 @@ from spark_support import (
 from spark.datasource import DATA_SOURCE_NAME
 from spark.export import ExportConfig, ExportSummary, run_export
 from spark.layout import NO_TRANSACTION
-from spark.plan import OPTION_CLUSTER_ROOT, OPTION_PATHS, OPTION_ZOOKEEPER
+from spark.plan import OPTION_CLUSTER_ROOT, OPTION_ZOOKEEPER
 from spark.schema import COLUMN_DATA, COLUMN_DECODED, SPARK_SCHEMA
 from spark.watermarks import STATE_DIR_NAME
 from waltz_engine.ops.devcluster import LocalCluster
@@ -70,11 +71,8 @@ def storage_dirs(cluster: LocalCluster) -> list[str]:
 
 
 def read_options(cluster: LocalCluster) -> dict[str, str]:
-    return {
-        OPTION_PATHS: ",".join(storage_dirs(cluster)),
-        OPTION_ZOOKEEPER: cluster.zookeeper,
-        OPTION_CLUSTER_ROOT: cluster.cluster_root,
-    }
+    """The cluster only: records are read over the network from the storage nodes."""
+    return {OPTION_ZOOKEEPER: cluster.zookeeper, OPTION_CLUSTER_ROOT: cluster.cluster_root}
 
 
 def append(cluster: LocalCluster, lines_by_partition: dict[int, list[str]]) -> None:
@@ -109,7 +107,6 @@ def export_cli(cluster: LocalCluster, output: Path, *extra: str) -> dict[str, An
         str(cluster.client_config_path),
         "--json",
         *extra,
-        *storage_dirs(cluster),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     summary: dict[str, Any] = json.loads(result.stdout)
@@ -260,3 +257,18 @@ def test_stream_delivers_appends_exactly_once_across_a_restart(
     finally:
         query.stop()
     assert sink_rows() == sorted((p, t) for p, t, *_ in expected)  # every committed transaction once
+
+
+def test_partitions_and_output_are_checked_before_spark_starts(cluster: LocalCluster, tmp_path: Path) -> None:
+    config = str(cluster.client_config_path)
+    # --partitions 99 on a 2-partition cluster used to exit 0 with an empty output.
+    result = run_spark_cli("export", "-o", str(tmp_path / "out"), "-c", config, "--partitions", "99")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "error: partition(s) 99 are not in the cluster (it has partitions 0-1); choose among those"
+    ]
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    result = run_spark_cli("export", "-o", str(a_file), "-c", config)
+    assert result.returncode == 1 and "is a file, not a directory" in result.stderr
+    assert "JAVA" not in result.stderr.upper()  # refused before any JVM started

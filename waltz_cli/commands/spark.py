@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.progress import (
@@ -24,20 +25,25 @@ from waltz_engine.common.config import Config
 from waltz_engine.ops.tool_config import load_tool_config
 from waltz_engine.zk.connection import KEY_CLUSTER_ROOT, KEY_CONNECT_STRING
 
+if TYPE_CHECKING:
+    from spark.export import ExportConfig, ExportSummary
+
 app = options.group(help="Spark jobs over a Waltz log (export to Parquet).")
 
-# ZooKeeper is optional here (it finds the committed marks, and keeps an incremental export's
-# watermarks), so unlike other commands the export does not fall back to a local dev cluster.
+# The cluster is named explicitly (or by the environment): unlike other commands the export does
+# not fall back to a local dev cluster, since directories alone are a valid (offline) source too.
 ExportConfigOption = Annotated[
     Path | None,
     typer.Option(
         "--config",
         "-c",
         envvar=ENV_CONFIG,
-        help="Client YAML with zookeeper.connectString and cluster.root (default: none; without "
-        "ZooKeeper the control files' low-water marks bound the export).",
+        help="Client YAML: zookeeper.connectString, cluster.root and the TLS keys (ssl.*) to reach "
+        "the storage nodes.",
     ),
 ]
+# Exit status of a run stopped by Ctrl-C (128 + SIGINT), as shells report it.
+INTERRUPTED_EXIT = 130
 
 MISSING = "-"
 
@@ -49,23 +55,28 @@ def _read_options(
     config: Path | None,
     partitions: str | None,
     on_corrupt: str,
+    to_txid: int | None = None,
 ) -> dict[str, str]:
     from spark.plan import (
         OPTION_CLUSTER_ROOT,
+        OPTION_CONFIG,
         OPTION_ON_CORRUPT,
         OPTION_PARTITIONS,
         OPTION_PATHS,
+        OPTION_TO_TXID,
         OPTION_ZOOKEEPER,
     )
 
+    options = {OPTION_ON_CORRUPT: on_corrupt}
     if config is not None:
         loaded = load_tool_config(config) or Config({}, str(config))
         zookeeper = zookeeper or loaded.optional_str(KEY_CONNECT_STRING)
         cluster_root = cluster_root or loaded.optional_str(KEY_CLUSTER_ROOT)
-    options = {
-        OPTION_PATHS: ",".join(str(d.resolve()) for d in directories or []),
-        OPTION_ON_CORRUPT: on_corrupt,
-    }
+        options[OPTION_CONFIG] = str(config.resolve())  # its TLS keys
+    if directories:
+        options[OPTION_PATHS] = ",".join(str(d.resolve()) for d in directories)
+    if to_txid is not None:
+        options[OPTION_TO_TXID] = str(to_txid)
     if zookeeper:
         options[OPTION_ZOOKEEPER] = zookeeper
     if cluster_root:
@@ -92,8 +103,8 @@ def _summary_table(summary: object) -> Table:
             p.missing or MISSING,
         )
     table.caption = (
-        f"{summary.rows} rows in {summary.files} files, {summary.seconds:.1f} s "
-        f"({summary.rows_per_s:,.0f} rows/s)"
+        f"{summary.rows} rows in {summary.files} files, {summary.elapsed_seconds:.1f} s "
+        f"(of which the export job {summary.seconds:.1f} s, {summary.rows_per_s:,.0f} rows/s)"
         + ("; finished a killed run first" if summary.recovered_previous_run else "")
         + ("; watermarks published to ZooKeeper" if summary.published_to_zookeeper else "")
     )
@@ -108,7 +119,10 @@ def export(
     ],
     directories: Annotated[
         list[Path] | None,
-        typer.Argument(help="Storage directories to read (local files).", show_default=False),
+        typer.Argument(
+            help="Storage directories to read as local files (default: the cluster, over the network).",
+            show_default=False,
+        ),
     ] = None,
     output_format: Annotated[str, typer.Option("--format", help="Output format.")] = "parquet",
     partitions: Annotated[
@@ -139,14 +153,20 @@ def export(
         str | None,
         typer.Option("--partitions", hidden=True),
     ] = None,
+    to_txid: Annotated[
+        int | None,
+        typer.Option("--to-txid", help="Last txid to export (directories without a cluster need it)."),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Export the committed log to Parquet, all of it or (--incremental) only what is new.
 
-    Example: waltz spark export -o /data/export -c client.yml -p 0-3 --incremental STORAGE_DIR...
+    Reads the storage nodes over the network from the cluster (-c, or -z and -r); storage
+    directories given as arguments are read as local files instead.
+
+    Example: waltz spark export -o /data/export -c client.yml -p 0-3 --incremental
     """
-    from spark.export import LOCAL_MASTER_PREFIX, ExportConfig, check_config, run_export, spark_session
-    from spark.submit import submit_export
+    from spark.export import ExportConfig, check_config, finish_interrupted
 
     if old_partitions is not None:
         if partitions is not None:
@@ -155,13 +175,35 @@ def export(
 
     export_config = ExportConfig(
         output=output.resolve(),
-        read_options=_read_options(directories, zookeeper, cluster_root, config, partitions, on_corrupt),
+        read_options=_read_options(
+            directories, zookeeper, cluster_root, config, partitions, on_corrupt, to_txid
+        ),
         format=output_format,
         decoder=decoder,
         incremental=incremental,
         export_id=export_id,
     )
     check_config(export_config)
+    started = time.monotonic()
+    try:
+        summary = _run(export_config, master, as_json)
+    except KeyboardInterrupt:
+        if finish_interrupted(export_config.output):
+            fail(
+                "interrupted after the run's commit point: its files and watermarks are in", INTERRUPTED_EXIT
+            )
+        fail("interrupted: the export stopped, nothing of this run was committed", INTERRUPTED_EXIT)
+    summary.elapsed_seconds = time.monotonic() - started
+    if as_json:
+        print_json(summary.to_json())
+    else:
+        console.print(_summary_table(summary))
+
+
+def _run(export_config: ExportConfig, master: str, as_json: bool) -> ExportSummary:
+    from spark.export import LOCAL_MASTER_PREFIX, run_export, spark_session
+    from spark.submit import submit_export
+
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     with Progress(
         SpinnerColumn(),
@@ -171,24 +213,22 @@ def export(
         TimeElapsedColumn(),
         console=err_console,
         transient=True,
-        disable=as_json,
+        disable=as_json or not err_console.is_terminal,
     ) as progress:
-        if master.startswith(LOCAL_MASTER_PREFIX):
-            task = progress.add_task("starting Spark", total=None)
-            session = spark_session(master, quiet=True)
-            progress.update(task, description="exporting (tasks)")
-            try:
-                summary = run_export(
-                    session,
-                    export_config,
-                    lambda done, total: progress.update(task, completed=done, total=total),
-                )
-            finally:
-                session.stop()
-        else:
+        if not master.startswith(LOCAL_MASTER_PREFIX):
             progress.add_task(f"running on {master}", total=None)
-            summary = submit_export(export_config, master)
-    if as_json:
-        print_json(summary.to_json())
-    else:
-        console.print(_summary_table(summary))
+            return submit_export(export_config, master)
+        task = progress.add_task("starting Spark", total=None)
+        session = spark_session(master, quiet=True)
+        try:
+            progress.update(task, description="exporting (tasks)")
+            return run_export(
+                session,
+                export_config,
+                lambda done, total: progress.update(task, completed=done, total=total),
+            )
+        except KeyboardInterrupt:
+            session.sparkContext.cancelAllJobs()
+            raise
+        finally:
+            session.stop()

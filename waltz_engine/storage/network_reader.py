@@ -230,6 +230,12 @@ def check_partition_ids(partitions: Sequence[int], num_partitions: int) -> list[
     return sorted(set(partitions))
 
 
+def partition_count(access: ClusterAccess) -> int:
+    """How many partitions the cluster has."""
+    with connect(access.zookeeper) as zk:
+        return read_cluster_params(zk, access.zookeeper.cluster_root).num_partitions
+
+
 def discover(
     access: ClusterAccess,
     partitions: Sequence[int] | None = None,
