@@ -57,6 +57,11 @@ class BaseClient(ABC):
     @abstractmethod
     async def on_message(self, network_client: NetworkClient, message: ClientMessage) -> None: ...
 
+    async def on_messages(self, network_client: NetworkClient, messages: list[ClientMessage]) -> None:
+        """Messages that arrived together, in order."""
+        for message in messages:
+            await self.on_message(network_client, message)
+
     @abstractmethod
     def on_refused(self, network_client: NetworkClient, error: ClientTlsRefusedError) -> None:
         """The server keeps refusing this client at TLS: fail what waits on ``network_client``."""

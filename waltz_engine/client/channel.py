@@ -6,6 +6,11 @@ from typing import Protocol
 
 from waltz_engine.net.channel import FramedConnection
 from waltz_engine.wire.client_messages import ClientMessage
+from waltz_engine.wire.client_stream import ClientStreamDecoder
+from waltz_engine.wire.errors import TruncatedFrameError
+
+# Bytes taken from the connection at once: a server's feed batch (64 frames of 36 bytes) and more.
+RECEIVE_CHUNK_BYTES = 64 * 1024
 
 
 class Channel(Protocol):
@@ -20,16 +25,21 @@ class Channel(Protocol):
 
     async def receive(self) -> ClientMessage | None: ...
 
+    async def receive_many(self) -> list[ClientMessage] | None:
+        """At least one message, all that arrived together; None when the peer closed."""
+        ...
+
     async def close(self) -> None: ...
 
 
 class FramedChannel:
     """A real TLS connection speaking the 'L' codec negotiated in the Hello."""
 
-    __slots__ = ("_conn",)
+    __slots__ = ("_conn", "_decoder")
 
     def __init__(self, conn: FramedConnection) -> None:
         self._conn = conn
+        self._decoder = ClientStreamDecoder(conn.codec, conn.max_frame_size_bytes)
 
     @property
     def closed(self) -> bool:
@@ -48,8 +58,22 @@ class FramedChannel:
         await self._conn.drain()
 
     async def receive(self) -> ClientMessage | None:
+        assert not self._decoder.buffered_bytes, "receive() after receive_many() would skip bytes"
         message: ClientMessage | None = await self._conn.receive()
         return message
+
+    async def receive_many(self) -> list[ClientMessage] | None:
+        decoder = self._decoder
+        reader = self._conn.reader
+        while True:
+            data = await reader.read(RECEIVE_CHUNK_BYTES)
+            if not data:
+                if decoder.buffered_bytes:
+                    raise TruncatedFrameError(f"stream ended {decoder.buffered_bytes} bytes into a frame")
+                return None
+            messages = decoder.feed(data)
+            if messages:
+                return messages
 
     async def close(self) -> None:
         await self._conn.close()

@@ -14,7 +14,7 @@ import contextlib
 import inspect
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import Executor
 from functools import partial
 from typing import Any, TypeVar
@@ -293,6 +293,19 @@ class WaltzClient:
     def get_partitions(self) -> set[int]:
         return {p.partition_id for p in self._stream_client().partitions.values() if p.is_active}
 
+    async def ensure_mounted(self, partition_id: int) -> None:
+        """Wait until the active ``partition_id`` is mounted (caught up to the server's
+        high-water mark at the mount); ClientTimeoutError after ``client.ensureMountedTimeout``."""
+        stream = self._stream_client()
+        partition = stream.partition(partition_id)
+        await partition.ensure_mounted(self.config.ensure_mounted_timeout_ms, stream.check_ahead)
+
+    def stream_connected(self, partition_id: int) -> bool:
+        """Whether the stream connection to the server of ``partition_id`` is up (so a mount
+        of it is sent at once)."""
+        network_client = self._stream_client().network_client_of(partition_id)
+        return network_client is not None and network_client.ready
+
     async def _activate(self, partition_id: int) -> None:
         stream = self._stream_client()
         high_water_mark = await self._invoke(self._callbacks.get_client_high_water_mark, partition_id)
@@ -321,11 +334,18 @@ class WaltzClient:
 
     # -- application callbacks -------------------------------------------------------------
 
-    async def _deliver(self, transaction_id: int, header: int, req_id: ReqId) -> None:
-        """Hand one transaction to the application; what it raises the stream client handles."""
+    def _deliver(self, transaction_id: int, header: int, req_id: ReqId) -> Awaitable[None] | None:
+        """Hand one transaction to the application; what it raises the stream client handles.
+
+        A plain callback on the loop runs now (None: nothing to await, no coroutine per
+        transaction); a coroutine callback or one on the executor is returned to be awaited.
+        """
         assert self._rpc is not None and self._loop is not None and self._loop_thread is not None
         transaction = Transaction(transaction_id, header, req_id, self._rpc, self._loop, self._loop_thread)
-        await self._invoke(self._callbacks.apply_transaction, transaction)
+        if self._executor is not None:
+            return self._invoke(self._callbacks.apply_transaction, transaction)
+        result = self._callbacks.apply_transaction(transaction)
+        return result if result is not None and inspect.isawaitable(result) else None
 
     def _report_application_error(
         self, partition_id: int, transaction_id: int, exception: BaseException

@@ -254,6 +254,10 @@ class MockChannel:
     async def receive(self) -> ClientMessage | None:
         return await self._inbox.get()
 
+    async def receive_many(self) -> list[ClientMessage] | None:
+        message = await self._inbox.get()
+        return None if message is None else [message]
+
     def deliver(self, message: ClientMessage) -> None:
         if not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._arrive, message)

@@ -37,6 +37,10 @@ class NetworkClientOwner(Protocol):
 
     async def on_message(self, network_client: NetworkClient, message: ClientMessage) -> None: ...
 
+    async def on_messages(self, network_client: NetworkClient, messages: list[ClientMessage]) -> None:
+        """Messages that arrived together, in order (a feed batch)."""
+        ...
+
     def on_disconnected(self, network_client: NetworkClient) -> None: ...
 
     def on_refused(self, network_client: NetworkClient, error: ClientTlsRefusedError) -> None: ...
@@ -125,11 +129,11 @@ class NetworkClient:
         try:
             self._owner.on_channel_ready(self)
             while not self._closed:
-                message = await channel.receive()
-                if message is None:
+                messages = await channel.receive_many()
+                if messages is None:
                     log.info("%r: server closed the connection", self)
                     break
-                await self._owner.on_message(self, message)
+                await self._owner.on_messages(self, messages)
         except (WaltzError, ConnectionError, ssl.SSLError) as e:
             # An application error was reported where it happened; it only ends the connection.
             level = logging.DEBUG if getattr(e, "application_error", False) else logging.WARNING

@@ -16,7 +16,7 @@ import heapq
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from waltz_engine.client.errors import (
@@ -27,7 +27,7 @@ from waltz_engine.client.errors import (
 )
 from waltz_engine.client.transaction_monitor import TransactionFuture, TransactionMonitor
 from waltz_engine.common.reqid import ReqId
-from waltz_engine.wire.client_messages import AppendRequest, FlushRequest, LockFailure
+from waltz_engine.wire.client_messages import AppendRequest, FeedData, FlushRequest, LockFailure
 
 if TYPE_CHECKING:
     from waltz_engine.client.network_client import NetworkClient
@@ -39,7 +39,16 @@ INT32_MIN = -(1 << 31)
 INT32_RANGE = 1 << 32
 NO_HIGH_WATER_MARK = -1
 
-Deliver = Callable[[int, int, ReqId], Awaitable[None]]
+# Hands one transaction to the application: None when that is done, else what to await for it.
+Deliver = Callable[[int, int, ReqId], Awaitable[None] | None]
+
+
+class ApplicationError(Exception):
+    """``apply_transaction`` raised on ``transaction_id`` (the cause); the feed stops there."""
+
+    def __init__(self, transaction_id: int) -> None:
+        super().__init__(transaction_id)
+        self.transaction_id = transaction_id
 
 
 def next_seq_num(seq_num: int) -> int:
@@ -276,33 +285,45 @@ class Partition:
 
     # -- the feed --------------------------------------------------------------------------
 
-    async def apply_transaction(
-        self, transaction_id: int, header: int, req_id: ReqId, deliver: Deliver
-    ) -> None:
-        """Apply the next transaction in order (others are duplicates or gaps and are ignored)."""
+    async def apply_transactions(self, feed: Sequence[FeedData], deliver: Deliver) -> None:
+        """Apply the next transactions in order (others are duplicates or gaps and are ignored).
+
+        A feed batch takes the partition's application lock once; a callback that returns no
+        awaitable costs no await. Raises ApplicationError (from the callback's error) at the first
+        transaction whose callback raised: the ones after it are not applied.
+        """
         async with self._application_lock:
-            try:
+            monitor = self.monitor
+            client_id = self.client_id
+            for req_id, transaction_id, header in feed:
                 if (
                     self.state is not PartitionState.ACTIVE
                     or transaction_id != self.client_high_water_mark + 1
                 ):
-                    return
-                context = self.monitor.committed(req_id)
-                if context is not None:
-                    call_hook(context.on_completion, True)
-                else:
-                    # The application failed on it before: the context still wants on_application.
-                    context = self._application_failed.pop(req_id, None)
+                    continue
+                context = None
+                if req_id.client_id == client_id:  # others' transactions were never registered here
+                    context = monitor.committed(req_id)
+                    if context is not None:
+                        call_hook(context.on_completion, True)
+                    else:
+                        # The application failed on it before: the context still wants on_application.
+                        context = self._application_failed.pop(req_id, None)
                 try:
-                    await deliver(transaction_id, header, req_id)
-                except BaseException:
+                    pending = deliver(transaction_id, header, req_id)
+                    if pending is not None:
+                        await pending
+                except BaseException as e:
                     self.application_failures += 1
                     if context is not None:
                         self._application_failed[req_id] = context
+                    self.process_auxiliary_queues()
+                    if isinstance(e, Exception):
+                        raise ApplicationError(transaction_id) from e
                     raise
                 self.client_high_water_mark += 1
                 self.application_failures = 0
                 if context is not None:
                     call_hook(context.on_application)
-            finally:
-                self.process_auxiliary_queues()
+                if self._lock_failure_queue or self._flush_points:
+                    self.process_auxiliary_queues()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from waltz_engine.client.backoff import RECONNECT_BACKOFF_MAX_MS
 from waltz_engine.client.base_client import BaseClient
@@ -25,7 +25,7 @@ from waltz_engine.client.errors import (
     WaltzClientError,
 )
 from waltz_engine.client.network_client import NetworkClient, OpenChannel
-from waltz_engine.client.partition import Deliver, Partition
+from waltz_engine.client.partition import ApplicationError, Deliver, Partition
 from waltz_engine.client.transaction_monitor import TransactionFuture
 from waltz_engine.wire.client_messages import (
     PARTITION_STATE_CLIENT_AHEAD,
@@ -136,13 +136,36 @@ class StreamClient(BaseClient):
 
     # -- messages --------------------------------------------------------------------------
 
+    async def on_messages(self, network_client: NetworkClient, messages: list[ClientMessage]) -> None:
+        """A feed batch: each run of FeedData of one partition is applied in one go."""
+        index, count = 0, len(messages)
+        while index < count:
+            message = messages[index]
+            if type(message) is not FeedData:
+                await self.on_message(network_client, message)
+                index += 1
+                continue
+            partition_id = message.req_id.partition_id
+            end = index + 1
+            while end < count:
+                following = messages[end]
+                if type(following) is not FeedData or following.req_id.partition_id != partition_id:
+                    break
+                end += 1
+            partition = self.partitions.get(partition_id)
+            if partition is None:
+                log.warning("message for unknown partition from %r: %s", network_client, message)
+            else:
+                await self._apply(partition, cast("list[FeedData]", messages[index:end]))
+            index = end
+
     async def on_message(self, network_client: NetworkClient, message: ClientMessage) -> None:
         partition = self.partitions.get(message.req_id.partition_id)
         if partition is None:
             log.warning("message for unknown partition from %r: %s", network_client, message)
             return
         if isinstance(message, FeedData):
-            await self._apply(partition, network_client, message)
+            await self._apply(partition, [message])
         elif isinstance(message, MountResponse):
             self._mount_response(partition, network_client, message)
         elif isinstance(message, FeedSuspended):
@@ -183,17 +206,17 @@ class StreamClient(BaseClient):
         else:
             log.error("MountResponse with an unknown partition state %d", message.partition_state)
 
-    async def _apply(self, partition: Partition, network_client: NetworkClient, message: FeedData) -> None:
+    async def _apply(self, partition: Partition, feed: list[FeedData]) -> None:
         try:
-            await partition.apply_transaction(
-                message.transaction_id, message.header, message.req_id, self._deliver
-            )
-        except Exception as e:
-            self._application_failed(partition, message.transaction_id, e)
+            await partition.apply_transactions(feed, self._deliver)
+        except ApplicationError as failed:
+            error = failed.__cause__
+            assert isinstance(error, Exception), failed
+            self._application_failed(partition, failed.transaction_id, error)
             raise TransactionApplicationError(
-                f"apply_transaction failed on transaction {message.transaction_id} "
-                f"of partition {partition.partition_id}: {e}"
-            ) from e
+                f"apply_transaction failed on transaction {failed.transaction_id} "
+                f"of partition {partition.partition_id}: {error}"
+            ) from error
 
     def _application_failed(self, partition: Partition, transaction_id: int, error: Exception) -> None:
         """Report the failure; after ``max_application_attempts`` in a row, stop the partition.

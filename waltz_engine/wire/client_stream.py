@@ -1,0 +1,103 @@
+"""A client connection's byte stream cut into 'L' messages, every whole one per read.
+
+A server feeds a client in batches (dozens of FeedData frames in one write); reading them one
+frame at a time costs two awaited reads and a copy per frame. :class:`ClientStreamDecoder`
+takes whatever the socket delivered and returns every complete message in it. A FeedData frame,
+all fixed fields, is unpacked with one struct call straight from the buffer; every other frame
+goes through the codec (and its checks) as before. The messages are the same either way.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from waltz_engine.common.errors import ProtocolError
+from waltz_engine.common.reqid import ReqId
+from waltz_engine.wire.client_messages import ClientMessage, FeedData
+from waltz_engine.wire.codec import MessageCodec
+from waltz_engine.wire.frame import (
+    FRAME_HEADER,
+    FRAME_HEADER_SIZE_BYTES,
+    MAX_FRAME_SIZE_BYTES,
+    check_frame_header,
+)
+
+FEED_DATA_TYPE_CODE = 4
+# Frame header, type, reqId (four int32), txid, header: one FeedData frame.
+FEED_DATA_FRAME = struct.Struct(">BhiBiiiiqi")
+FEED_DATA_PAYLOAD_SIZE_BYTES = FEED_DATA_FRAME.size - FRAME_HEADER_SIZE_BYTES
+
+
+class ClientStreamDecoder:
+    """Messages of one 'L' codec from a byte stream; after an error the connection must close."""
+
+    __slots__ = ("_codec", "_buffer", "_start", "_max_frame_size_bytes", "_failed")
+
+    def __init__(self, codec: MessageCodec[Any], max_frame_size_bytes: int = MAX_FRAME_SIZE_BYTES) -> None:
+        self._codec = codec
+        self._buffer = bytearray()
+        self._start = 0
+        self._max_frame_size_bytes = max_frame_size_bytes
+        self._failed = False
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of a frame not complete yet."""
+        return len(self._buffer) - self._start
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[ClientMessage]:
+        """Every message completed by ``data`` (keep-alives skipped), in stream order."""
+        if self._failed:
+            raise ProtocolError("stream decoder already failed; the connection must be closed")
+        buffer = self._buffer
+        if self._start:
+            # What was consumed goes before more comes in: each byte moves at most once more.
+            del buffer[: self._start]
+            self._start = 0
+        buffer += data
+        messages: list[ClientMessage] = []
+        append = messages.append
+        # tuple.__new__ builds the named tuples without their __new__'s extra call (a third of
+        # the cost of a FeedData here).
+        new = tuple.__new__
+        unpack_feed_data = FEED_DATA_FRAME.unpack_from
+        feed_frame_size = FEED_DATA_FRAME.size
+        feed_magic = self._codec.magic
+        feed_version = self._codec.version
+        position = 0
+        end = len(buffer)
+        try:
+            while end - position >= FRAME_HEADER_SIZE_BYTES:
+                if end - position >= feed_frame_size:
+                    magic, version, length, type_code, *req_id, transaction_id, header = unpack_feed_data(
+                        buffer, position
+                    )
+                    if (
+                        type_code == FEED_DATA_TYPE_CODE
+                        and length == FEED_DATA_PAYLOAD_SIZE_BYTES
+                        and magic == feed_magic
+                        and version == feed_version
+                    ):
+                        append(new(FeedData, (new(ReqId, req_id), transaction_id, header)))
+                        position += feed_frame_size
+                        continue
+                magic, version, length = FRAME_HEADER.unpack_from(buffer, position)
+                codec = self._codec
+                check_frame_header(
+                    magic, version, length, codec.magic, codec.version, self._max_frame_size_bytes
+                )
+                stop = position + FRAME_HEADER_SIZE_BYTES + length
+                if stop > end:
+                    break
+                if length:
+                    append(codec.decode(bytes(buffer[position + FRAME_HEADER_SIZE_BYTES : stop])))
+                position = stop
+        except ProtocolError:
+            self._failed = True
+            raise
+        if position == end:
+            buffer.clear()
+        else:
+            self._start = position
+        return messages
