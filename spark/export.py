@@ -16,7 +16,8 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from spark.export_task import ExportTask, TaskResult, run_task, split
 from spark.layout import NO_TRANSACTION, discover
 from spark.plan import PartitionPlan, ReadOptions, plan
 from spark.schema import COLUMN_PARTITION
-from spark.watermarks import load_file_watermarks
+from spark.watermarks import load_file_watermarks, state_dir
 from spark.worker_daemon import DAEMON_MODULE
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.storage.network_reader import check_partition_ids, partition_count
@@ -46,6 +47,7 @@ DAEMON_MODULE_CONF = "spark.python.daemon.module"
 QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
 APP_NAME = "waltz-export"
 PROGRESS_POLL_S = 0.5
+SPARK_LOG_NAME = "spark-local.log"
 
 # (tasks done, tasks in the job) while Spark writes.
 ProgressCallback = Callable[[int, int], None]
@@ -144,8 +146,27 @@ class ExportSummary:
         return cls(**value)
 
 
-def spark_session(master: str = DEFAULT_MASTER, quiet: bool = False) -> SparkSession:
-    """A session with the ``waltz`` source registered; Python workers run this interpreter."""
+@contextmanager
+def _stderr_to(log: Path) -> Iterator[None]:
+    """File descriptor 2 goes to ``log`` inside the block: a JVM started there keeps writing to
+    the log (its banner, its warnings), this process gets its own stderr back after."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with log.open("ab") as out:
+            os.dup2(out.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def spark_session(
+    master: str = DEFAULT_MASTER, quiet: bool = False, jvm_log: Path | None = None
+) -> SparkSession:
+    """A session with the ``waltz`` source registered; Python workers run this interpreter. With
+    ``jvm_log``, the JVM's own output (banner, warnings) goes there instead of stderr."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(master).appName(APP_NAME)
     builder = builder.config("spark.ui.showConsoleProgress", "false")
@@ -153,7 +174,11 @@ def spark_session(master: str = DEFAULT_MASTER, quiet: bool = False) -> SparkSes
         builder = builder.config(DAEMON_MODULE_CONF, DAEMON_MODULE)
     if quiet:
         builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={QUIET_LOG4J}")
-    session = builder.getOrCreate()
+    if jvm_log is not None:
+        with _stderr_to(jvm_log):
+            session = builder.getOrCreate()
+    else:
+        session = builder.getOrCreate()
     if quiet:
         # py4j logs the interrupted calls of a Ctrl-C as tracebacks; the command says it once.
         logging.getLogger("py4j").setLevel(logging.CRITICAL + 1)
@@ -287,6 +312,11 @@ def run_export(
     summary.published_to_zookeeper = _publish(config, options)
     summary.seconds = time.monotonic() - started
     return summary
+
+
+def spark_log_path(output: Path) -> Path:
+    """Where a local run's JVM writes its own output (kept in the output's state directory)."""
+    return state_dir(output) / SPARK_LOG_NAME
 
 
 def finish_interrupted(output: Path) -> bool:

@@ -201,7 +201,7 @@ def export(
 
 
 def _run(export_config: ExportConfig, master: str, as_json: bool) -> ExportSummary:
-    from spark.export import LOCAL_MASTER_PREFIX, run_export, spark_session
+    from spark.export import LOCAL_MASTER_PREFIX, run_export, spark_log_path, spark_session
     from spark.submit import submit_export
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -219,7 +219,7 @@ def _run(export_config: ExportConfig, master: str, as_json: bool) -> ExportSumma
             progress.add_task(f"running on {master}", total=None)
             return submit_export(export_config, master)
         task = progress.add_task("starting Spark", total=None)
-        session = spark_session(master, quiet=True)
+        session = spark_session(master, quiet=True, jvm_log=spark_log_path(export_config.output))
         try:
             progress.update(task, description="exporting (tasks)")
             return run_export(
