@@ -68,3 +68,19 @@ def test_producers_json_against_a_given_cluster_config(tmp_path: Path) -> None:
     report = json.loads(result.stdout)["result"]
     assert report["transactions"] == 2
     assert set(report["cpu_s_per_1000_transactions"]) == {"zookeeper", "server-0", "storage-0", "client"}
+
+
+def test_producers_mount_storm_reports_every_client_mounted(tmp_path: Path) -> None:
+    result = run_waltz(
+        "bench", "producers", "--mount-storm", "5", "--txn-size", "16", "--txns-per-thread", "20",
+        "--json", "--dir", str(tmp_path),
+        timeout_s=BENCH_TIMEOUT_S,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)["result"]
+    assert report["mount_storm_clients"] == report["mounted"] == 5
+    assert report["failures"] == 0 and report["first_failure"] is None
+    assert report["backlog_transactions"] == 21  # 20 and the warm-up
+    assert set(report["mount_latency"]) == {"p50_ms", "p99_ms", "max_ms"}
+    assert report["mount_latency"]["max_ms"] >= report["mount_latency"]["p50_ms"] > 0
+    assert set(report["cpu_s_during_storm"]) == set(NODE_PROCESSES)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -25,11 +25,35 @@ from waltz_cli.output import console, err_console, fail, one_line_errors, print_
 from waltz_engine.bench import crc_bench, engine_bench
 from waltz_engine.common.address import parse_host_port
 
+if TYPE_CHECKING:
+    from waltz_engine.bench.producers import RunningCluster
+
 app = options.group(help="Benchmarks: measure throughput and latency on this machine.")
 
 
+def _cpu_model() -> str:
+    """The first CPU's model name (Linux), else what ``platform`` knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def _machine() -> dict[str, object]:
-    return {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()}
+    # The load averages at the report, i.e. over the last 1, 5 and 15 minutes of the run: on a
+    # shared machine they say how far its figures can be trusted.
+    load = [round(value, 2) for value in os.getloadavg()] if hasattr(os, "getloadavg") else None
+    return {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+        "load_average": load,
+        "platform": platform.platform(),
+    }
 
 
 @app.command("engine")
@@ -304,6 +328,15 @@ def producers_command(
     mount_from_latest: Annotated[
         bool, typer.Option("--mount-from-latest", help="Mount at the current high-water marks.")
     ] = False,
+    mount_storm: Annotated[
+        int | None,
+        typer.Option(
+            "--mount-storm",
+            min=1,
+            help="Instead: commit --threads x --txns-per-thread transactions, then N new clients "
+            "mount at once while --threads appenders go on; report the mount times.",
+        ),
+    ] = None,
     config: BenchConfigOption = None,
     zookeeper: BenchZooKeeperOption = None,
     cluster_root: BenchRootOption = None,
@@ -317,11 +350,18 @@ def producers_command(
     --storages storage nodes, one server) and removes it afterwards.
 
     Example: waltz bench producers --txn-size 512 --txns-per-thread 500 --threads 16 --interval-ms 0
+    Example: waltz bench producers --mount-storm 200 --txns-per-thread 1000 --json
     """
     from waltz_engine.bench import producers
 
     partitions = _active_partitions(partitions, old_partitions)
     running = producers.RunningCluster(config, zookeeper, cluster_root)
+    if mount_storm is not None:
+        _mount_storm(
+            running, directory, storages, partitions, mount_storm, txn_size, txns_per_thread, threads,
+            max_in_flight, mount_from_latest, as_json,
+        )  # fmt: skip
+        return
     with producers.bench_cluster(running, directory, storages, partitions, _progress) as cluster:
         result = producers.run(
             cluster,
@@ -332,6 +372,39 @@ def producers_command(
             partitions=partitions,
             lock_pool=lock_pool,
             clients=clients,
+            max_in_flight=max_in_flight,
+            mount_from_latest=mount_from_latest,
+        )
+    if as_json:
+        print_json({"machine": _machine(), "storages": storages, "result": result.to_json()})
+        return
+    for line in result.report_lines():
+        console.print(line, markup=False, highlight=False)
+
+
+def _mount_storm(
+    running: RunningCluster,
+    directory: Path,
+    storages: int,
+    partitions: int,
+    clients: int,
+    txn_size: int,
+    txns_per_thread: int,
+    threads: int,
+    max_in_flight: int,
+    mount_from_latest: bool,
+    as_json: bool,
+) -> None:
+    from waltz_engine.bench import mount_storm, producers
+
+    with producers.bench_cluster(running, directory, storages, partitions, _progress) as cluster:
+        result = mount_storm.run(
+            cluster,
+            clients=clients,
+            partitions=partitions,
+            backlog_txn_size=txn_size,
+            backlog_txns_per_thread=txns_per_thread,
+            backlog_threads=threads,
             max_in_flight=max_in_flight,
             mount_from_latest=mount_from_latest,
         )
