@@ -144,7 +144,7 @@ def test_a_flip_in_a_sealed_segment_changes_no_byte_until_the_refill(tmp_path: P
 
 
 @pytest.mark.parametrize("suffix", [".seg", ".idx"])
-@pytest.mark.parametrize("field", [0, 14, 39])  # the version; inside the cluster key; the first txid
+@pytest.mark.parametrize("field", [0, 39])  # the version; the first txid
 def test_a_flip_in_a_file_header_is_reported_and_its_records_served(
     tmp_path: Path, suffix: str, field: int
 ) -> None:
@@ -163,32 +163,55 @@ def test_a_flip_in_a_file_header_is_reported_and_its_records_served(
     assert verify(tmp_path).ok
 
 
-def test_a_zeroed_run_of_records_in_the_last_segment_middle_is_kept(tmp_path: Path) -> None:
-    """Not a tail: whole records follow. Nothing is cut; the index entries are rebuilt from the data."""
-    _write(tmp_path)
-    seg = _segment(tmp_path, 10)
-    fd = os.open(seg, os.O_RDWR)
-    try:  # 11 and 12 gone to zeros, as a dead sector
-        os.pwrite(fd, bytes(2 * RECORD_BYTES), _record_offset(11))
+def _zero_records(directory: Path, first: int, count: int) -> None:
+    fd = os.open(_segment(directory, first // PER_SEGMENT * PER_SEGMENT), os.O_RDWR)
+    try:  # gone to zeros, as a dead sector
+        os.pwrite(fd, bytes(count * RECORD_BYTES), _record_offset(first))
     finally:
         os.close(fd)
-    zeroed = seg.read_bytes()
+
+
+def test_a_zeroed_run_of_durable_records_in_the_last_segment_middle_is_kept(tmp_path: Path) -> None:
+    """At or below the durable point: nothing is cut, the run is stepped over through the index,
+    and the damaged records' index entries are left as they are."""
+    _write(tmp_path, low_water_mark=12)  # the walk starts before 11: 12's entry is not whole
+    _zero_records(tmp_path, 11, 2)
+    seg, idx = _segment(tmp_path, 10), _segment(tmp_path, 10, ".idx")
+    zeroed, index = seg.read_bytes(), idx.read_bytes()
     with _open(tmp_path) as manager:
         partition = manager.partition(0)
         assert seg.read_bytes() == zeroed
+        assert idx.read_bytes() == index
         assert partition.max_transaction_id() == TOTAL - 1
         assert _damaged(partition) == [(10, ((11, 12),))]
         assert partition.records(13, 10) == GOOD[13:]
         partition.append(_records(TOTAL, 2))
         assert partition.records(13, 10) == [*GOOD[13:], *_records(TOTAL, 2)]
-    with _open(tmp_path) as manager:  # open again: the same, nothing cut
+    with _open(tmp_path) as manager:  # open again: nothing cut; sealed now, checked from 12 on
         partition = manager.partition(0)
+        assert _damaged(partition) == [(10, ((12, 12),))]
+        with pytest.raises(CorruptRecordError):
+            partition.record(11)
         assert _damaged(partition) == [(10, ((11, 12),))]
         assert partition.max_transaction_id() == TOTAL + 1
         assert partition.segments == [(0, 4), (5, 9), (10, 14), (15, 16)]
         _refill(partition, 10, 14, batch=5)
         assert partition.damage_report() == []
         assert partition.records(0, 100) == [*GOOD, *_records(TOTAL, 2)]
+    assert verify(tmp_path).ok
+
+
+def test_a_hole_above_the_durable_point_is_cut_as_the_original_does(tmp_path: Path) -> None:
+    """Power loss: record 11's page never landed, later (unacknowledged) ones did. A replica
+    keeping 12-14 behind a hole would stall the servers' recovery copying from it."""
+    _write(tmp_path)
+    _zero_records(tmp_path, 11, 1)
+    with _open(tmp_path) as manager:
+        partition = manager.partition(0)
+        assert partition.max_transaction_id() == 10
+        assert _damaged(partition) == []
+        assert partition.records(0, 100) == GOOD[:11]
+    assert _segment(tmp_path, 10).stat().st_size == _record_offset(11)
     assert verify(tmp_path).ok
 
 
@@ -225,7 +248,7 @@ def test_a_refill_that_disagrees_or_skips_replaces_nothing(tmp_path: Path) -> No
     flipped = _files(tmp_path)
     with _open(tmp_path) as manager:
         partition = manager.partition(0)
-        other = GOOD[6]._replace(data=b"x" * DATA_BYTES)
+        other = GOOD[6]._replace(data=b"x" * DATA_BYTES, checksum=crc32(b"x" * DATA_BYTES))
         with pytest.raises(StorageError, match="transaction 6 held whole here differs"):
             partition.refill([GOOD[5], other])
         with pytest.raises(StorageError, match="starts at transaction 5, not 7"):
@@ -261,16 +284,20 @@ def test_an_interrupted_refill_is_dropped_or_finished_at_open(tmp_path: Path) ->
     assert _files(tmp_path) == clean
 
 
-def test_a_truncate_never_cuts_where_a_damaged_index_points(tmp_path: Path) -> None:
-    _write(tmp_path)
+def test_a_truncate_never_cuts_a_damaged_record(tmp_path: Path) -> None:
+    _write(tmp_path, low_water_mark=13)
     _flip_record(tmp_path, 12, DATA_AT)
     _flip_record(tmp_path, 13, DATA_AT)
+    seg = _segment(tmp_path, 10)
+    flipped = seg.read_bytes()
     with _open(tmp_path) as manager:
         partition = manager.partition(0)
         assert _damaged(partition) == [(10, ((12, 13),))]
-        with pytest.raises(StorageError, match="damaged there"):
-            partition.truncate(12)
-        assert partition.truncate(11) == 11  # record 11 is whole: it ends where 12 begins
+        # Neither 12's end nor 13's start is proven: the index is cut, not a byte of the data.
+        assert partition.truncate(12) == 12
+        assert seg.read_bytes() == flipped
+        assert _damaged(partition) == [(10, ((12, 12),))]
+        assert partition.truncate(11) == 11  # record 11 is whole: cut where it ends
         assert _damaged(partition) == []
         partition.append(GOOD[12:])
         assert partition.records(0, 100) == GOOD
@@ -290,3 +317,113 @@ def test_the_last_segment_is_refilled_and_stays_writable(tmp_path: Path) -> None
         assert partition.records(10, 100) == [*GOOD[10:], *_records(TOTAL, 1)]
         assert partition.damage_report() == []
     assert verify(tmp_path).ok
+
+
+def _foreign_segment(tmp_path: Path, first: int) -> None:
+    """Segment ``first`` replaced by the same segment of another cluster (its own key)."""
+    other = tmp_path / "other"
+    other.mkdir()
+    with StorageManager(
+        other, uuid.uuid4(), 1, segment_size_threshold_bytes=HEADER_SIZE_BYTES + 4 * RECORD_BYTES
+    ) as m:
+        m.set_partition_assignment([0], True)
+        m.partition(0).append(
+            [r._replace(data=b"B" * DATA_BYTES, checksum=crc32(b"B" * DATA_BYTES)) for r in GOOD]
+        )
+    for suffix in (".seg", ".idx"):
+        _segment(tmp_path, first, suffix).write_bytes(_segment(other, first, suffix).read_bytes())
+
+
+def test_another_clusters_sealed_segment_is_never_served(tmp_path: Path) -> None:
+    clean = _write(tmp_path)
+    _foreign_segment(tmp_path, 5)
+    with _open(tmp_path) as manager:
+        partition = manager.partition(0)
+        assert _damaged(partition) == [(5, ((5, 9),))]
+        assert "another cluster's or partition's segment" in partition.damage_report()[0].problems[-1]
+        assert partition.records(0, 100) == GOOD[:5]
+        for txid in range(5, 10):
+            with pytest.raises(CorruptRecordError, match="cluster key"):
+                partition.record(txid)
+        assert partition.records(10, 100) == GOOD[10:]
+        _refill(partition, 5, 9)
+        assert partition.records(0, 100) == GOOD
+    assert (
+        _segment(tmp_path, 5).read_bytes()[HEADER_SIZE_BYTES:]
+        == clean["0000000000000000005.seg"][HEADER_SIZE_BYTES:]
+    )
+
+
+def test_another_clusters_last_segment_refuses_the_open(tmp_path: Path) -> None:
+    _write(tmp_path)
+    _foreign_segment(tmp_path, 10)
+    copied = _files(tmp_path)
+    with (
+        pytest.raises(
+            StorageError, match=r"0000000000000000010\.seg: data file header: cluster key .* move its"
+        ),
+        _open(tmp_path) as manager,
+    ):
+        manager.partition(0)
+    assert _files(tmp_path) == copied
+
+
+def test_a_truncate_into_damage_deletes_nothing_it_cannot_finish_and_cuts_no_damaged_record(
+    tmp_path: Path,
+) -> None:
+    """recover-partition truncates to the low-water mark first: damage at it and after it must
+    not stop the truncate (the refill that follows needs it), nor cut the damaged record."""
+    _write(tmp_path)
+    _flip_record(tmp_path, 7, DATA_AT)
+    _flip_record(tmp_path, 8, DATA_AT)
+    flipped = _segment(tmp_path, 5).read_bytes()
+    with _open(tmp_path) as manager:
+        partition = manager.partition(0)
+        assert partition.truncate(7) == 7
+        assert partition.segments == [(0, 4), (5, 7)]
+        assert _segment(tmp_path, 5).read_bytes() == flipped  # 8 is not whole: no byte is cut
+        with pytest.raises(CorruptRecordError):
+            partition.record(7)
+        _refill(partition, 5, 7, batch=3)
+        partition.append(GOOD[8:])
+        assert partition.records(0, 100) == GOOD
+        assert partition.damage_report() == []
+    assert verify(tmp_path).ok
+
+
+def test_a_refill_record_must_be_whole(tmp_path: Path) -> None:
+    _write(tmp_path)
+    _flip_record(tmp_path, 7, DATA_AT)
+    with _open(tmp_path) as manager:
+        partition = manager.partition(0)
+        with pytest.raises(StorageError, match="transaction 7 sent to refill fails its data checksum"):
+            partition.refill([*GOOD[5:7], GOOD[7]._replace(data=b"y" * DATA_BYTES), *GOOD[8:10]])
+        assert _damaged(partition) == [(5, ((7, 7),))]
+
+
+def test_a_refill_interrupted_between_its_renames_is_finished_by_the_next_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clean = _write(tmp_path)
+    _flip_record(tmp_path, 7, DATA_AT)
+    renames: list[tuple[Path, Path]] = []
+
+    def rename(source: Path, target: Path) -> None:
+        if renames:
+            raise OSError("disk gone")
+        renames.append((source, target))
+        os.replace(source, target)
+
+    with _open(tmp_path) as manager:
+        partition = manager.partition(0)
+        partition.refill(GOOD[5:8])
+        monkeypatch.setattr("waltz_engine.storage.refill.os.rename", rename)
+        with pytest.raises(OSError, match="disk gone"):
+            partition.refill(GOOD[8:10])
+        with pytest.raises(StorageError, match="closed"):
+            partition.append(_records(TOTAL, 1))  # no write may drop the index's copy now
+        assert refill_path(_segment(tmp_path, 5, ".idx")).exists()
+    monkeypatch.undo()
+    with _open(tmp_path) as manager:
+        assert _damaged(manager.partition(0)) == []
+    assert _files(tmp_path) == clean

@@ -68,6 +68,15 @@ class SegmentFileHeader(NamedTuple):
         return body.ljust(HEADER_SIZE_BYTES, b"\0")
 
     @classmethod
+    def from_bytes_unchecked(cls, buf: bytes | memoryview) -> SegmentFileHeader | None:
+        """The fields as stored, none validated (what a damaged header still says); None when
+        there are too few bytes to hold them."""
+        if len(buf) < _SEGMENT.size:
+            return None
+        version, created, msb, lsb, partition_id, first_txid = _SEGMENT.unpack_from(buf, 0)
+        return cls(version, created, uuid_from_bits(msb, lsb), partition_id, first_txid)
+
+    @classmethod
     def from_bytes(cls, buf: bytes | memoryview) -> SegmentFileHeader:
         if len(buf) < HEADER_SIZE_BYTES:
             raise FormatError(f"segment file header is {len(buf)} bytes, expected {HEADER_SIZE_BYTES}")

@@ -12,6 +12,7 @@ Thread-safe: the partition's disk thread records damage while the event loop rea
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -19,6 +20,8 @@ from typing import Any, NamedTuple
 
 # Problems listed per segment (their text); more are counted.
 MAX_PROBLEMS_PER_SEGMENT = 8
+# Damaged txid ranges kept per segment; beyond it the closest ranges are joined.
+MAX_DAMAGE_RANGES_PER_SEGMENT = 64
 # The per-partition metrics gauge listing the damaged segments (``SegmentDamage.to_json``).
 DAMAGE_GAUGE = "damaged-segments"
 
@@ -29,17 +32,6 @@ class Damage(NamedTuple):
     what: str
     first_transaction_id: int | None = None
     last_transaction_id: int | None = None
-
-
-def transaction_ranges(transaction_ids: Iterable[int]) -> list[tuple[int, int]]:
-    """Sorted txids as inclusive ranges: [3, 4, 5, 9] → [(3, 5), (9, 9)]."""
-    ranges: list[tuple[int, int]] = []
-    for txid in sorted(set(transaction_ids)):
-        if ranges and ranges[-1][1] + 1 == txid:
-            ranges[-1] = (ranges[-1][0], txid)
-        else:
-            ranges.append((txid, txid))
-    return ranges
 
 
 def format_ranges(ranges: Iterable[tuple[int, int]]) -> str:
@@ -86,23 +78,62 @@ class SegmentDamage(NamedTuple):
 
 @dataclass
 class _Entry:
-    # What is wrong with each damaged record, and with the files themselves (headers, index).
-    transactions: dict[int, str] = field(default_factory=dict)
+    """A segment's damage: its damaged records as merged txid ranges (at most
+    ``MAX_DAMAGE_RANGES_PER_SEGMENT``), what is wrong with them and with the files themselves."""
+
+    ranges: list[tuple[int, int]] = field(default_factory=list)
+    # What is wrong with the files themselves (headers, index), and with the damaged records:
+    # distinct texts in the order found, at most ``MAX_PROBLEMS_PER_SEGMENT`` in all, then a count.
     file_problems: list[str] = field(default_factory=list)
+    record_problems: list[str] = field(default_factory=list)
+    more_problems: int = 0
+
+    def add_text(self, what: str, texts: list[str]) -> bool:
+        """Note a problem in ``texts``; True when it is new."""
+        if what in self.file_problems or what in self.record_problems:
+            return False
+        if len(self.file_problems) + len(self.record_problems) < MAX_PROBLEMS_PER_SEGMENT:
+            texts.append(what)
+        else:
+            self.more_problems += 1
+        return True
+
+    def add_range(self, first: int, last: int) -> bool:
+        """Mark ``first`` .. ``last`` damaged; True when any of them was not known to be."""
+        ranges = self.ranges
+        i = bisect.bisect_left(ranges, (first, first))
+        # An earlier range reaching ``first`` (or adjacent to it) is merged too.
+        if i > 0 and ranges[i - 1][1] >= first - 1:
+            i -= 1
+        j = i
+        low, high = first, last
+        while j < len(ranges) and ranges[j][0] <= last + 1:
+            low, high = min(low, ranges[j][0]), max(high, ranges[j][1])
+            j += 1
+        new = not (j == i + 1 and ranges[i][0] <= first and last <= ranges[i][1])
+        ranges[i:j] = [(low, high)]
+        while len(ranges) > MAX_DAMAGE_RANGES_PER_SEGMENT:
+            # Too many: join the two closest ranges (the report names a few whole records too,
+            # never fewer damaged ones; reads check every record themselves).
+            k = min(range(len(ranges) - 1), key=lambda n: ranges[n + 1][0] - ranges[n][1])
+            ranges[k : k + 2] = [(ranges[k][0], ranges[k + 1][1])]
+        return new
+
+    def forget_after(self, transaction_id: int) -> None:
+        self.ranges = [(a, min(b, transaction_id)) for a, b in self.ranges if a <= transaction_id]
+        if not self.ranges:
+            self.record_problems.clear()
 
     def problems(self) -> list[str]:
-        found = list(self.file_problems)
-        for what in self.transactions.values():
-            if what not in found:
-                found.append(what)
-        if len(found) > MAX_PROBLEMS_PER_SEGMENT:
-            more = len(found) - MAX_PROBLEMS_PER_SEGMENT
-            found = [*found[:MAX_PROBLEMS_PER_SEGMENT], f"{more} more problems"]
-        return found
+        more = [f"{self.more_problems} more problems"] if self.more_problems else []
+        return [*self.file_problems, *self.record_problems, *more]
 
 
 class DamageLog:
-    """Damage per segment (keyed by the segment's first txid) until the segment is refilled or cut."""
+    """Damage per segment (keyed by the segment's first txid) until the segment is refilled or cut.
+
+    Memory and report size are bounded per segment whatever the damage: merged ranges, capped.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -116,19 +147,14 @@ class DamageLog:
     def _add(self, segment: int, damage: Damage) -> bool:
         entry = self._segments.setdefault(segment, _Entry())
         if damage.first_transaction_id is None:
-            if damage.what in entry.file_problems:
-                return False
-            entry.file_problems.append(damage.what)
-            return True
+            return entry.add_text(damage.what, entry.file_problems)
         last = damage.last_transaction_id
         assert last is not None and last >= damage.first_transaction_id
-        before = len(entry.transactions)
-        for txid in range(damage.first_transaction_id, last + 1):
-            entry.transactions.setdefault(txid, damage.what)
-        return len(entry.transactions) > before
+        entry.add_text(damage.what, entry.record_problems)
+        return entry.add_range(damage.first_transaction_id, last)
 
-    def found(self, segment: int, transaction_id: int, what: str) -> bool:
-        """A read met a damaged record; True when it was not known yet (worth a log line)."""
+    def add_found_on_read(self, segment: int, transaction_id: int, what: str) -> bool:
+        """A read met a damaged record: record it. Returns whether it is newly known (worth a log line)."""
         with self._lock:
             return self._add(segment, Damage(what, transaction_id, transaction_id))
 
@@ -137,14 +163,15 @@ class DamageLog:
             self._segments.pop(segment, None)
 
     def forget_after(self, transaction_id: int) -> None:
-        """Records after ``transaction_id`` were cut (a truncate): their damage went with them."""
+        """Records after ``transaction_id`` were cut (a truncate): their damage went with them.
+        What is wrong with the files stays listed while the segment has any damage."""
         with self._lock:
             for segment, entry in list(self._segments.items()):
                 if segment > transaction_id:
                     del self._segments[segment]
                     continue
-                entry.transactions = {t: w for t, w in entry.transactions.items() if t <= transaction_id}
-                if not entry.transactions and not entry.file_problems:
+                entry.forget_after(transaction_id)
+                if not entry.ranges and not entry.file_problems:
                     del self._segments[segment]
 
     def __bool__(self) -> bool:
@@ -154,13 +181,8 @@ class DamageLog:
     def report(self, max_transaction_id_of: Callable[[int], int]) -> list[SegmentDamage]:
         """Every damaged segment, oldest first; ``max_transaction_id_of(segment)`` gives its end."""
         with self._lock:
-            snapshot = [(s, sorted(e.transactions), e.problems()) for s, e in sorted(self._segments.items())]
+            snapshot = [(s, tuple(e.ranges), e.problems()) for s, e in sorted(self._segments.items())]
         return [
-            SegmentDamage(
-                segment,
-                max_transaction_id_of(segment),
-                tuple(transaction_ranges(transactions)),
-                tuple(problems),
-            )
-            for segment, transactions, problems in snapshot
+            SegmentDamage(segment, max_transaction_id_of(segment), ranges, tuple(problems))
+            for segment, ranges, problems in snapshot
         ]

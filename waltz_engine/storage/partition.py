@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from waltz_engine.common.crc import to_signed32
+from waltz_engine.common.crc import crc32, to_signed32
 from waltz_engine.common.errors import StorageError
 from waltz_engine.common.fileio import fsync_directory
 from waltz_engine.common.record import Record, RecordHeader
@@ -199,6 +199,11 @@ class Partition:
         with self._lock:
             self._check_open()
             self._abort_refill()
+            if self._current.foreign is not None:
+                raise StorageError(
+                    f"partition {self.partition_id}: not appending to {self._current.seg_path}: "
+                    f"{self._current.foreign}; refill it (waltz storage recover-partition)"
+                )
             next_transaction_id = self._current.next_transaction_id
             for i, record in enumerate(records):
                 if record.transaction_id != next_transaction_id + i:
@@ -232,11 +237,16 @@ class Partition:
             if self._current.max_transaction_id <= transaction_id:
                 return self._current.max_transaction_id
             self._abort_refill()
-            while len(self._segments) > 1 and transaction_id + 1 < self._current.first_transaction_id:
+            # Checked before any segment goes, so a refused truncate changes nothing.
+            kept = len(self._segments)
+            while kept > 1 and transaction_id + 1 < self._segments[kept - 1].first_transaction_id:
+                kept -= 1
+            current = self._segments[kept - 1]
+            current.check_truncate(transaction_id)
+            while len(self._segments) > kept:
                 doomed = self._segments.pop()
                 self._cache.remove(doomed)
                 doomed.delete()
-            current = self._current
             self._cache.remove(current)
             current.ensure_open()
             current.writable = True
@@ -301,7 +311,7 @@ class Partition:
 
     def _refuse(self, segment: Segment, error: CorruptRecordError) -> NoReturn:
         """A read met a damaged record: remember it (reported until refilled), then refuse it."""
-        if self.damage.found(segment.first_transaction_id, error.transaction_id, error.what):
+        if self.damage.add_found_on_read(segment.first_transaction_id, error.transaction_id, error.what):
             log.warning(
                 "partition %d: %s; not served: refill its segment from a healthy replica "
                 "(waltz storage recover-partition)",
@@ -370,6 +380,13 @@ class Partition:
                     f"partition {self.partition_id}: a refill stays within one segment; transaction {last} "
                     f"is past segment {segment.first_transaction_id}-{segment.max_transaction_id}"
                 )
+            for record in records:
+                # Whole means what it means everywhere: the data checksum too (the CRC is ours).
+                if crc32(record.data) != record.checksum:
+                    raise StorageError(
+                        f"partition {self.partition_id}: transaction {record.transaction_id} sent to refill "
+                        "fails its data checksum; nothing was replaced"
+                    )
             copy = self._refill_copy(segment, first)
             if not segment.writable:
                 segment.ensure_open()
@@ -417,8 +434,22 @@ class Partition:
     def _swap_in(self, segment: Segment, copy: RefillCopy) -> None:
         position = self._segments.index(segment)
         last = position == len(self._segments) - 1
-        copy.swap_in()
         self._refill = None
+        try:
+            copy.swap_in()
+        except BaseException:
+            if copy.data_swapped:
+                # Half swapped: the copy's index must follow its data, which only the next open
+                # does (``clean_interrupted_refills``). Nothing is served from mixed files meanwhile.
+                log.error(
+                    "partition %d: refill of %s interrupted; reopen the partition",
+                    self.partition_id,
+                    segment.seg_path.name,
+                )
+                self._close_for_reopen()
+            else:
+                copy.abort()
+            raise
         replaced = Segment.open(
             self.key,
             self.partition_id,
@@ -443,6 +474,13 @@ class Partition:
             replaced.max_transaction_id,
             "" if not replaced.damages else f", still damaged: {replaced.damages}",
         )
+
+    def _close_for_reopen(self) -> None:
+        self._closed = True
+        for segment in self._segments:
+            self._cache.remove(segment)
+            segment.close_files()
+            segment.closed = True
 
     def _abort_refill(self) -> None:
         """Any other write ends a refill in progress: its copy would no longer match."""

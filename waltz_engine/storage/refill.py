@@ -69,6 +69,8 @@ class RefillCopy:
         self.next_transaction_id = first_transaction_id
         self._next_offset = HEADER_SIZE_BYTES
         self._seg_fd = self._idx_fd = _NO_FD
+        # The data file's copy is renamed in: from then on only an open may finish or drop it.
+        self.data_swapped = False
 
     @classmethod
     def begin(
@@ -106,18 +108,23 @@ class RefillCopy:
         self.next_transaction_id += len(records)
 
     def swap_in(self) -> None:
-        """Sync the copy and rename it over the segment: data file, then index, then the directory."""
+        """Sync the copy and rename it over the segment: data file, then index, each rename synced
+        (a crash between them must find the data's rename done when the index's is)."""
         for fd in (self._seg_fd, self._idx_fd):
             os.fsync(fd)
         self._close()
         os.rename(refill_path(self.seg_path), self.seg_path)
+        self.data_swapped = True
+        fsync_directory(self.seg_path.parent)
         os.rename(refill_path(self.idx_path), self.idx_path)
         fsync_directory(self.seg_path.parent)
 
     def abort(self) -> None:
-        """Drop the copy; the segment is untouched."""
+        """Drop the copy; the segment is untouched. Once the data file is swapped in, the index's
+        copy is what the next open renames in: it is kept."""
         self._close()
-        self._remove_files()
+        if not self.data_swapped:
+            self._remove_files()
 
     def _close(self) -> None:
         for fd in (self._seg_fd, self._idx_fd):

@@ -10,13 +10,16 @@ Rules (reference §1.5, §1.6):
   trusts the index entry of the scan start (a checkpoint or the local low-water mark) when
   the index extends past it, so that entry must never point at data that is not there yet.
 * On open, the last segment's recovery re-validates records from the last checkpoint (or the
-  local low-water mark), rebuilds their index entries and cuts a torn or dirty tail; a sealed
-  segment is only checked, never written (``segment_scan.py``). Damage found either way is
-  kept as it is, refused on reads and listed in ``Segment.damages``.
+  local low-water mark), rebuilds their index entries and cuts a torn or dirty tail above the
+  durable point; a sealed segment is only checked, never written (``segment_scan.py``). Damage
+  found either way is kept as it is, refused on reads and listed in ``Segment.damages``.
+* A segment whose header names another cluster or partition is never served: the last one is
+  refused at open (as the original), a sealed one has every record refused until a refill.
 """
 
 from __future__ import annotations
 
+import bisect
 import os
 import uuid
 import zlib
@@ -38,10 +41,16 @@ from waltz_engine.disk.record_format import (
     encode_records,
     read_record,
 )
+from waltz_engine.disk.segment_reader import first_txid_from_name
 from waltz_engine.storage.damage import Damage
 from waltz_engine.storage.segment_scan import check_record, check_sealed, plan_recovery
 
 _NO_FD = -1
+# The most bytes one read of a span of records loads; a span is shortened to fit, and a single
+# record larger than this is checked in chunks before it is loaded.
+MAX_READ_SPAN_BYTES = 8 << 20
+# The chunk of data the replica checksum reads at once.
+CHECKSUM_CHUNK_BYTES = 1 << 20
 # What a corrupt record's error says first; the server recognises the storage FAILURE by it
 # (``waltz_engine.server.store.store_session``) and reads the record from another replica.
 CORRUPT_RECORD_MESSAGE = "corrupt record"
@@ -67,10 +76,10 @@ class CorruptRecordError(StorageError):
 
 def first_transaction_id_of(seg_path: Path) -> int:
     """The first txid a segment holds, from its name: what the partition orders segments by."""
-    try:
-        return int(seg_path.stem)
-    except ValueError as e:
-        raise FormatError(f"unexpected segment file name: {seg_path}") from e
+    first = first_txid_from_name(seg_path)
+    if first is None:
+        raise FormatError(f"unexpected segment file name: {seg_path}")
+    return first
 
 
 def create_segment_files(
@@ -125,6 +134,8 @@ class Segment:
         # What the open found wrong (kept on disk, refused on reads); the header(s) among it.
         self.damages: list[Damage] = []
         self.header_damaged = False
+        # Why the segment is another cluster's or partition's (a sealed one: no record served).
+        self.foreign: str | None = None
 
     # --- opening -------------------------------------------------------------------------
 
@@ -145,7 +156,9 @@ class Segment:
         ``sealed_end`` is the next segment's first txid when this one is sealed: it is checked
         and never written. Without it this is the last segment, and start-up recovery runs (it
         may cut a torn tail). Damage in the files never stops the open: it is reported, kept
-        and refused on reads until a refill replaces the segment.
+        and refused on reads until a refill replaces the segment. A header naming another
+        cluster or partition stops the open of the last segment (its records would be appended
+        to and served); a sealed one opens with every record refused.
         """
         first = first_transaction_id_of(seg_path)
         seg_fd = idx_fd = _NO_FD
@@ -153,14 +166,24 @@ class Segment:
             seg_fd = os.open(seg_path, os.O_RDWR)
             idx_fd = os.open(idx_path, os.O_RDWR)
             damages: list[Damage] = []
-            header = cls._read_header(seg_fd, key, partition_id, first, "data file", damages)
-            cls._read_header(idx_fd, key, partition_id, first, "index file", damages)
+            header, foreign = cls._read_header(seg_fd, key, partition_id, first, "data file", damages)
+            index_foreign = cls._read_header(idx_fd, key, partition_id, first, "index file", damages)[1]
+            foreign = foreign or index_foreign
+            if foreign is not None and sealed_end is None:
+                raise StorageError(
+                    f"failed to open segment file {seg_path}: {foreign}: another cluster's or partition's "
+                    "segment; move its .seg and .idx away, then recover the partition from a healthy replica"
+                )
             segment = cls(seg_path, idx_path, header, seg_fd, idx_fd, segment_size_threshold_bytes)
             segment.header_damaged = bool(damages)
             if sealed_end is None:
                 damages += segment._recover(local_low_water_mark)
             else:
-                damages += check_sealed(seg_fd, idx_fd, first, sealed_end, local_low_water_mark)
+                if foreign is not None:
+                    segment.foreign = f"{foreign}: another cluster's or partition's segment"
+                    damages.append(Damage(segment.foreign, first, sealed_end - 1))
+                else:
+                    damages += check_sealed(seg_fd, idx_fd, first, sealed_end, local_low_water_mark)
                 segment._next_transaction_id = sealed_end
                 segment._next_offset = os.fstat(seg_fd).st_size
             segment.damages = damages
@@ -174,24 +197,34 @@ class Segment:
     @staticmethod
     def _read_header(
         fd: int, key: uuid.UUID, partition_id: int, first: int, name: str, damages: list[Damage]
-    ) -> SegmentFileHeader:
-        """The file's header; what is wrong with it goes to ``damages`` (the name says which
-        transactions the segment holds, the control file which cluster and partition)."""
+    ) -> tuple[SegmentFileHeader, str | None]:
+        """The file's header, and why it is another cluster's or partition's (None when it is
+        not). What else is wrong with it goes to ``damages``: the name says which transactions
+        the segment holds, the control file which cluster and partition."""
         raw = pread_upto(fd, HEADER_SIZE_BYTES, 0)
         try:
             header = SegmentFileHeader.from_bytes(raw)
         except FormatError as e:
             damages.append(Damage(f"{name} header: {e}"))
-            created = int.from_bytes(raw[4:12], "big", signed=True) if len(raw) >= 12 else 0
-            return SegmentFileHeader(FORMAT_VERSION, created, key, partition_id, first)
-        for what, found, expected in (
-            ("cluster key", header.key, key),
-            ("partition id", header.partition_id, partition_id),
-            ("first transaction id", header.first_transaction_id, first),
+            stored = SegmentFileHeader.from_bytes_unchecked(raw)
+            created = stored.creation_time_ms if stored is not None else 0
+            header = SegmentFileHeader(FORMAT_VERSION, created, key, partition_id, first)
+            if stored is None:
+                return header, None
+            found = stored
+        else:
+            found = header
+        foreign = None
+        for what, value, expected in (
+            ("cluster key", found.key, key),
+            ("partition id", found.partition_id, partition_id),
+            ("first transaction id", found.first_transaction_id, first),
         ):
-            if found != expected:
-                damages.append(Damage(f"{name} header: {what} {found}, expected {expected}"))
-        return header._replace(key=key, partition_id=partition_id, first_transaction_id=first)
+            if value != expected and found is header:
+                damages.append(Damage(f"{name} header: {what} {value}, expected {expected}"))
+            if value != expected and foreign is None and what != "first transaction id":
+                foreign = f"{name} header: {what} {value}, expected {expected}"
+        return header._replace(key=key, partition_id=partition_id, first_transaction_id=first), foreign
 
     def _recover(self, local_low_water_mark: int) -> list[Damage]:
         """The original's ``Segment.recover`` for the last segment: validate from the last stable
@@ -207,7 +240,9 @@ class Segment:
         append, §2.7). A bad record that whole ones follow is not a tail: it is kept and reported.
         """
         plan = plan_recovery(self._seg_fd, self._idx_fd, self.first_transaction_id, local_low_water_mark)
-        pwrite_all(self._idx_fd, plan.index, self._index_position(plan.rewrite_from))
+        for first, entries in plan.index_runs:
+            if entries:
+                pwrite_all(self._idx_fd, entries, self._index_position(first))
         os.ftruncate(self._idx_fd, self._index_position(plan.next_transaction_id))
         if plan.cut:
             os.ftruncate(self._seg_fd, plan.next_offset)
@@ -217,8 +252,8 @@ class Segment:
         return plan.damages
 
     def _check_record(self, offset: int, transaction_id: int) -> int:
-        """The size of the valid record ``transaction_id`` at ``offset``, or -1."""
-        return check_record(self._seg_fd, offset, transaction_id)
+        """The size of the whole record ``transaction_id`` at ``offset``, or -1."""
+        return check_record(self._seg_fd, offset, transaction_id, os.fstat(self._seg_fd).st_size)
 
     # --- state ---------------------------------------------------------------------------
 
@@ -322,8 +357,7 @@ class Segment:
         assert not self.closed
         if transaction_id + 1 == self._next_transaction_id:
             return
-        if not self.first_transaction_id <= transaction_id + 1 <= self._next_transaction_id:
-            raise StorageError(f"transaction id out of range: file={self.seg_path}")
+        self.check_truncate(transaction_id)
         offset = self._end_of(transaction_id)
         # Index first: a crash in between leaves records past the index, which recovery keeps
         # (the truncate did not return), never an index pointing past the data.
@@ -334,23 +368,31 @@ class Segment:
         self._next_offset = offset
         self._next_transaction_id = transaction_id + 1
 
+    def check_truncate(self, transaction_id: int) -> None:
+        """Raise unless :meth:`truncate` can keep exactly the records up to ``transaction_id``."""
+        if not self.first_transaction_id <= transaction_id + 1 <= self._next_transaction_id:
+            raise StorageError(f"transaction id out of range: file={self.seg_path}")
+
     def _end_of(self, transaction_id: int) -> int:
-        """Where record ``transaction_id`` ends, proven by the data: a whole record ``+1`` at the
-        next index entry, or a whole record ``transaction_id`` at its own. A truncate must never
-        cut where a damaged index entry points."""
+        """Where the data is cut to keep the records up to ``transaction_id``: the end of the
+        record itself when it is whole at its own index entry (a later entry is never trusted
+        over it: a damaged one could point inside its payload). A damaged record is never cut:
+        the data is cut at the next record when that one is whole where its entry says, else
+        not at all (only the index is), and the damaged bytes stay for the refill."""
         if transaction_id < self.first_transaction_id:
             return HEADER_SIZE_BYTES
-        following = self._index_get(transaction_id + 1)
-        if self._check_record(following, transaction_id + 1) >= 0:
-            return following
+        data_end = os.fstat(self._seg_fd).st_size
+        if self.foreign is not None:
+            return data_end
         offset = self._index_get(transaction_id)
-        size = self._check_record(offset, transaction_id)
+        size = check_record(self._seg_fd, offset, transaction_id, data_end)
         if size >= 0:
             return offset + size
-        raise StorageError(
-            f"cannot truncate {self.seg_path} after transaction {transaction_id}: the segment is "
-            "damaged there; refill it from a healthy replica first (waltz storage recover-partition)"
-        )
+        following = self._index_get(transaction_id + 1)
+        lowest = max(offset, HEADER_SIZE_BYTES) + RECORD_OVERHEAD_BYTES
+        if following >= lowest and check_record(self._seg_fd, following, transaction_id + 1, data_end) >= 0:
+            return following
+        return data_end
 
     def flush(self) -> None:
         os.fsync(self._idx_fd)
@@ -370,10 +412,14 @@ class Segment:
         count = min(max_records, self._next_transaction_id - transaction_id)
         if count <= 0:
             return []
+        if self.foreign is not None:
+            partition_id = self.header.partition_id
+            raise CorruptRecordError(partition_id, transaction_id, self.seg_path, -1, self.foreign)
         raw_index = pread_upto(
             self._idx_fd, INDEX_ENTRY_SIZE_BYTES * count, self._index_position(transaction_id)
         )
-        offsets = [entry for (entry,) in INDEX_ENTRY.iter_unpack(raw_index[: len(raw_index) // 8 * 8])]
+        whole_entries = len(raw_index) // INDEX_ENTRY_SIZE_BYTES * INDEX_ENTRY_SIZE_BYTES
+        offsets = [entry for (entry,) in INDEX_ENTRY.iter_unpack(raw_index[:whole_entries])]
         # An entry that cannot be where its record starts (outside the data, or not after the
         # previous record) ends the span: the record it should locate is refused below.
         data_end = self._next_offset
@@ -388,9 +434,20 @@ class Segment:
                 "its index entry is missing" if not offsets else "its index entry points outside the data"
             )
             raise CorruptRecordError(self.header.partition_id, transaction_id, self.seg_path, where, missing)
+        if offsets[usable - 1] - offsets[0] > MAX_READ_SPAN_BYTES:
+            # Records end where the next begins: keep those that end within the budget.
+            usable = max(1, bisect.bisect_right(offsets, offsets[0] + MAX_READ_SPAN_BYTES, 0, usable) - 1)
         offsets = offsets[:usable]
         last_txid = transaction_id + usable - 1
         end = self._span_end(last_txid, offsets[-1])
+        if (
+            end - offsets[0] > MAX_READ_SPAN_BYTES
+            and check_record(self._seg_fd, offsets[0], transaction_id, data_end) < 0
+        ):
+            # Checked in chunks first: a damaged length field must not load a segment's worth.
+            raise CorruptRecordError(
+                self.header.partition_id, transaction_id, self.seg_path, offsets[0], "not whole"
+            )
         buf = pread_upto(self._seg_fd, end - offsets[0], offsets[0])
         result: list[DiskRecord] = []
         for i, offset in enumerate(offsets):
@@ -418,11 +475,10 @@ class Segment:
         """Where the record ``transaction_id`` at ``offset`` ends: the next index entry when it is
         plausible, else what the record's own header says (bounded by the data)."""
         data_end = self._next_offset
-        if transaction_id >= self.max_transaction_id:
-            return data_end
-        following = self._index_get(transaction_id + 1)
-        if offset + RECORD_OVERHEAD_BYTES <= following <= data_end:
-            return following
+        if transaction_id < self.max_transaction_id:
+            following = self._index_get(transaction_id + 1)
+            if offset + RECORD_OVERHEAD_BYTES <= following <= data_end:
+                return following
         head = pread_upto(self._seg_fd, RECORD_HEADER_SIZE_BYTES, offset)
         length = RECORD_HEADER.unpack(head)[4] if len(head) == RECORD_HEADER_SIZE_BYTES else 0
         return min(data_end, offset + RECORD_OVERHEAD_BYTES + max(0, length))
@@ -431,6 +487,8 @@ class Segment:
         """The records of ``transaction_id`` .. ``+count-1`` this segment holds whole, by txid
         (the damaged ones are left out)."""
         found: dict[int, Record] = {}
+        if self.foreign is not None:
+            return found
         txid, end = transaction_id, min(transaction_id + count, self._next_transaction_id)
         while txid < end:
             try:
@@ -453,8 +511,7 @@ class Segment:
         """Continue an unsigned running CRC-32 over the data after the header (replica compare)."""
         assert self.files_open
         offset = HEADER_SIZE_BYTES
-        chunk_bytes = 1 << 20
-        while chunk := os.pread(self._seg_fd, chunk_bytes, offset):
+        while chunk := os.pread(self._seg_fd, CHECKSUM_CHUNK_BYTES, offset):
             crc = zlib.crc32(chunk, crc)
             offset += len(chunk)
         return crc

@@ -6,20 +6,25 @@ checkpoint or the local low-water mark to the end) and decide, without writing a
 * a **sealed** segment (not the last one) is never written: a record in the window that is
   not whole where its index entry says is reported as damaged, and that is all. Its span is
   known from the next segment's name, so the partition stays contiguous whatever its bytes;
-* the **last** segment may lose its *tail*, and only that: a bad record with no whole record
-  anywhere after it is what a crash in the middle of an append leaves, and it is cut as the
-  original does. A bad record followed by whole ones is damage in the middle: it is kept,
-  reported and walked past. A record at or below the durable point (the local low-water mark,
-  or the last checkpoint, both synced before they were recorded) is never cut.
+* the **last** segment follows the original's rule above the *durable point*: the walk stops
+  at the first record that is not whole and everything from there on is cut (a crash in the
+  middle of an append looks exactly like that). At or below the durable point (the local
+  low-water mark, or the last checkpoint, both synced before they were recorded) a record is
+  never cut: a bad one is kept, reported and stepped over, but only to where its own length
+  field or a later index entry locates a whole record (never a search of the data, whose
+  payloads are the clients' bytes).
 
-:func:`plan_recovery` returns what ``Segment`` then writes (the window's index entries, rebuilt
-from the data, and the cut) and the damage it found.
+The durable point is only as good as what proves it: a checkpoint is trusted when its index
+entry points at a whole record (an index grown by a crash, or with garbage, proves nothing);
+otherwise the walk starts at the closest earlier record that is whole where its entry says.
+
+:func:`plan_recovery` returns what ``Segment`` then writes (the index entries of the whole
+records it walked, rebuilt from the data, and the cut) and the damage it found.
 """
 
 from __future__ import annotations
 
 import os
-import struct
 import zlib
 from dataclasses import dataclass, field
 
@@ -35,11 +40,14 @@ from waltz_engine.disk.record_format import (
     RECORD_HEADER_SIZE_BYTES,
     RECORD_OVERHEAD_BYTES,
 )
-from waltz_engine.storage.damage import Damage, transaction_ranges
+from waltz_engine.storage.damage import Damage
 
-# The data after a bad record is searched in chunks this large for the next record's txid.
-SEARCH_CHUNK_BYTES = 1 << 20
-_TXID = struct.Struct(">q")
+# Index entries read at once when a walk looks past damage (8 bytes each: 32 KiB).
+INDEX_CHUNK_ENTRIES = 4096
+# The most of one record held in memory at once while its checksums are computed.
+CHECK_CHUNK_BYTES = 1 << 20
+
+NOT_LOCATED = "cannot be located"
 
 
 def _java_div(dividend: int, divisor: int) -> int:
@@ -48,22 +56,51 @@ def _java_div(dividend: int, divisor: int) -> int:
     return -quotient if dividend < 0 else quotient
 
 
-def check_record(seg_fd: int, offset: int, transaction_id: int) -> int:
-    """The size of the whole record ``transaction_id`` at ``offset`` (its CRC verifies), or -1."""
-    if offset < HEADER_SIZE_BYTES:
+def check_record(seg_fd: int, offset: int, transaction_id: int, data_end: int | None = None) -> int:
+    """The size of the whole record ``transaction_id`` at ``offset``, or -1.
+
+    Whole means what a read means: the txid, the CRC over header and data, and the data
+    checksum all check out. ``data_end`` is the data file's size (looked up when not given):
+    a length running past it is refused before anything is read, and a record is read in
+    chunks of at most ``CHECK_CHUNK_BYTES``.
+    """
+    if data_end is None:
+        data_end = os.fstat(seg_fd).st_size
+    if offset < HEADER_SIZE_BYTES or offset + RECORD_OVERHEAD_BYTES > data_end:
         return -1
     head = pread_upto(seg_fd, RECORD_HEADER_SIZE_BYTES, offset)
     if len(head) < RECORD_HEADER_SIZE_BYTES:
         return -1
-    stored_txid, _, _, _, data_length, _ = RECORD_HEADER.unpack(head)
+    stored_txid, _, _, _, data_length, checksum = RECORD_HEADER.unpack(head)
     if stored_txid != transaction_id or data_length < 0:
         return -1
-    rest = pread_upto(seg_fd, data_length + RECORD_CRC.size, offset + RECORD_HEADER_SIZE_BYTES)
-    if len(rest) < data_length + RECORD_CRC.size:
+    size = RECORD_OVERHEAD_BYTES + data_length
+    if offset + size > data_end:
         return -1
-    crc = zlib.crc32(memoryview(rest)[:data_length], zlib.crc32(head))
-    (stored_crc,) = RECORD_CRC.unpack_from(rest, data_length)
-    return RECORD_OVERHEAD_BYTES + data_length if to_signed32(crc) == stored_crc else -1
+    crc = zlib.crc32(head)
+    data_crc = 0
+    position = offset + RECORD_HEADER_SIZE_BYTES
+    if data_length + RECORD_CRC.size <= CHECK_CHUNK_BYTES:  # the usual case: one read
+        rest = pread_upto(seg_fd, data_length + RECORD_CRC.size, position)
+        if len(rest) < data_length + RECORD_CRC.size:
+            return -1
+        data = memoryview(rest)[:data_length]
+        crc, data_crc = zlib.crc32(data, crc), zlib.crc32(data)
+        tail = rest[data_length:]
+    else:
+        remaining = data_length
+        while remaining > 0:
+            chunk = pread_upto(seg_fd, min(CHECK_CHUNK_BYTES, remaining), position)
+            if not chunk:
+                return -1
+            crc, data_crc = zlib.crc32(chunk, crc), zlib.crc32(chunk, data_crc)
+            position += len(chunk)
+            remaining -= len(chunk)
+        tail = pread_upto(seg_fd, RECORD_CRC.size, position)
+        if len(tail) < RECORD_CRC.size:
+            return -1
+    (stored_crc,) = RECORD_CRC.unpack(tail)
+    return size if to_signed32(crc) == stored_crc and to_signed32(data_crc) == checksum else -1
 
 
 def index_entry_count(idx_fd: int) -> tuple[int, int]:
@@ -83,12 +120,13 @@ def read_index(idx_fd: int, first_transaction_id: int, from_transaction_id: int,
 
 
 def recovery_window(index_max_transaction_id: int, local_low_water_mark: int) -> tuple[int, int]:
-    """(where the original's recovery scan starts, the last txid known durable).
+    """(where the original's recovery scan starts, the last txid known durable if the index is right).
 
     The scan starts at the last checkpoint (index and data synced when the next txid was a
     multiple of ``CHECKPOINT_INTERVAL``) or at the local low-water mark (synced before it was
     recorded), whichever is later. Everything before the checkpoint, and up to the low-water
-    mark, was synced: never a torn write.
+    mark, was synced: never a torn write. The checkpoint comes from the index's size, so it is
+    proven only by a whole record where the index says (see ``plan_recovery``).
     """
     if index_max_transaction_id <= local_low_water_mark:
         return index_max_transaction_id, index_max_transaction_id
@@ -108,7 +146,23 @@ def _bad_record_reason(seg_fd: int, offset: int, transaction_id: int, data_end: 
         return f"the bytes at offset {offset} say transaction {stored_txid}"
     if data_length < 0 or offset + RECORD_OVERHEAD_BYTES + data_length > data_end:
         return f"its data length {data_length} runs past the data file"
-    return "record checksum mismatch"
+    return "record or data checksum mismatch"
+
+
+class _Damages:
+    """Damage found record by record, kept as ranges (a run of one reason is one ``Damage``)."""
+
+    def __init__(self) -> None:
+        self.found: list[Damage] = []
+
+    def add(self, what: str, first: int, last: int) -> None:
+        if last < first:
+            return
+        previous = self.found[-1] if self.found else None
+        if previous is not None and previous.what == what and previous.last_transaction_id == first - 1:
+            self.found[-1] = previous._replace(last_transaction_id=last)
+        else:
+            self.found.append(Damage(what, first, last))
 
 
 def check_sealed(
@@ -116,8 +170,9 @@ def check_sealed(
 ) -> list[Damage]:
     """What is wrong with a sealed segment holding ``first`` .. ``end - 1``; reads only.
 
-    Each record of the recovery window is checked where its index entry says, exactly as a
-    read would find it, so the report names the records reads will refuse.
+    Each record of the recovery window (at most ``CHECKPOINT_INTERVAL`` records) is checked
+    where its index entry says, exactly as a read would find it, so the report names the
+    records reads will refuse.
     """
     assert end_transaction_id > first_transaction_id, "a sealed segment holds a record"
     damages: list[Damage] = []
@@ -135,18 +190,17 @@ def check_sealed(
     start, _ = recovery_window(first_transaction_id + listed - 1, local_low_water_mark)
     start = max(start, first_transaction_id)
     offsets = read_index(idx_fd, first_transaction_id, start, first_transaction_id + listed - start)
-    bad: dict[int, str] = {}
+    bad = _Damages()
     end = None
     for i, offset in enumerate(offsets):
         txid = start + i
-        size = check_record(seg_fd, offset, txid) if offset < data_end else -1
+        size = check_record(seg_fd, offset, txid, data_end)
         if size < 0:
-            bad[txid] = _bad_record_reason(seg_fd, offset, txid, data_end)
+            bad.add(_bad_record_reason(seg_fd, offset, txid, data_end), txid, txid)
             end = None
         else:
             end = offset + size
-    for first, last in transaction_ranges(bad):
-        damages.append(Damage(bad[first], first, last))
+    damages += bad.found
     if end is not None and listed == expected and end < data_end:
         damages.append(Damage(f"{data_end - end} stray bytes after the last record"))
     return damages
@@ -158,8 +212,9 @@ class RecoveryPlan:
 
     next_transaction_id: int
     next_offset: int
-    rewrite_from: int  # the first txid whose index entry ``index`` rewrites
-    index: bytes
+    # (first txid, entries): the rebuilt index entries of the whole records walked. A damaged
+    # record's entry is not among them: its bytes are left as they are.
+    index_runs: list[tuple[int, bytes]]
     cut: bool  # the data from ``next_offset`` on is a torn tail, to be cut
     damages: list[Damage] = field(default_factory=list)
 
@@ -174,42 +229,65 @@ class _LastSegment:
         self.index_max = first_transaction_id + index_entry_count(idx_fd)[0] - 1
         self.data_end = os.fstat(seg_fd).st_size
 
-    def start_of_walk(self, start: int) -> tuple[int, int]:
-        """The record to walk from: ``start`` where its index entry says, else the closest earlier
-        one whole where its entry says, else the segment's first record."""
+    def check(self, offset: int, transaction_id: int) -> int:
+        return check_record(self.seg_fd, offset, transaction_id, self.data_end)
+
+    def whole_before(self, transaction_id: int) -> tuple[int, int] | None:
+        """The closest record before ``transaction_id`` that is whole where its index entry says,
+        read back in chunks of ``INDEX_CHUNK_ENTRIES`` entries."""
+        # No more records fit in the data than this: entries past them prove nothing.
+        most = (self.data_end - HEADER_SIZE_BYTES) // RECORD_OVERHEAD_BYTES
+        high = min(transaction_id - 1, self.index_max, self.first + most - 1)
+        while high >= self.first:
+            low = max(self.first, high - INDEX_CHUNK_ENTRIES + 1)
+            offsets = read_index(self.idx_fd, self.first, low, high - low + 1)
+            for i in range(len(offsets) - 1, -1, -1):
+                if self.check(offsets[i], low + i) >= 0:
+                    return low + i, offsets[i]
+            high = low - 1
+        return None
+
+    def start_of_walk(self, start: int, durable: int, local_low_water_mark: int) -> tuple[int, int, int]:
+        """(txid, offset) to walk from and the durable point: ``start`` where its index entry says
+        when that record is whole; else the closest earlier record whole where its entry says (the
+        checkpoint is not proven: only the low-water mark and that record are), else the first."""
         if start <= self.first:
-            return self.first, HEADER_SIZE_BYTES
-        offsets = read_index(self.idx_fd, self.first, self.first, start - self.first + 1)
-        for txid in range(self.first + len(offsets) - 1, self.first - 1, -1):
-            if check_record(self.seg_fd, offsets[txid - self.first], txid) >= 0:
-                return txid, offsets[txid - self.first]
-        return self.first, HEADER_SIZE_BYTES
+            return self.first, HEADER_SIZE_BYTES, durable
+        (offset,) = read_index(self.idx_fd, self.first, start, 1) or (-1,)
+        if self.check(offset, start) >= 0:
+            return start, offset, durable
+        found = self.whole_before(start)
+        if found is None:
+            return self.first, HEADER_SIZE_BYTES, max(local_low_water_mark, min(durable, self.first - 1))
+        txid, offset = found
+        return txid, offset, max(local_low_water_mark, min(durable, txid))
 
-    def successor(self, transaction_id: int, offset: int) -> tuple[int, int] | None:
-        """The first whole record after the bad one ``transaction_id`` at ``offset``: through the
-        index entries of the later txids, else by searching the data for the next txid."""
-        later = read_index(self.idx_fd, self.first, transaction_id + 1, self.index_max - transaction_id)
-        for i, candidate in enumerate(later):
-            txid = transaction_id + 1 + i
-            if offset < candidate < self.data_end and check_record(self.seg_fd, candidate, txid) >= 0:
-                return txid, candidate
-        return self._search(transaction_id + 1, offset + 1)
-
-    def _search(self, transaction_id: int, offset: int) -> tuple[int, int] | None:
-        """The whole record ``transaction_id`` at or after ``offset``, found by its txid bytes."""
-        pattern = _TXID.pack(transaction_id)
-        position = offset
-        while position < self.data_end:
-            chunk = pread_upto(self.seg_fd, min(SEARCH_CHUNK_BYTES, self.data_end - position), position)
-            found = chunk.find(pattern)
-            while found >= 0:
-                if check_record(self.seg_fd, position + found, transaction_id) >= 0:
-                    return transaction_id, position + found
-                found = chunk.find(pattern, found + 1)
-            # Overlap the chunks so a txid split between two is still found.
-            position += max(1, len(chunk) - (_TXID.size - 1))
-            if len(chunk) < SEARCH_CHUNK_BYTES:
+    def step_over(self, transaction_id: int, offset: int, durable: int) -> tuple[int, int] | None:
+        """Where the walk goes on after the bad, durable record ``transaction_id`` at ``offset``:
+        the next record whole where the bad one's own length field ends it (or the data's end,
+        when it is the durable point itself), else the first later record up to ``durable + 1``
+        whole where its index entry says. None when neither locates one."""
+        head = pread_upto(self.seg_fd, RECORD_HEADER_SIZE_BYTES, offset)
+        if len(head) == RECORD_HEADER_SIZE_BYTES:
+            stored_txid, _, _, _, data_length, _ = RECORD_HEADER.unpack(head)
+            end = offset + RECORD_OVERHEAD_BYTES + data_length
+            if stored_txid == transaction_id and data_length >= 0 and end <= self.data_end:
+                if self.check(end, transaction_id + 1) >= 0:
+                    return transaction_id + 1, end
+                if end == self.data_end and transaction_id >= durable:
+                    return transaction_id + 1, end
+        # Later entries must point past this record's smallest possible extent.
+        lowest = offset + RECORD_OVERHEAD_BYTES
+        txid = transaction_id + 1
+        last = min(durable + 1, self.index_max)
+        while txid <= last:
+            offsets = read_index(self.idx_fd, self.first, txid, min(INDEX_CHUNK_ENTRIES, last - txid + 1))
+            if not offsets:
                 break
+            for i, candidate in enumerate(offsets):
+                if candidate >= lowest and self.check(candidate, txid + i) >= 0:
+                    return txid + i, candidate
+            txid += len(offsets)
         return None
 
 
@@ -219,38 +297,36 @@ def plan_recovery(
     """Walk the last segment's recovery window; decide what is kept, cut and reported."""
     files = _LastSegment(seg_fd, idx_fd, first_transaction_id)
     start, durable = recovery_window(files.index_max, local_low_water_mark)
-    txid, offset = files.start_of_walk(start)
-    rewrite_from = txid
-    index = bytearray()
-    bad: dict[int, str] = {}
-    cut = False
+    txid, offset, durable = files.start_of_walk(start, durable, local_low_water_mark)
+    runs: list[tuple[int, bytes]] = []
+    run_first, run = txid, bytearray()
+    bad = _Damages()
     while True:
-        size = check_record(seg_fd, offset, txid)
+        size = files.check(offset, txid)
         if size >= 0:
-            index += INDEX_ENTRY.pack(offset)
+            run += INDEX_ENTRY.pack(offset)
             offset += size
             txid += 1
             continue
         if offset >= files.data_end:
             break  # the data ends after a whole record
+        if txid > durable:
+            # Not known durable: a torn or dirty tail, or damage the original cuts the same way.
+            runs.append((run_first, bytes(run)))
+            return RecoveryPlan(txid, offset, runs, True, bad.found)
+        # Synced before it was acknowledged: never cut. Keep every byte and step over it.
         reason = _bad_record_reason(seg_fd, offset, txid, files.data_end)
-        found = files.successor(txid, offset)
-        if found is None and txid > durable:
-            cut = True  # nothing whole after it: the tail of an interrupted append
-            break
+        found = files.step_over(txid, offset, durable)
+        runs.append((run_first, bytes(run)))
+        bad.add(reason, txid, txid)
         if found is None:
-            # A synced record we cannot see past: keep every byte, refuse what cannot be found.
-            bad.update((t, reason if t == txid else "cannot be located") for t in range(txid, durable + 1))
-            plan = RecoveryPlan(durable + 1, files.data_end, rewrite_from, bytes(index), False)
-            return _with_damages(plan, bad)
-        successor_txid, successor_offset = found
-        bad.update((t, reason if t == txid else "cannot be located") for t in range(txid, successor_txid))
-        # Their entries point at the damaged bytes: reads there are refused, never misread.
-        index += INDEX_ENTRY.pack(offset) * (successor_txid - txid)
-        txid, offset = successor_txid, successor_offset
-    return _with_damages(RecoveryPlan(txid, offset, rewrite_from, bytes(index), cut), bad)
-
-
-def _with_damages(plan: RecoveryPlan, bad: dict[int, str]) -> RecoveryPlan:
-    plan.damages = [Damage(bad[first], first, last) for first, last in transaction_ranges(bad)]
-    return plan
+            # Nothing whole can be located after it: the records up to the durable point are
+            # refused (read from another replica), and the log goes on after them.
+            bad.add(NOT_LOCATED, txid + 1, durable)
+            return RecoveryPlan(durable + 1, files.data_end, runs, False, bad.found)
+        next_txid, offset = found
+        bad.add(NOT_LOCATED, txid + 1, next_txid - 1)
+        txid = run_first = next_txid
+        run = bytearray()
+    runs.append((run_first, bytes(run)))
+    return RecoveryPlan(txid, offset, runs, False, bad.found)
