@@ -54,6 +54,8 @@ CHECKSUM_CHUNK_BYTES = 1 << 20
 # What a corrupt record's error says first; the server recognises the storage FAILURE by it
 # (``waltz_engine.server.store.store_session``) and reads the record from another replica.
 CORRUPT_RECORD_MESSAGE = "corrupt record"
+# What a sealed segment of another cluster or partition is reported as (none of it is served).
+FOREIGN_SEGMENT = "another cluster's or partition's segment, none of its records served"
 
 
 class CorruptRecordError(StorageError):
@@ -180,8 +182,8 @@ class Segment:
                 damages += segment._recover(local_low_water_mark)
             else:
                 if foreign is not None:
-                    segment.foreign = f"{foreign}: another cluster's or partition's segment"
-                    damages.append(Damage(segment.foreign, first, sealed_end - 1))
+                    segment.foreign = f"{foreign}: {FOREIGN_SEGMENT}"
+                    damages.append(Damage(FOREIGN_SEGMENT, first, sealed_end - 1))
                 else:
                     damages += check_sealed(seg_fd, idx_fd, first, sealed_end, local_low_water_mark)
                 segment._next_transaction_id = sealed_end
