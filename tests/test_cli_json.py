@@ -45,6 +45,10 @@ NOT_RUN_HERE = {
     "waltz create-cluster": "creates a cluster: tests/zk/test_zk_cli.py",
     "waltz zk auto-assign": "needs a group with no assignments: tests/zk/test_zk_cli.py",
     "waltz dev up": "starts a cluster of its own: tests/devcluster/",
+    "waltz backup create": "backs up a cluster: tests/backup/test_backup_cluster.py",
+    "waltz backup verify": "needs a backup: tests/backup/test_backup_cluster.py",
+    "waltz backup restore": "needs a backup: tests/backup/test_backup_cluster.py",
+    "waltz backup list": "needs a backup: tests/backup/test_backup_cluster.py",
 }
 
 

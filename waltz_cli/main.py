@@ -50,6 +50,7 @@ def _root(
 def _register() -> None:
     # Imported here so that `waltz --help` stays one place that lists every group.
     from waltz_cli.commands import (
+        backup,
         bench,
         client,
         cluster,
@@ -83,6 +84,7 @@ def _register() -> None:
     app.add_typer(retention.app, name="retention")
     app.add_typer(spark.app, name="spark")
     app.add_typer(bench.app, name="bench")
+    app.add_typer(backup.app, name="backup")
 
 
 _register()

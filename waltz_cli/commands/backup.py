@@ -1,0 +1,189 @@
+"""`waltz backup ...`: backups of a live cluster's committed log (our extension; the original
+has none). A thin skin over :mod:`waltz_engine.ops.backup`; see docs/operations.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from waltz_cli import options
+from waltz_cli.options import ConfigOption, JsonOption, RootOption, ZooKeeperOption
+from waltz_cli.output import console, err_console, one_line_errors, print_json
+from waltz_engine.net.tls import TlsConfig
+from waltz_engine.ops.backup import (
+    DEFAULT_SEGMENT_SIZE_BYTES,
+    create_backup,
+    describe_backup,
+    restore_backup,
+    verify_backup,
+)
+from waltz_engine.ops.tool_config import load_settings, load_tool_config
+from waltz_engine.storage.network_reader import ClusterAccess
+from waltz_engine.zk.partition_ranges import parse_partition_ranges
+
+app = options.group(help="Backups of the committed log: create (incremental), verify, restore, list.")
+
+MILLIS_PER_SECOND = 1000
+BackupPartitionsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--partition", "--partitions", "-p", help="Partition ids and ranges, e.g. 0-3,7 (default all)."
+    ),
+]
+UrlArgument = Annotated[
+    str, typer.Argument(help="The backup: a local path, or s3://, gs://, hdfs://, file:// URL.")
+]
+
+
+@contextmanager
+def _progress(description: str, quiet: bool) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar on stderr when it is a terminal (and not --json); the update callback."""
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=quiet or not err_console.is_terminal,
+    ) as progress:
+        task = progress.add_task(description, total=None)
+        yield lambda done, total: progress.update(task, completed=done, total=total)
+
+
+def _when(ms: int) -> str:
+    return datetime.fromtimestamp(ms / MILLIS_PER_SECOND, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@app.command("create")
+@one_line_errors
+def create(
+    to: Annotated[str, typer.Option("--to", help="Where the backup goes: a local path or a URL.")],
+    partitions: BackupPartitionsOption = None,
+    segment_size_bytes: Annotated[
+        int,
+        typer.Option("--segment-size-bytes", min=1, help="The backup's segments roll over past this size."),
+    ] = DEFAULT_SEGMENT_SIZE_BYTES,
+    config: ConfigOption = None,
+    zookeeper: ZooKeeperOption = None,
+    cluster_root: RootOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Back up the committed log, or add to a backup what was committed since its last run.
+
+    Reads the storage nodes over the network (their admin ports); the backup is a storage
+    directory in the original's format plus a manifest, made visible only once complete.
+
+    Example: waltz backup create -c client.yml --to s3://bucket/waltz-backup
+    """
+    wanted = parse_partition_ranges(partitions) if partitions is not None else None
+    settings = load_settings(config, zookeeper, cluster_root)
+    tool_config = load_tool_config(config)
+    tls = TlsConfig.from_flat(tool_config.as_dict(), "client") if tool_config is not None else TlsConfig()
+    with _progress("backing up (records)", as_json) as progress:
+        summary = create_backup(
+            ClusterAccess(settings, tls),
+            to,
+            wanted,
+            segment_size_bytes=segment_size_bytes,
+            progress=progress,
+        )
+    if as_json:
+        print_json(summary.to_json())
+        return
+    if not summary.published:
+        console.print(f"backup {summary.sequence} at {to} is up to date: nothing new was committed")
+        return
+    console.print(
+        f"backup {summary.sequence} at {to}: {summary.records_added} record(s) added, "
+        f"{summary.files_uploaded} file(s) ({summary.bytes_uploaded} bytes) uploaded "
+        f"in {summary.seconds:.1f} s"
+    )
+
+
+@app.command("verify")
+@one_line_errors
+def verify(url: UrlArgument, as_json: JsonOption = False) -> None:
+    """Check every file of a backup against its manifest and every record's checksums; exit 1 on damage.
+
+    Example: waltz backup verify s3://bucket/waltz-backup
+    """
+    with _progress("verifying (files)", as_json) as progress:
+        report = verify_backup(url, progress)
+    if as_json:
+        print_json(report.to_json())
+    else:
+        for problem in report.problems:
+            console.print(problem, markup=False, soft_wrap=True)
+        console.print(report.summary(), markup=False)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@app.command("restore")
+@one_line_errors
+def restore(
+    url: UrlArgument,
+    to: Annotated[Path, typer.Option("--to", help="A new (or empty) storage directory.")],
+    to_txid: Annotated[
+        int | None,
+        typer.Option("--to-txid", help="Restore only transactions up to this one (each partition)."),
+    ] = None,
+    partitions: BackupPartitionsOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Restore a backup into a storage directory a storage node starts on (ours or the original's).
+
+    Then point the node's storage.directory at it and start the node; the server's next store
+    session catches it up from the other replicas (docs/operations.md).
+
+    Example: waltz backup restore s3://bucket/waltz-backup --to /var/lib/waltz/storage --to-txid 41999
+    """
+    wanted = parse_partition_ranges(partitions) if partitions is not None else None
+    with _progress("restoring (files)", as_json) as progress:
+        summary = restore_backup(url, to, to_txid=to_txid, partitions=wanted, progress=progress)
+    if as_json:
+        print_json(summary.to_json())
+        return
+    for p, span in sorted(summary.partitions.items()):
+        console.print(f"partition {p}: transactions {span['first_txid']}..{span['last_txid']}")
+    console.print(
+        f"restored backup {summary.sequence} into {to}: {summary.files} file(s), {summary.bytes} bytes"
+    )
+
+
+@app.command("list")
+@one_line_errors
+def list_(url: UrlArgument, as_json: JsonOption = False) -> None:
+    """What a backup holds: its newest complete run, per partition the transactions and files.
+
+    Example: waltz backup list /backups/waltz --json
+    """
+    described = describe_backup(url)
+    if as_json:
+        print_json(described)
+        return
+    table = Table("partition", "first txid", "last txid", "records", "segments", "bytes")
+    for p in described["partitions"]:
+        table.add_row(
+            str(p["partition"]),
+            str(p["first_txid"]),
+            str(p["last_txid"]),
+            str(p["records"]),
+            str(p["segments"]),
+            str(p["bytes"]),
+        )
+    table.caption = (
+        f"backup {described['sequence']} of cluster {described['cluster_key']} "
+        f"({described['cluster_root']}), "
+        f"made {_when(described['created_ms'])}; {described['runs']} run(s), {described['bytes']} bytes"
+    )
+    console.print(table)
