@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -32,6 +32,8 @@ from testkit import free_tcp_port
 
 from waltz_engine.common.record import Record
 from waltz_engine.common.reqid import ReqId
+from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
+from waltz_engine.disk.record_format import INDEX_ENTRY, INDEX_ENTRY_SIZE_BYTES, RECORD_HEADER_SIZE_BYTES
 from waltz_engine.net.channel import ConnectionClosedError
 from waltz_engine.net.tls import TlsConfig, client_context
 from waltz_engine.storage.client import StorageAdminClient, StorageClient, StorageRpcError
@@ -294,3 +296,19 @@ def start_storage_node(
         node.close()
         raise
     return node
+
+
+def flip_data_bits(partition_dir: Path, txids: Iterable[int]) -> None:
+    """Flip one bit in the data of each record of ``txids`` (all in the first segment)."""
+    (seg,) = sorted(partition_dir.glob("*.seg"))
+    assert seg.name == f"{0:019d}.seg"
+    index = seg.with_suffix(".idx").read_bytes()
+    fd = os.open(seg, os.O_RDWR)
+    try:
+        for txid in txids:
+            (offset,) = INDEX_ENTRY.unpack_from(index, HEADER_SIZE_BYTES + INDEX_ENTRY_SIZE_BYTES * txid)
+            at = offset + RECORD_HEADER_SIZE_BYTES + 5
+            os.pwrite(fd, bytes([os.pread(fd, 1, at)[0] ^ 0x04]), at)
+        os.fsync(fd)
+    finally:
+        os.close(fd)

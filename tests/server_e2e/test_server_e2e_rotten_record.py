@@ -10,19 +10,16 @@ replica, and the client gets the bytes that were committed.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
-from pathlib import Path
 
 import pytest
 from client_support.app import MockCallbacks, MockContext
 from cluster_support import local_cluster, waltz_client_config
+from storage_node_support import flip_data_bits
 
 from waltz_engine.client import WaltzClient
 from waltz_engine.common.address import HostPort
 from waltz_engine.disk.control_reader import read_control_file
-from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
-from waltz_engine.disk.record_format import INDEX_ENTRY, INDEX_ENTRY_SIZE_BYTES, RECORD_HEADER_SIZE_BYTES
 from waltz_engine.net.tls import TlsConfig, client_context
 from waltz_engine.ops.devcluster.nodes import LocalNode
 from waltz_engine.storage.admin_ops import StorageContext, max_transaction_id
@@ -37,22 +34,6 @@ ROTTEN = range(2, 22)  # flipped on one node; the router spreads reads, so it is
 
 def _data(txid: int) -> str:
     return f"transaction {txid:03d}: committed bytes"
-
-
-def _flip_data_bits(partition_dir: Path, txids: range) -> None:
-    """Flip one bit in the data of each record of ``txids`` (all in the first segment)."""
-    (seg,) = sorted(partition_dir.glob("*.seg"))
-    assert seg.name == f"{0:019d}.seg"
-    index = seg.with_suffix(".idx").read_bytes()
-    fd = os.open(seg, os.O_RDWR)
-    try:
-        for txid in txids:
-            (offset,) = INDEX_ENTRY.unpack_from(index, HEADER_SIZE_BYTES + INDEX_ENTRY_SIZE_BYTES * txid)
-            at = offset + RECORD_HEADER_SIZE_BYTES + 5
-            os.pwrite(fd, bytes([os.pread(fd, 1, at)[0] ^ 0x04]), at)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 async def _wait_max_transaction_id(node: LocalNode, context: StorageContext, txid: int) -> None:
@@ -86,7 +67,7 @@ def test_a_rotten_record_is_read_from_another_replica_and_never_served(
         data_dir = rotten_node.directory / "data"
         local_lwm = read_control_file(data_dir).partitions[0].current
         assert local_lwm is not None and local_lwm.local_low_water_mark >= ROTTEN[-1], local_lwm
-        _flip_data_bits(data_dir / "0", ROTTEN)
+        flip_data_bits(data_dir / "0", ROTTEN)
         rotten_node.start()
         # One more transaction, and the rotten node back in the session with it (so it is asked).
         asyncio.run(append(TRANSACTIONS, 1))

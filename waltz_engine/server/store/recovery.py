@@ -26,6 +26,7 @@ from waltz_engine.server.store.metadata_calls import metadata_call
 from waltz_engine.server.store.replica_connection import ReplicaConnection
 from waltz_engine.server.store.retained_start import restart_at_retained_start, retained_start_error
 from waltz_engine.storage.client import StorageRpcError
+from waltz_engine.storage.segment import CORRUPT_RECORD_MESSAGE
 from waltz_engine.zk.java_io import JavaHashMap
 from waltz_engine.zk.payloads import (
     UNRESOLVED_HIGH_WATER_MARK,
@@ -314,11 +315,29 @@ class RecoveryManager:
         current = state.high_water_mark
         resolved = self.resolved_high_water_mark
         target = resolved if resolved is not None else usher.high_water_mark
+        # Replicas that refused the stretch from current + 1 as corrupt; on rot everywhere in a
+        # batch, records are asked for one at a time until one is given whole.
+        refused: set[ReplicaId] = set()
+        one_by_one = False
         while current < target:
-            count = min(target - current, RECOVERY_BATCH_SIZE)
+            count = 1 if one_by_one else min(target - current, RECOVERY_BATCH_SIZE)
             try:
                 records = await usher.connection.records(current + 1, count)
             except StorageRpcError as e:
+                if CORRUPT_RECORD_MESSAGE in str(e):
+                    # Rot on the usher's disk: that stretch comes from another replica that holds it.
+                    refused.add(usher.replica_id)
+                    other = self._other_usher(state, current + 1, refused)
+                    if other is not None:
+                        log.warning("recovery copies from %s instead: %s", other.replica_id, e)
+                        usher = other
+                    elif not one_by_one:
+                        one_by_one = True
+                        refused.clear()
+                    else:
+                        whole = f"no replica gives transaction {current + 1} whole"
+                        raise RecoveryFailedError(f"{whole}: {e}") from None
+                    continue
                 retained = retained_start_error(e)
                 if retained is None:
                     raise
@@ -331,9 +350,25 @@ class RecoveryManager:
                 raise RecoveryFailedError(f"{usher.replica_id} has no record {current + 1} to copy")
             await connection.append(records)
             current += len(records)
+            refused.clear()
+            one_by_one = False
             resolved = self.resolved_high_water_mark
             target = resolved if resolved is not None else target
         return current
+
+    def _other_usher(
+        self, state: _ReplicaRecoveryState, transaction_id: int, refused: set[ReplicaId]
+    ) -> _ReplicaRecoveryState | None:
+        """A replica to copy ``transaction_id`` from, other than those that refused it as corrupt."""
+        for other in sorted(self._states.values(), key=lambda s: s.high_water_mark, reverse=True):
+            if (
+                other.replica_id != state.replica_id
+                and other.replica_id not in refused
+                and other.replica_id not in self._left
+                and other.high_water_mark >= transaction_id
+            ):
+                return other
+        return None
 
     # --- ZooKeeper ------------------------------------------------------------------------------
 

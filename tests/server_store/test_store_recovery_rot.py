@@ -1,0 +1,93 @@
+"""A recovery copying from a replica whose record is rotten copies it from another replica.
+
+Issue 13: damage at or below a replica's durable point is kept on disk and refused on reads. A
+lagging replica's catch-up used to re-raise that refusal, so the recovery aborted on every
+retry and the partition could not open a session. Here two replicas each hold one rotten
+record (a different one), and the third lags behind both: whichever replica the catch-up
+starts from, it meets rot and must take that stretch from the other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from storage_node_support import ISSUED_SESSION_ID, StorageNodeProcess, flip_data_bits, make_records
+from store_cluster_support import (
+    StorageCluster,
+    bounded,
+    caught_up,
+    node_connect_string,
+    open_store,
+    read_all,
+    register,
+    replica_state,
+    set_up_storage,
+    wait_until,
+    write_metadata,
+)
+
+from waltz_engine.storage.client import StorageRpcError
+from waltz_engine.zk.connection import ZooKeeperSettings, connect
+from waltz_engine.zk.payloads import UNRESOLVED_HIGH_WATER_MARK
+
+PARTITION_ID = 0
+GENERATION = 3
+PREVIOUS_SESSION_ID = ISSUED_SESSION_ID
+LAST_TXID = 99
+LAGGING_TXID = 49
+ROTTEN = {0: 70, 1: 80}  # node index → the txid rotten on it (both below its low-water mark)
+
+
+@pytest.fixture
+def cluster(zookeeper: str, tmp_path: Path) -> Iterator[StorageCluster]:
+    storage_cluster = StorageCluster(zookeeper, tmp_path, 3, 1)
+    storage_cluster.start()
+    try:
+        yield storage_cluster
+    finally:
+        storage_cluster.close()
+
+
+async def _refused(node: StorageNodeProcess, txid: int) -> bool:
+    try:
+        await node.with_admin(lambda admin: admin.record_list(PARTITION_ID, txid, 1))
+    except StorageRpcError as e:
+        return "corrupt record" in str(e)
+    return False
+
+
+def test_catch_up_takes_a_rotten_record_from_another_replica(cluster: StorageCluster, zookeeper: str) -> None:
+    storages = [node_connect_string(node) for node in cluster.nodes]
+
+    async def go() -> None:
+        with connect(ZooKeeperSettings(zookeeper, cluster.root)) as zk:
+            for name, node in zip(storages, cluster.nodes, strict=True):
+                register(zk, cluster.root, name, node.admin_port, [PARTITION_ID])
+            for i, node in enumerate(cluster.nodes):
+                last = LAGGING_TXID if i == 2 else LAST_TXID
+                await set_up_storage(node, PARTITION_ID, PREVIOUS_SESSION_ID, last, last)
+            for i, txid in ROTTEN.items():
+                flip_data_bits(cluster.nodes[i].directory / str(PARTITION_ID), [txid])
+                assert await _refused(cluster.nodes[i], txid)
+            states = [
+                replica_state(PARTITION_ID, name, PREVIOUS_SESSION_ID, UNRESOLVED_HIGH_WATER_MARK)
+                for name in storages
+            ]
+            write_metadata(zk, cluster.root, PARTITION_ID, GENERATION, PREVIOUS_SESSION_ID, states)
+            store = await open_store(zk, cluster.root)
+            try:
+                partition = store.partition(PARTITION_ID)
+                await partition.set_generation(GENERATION)
+                await bounded(partition.ensure_open())
+                await wait_until(lambda: caught_up(partition.status(), storages), "every replica caught up")
+                assert partition.high_water_mark == LAST_TXID
+            finally:
+                await store.close()
+        session_id = PREVIOUS_SESSION_ID + 1
+        lagging = await read_all(cluster.nodes[2], PARTITION_ID, session_id, LAST_TXID + 1)
+        assert lagging == make_records(0, LAST_TXID + 1, PARTITION_ID)
+
+    asyncio.run(go())
