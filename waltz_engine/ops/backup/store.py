@@ -25,6 +25,7 @@ import pyarrow
 import pyarrow.fs as pafs
 
 from waltz_engine.common.errors import WaltzError
+from waltz_engine.common.fileio import fsync_directory, fsync_file
 
 # Temporary objects of a run in progress (debris once a run is killed).
 TMP_DIR = ".tmp"
@@ -58,6 +59,9 @@ class BackupStore:
     def __init__(self, url: str) -> None:
         self.url = url
         self.fs, self.root = _open_filesystem(url)
+        # A local backup is synced like a storage node's files: a published manifest must name
+        # bytes that survive a power loss. Object stores make a completed upload durable.
+        self._local = isinstance(self.fs, pafs.LocalFileSystem)
         self._operations = 0
         kill_at = os.environ.get(KILL_AT_ENV)
         self._kill_at = int(kill_at) if kill_at else None
@@ -158,6 +162,12 @@ class BackupStore:
         self._ensure_parent(name)
         self._step()
         self._call("write", name, lambda: self.fs.move(self._path(temporary), self._path(name)))
+        if self._local:
+            fsync_directory(Path(self._path(name)).parent)
+
+    def _sync(self, temporary: str) -> None:
+        if self._local:
+            fsync_file(Path(self._path(temporary)))
 
     def write_bytes(self, name: str, data: bytes) -> None:
         temporary = self._temporary()
@@ -169,6 +179,7 @@ class BackupStore:
                 out.write(data)
 
         self._call("write", temporary, write)
+        self._sync(temporary)
         self._move_in(temporary, name)
 
     def upload(self, source: Path, name: str) -> int:
@@ -187,6 +198,7 @@ class BackupStore:
 
         copied = self._call("write", temporary, write)
         assert isinstance(copied, int)
+        self._sync(temporary)
         self._move_in(temporary, name)
         return copied
 
