@@ -185,7 +185,7 @@ def _parse_chunk(buf: bytes, relative: np.ndarray, first_txid: int, partition_id
     records = pa.Array.from_buffers(
         pa.large_binary(), n, [None, pa.py_buffer(record_offsets), pa.py_buffer(buf)]
     )
-    heads = _fixed_width_values(pc.binary_slice(records, 0, RECORD_HEADER_SIZE_BYTES), _HEADER_DTYPE, n)
+    heads = fixed_width_values(pc.binary_slice(records, 0, RECORD_HEADER_SIZE_BYTES), _HEADER_DTYPE, n)
     expected_txids = np.arange(first_txid, first_txid + n, dtype=np.int64)
     if not (
         np.array_equal(heads["length"], record_sizes - RECORD_OVERHEAD_BYTES)
@@ -193,28 +193,38 @@ def _parse_chunk(buf: bytes, relative: np.ndarray, first_txid: int, partition_id
     ):
         return None
     data = pc.binary_slice(records, RECORD_HEADER_SIZE_BYTES, -CRC_SIZE_BYTES).cast(pa.binary())
-    stored_crcs = _fixed_width_values(pc.binary_slice(records, -CRC_SIZE_BYTES), _CRC_DTYPE, n)
+    stored_crcs = fixed_width_values(pc.binary_slice(records, -CRC_SIZE_BYTES), _CRC_DTYPE, n)
+    batch = record_batch(partition_id, expected_txids, heads, data, heads["checksum"])
+    return _Chunk(batch, record_offsets, stored_crcs)
+
+
+def record_batch(
+    partition_id: int, txids: np.ndarray, heads: np.ndarray, data: pa.Array, checksums: np.ndarray
+) -> pa.RecordBatch:
+    """A batch of :data:`ARROW_SCHEMA` from parsed headers (fields client_id, generation,
+    seq_num, header), the data column and the data checksums: the disk's and the wire's."""
+    n = len(txids)
     columns = [
         pa.array(np.full(n, partition_id, dtype=np.int32)),
-        pa.array(expected_txids),
+        pa.array(txids),
         pa.array(heads["client_id"].astype(np.int32)),
         pa.array(heads["generation"].astype(np.int32)),
         pa.array(heads["seq_num"].astype(np.int32)),
         pa.array(heads["header"].astype(np.int32)),
         data,
-        pa.array(heads["checksum"].astype(np.int32)),
+        pa.array(checksums.astype(np.int32)),
     ]
-    return _Chunk(pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA), record_offsets, stored_crcs)
+    return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
 
 
-def _fixed_width_values(sliced: pa.Array, dtype: np.dtype, n: int) -> np.ndarray:
+def fixed_width_values(sliced: pa.Array, dtype: np.dtype, n: int) -> np.ndarray:
     """The values of a binary array whose ``n`` values all have ``dtype``'s size, as numpy."""
     values = sliced.buffers()[2]
     assert sliced.offset == 0 and values is not None and len(values) >= n * dtype.itemsize
     return np.frombuffer(values, dtype=dtype, count=n)
 
 
-def chunk_crcs_match(buf: bytes, record_offsets: np.ndarray, stored_crcs: np.ndarray) -> bool:
+def chunk_crcs_match(buf: bytes | memoryview, record_offsets: np.ndarray, stored_crcs: np.ndarray) -> bool:
     """Whether every record tiling ``buf[record_offsets[0]:record_offsets[-1]]`` (each ending in
     its 4-byte CRC32, big-endian as Java writes it) has the CRC32 of its header and data.
 

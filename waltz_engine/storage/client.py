@@ -27,6 +27,7 @@ from waltz_engine.common.record import Record, RecordHeader
 from waltz_engine.net.channel import CONNECT_TIMEOUT_MS, ConnectionClosedError, FramedConnection, connect
 from waltz_engine.wire.admin_messages import (
     ADMIN_CODEC,
+    ADMIN_RAW_RECORDS_CODEC,
     AdminAssignedPartitionStatusRequest,
     AdminAssignedPartitionStatusResponse,
     AdminFailureResponse,
@@ -37,6 +38,7 @@ from waltz_engine.wire.admin_messages import (
     AdminOpenRequest,
     AdminPartitionAssignmentRequest,
     AdminPartitionAvailableRequest,
+    AdminRecordListRawResponse,
     AdminRecordListRequest,
     AdminRecordListResponse,
     AdminSuccessResponse,
@@ -399,13 +401,15 @@ class StorageAdminClient(_RpcConnection):
         num_partitions: int,
         *,
         request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
+        raw_records: bool = False,
     ) -> None:
+        # raw_records: RECORD_LIST answers stay bytes (record_list_raw), record_list is refused.
         super().__init__(
             "storage admin",
             host,
             admin_port,
             ssl_context,
-            ADMIN_CODEC,
+            ADMIN_RAW_RECORDS_CODEC if raw_records else ADMIN_CODEC,
             STORAGE_ADMIN_CLIENT_HELLO_TEXT,
             request_timeout_ms,
         )
@@ -453,6 +457,15 @@ class StorageAdminClient(_RpcConnection):
             AdminRecordListResponse,
         )
         return list(response.records)
+
+    async def record_list_raw(self, partition_id: int, transaction_id: int, max_records: int) -> memoryview:
+        """RECORD_LIST as its answer's bytes: an int32 count, then the records as on the wire
+        (needs ``raw_records=True``)."""
+        response = await self._call(
+            lambda s: AdminRecordListRequest(s, partition_id, transaction_id, max_records),
+            AdminRecordListRawResponse,
+        )
+        return response.records
 
     async def assigned_partition_status(self) -> dict[int, bool]:
         response = await self._call(AdminAssignedPartitionStatusRequest, AdminAssignedPartitionStatusResponse)

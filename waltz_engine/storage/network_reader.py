@@ -34,23 +34,27 @@ import asyncio
 import logging
 import uuid
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from waltz_engine.client import WaltzClient, WaltzClientCallbacks, WaltzClientConfig
 from waltz_engine.client.transaction import Transaction
 from waltz_engine.common.address import parse_host_port
 from waltz_engine.common.crc import crc32
-from waltz_engine.common.errors import WaltzError
+from waltz_engine.common.errors import ProtocolError, WaltzError
 from waltz_engine.common.record import Record
 from waltz_engine.net.channel import ConnectionClosedError
 from waltz_engine.net.tls import TlsConfig, client_context
 from waltz_engine.storage.client import StorageAdminClient, StorageRpcError
+from waltz_engine.wire.primitives import read_records
 from waltz_engine.zk import store_metadata
 from waltz_engine.zk.cluster import read_cluster_params
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 NO_TRANSACTION = -1
 # Records asked per RECORD_LIST_REQUEST: large, to amortize a round trip; a node may answer
@@ -240,9 +244,14 @@ def discover(
     access: ClusterAccess,
     partitions: Sequence[int] | None = None,
     bounds: Mapping[int, int] | None = None,
+    *,
+    bounds_read_before: bool = True,
 ) -> ClusterLayout:
     """Each wanted partition's committed bound and reachable replicas (see the module's doc for
-    the order of the reads, which is what makes ``readable_to`` safe)."""
+    the order of the reads, which is what makes ``readable_to`` safe).
+
+    ``bounds_read_before=False``: the bounds were not read from the servers before this call
+    (e.g. a reader's own ``to_txid``), so a replica is trusted only up to its low-water mark."""
     root = access.zookeeper.cluster_root
     with connect(access.zookeeper) as zk:
         num_partitions = read_cluster_params(zk, root).num_partitions
@@ -268,7 +277,8 @@ def discover(
         for (storage, partition_id), (host, port, session_id, low_water_mark) in sorted(infos.items()):
             if partition_id != p:
                 continue
-            readable = bound if session_id >= sessions[p] else min(bound, low_water_mark)
+            current = bounds_read_before and session_id >= sessions[p]
+            readable = bound if current else min(bound, low_water_mark)
             replicas.append(ReplicaSource(storage, host, port, session_id, low_water_mark, readable))
         layout[p] = PartitionSources(p, bound, tuple(replicas), store)
     return ClusterLayout(num_partitions, store, layout)
@@ -310,7 +320,7 @@ async def _session_infos(
     return found
 
 
-def _admin_client(store: StoreAccess, host: str, port: int) -> StorageAdminClient:
+def _admin_client(store: StoreAccess, host: str, port: int, raw: bool = False) -> StorageAdminClient:
     return StorageAdminClient(
         host,
         port,
@@ -318,6 +328,7 @@ def _admin_client(store: StoreAccess, host: str, port: int) -> StorageAdminClien
         store.key,
         store.num_partitions,
         request_timeout_ms=REQUEST_TIMEOUT_MS,
+        raw_records=raw,
     )
 
 
@@ -342,52 +353,84 @@ def _check_records(records: Sequence[Record], first: int, partition_id: int, whe
             )
 
 
+class BadRecordsError(WaltzError):
+    """What a :data:`RecordDecoder` raises for records that do not check out (another replica
+    is tried)."""
+
+
+# Decodes a RECORD_LIST answer's record list (int32 count, then the records as the original
+# writes them) that should start at the txid given, of the partition given; returns the
+# decoded batch and how many records it holds, or raises BadRecordsError. Every record's txid
+# and data checksum must be checked.
+RecordDecoder = Callable[[memoryview, int, int], tuple[T, int]]
+
+
+def decode_records(payload: memoryview, first: int, partition_id: int) -> tuple[list[Record], int]:
+    """The default decoder: one :class:`Record` each, checked."""
+    records = list(read_records(payload, 0)[0])
+    try:
+        _check_records(records, first, partition_id, "records")
+    except _ReplicaFailed as e:
+        raise BadRecordsError(str(e)) from None
+    return records, len(records)
+
+
 async def _from_replica(
-    part: NetworkSlice, replica: ReplicaSource, first: int, last: int, batch_records: int, in_flight: int
-) -> AsyncIterator[list[Record]]:
-    """Txids ``first..last`` from one replica, in order, in checked batches."""
+    part: NetworkSlice,
+    replica: ReplicaSource,
+    first: int,
+    last: int,
+    batch_records: int,
+    in_flight: int,
+    decode: RecordDecoder[T],
+) -> AsyncIterator[tuple[T, int]]:
+    """Txids ``first..last`` from one replica, in order, in checked batches (and their sizes)."""
     where = f"storage {replica.storage} (admin {replica.admin_address})"
-    async with _admin_client(part.store, replica.host, replica.admin_port) as admin:
-        pending: deque[tuple[int, int, asyncio.Task[list[Record]]]] = deque()
+    async with _admin_client(part.store, replica.host, replica.admin_port, raw=True) as admin:
+        pending: deque[tuple[int, int, asyncio.Task[memoryview]]] = deque()
         next_request = first
         try:
             while True:
                 while len(pending) < in_flight and next_request <= last:
                     count = min(batch_records, last - next_request + 1)
-                    task = asyncio.create_task(admin.record_list(part.partition_id, next_request, count))
+                    task = asyncio.create_task(admin.record_list_raw(part.partition_id, next_request, count))
                     pending.append((next_request, count, task))
                     next_request += count
                 if not pending:
                     return
                 start, count, task = pending.popleft()
-                records = await task
-                if len(records) > count:
-                    raise _ReplicaFailed(f"{where}: asked {count} records, got {len(records)}")
-                if not records:
+                payload = await task
+                try:
+                    decoded, got = decode(payload, start, part.partition_id)
+                except (BadRecordsError, ProtocolError) as e:
+                    raise _ReplicaFailed(f"{where}: {e}") from None
+                if got > count:
+                    raise _ReplicaFailed(f"{where}: asked {count} records, got {got}")
+                if not got:
                     raise _ReplicaFailed(f"{where}: partition {part.partition_id} has no transaction {start}")
-                _check_records(records, start, part.partition_id, where)
-                if len(records) < count:
+                if got < count:
                     # A short answer (a segment's end): ask again from where it stopped.
                     for _, _, later in pending:
                         later.cancel()
                     await asyncio.gather(*(t for _, _, t in pending), return_exceptions=True)
                     pending.clear()
-                    next_request = start + len(records)
-                yield records
+                    next_request = start + got
+                yield decoded, got
         finally:
             for _, _, task in pending:
                 task.cancel()
             await asyncio.gather(*(t for _, _, t in pending), return_exceptions=True)
 
 
-async def stream_slice(
+async def stream_slice_runs(
     part: NetworkSlice,
+    decode: RecordDecoder[T],
     batch_records: int = READ_BATCH_RECORDS,
     in_flight: int = REQUESTS_IN_FLIGHT,
-) -> AsyncGenerator[list[Record], None]:
-    """Every record of ``part`` exactly once, in txid order, moving to another replica when one
-    fails; :class:`NetworkReadError` once every replica that holds the rest failed
-    :data:`ATTEMPTS_PER_REPLICA` times."""
+) -> AsyncGenerator[T, None]:
+    """Every record of ``part`` exactly once, in txid order, as ``decode`` makes batches of them,
+    moving to another replica when one fails; :class:`NetworkReadError` once every replica that
+    holds the rest failed :data:`ATTEMPTS_PER_REPLICA` times."""
     assert batch_records >= 1 and in_flight >= 1
     next_txid = part.from_txid
     failures: list[str] = []
@@ -405,13 +448,48 @@ async def stream_slice(
         replica = holders[attempt % len(holders)]
         try:
             last = min(part.to_txid, replica.readable_to)
-            async for records in _from_replica(part, replica, next_txid, last, batch_records, in_flight):
-                yield records
-                next_txid = records[-1].transaction_id + 1
+            async for decoded, got in _from_replica(
+                part, replica, next_txid, last, batch_records, in_flight, decode
+            ):
+                yield decoded
+                next_txid += got
         except (_ReplicaFailed, StorageRpcError, ConnectionClosedError, OSError, TimeoutError) as e:
             failures.append(str(e))
             attempt += 1
             log.info("partition %d: moving on from %s: %s", part.partition_id, replica.storage, e)
+
+
+def stream_slice(
+    part: NetworkSlice,
+    batch_records: int = READ_BATCH_RECORDS,
+    in_flight: int = REQUESTS_IN_FLIGHT,
+) -> AsyncGenerator[list[Record], None]:
+    """:func:`stream_slice_runs` as :class:`Record` lists."""
+    return stream_slice_runs(part, decode_records, batch_records, in_flight)
+
+
+def read_slice_runs(
+    part: NetworkSlice,
+    decode: RecordDecoder[T],
+    batch_records: int = READ_BATCH_RECORDS,
+    in_flight: int = REQUESTS_IN_FLIGHT,
+) -> Iterator[T]:
+    """:func:`stream_slice_runs` for synchronous callers (its own event loop; requests already
+    in flight keep arriving in the socket's buffer while the caller works on a batch)."""
+    if part.count == 0:
+        return
+    loop = asyncio.new_event_loop()
+    runs = stream_slice_runs(part, decode, batch_records, in_flight)
+    try:
+        while True:
+            try:
+                batch = loop.run_until_complete(anext(runs))
+            except StopAsyncIteration:
+                return
+            yield batch
+    finally:
+        loop.run_until_complete(runs.aclose())
+        loop.close()
 
 
 def read_slice_records(
@@ -419,34 +497,25 @@ def read_slice_records(
     batch_records: int = READ_BATCH_RECORDS,
     in_flight: int = REQUESTS_IN_FLIGHT,
 ) -> Iterator[list[Record]]:
-    """:func:`stream_slice` for synchronous callers (its own event loop; requests already in
-    flight keep arriving in the socket's buffer while the caller works on a batch)."""
-    if part.count == 0:
-        return
-    loop = asyncio.new_event_loop()
-    records = stream_slice(part, batch_records, in_flight)
-    try:
-        while True:
-            try:
-                batch = loop.run_until_complete(anext(records))
-            except StopAsyncIteration:
-                return
-            yield batch
-    finally:
-        loop.run_until_complete(records.aclose())
-        loop.close()
+    """:func:`read_slice_runs` as :class:`Record` lists."""
+    return read_slice_runs(part, decode_records, batch_records, in_flight)
 
 
 __all__ = [
+    "BadRecordsError",
     "ClusterAccess",
     "ClusterLayout",
     "NetworkReadError",
     "NetworkSlice",
     "PartitionSources",
+    "RecordDecoder",
     "ReplicaSource",
     "StoreAccess",
     "committed_high_water_marks",
     "discover",
+    "decode_records",
     "read_slice_records",
+    "read_slice_runs",
     "stream_slice",
+    "stream_slice_runs",
 ]

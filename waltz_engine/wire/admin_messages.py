@@ -79,6 +79,15 @@ class AdminRecordListResponse(NamedTuple):
     records: tuple[Record, ...]
 
 
+class AdminRecordListRawResponse(NamedTuple):
+    """RECORD_LIST_RESPONSE as :data:`ADMIN_RAW_RECORDS_CODEC` reads it: the record list (count,
+    then the records) left as the bytes that came, for a reader that parses them by columns."""
+
+    seq_num: int
+    partition_id: int
+    records: memoryview
+
+
 class AdminLastSessionInfoRequest(NamedTuple):
     seq_num: int
     partition_id: int
@@ -178,3 +187,27 @@ def _specs() -> list[MessageSpec]:
 
 
 ADMIN_CODEC: MessageCodec[AdminMessage] = MessageCodec(ADMIN_MAGIC, ADMIN_VERSION, _specs())
+RECORD_LIST_RESPONSE_TYPE = 8
+
+
+def _read_rest(buf: Any, pos: int) -> tuple[memoryview, int]:
+    return memoryview(buf)[pos:], len(buf)
+
+
+def _write_rest(out: bytearray, value: Any) -> None:
+    out += value
+
+
+def _raw_specs() -> list[MessageSpec]:
+    raw = field_spec(
+        RECORD_LIST_RESPONSE_TYPE,
+        "RECORD_LIST_RESPONSE",
+        AdminRecordListRawResponse,
+        HEADER,
+        [_I32, Field(_read_rest, _write_rest)],
+    )
+    return [raw if spec.type_code == RECORD_LIST_RESPONSE_TYPE else spec for spec in _specs()]
+
+
+# The same wire format, but RECORD_LIST_RESPONSE's records are not decoded one object each.
+ADMIN_RAW_RECORDS_CODEC: MessageCodec[Any] = MessageCodec(ADMIN_MAGIC, ADMIN_VERSION, _raw_specs())
