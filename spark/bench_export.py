@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,8 +114,11 @@ def parse_all(storage: Path) -> tuple[int, float]:
     return rows, time.perf_counter() - started
 
 
-def export(storage: Path, output: Path, master: str) -> tuple[dict[str, Any], float]:
-    """The CLI's JSON summary and the command's wall-clock seconds (JVM start included)."""
+def export(
+    storage: Path | None, output: Path, master: str, extra_args: Sequence[str] = ()
+) -> tuple[dict[str, Any], float]:
+    """The CLI's JSON summary and the command's wall-clock seconds (JVM start included): the
+    export of ``storage`` (a directory), or of the cluster ``extra_args`` name when None."""
     if output.exists():
         shutil.rmtree(output)
     command = [
@@ -129,7 +132,9 @@ def export(storage: Path, output: Path, master: str) -> tuple[dict[str, Any], fl
         "--master",
         master,
         "--json",
-        str(storage),
+        *extra_args,
+        # A directory alone has no committed bound: all of the generated log is committed.
+        *([] if storage is None else ["--to-txid", str(MAX_TXID), str(storage)]),
     ]
     started = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True, check=False)

@@ -29,6 +29,7 @@ Options (all strings, as Spark passes them; names are case-insensitive; the READ
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -332,7 +333,22 @@ def _network_plan(options: ReadOptions, bounds: Mapping[int, int] | None) -> lis
         wanted = tuple(p for p in every if options.selects(p))
         if not wanted:
             return []
+    if bounds is None and (options.to_txid is not None or options.to_txids):
+        # The reader's own bound saves asking the servers when the replicas' low-water marks
+        # (committed, as a server wrote them) already cover it; otherwise the servers say.
+        every = wanted if wanted is not None else range(network_reader.partition_count(options.cluster))
+        if options.to_txid is not None or set(every) <= set(options.to_txids):
+            given = _given_bounds(options, list(every))
+            layout = network_reader.discover(options.cluster, wanted, given, bounds_read_before=False)
+            with contextlib.suppress(network_reader.NetworkReadError):
+                return _network_partitions(options, layout, BOUND_GIVEN)
     layout = network_reader.discover(options.cluster, wanted, bounds)
+    return _network_partitions(options, layout, source)
+
+
+def _network_partitions(
+    options: ReadOptions, layout: network_reader.ClusterLayout, source: str
+) -> list[PartitionPlan]:
     result = []
     for partition_id, sources in sorted(layout.partitions.items()):
         start, end = _range(options, partition_id, 0, sources.committed)

@@ -1,0 +1,141 @@
+"""``waltz bench export --network``: the same generated log exported over the network and from
+the local directory, in the same run, so the two rows/s are comparable on a shared machine.
+
+The generated storage directory (:func:`spark.bench_export.generate`) becomes a live cluster:
+an embedded ZooKeeper whose cluster key is the log's own (:data:`spark.bench_export.BENCH_KEY`)
+and one storage node serving that very directory (every partition). No server: the network
+export is given ``--to-txid``, which the node's low-water marks cover (every generated record
+is committed), so the plan asks no server for the bound.
+
+Both exports are fresh ``waltz spark export`` processes; only the reading differs: the storage
+directory on the command line, or the client config and no directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from spark.bench_export import (
+    BENCH_KEY,
+    EXPORT_DIR_NAME,
+    STORAGE_DIR_NAME,
+    export,
+    generate,
+)
+from waltz_engine.bench.storage_node import BenchError
+from waltz_engine.ops.devcluster import HOST, LocalCluster, free_port
+from waltz_engine.zk.cluster import create_cluster
+from waltz_engine.zk.connection import ZooKeeperSettings, connect
+from waltz_engine.zk.server import EmbeddedZooKeeper
+
+CLUSTER_DIR_NAME = "cluster"
+ZOOKEEPER_DIR_NAME = "zookeeper"
+NETWORK_EXPORT_DIR_NAME = "export-network"
+CLUSTER_ROOT = "/waltz_bench_export"
+CLUSTER_NAME = "waltz-bench-export"
+ZK_SESSION_TIMEOUT_MS = 30_000
+ZK_CONNECT_TIMEOUT_MS = 60_000
+# One storage node holds the whole log (the generated directory). No server: the export's
+# --to-txid is the bound, which the node's low-water marks cover (every record is committed).
+BENCH_STORAGES = 1
+BENCH_SERVERS = 0
+
+
+@contextlib.contextmanager
+def serving(directory: Path, storage: Path, rows: int, partitions: int) -> Iterator[Path]:
+    """ZooKeeper and a storage node on ``storage``, both stopped on exit; yields the client
+    config's path."""
+    zookeeper = EmbeddedZooKeeper(directory / ZOOKEEPER_DIR_NAME, free_port(), HOST)
+    cluster_dir = directory / CLUSTER_DIR_NAME
+    # The nodes' logs of the last run stay until the next; a killed run's state names dead pids.
+    shutil.rmtree(cluster_dir, ignore_errors=True)
+    shutil.rmtree(directory / ZOOKEEPER_DIR_NAME, ignore_errors=True)
+    zookeeper.start()
+    try:
+        settings = ZooKeeperSettings(
+            zookeeper.connect_string, CLUSTER_ROOT, ZK_SESSION_TIMEOUT_MS, ZK_CONNECT_TIMEOUT_MS
+        )
+        cluster = LocalCluster(
+            cluster_dir,
+            BENCH_STORAGES,
+            BENCH_SERVERS,
+            partitions,
+            zookeeper=zookeeper.connect_string,
+            cluster_root=CLUSTER_ROOT,
+            storage_config={"storage.directory": str(storage)},
+        )
+        with connect(settings) as zk:
+            create_cluster(zk, CLUSTER_ROOT, CLUSTER_NAME, partitions, key=BENCH_KEY)
+        try:
+            cluster.up()
+            yield cluster.client_config_path
+        finally:
+            cluster.down()
+    finally:
+        zookeeper.stop()
+        shutil.rmtree(directory / ZOOKEEPER_DIR_NAME, ignore_errors=True)
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def run(
+    directory: Path,
+    rows: int,
+    partitions: int,
+    data_bytes: int,
+    master: str,
+    progress: Callable[[str], None] = lambda message: None,
+) -> dict[str, Any]:
+    """Generate (or reuse) the log, serve it, export it over the network then locally."""
+    if rows % partitions:
+        raise BenchError(f"--network needs rows ({rows}) a multiple of partitions ({partitions})")
+    storage = directory / STORAGE_DIR_NAME
+    progress(f"log of {rows:,} transactions x {data_bytes} B over {partitions} partitions")
+    generate_s = generate(storage, rows, partitions, data_bytes)
+    result: dict[str, Any] = {
+        "rows": rows,
+        "partitions": partitions,
+        "data_bytes": data_bytes,
+        "master": master,
+        "generate_s": round(generate_s, 2),
+        "cpus": os.cpu_count(),
+    }
+    progress("starting ZooKeeper and a storage node on the log")
+    with serving(directory, storage, rows, partitions) as client_config:
+        progress(f"waltz spark export --master {master} over the network")
+        before = load_average()
+        network, network_wall_s = export(
+            None,
+            directory / NETWORK_EXPORT_DIR_NAME,
+            master,
+            ["--config", str(client_config), "--to-txid", str(rows // partitions - 1)],
+        )
+        result |= {
+            "network_load_average_before": before,
+            "network_load_average_after": load_average(),
+            "network_rows": network["rows"],
+            "network_s": round(network["seconds"], 3),
+            "network_rows_per_s": round(network["rows_per_s"]),
+            "network_command_s": round(network_wall_s, 2),
+        }
+        progress(f"waltz spark export --master {master} from the directory")
+        before = load_average()
+        local, local_wall_s = export(storage, directory / EXPORT_DIR_NAME, master)
+        result |= {
+            "local_load_average_before": before,
+            "local_load_average_after": load_average(),
+            "local_rows": local["rows"],
+            "local_s": round(local["seconds"], 3),
+            "local_rows_per_s": round(local["rows_per_s"]),
+            "local_command_s": round(local_wall_s, 2),
+            "network_vs_local": round(network["rows_per_s"] / local["rows_per_s"], 3),
+        }
+    shutil.rmtree(directory / NETWORK_EXPORT_DIR_NAME, ignore_errors=True)
+    return result
