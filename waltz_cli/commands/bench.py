@@ -469,24 +469,33 @@ def export_command(
     warm_runs: Annotated[
         int, typer.Option("--warm-runs", min=0, help="Also time N exports in one session.")
     ] = 0,
+    network: Annotated[
+        bool,
+        typer.Option(
+            "--network", help="Serve the log from a storage node; export it over the network and locally."
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Rows/s of `waltz spark export` beside the segment parser alone in one process.
 
     Example: waltz bench export --dir /tmp/waltz-bench-export --rows 2000000 --warm-runs 3
     """
-    from spark import bench_export
+    from spark import bench_export, bench_network
 
-    result = bench_export.run(
-        directory,
-        rows=rows,
-        partitions=partitions,
-        data_bytes=data_bytes,
-        master=master,
-        export_once=not skip_export,
-        warm_runs=warm_runs,
-        progress=_progress,
-    )
+    if network:
+        result = bench_network.run(directory, rows, partitions, data_bytes, master, progress=_progress)
+    else:
+        result = bench_export.run(
+            directory,
+            rows=rows,
+            partitions=partitions,
+            data_bytes=data_bytes,
+            master=master,
+            export_once=not skip_export,
+            warm_runs=warm_runs,
+            progress=_progress,
+        )
     if as_json:
         print_json({"machine": _machine(), "result": result})
         return
