@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Awaitable, Callable
 
-from server_support.engine_harness import GENERATION, Harness, append, req, running_core
+from server_support.engine_harness import GENERATION, Harness, append, req, run, wait_until
 
 from waltz_engine.common.crc import crc32
 from waltz_engine.common.record import Record
@@ -23,28 +22,12 @@ from waltz_engine.wire.client_messages import (
 )
 from waltz_engine.zk.payloads import PartitionInfo
 
-WAIT_STEP_S = 0.01
-MAX_WAIT_STEPS = 3000  # 30 s
 SMALL_SOCKET_BUFFER_BYTES = 8192
 LARGE_SOCKET_BUFFER_BYTES = 1 << 20
 FEED_DATA_FRAME_BYTES = 36
 NUM_HISTORY = 120_000  # far more FeedData bytes than the socket and stream buffers can hold
 
 
-async def wait_until(condition: Callable[[], bool], what: str) -> None:
-    for _ in range(MAX_WAIT_STEPS):
-        if condition():
-            return
-        await asyncio.sleep(WAIT_STEP_S)
-    raise AssertionError(f"timed out waiting until {what}")
-
-
-def run(test: Callable[[Harness], Awaitable[None]]) -> None:
-    async def go() -> None:
-        async with running_core() as harness:
-            await test(harness)
-
-    asyncio.run(go())
 
 
 def test_a_client_that_does_not_read_its_feed_parks_it_with_a_bounded_buffer() -> None:

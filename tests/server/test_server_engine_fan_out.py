@@ -4,38 +4,21 @@ the same appends are answered together, and a feed is encoded once and written i
 
 from __future__ import annotations
 
-import asyncio
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
-from server_support.engine_harness import GENERATION, Harness, TestClient, append, req, running_core
+from server_support.engine_harness import GENERATION, Harness, TestClient, append, req, run, wait_until
 
 from waltz_engine.common.crc import crc32
 from waltz_engine.common.record import Record
 from waltz_engine.wire.client_messages import PARTITION_STATE_READY, FeedData, MountRequest, MountResponse
 from waltz_engine.zk.payloads import PartitionInfo
 
-WAIT_STEP_S = 0.01
-MAX_WAIT_STEPS = 3000  # 30 s
 FEED_BLOCK = 64
 NUM_STORM_CLIENTS = 20
 NUM_HISTORY = 300
 
 
-async def wait_until(condition: Callable[[], bool], what: str) -> None:
-    for _ in range(MAX_WAIT_STEPS):
-        if condition():
-            return
-        await asyncio.sleep(WAIT_STEP_S)
-    raise AssertionError(f"timed out waiting until {what}")
-
-
-def run(test: Callable[[Harness], Awaitable[None]]) -> None:
-    async def go() -> None:
-        async with running_core() as harness:
-            await test(harness)
-
-    asyncio.run(go())
 
 
 async def mounted(h: Harness, client_id: int) -> TestClient:

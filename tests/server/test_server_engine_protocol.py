@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 from server_support.engine_harness import (
     GENERATION,
@@ -13,7 +11,7 @@ from server_support.engine_harness import (
     TestClient,
     append,
     req,
-    running_core,
+    run,
 )
 from server_support.fake_store import FakeStorePartition
 
@@ -46,14 +44,6 @@ from waltz_engine.wire.client_messages import (
     TransactionDataResponse,
 )
 from waltz_engine.zk.payloads import PartitionInfo
-
-
-def run(test: Callable[[Harness], Awaitable[None]], **kwargs: Any) -> None:
-    async def go() -> None:
-        async with running_core(**kwargs) as harness:
-            await test(harness)
-
-    asyncio.run(go())
 
 
 def history(n: int, client_id: int = 99) -> list[Record]:

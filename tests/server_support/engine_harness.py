@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -107,3 +107,26 @@ async def running_core(
     finally:
         server.close()
         await core.close()
+
+
+# Waits in the engine tests poll every WAIT_STEP_S, for at most MAX_WAIT_STEPS steps (30 s).
+WAIT_STEP_S = 0.01
+MAX_WAIT_STEPS = 3000
+
+
+async def wait_until(condition: Callable[[], bool], what: str) -> None:
+    for _ in range(MAX_WAIT_STEPS):
+        if condition():
+            return
+        await asyncio.sleep(WAIT_STEP_S)
+    raise AssertionError(f"timed out waiting until {what}")
+
+
+def run(test: Callable[[Harness], Awaitable[None]], **kwargs: Any) -> None:
+    """Run ``test`` against a fresh core (``running_core``'s keyword arguments pass through)."""
+
+    async def go() -> None:
+        async with running_core(**kwargs) as harness:
+            await test(harness)
+
+    asyncio.run(go())
