@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from storage_support import open_one_partition
 
 from waltz_engine.common.crc import crc32
 from waltz_engine.common.errors import StorageError
@@ -47,16 +48,9 @@ GOOD = _records(0, TOTAL)
 
 
 def _open(directory: Path) -> StorageManager:
-    manager = StorageManager(
-        directory,
-        KEY,
-        1,
-        segment_size_threshold_bytes=HEADER_SIZE_BYTES + (PER_SEGMENT - 1) * RECORD_BYTES,
-        segment_cache_capacity=1,
+    return open_one_partition(
+        directory, KEY, records_per_segment=PER_SEGMENT, record_bytes=RECORD_BYTES, segment_cache_capacity=1
     )
-    if not manager.assigned_partition_ids():
-        manager.set_partition_assignment([0], True)
-    return manager
 
 
 def _write(directory: Path, low_water_mark: int = -1, records: list[Record] = GOOD) -> dict[str, bytes]:

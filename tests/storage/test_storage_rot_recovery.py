@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from storage_support import open_one_partition
 
 from waltz_engine.common.crc import crc32
 from waltz_engine.common.fileio import pread_upto
@@ -41,10 +42,7 @@ def _record(txid: int, data: bytes | None = None) -> Record:
 
 
 def _open(directory: Path) -> StorageManager:
-    manager = StorageManager(directory, KEY, 1)
-    if not manager.assigned_partition_ids():
-        manager.set_partition_assignment([0], True)
-    return manager
+    return open_one_partition(directory, KEY)
 
 
 def _write(directory: Path, records: list[Record], low_water_mark: int = -1) -> None:
