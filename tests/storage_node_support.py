@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import signal
 import ssl
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
@@ -50,6 +53,7 @@ NODE_EXIT_TIMEOUT_S = 30.0
 READY_POLL_INTERVAL_S = 0.1
 PROBE_TIMEOUT_MS = 2_000
 CLI_TIMEOUT_S = 60.0
+HTTP_TIMEOUT_S = 10.0
 ZK_SESSION_TIMEOUT_MS = 10_000
 
 
@@ -300,7 +304,7 @@ def start_storage_node(
 
 def flip_data_bits(partition_dir: Path, txids: Iterable[int]) -> None:
     """Flip one bit in the data of each record of ``txids`` (all in the first segment)."""
-    (seg,) = sorted(partition_dir.glob("*.seg"))
+    seg = sorted(partition_dir.glob("*.seg"))[0]
     assert seg.name == f"{0:019d}.seg"
     index = seg.with_suffix(".idx").read_bytes()
     fd = os.open(seg, os.O_RDWR)
@@ -312,3 +316,12 @@ def flip_data_bits(partition_dir: Path, txids: Iterable[int]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def node_health(port: int) -> tuple[int, dict[str, Any]]:
+    """A node's ``/health``: the status code and the JSON body (also for 500)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=HTTP_TIMEOUT_S) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())

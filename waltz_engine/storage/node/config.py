@@ -14,6 +14,7 @@ from waltz_engine.storage.constants import (
     DEFAULT_SEGMENT_CACHE_CAPACITY,
     DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES,
 )
+from waltz_engine.storage.node.scrubber import DEFAULT_SCRUB_BYTES_PER_SECOND
 from waltz_engine.zk.connection import ZOOKEEPER_KEYS, ZooKeeperSettings, node_zookeeper_settings
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,8 @@ KEY_MAX_BUFFERED_BYTES = "storage.max.buffered.bytes.per.connection"
 # Our extension: how long a starting node keeps trying to reach ZooKeeper before it gives up.
 KEY_ZOOKEEPER_START_TIMEOUT = "storage.zookeeper.start.timeout.ms"
 DEFAULT_ZOOKEEPER_START_TIMEOUT_MS = 60_000
+# Our extension: how fast the background scrub reads every record (0: no scrub).
+KEY_SCRUB_BYTES_PER_SECOND = "storage.scrub.bytes.per.second"
 KNOWN_KEYS = (
     KEY_HOST,
     KEY_PORT,
@@ -49,6 +52,7 @@ KNOWN_KEYS = (
     KEY_MAX_CONNECTIONS_PER_PEER,
     KEY_MAX_BUFFERED_BYTES,
     KEY_ZOOKEEPER_START_TIMEOUT,
+    KEY_SCRUB_BYTES_PER_SECOND,
     *ZOOKEEPER_KEYS,
 )
 # TLS keys are read by TlsConfig; Graphite is accepted (as the original) but not reported to.
@@ -72,6 +76,7 @@ class StorageConfig(NamedTuple):
     retention_check_interval_ms: int = DEFAULT_RETENTION_CHECK_INTERVAL_MS
     connection_limits: ConnectionLimits = ConnectionLimits()
     zookeeper_start_timeout_ms: int = DEFAULT_ZOOKEEPER_START_TIMEOUT_MS
+    scrub_bytes_per_second: int = DEFAULT_SCRUB_BYTES_PER_SECOND
 
     @classmethod
     def load(cls, path: Path | str) -> StorageConfig:
@@ -105,6 +110,9 @@ class StorageConfig(NamedTuple):
         zookeeper_start_timeout_ms = config.get_positive(
             KEY_ZOOKEEPER_START_TIMEOUT, DEFAULT_ZOOKEEPER_START_TIMEOUT_MS, long=True
         )
+        scrub_bytes_per_second = config.get_not_negative(
+            KEY_SCRUB_BYTES_PER_SECOND, DEFAULT_SCRUB_BYTES_PER_SECOND, long=True
+        )
         return cls(
             host=host,
             port=ports[KEY_PORT],
@@ -119,4 +127,5 @@ class StorageConfig(NamedTuple):
             retention_check_interval_ms=retention_interval_ms,
             connection_limits=connection_limits,
             zookeeper_start_timeout_ms=zookeeper_start_timeout_ms,
+            scrub_bytes_per_second=scrub_bytes_per_second,
         )

@@ -35,6 +35,7 @@ from waltz_engine.storage.node.config import (
 from waltz_engine.storage.node.data_handler import DataHandler
 from waltz_engine.storage.node.integrity import INTEGRITY_CHECK_NAME, integrity_health
 from waltz_engine.storage.node.partition_worker import PartitionWorker
+from waltz_engine.storage.node.scrubber import Scrubber
 from waltz_engine.storage.node.session_bounds import SessionBounds
 from waltz_engine.storage.partition import Partition
 from waltz_engine.storage.storage_manager import StorageManager
@@ -127,6 +128,7 @@ class StorageNode:
         self._open = asyncio.Event()
         self.cleaner: RetentionCleaner | None = None
         self.session_bounds = SessionBounds(config.zookeeper)
+        self.scrubber: Scrubber | None = None
 
     async def _off_loop(self, work: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._admin_executor, work)
@@ -215,6 +217,9 @@ class StorageNode:
             config.zookeeper, num_partitions, lambda: self.workers, config.retention_check_interval_ms
         )
         await self.cleaner.start()
+        if config.scrub_bytes_per_second:
+            self.scrubber = Scrubber(lambda: self.workers, config.scrub_bytes_per_second)
+            self.scrubber.start()
         handlers["data"] = DataHandler(manager, self.worker_of)
         handlers["admin"] = AdminHandler(manager, self.metrics, self._admin_executor, self.refresh_partitions)
         self._open.set()
@@ -290,6 +295,8 @@ class StorageNode:
         self._stopped = True
         if self.cleaner is not None:
             await self.cleaner.stop()
+        if self.scrubber is not None:
+            await self.scrubber.stop()
         for server in self._servers:
             server.close()
         for server in self._servers:

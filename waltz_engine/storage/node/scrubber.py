@@ -1,0 +1,91 @@
+"""The storage node's scrubber: reads every record of every assigned partition in the
+background, at a bounded rate, so that rot is found before a reader or a recovery needs the
+record.
+
+Start-up checks only a bounded window of each segment. Without a scrub, a flipped bit deep in a
+sealed segment stays unknown until something reads that record. Each read checks the record's
+CRC and data checksum, and a record that fails is remembered in the partition's damage log. So
+the scrub is only reads: the damage is then reported (log, ``/health``, ``waltz storage list``)
+and ``waltz storage recover-partition`` refills it. The scrub never writes a byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from waltz_engine.common.errors import StorageError
+from waltz_engine.storage.segment import CorruptRecordError
+
+if TYPE_CHECKING:  # the node package imports this module
+    from waltz_engine.storage.node.partition_worker import PartitionWorker
+    from waltz_engine.storage.partition import Partition
+
+log = logging.getLogger(__name__)
+
+# `storage.scrub.bytes.per.second`: the default reads a 100 GiB node in about 7 hours.
+DEFAULT_SCRUB_BYTES_PER_SECOND = 4 * 1024 * 1024
+# Records per read: small enough that appends waiting for the partition lock are not delayed.
+SCRUB_BATCH_RECORDS = 256
+# After a whole pass over every partition, the scrub rests this long before the next one.
+SCRUB_PASS_PAUSE_S = 3600.0
+# The first pass starts after the node has served for a while (a restart storm is busy enough).
+SCRUB_START_DELAY_S = 2.0
+
+
+class Scrubber:
+    def __init__(
+        self,
+        workers: Callable[[], Mapping[int, PartitionWorker]],
+        bytes_per_second: int = DEFAULT_SCRUB_BYTES_PER_SECOND,
+        start_delay_s: float = SCRUB_START_DELAY_S,
+    ) -> None:
+        assert bytes_per_second > 0
+        self._workers = workers
+        self._bytes_per_second = bytes_per_second
+        self._start_delay_s = start_delay_s
+        self._task: asyncio.Task[None] | None = None
+        self.passes = 0  # whole passes finished, for tests and metrics
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="scrubber")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        await asyncio.sleep(self._start_delay_s)
+        while True:
+            for partition_id, worker in sorted(self._workers().items()):
+                partition = worker.partition
+                if partition is None:
+                    continue
+                try:
+                    await self._scrub(partition)
+                except (StorageError, OSError) as e:
+                    # Unassigned or closed meanwhile, or the disk fails reads: the next pass tries again.
+                    log.warning("scrub of partition %d stopped: %s", partition_id, e)
+            self.passes += 1
+            await asyncio.sleep(SCRUB_PASS_PAUSE_S)
+
+    async def _scrub(self, partition: Partition) -> None:
+        transaction_id = partition.first_transaction_id()
+        while transaction_id <= partition.max_transaction_id():
+            try:
+                records = await asyncio.to_thread(partition.records, transaction_id, SCRUB_BATCH_RECORDS)
+            except CorruptRecordError as e:
+                # The partition remembered it (reported until refilled); go on after it.
+                transaction_id = max(transaction_id, e.transaction_id) + 1
+                continue
+            if not records:
+                return  # the log ends here (truncated meanwhile)
+            transaction_id += len(records)
+            read_bytes = sum(len(r.data) for r in records)
+            await asyncio.sleep(read_bytes / self._bytes_per_second)
