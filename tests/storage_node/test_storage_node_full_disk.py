@@ -12,13 +12,11 @@ import contextlib
 import json
 import os
 import subprocess
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from storage_node_support import StorageNodeProcess, create_test_cluster, make_records
+from storage_node_support import StorageNodeProcess, create_test_cluster, make_records, node_health
 
 from waltz_engine.storage.client import StorageRpcError
 
@@ -29,7 +27,6 @@ RECORD_BYTES = 1024
 BATCH_RECORDS = 8
 SESSION_ID = 1
 FAILED_BATCHES = 40
-HTTP_TIMEOUT_S = 10.0
 
 
 @contextlib.contextmanager
@@ -48,12 +45,6 @@ def _tmpfs(mount_point: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
-def _health(port: int) -> tuple[int, dict[str, object]]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=HTTP_TIMEOUT_S) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def _fill(directory: Path) -> Path:
@@ -99,7 +90,7 @@ def test_full_disk_fails_writes_with_one_line_and_a_health_state(zookeeper: str,
 
             acknowledged = node.run(until_full())
             assert acknowledged > 0
-            status, body = _health(node.jetty_port)
+            status, body = node_health(node.jetty_port)
             assert status != 200, body
             disk = json.loads(str(body["storage-disk-check"]["message"]))  # type: ignore[index]
             assert "No space left on device (ENOSPC)" in disk["write_errors"]["0"]
@@ -121,7 +112,7 @@ def test_full_disk_fails_writes_with_one_line_and_a_health_state(zookeeper: str,
                     await client.close()
 
             node.run(after_freeing())
-            status, body = _health(node.jetty_port)
+            status, body = node_health(node.jetty_port)
             assert status == 200, body
         finally:
             node.close()
