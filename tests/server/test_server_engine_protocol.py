@@ -235,7 +235,8 @@ def test_flush_high_water_mark_and_transaction_data() -> None:
         h.core.fetcher.cache.clear()
         await c.send(TransactionDataRequest(req(1, 7), 0))
         assert await c.receive() == TransactionDataResponse(req(1, 7), 0, b"payload-2", crc32(b"payload-2"))
-        assert h.store.partitions[0].record_calls == 1
+        # One range read (RECORD_LIST), not a RECORD request per transaction.
+        assert (h.store.partitions[0].record_calls, h.store.partitions[0].record_list_calls) == (0, 1)
 
     run(test)
 
@@ -334,5 +335,31 @@ def test_a_partition_whose_task_dies_is_reopened_and_serves_again() -> None:
         await again.send(append(req(2, 2), 0, b"after"))
         assert await flush(again, 2) == 1
         assert [r.data for r in h.store.partitions[0].records] == [b"before", b"after"]
+
+    run(test)
+
+
+def test_a_burst_of_data_requests_is_read_from_storage_in_ranges() -> None:
+    async def test(h: Harness) -> None:
+        store_partition = await reopen_with_history(h, 150)
+        h.core.fetcher.cache.clear()
+        c = await mounted(h, 1, hwm=149)
+        wanted = [*range(150), 7, 500]  # a duplicate and a txid never committed
+        encode = c.conn.codec.encode_frame
+        # One write: the server takes the whole burst before answering any of it.
+        c.conn.send_frames([encode(TransactionDataRequest(req(1, 10 + i), t)) for i, t in enumerate(wanted)])
+        await c.conn.drain()
+        answers = [await c.receive() for _ in wanted]
+        assert sorted(a.req_id.seq_num for a in answers) == [10 + i for i in range(len(wanted))]
+        records = store_partition.records
+        for answer in answers:
+            if answer.transaction_id == 500:
+                assert answer.data is None and "not found" in answer.exception_message
+            else:
+                record = records[answer.transaction_id]
+                assert (answer.data, answer.checksum) == (record.data, record.checksum)
+        # Ranges of at most 64 records (RECORD_LIST), never a RECORD request per transaction.
+        assert store_partition.record_calls == 0
+        assert 1 <= store_partition.record_list_calls <= 3
 
     run(test)

@@ -44,6 +44,7 @@ class FakeStorePartition:
         self.max_pending_seen = 0
         self.record_header_calls = 0
         self.record_calls = 0
+        self.record_list_calls = 0
         self._pending: list[_Pending] = []
         self._changed = asyncio.Condition()
         self._scheduled = False
@@ -121,6 +122,10 @@ class FakeStorePartition:
     async def record(self, transaction_id: int) -> Record | None:
         self.record_calls += 1
         return self.records[transaction_id] if 0 <= transaction_id < len(self.records) else None
+
+    async def committed_records(self, transaction_id: int, max_records: int) -> list[Record]:
+        self.record_list_calls += 1
+        return self.records[transaction_id : transaction_id + max_records] if transaction_id >= 0 else []
 
     def preload(self, records: list[Record]) -> None:
         """Committed history, as if written by an earlier session."""

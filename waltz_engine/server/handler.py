@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from waltz_engine.net.channel import WRITE_BUFFER_HIGH_BYTES, ConnectionClosedError, FramedConnection
 from waltz_engine.server.feeds import FeedContext
-from waltz_engine.server.partition import Partition
+from waltz_engine.server.partition import DataLoad, Partition
 from waltz_engine.wire.client_messages import (
     PARTITION_STATE_NOT_READY,
     AddPreferredPartitionRequest,
@@ -48,6 +48,9 @@ from waltz_engine.wire.client_messages import (
 log = logging.getLogger(__name__)
 
 MAX_PENDING_RPCS_PER_CONNECTION = 100
+# Data requests of one connection waiting on storage reads; past it the handler stops reading
+# the connection until some are answered (cache hits are answered at once and never count).
+MAX_PENDING_DATA_REQUESTS_PER_CONNECTION = 1_000
 PARTITION_NOT_READY = "partition not ready"
 
 
@@ -70,7 +73,18 @@ class ServerServices(Protocol):
 class ClientConnection:
     """A client connection as partitions and feeds see it (``feeds.FeedClient``)."""
 
-    __slots__ = ("conn", "codec", "client_id", "_parked", "_drainer", "_rpc_slots", "_rpcs")
+    __slots__ = (
+        "conn",
+        "codec",
+        "client_id",
+        "_parked",
+        "_drainer",
+        "_rpc_slots",
+        "_rpcs",
+        "_data_requests",
+        "_data_loading",
+        "_data_room",
+    )
 
     def __init__(self, conn: FramedConnection) -> None:
         self.conn = conn
@@ -80,6 +94,12 @@ class ClientConnection:
         self._drainer: asyncio.Task[None] | None = None
         self._rpc_slots = asyncio.Semaphore(MAX_PENDING_RPCS_PER_CONNECTION)
         self._rpcs: set[asyncio.Task[None]] = set()
+        # TRANSACTION_DATA_REQUESTs read since the last answer: answered together once the reader
+        # has taken every request that arrived (a callback after this turn of the loop).
+        self._data_requests: list[tuple[Partition, TransactionDataRequest]] = []
+        self._data_loading = 0
+        self._data_room = asyncio.Event()
+        self._data_room.set()
 
     @property
     def version(self) -> int:
@@ -149,6 +169,57 @@ class ClientConnection:
         self._rpcs.add(task)
         task.add_done_callback(self._rpc_done)
 
+    async def transaction_data(self, partition: Partition, request: TransactionDataRequest) -> None:
+        """Queues a data request; the burst it arrived in is answered in one go."""
+        requests = self._data_requests
+        requests.append((partition, request))
+        if len(requests) == 1:
+            asyncio.get_running_loop().call_soon(self._answer_data_requests)
+        if not self._data_room.is_set():
+            await self._data_room.wait()
+
+    def _answer_data_requests(self) -> None:
+        """Cache hits in one write; each partition's misses read in ranges and answered together."""
+        burst, self._data_requests = self._data_requests, []
+        if self.closed:
+            return
+        by_partition: dict[Partition, list[TransactionDataRequest]] = {}
+        for partition, request in burst:
+            by_partition.setdefault(partition, []).append(request)
+        encode = self.codec.encode_frame
+        frames: list[bytes] = []
+        for partition, requests in by_partition.items():
+            answers, loading = partition.transaction_data_many(requests)
+            frames.extend([encode(answer) for answer in answers])
+            if loading:
+                self._data_loading += len(loading)
+                if self._data_loading >= MAX_PENDING_DATA_REQUESTS_PER_CONNECTION:
+                    self._data_room.clear()
+                task = asyncio.get_running_loop().create_task(self._answer_loads(partition, loading))
+                self._rpcs.add(task)
+                task.add_done_callback(self._rpc_done)
+        if frames:
+            self.send_frames(frames)
+
+    async def _answer_loads(
+        self,
+        partition: Partition,
+        loading: list[DataLoad],
+    ) -> None:
+        try:
+            encode = self.codec.encode_frame
+            frames = [encode(await partition.data_response(request, pending)) for request, pending in loading]
+            self.send_frames(frames)
+        finally:
+            self._data_loading -= len(loading)
+            if self._data_loading < MAX_PENDING_DATA_REQUESTS_PER_CONNECTION:
+                self._data_room.set()
+
+    def send_frames(self, frames: list[bytes]) -> None:
+        # One write for the lot: over TLS one flush to the socket.
+        with contextlib.suppress(ConnectionClosedError):
+            self.conn.send_frames(frames)
+
     def _rpc_done(self, task: asyncio.Task[None]) -> None:
         self._rpcs.discard(task)
         if not task.cancelled() and task.exception() is not None:
@@ -215,9 +286,8 @@ class ClientHandler:
                     )
                 )
                 return
-            owner = partition
             # Through the fetcher even when cached: it counts the cache misses, once.
-            await client.run_rpc(lambda: owner.transaction_data(message))
+            await client.transaction_data(partition, message)
         elif isinstance(message, HighWaterMarkRequest):
             partition = self.services.partition(req_id.partition_id)
             # Not listed by the original's partitionNotFound: dropped like APPEND/FEED/FLUSH.

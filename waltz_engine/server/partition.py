@@ -61,6 +61,10 @@ METRIC_GROUP_PREFIX = "waltz-server.partition-"
 NO_HIGH_WATER_MARK = -1  # before the store partition opened, and of an empty partition
 
 
+# A data request waiting on its transaction's load from storage.
+DataLoad = tuple[TransactionDataRequest, "asyncio.Future[TransactionData]"]
+
+
 class StorePartitionLike(Protocol):
     """The part of the store layer's StorePartition this engine uses."""
 
@@ -80,6 +84,8 @@ class StorePartitionLike(Protocol):
     async def record_headers(self, transaction_id: int, max_records: int) -> list[RecordHeader]: ...
 
     async def record(self, transaction_id: int) -> Record | None: ...
+
+    async def committed_records(self, transaction_id: int, max_records: int) -> list[Record]: ...
 
     @property
     def healthy(self) -> bool: ...
@@ -297,22 +303,66 @@ class Partition:
             await self._queue.put((_HIGH_WATER_MARK, client, request))
 
     async def transaction_data(self, request: TransactionDataRequest) -> TransactionDataResponse:
+        answers, loading = self.transaction_data_many([request])
+        if answers:
+            return answers[0]
+        ((_, pending),) = loading
+        return await self.data_response(request, pending)
+
+    def transaction_data_many(
+        self, requests: list[TransactionDataRequest]
+    ) -> tuple[list[TransactionDataResponse], list[DataLoad]]:
+        """The answers ready now (cache hits, txids never committed) and the loads to wait for.
+
+        The misses are read from storage in ranges by the fetcher, not one record each.
+        """
+        answers: list[TransactionDataResponse] = []
+        wanted: list[TransactionDataRequest] = []
+        high_water_mark = self.commit_high_water_mark
+        for request in requests:
+            txid = request.transaction_id
+            if 0 <= txid <= high_water_mark:
+                wanted.append(request)
+            else:
+                error = TransactionNotFoundError(f"transaction {txid} not found")
+                answers.append(_data_error(request, error))
+        loading: list[DataLoad] = []
+        if wanted:
+            found = self.fetcher.fetch_many(
+                self.partition_id, [request.transaction_id for request in wanted], self._load_range
+            )
+            for request, data in zip(wanted, found, strict=True):
+                if isinstance(data, tuple):
+                    answers.append(TransactionDataResponse(request.req_id, request.transaction_id, *data))
+                else:
+                    loading.append((request, data))
+        return answers, loading
+
+    async def data_response(
+        self, request: TransactionDataRequest, pending: asyncio.Future[TransactionData]
+    ) -> TransactionDataResponse:
         txid = request.transaction_id
         try:
-            data, checksum = await self.fetcher.fetch(self.partition_id, txid, lambda: self._load(txid))
+            data, checksum = await asyncio.shield(pending)
         except (WaltzError, OSError, TimeoutError) as e:
             if not self.closed:
                 log.warning("partition %d: transaction data of %d: %s", self.partition_id, txid, e)
-            return TransactionDataResponse(request.req_id, txid, exception_message=f"{type(e).__name__}: {e}")
+            return _data_error(request, e)
         return TransactionDataResponse(request.req_id, txid, data, checksum)
 
-    async def _load(self, transaction_id: int) -> TransactionData:
-        if transaction_id > self.commit_high_water_mark or transaction_id < 0:
-            raise TransactionNotFoundError(f"transaction {transaction_id} not found")
-        record = await self.store.record(transaction_id)
-        if record is None:
-            raise TransactionNotFoundError(f"transaction {transaction_id} not found")
-        return record.data, record.checksum
+    async def _load_range(self, first: int, count: int) -> list[TransactionData]:
+        """``count`` committed transactions from ``first``: RECORD_LIST reads, as many as it takes."""
+        found: list[TransactionData] = []
+        while len(found) < count:
+            next_txid = first + len(found)
+            records = await self.store.committed_records(next_txid, count - len(found))
+            if not records:
+                raise TransactionNotFoundError(f"transaction {next_txid} not found")
+            for record in records:
+                if record.transaction_id != first + len(found):
+                    raise TransactionNotFoundError(f"transaction {first + len(found)} not found")
+                found.append((record.data, record.checksum))
+        return found[:count]
 
     # --- the append task -----------------------------------------------------------------
 
@@ -486,3 +536,9 @@ class Partition:
 
 class TransactionNotFoundError(WaltzError):
     """A TRANSACTION_DATA_REQUEST for a txid this partition has not committed."""
+
+
+def _data_error(request: TransactionDataRequest, error: BaseException) -> TransactionDataResponse:
+    return TransactionDataResponse(
+        request.req_id, request.transaction_id, exception_message=f"{type(error).__name__}: {error}"
+    )

@@ -151,19 +151,31 @@ class TransactionCache:
                 del self._index[partition_id]
 
 
+# Misses of one burst of data requests are read with one RECORD_LIST per contiguous run of txids,
+# at most this many records each (a run longer than this is split): 64 records of 512 B are one
+# 33 KiB answer, and a burst is never held behind one huge storage read.
+MAX_TRANSACTIONS_PER_LOAD = 64
+
+# (first txid, count) -> the data and checksum of each of those transactions, in order; raises if
+# any of them cannot be read (then every request of the range gets the error).
+LoadRange = Callable[[int, int], Awaitable[list[TransactionData]]]
+
+
 class TransactionFetcher:
     """Serves TRANSACTION_DATA_REQUEST: the cache, else one load per key however many ask.
 
-    Concurrent fetches of a key await one shared load task (as the original shares one future); the
-    load is not cancelled when a waiter is, and its result, or failure, is forgotten once it ends
-    (the original keeps a failed future, so that key would fail forever).
+    Concurrent fetches of a key await one shared load (as the original shares one future); a load
+    is not cancelled when a waiter is, and its result, or failure, is forgotten once it ends (the
+    original keeps a failed future, so that key would fail forever). ``fetch_many`` reads the misses
+    of a burst in ranges, one task per range, instead of one storage request per transaction.
     """
 
-    __slots__ = ("cache", "_loads")
+    __slots__ = ("cache", "_loads", "_tasks")
 
     def __init__(self, cache: TransactionCache) -> None:
         self.cache = cache
-        self._loads: dict[tuple[int, int], asyncio.Task[TransactionData]] = {}
+        self._loads: dict[tuple[int, int], asyncio.Future[TransactionData]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()  # the loop keeps only weak references
 
     def num_loading(self) -> int:
         return len(self._loads)
@@ -174,29 +186,80 @@ class TransactionFetcher:
         transaction_id: int,
         load: Callable[[], Awaitable[TransactionData]],
     ) -> TransactionData:
-        key = (partition_id, transaction_id)
-        task = self._loads.get(key)
-        if task is None:
-            cached = self.cache.get(partition_id, transaction_id)
-            if cached is not None:
-                return cached
-            task = asyncio.get_running_loop().create_task(self._load(key, load))
-            task.add_done_callback(_retrieve_exception)
-            self._loads[key] = task
-        return await asyncio.shield(task)
+        async def load_one(first: int, count: int) -> list[TransactionData]:
+            assert (first, count) == (transaction_id, 1)
+            return [await load()]
 
-    async def _load(
-        self, key: tuple[int, int], load: Callable[[], Awaitable[TransactionData]]
-    ) -> TransactionData:
+        (found,) = self.fetch_many(partition_id, [transaction_id], load_one)
+        if isinstance(found, tuple):
+            return found
+        return await asyncio.shield(found)
+
+    def fetch_many(
+        self, partition_id: int, transaction_ids: list[int], load_range: LoadRange
+    ) -> list[TransactionData | asyncio.Future[TransactionData]]:
+        """Each transaction's cached (data, checksum), or a future of its load.
+
+        The misses not loading already are sorted into contiguous runs, and each run of at most
+        ``MAX_TRANSACTIONS_PER_LOAD`` is read by one ``load_range`` task.
+        """
+        loads = self._loads
+        cache = self.cache
+        found: list[TransactionData | asyncio.Future[TransactionData]] = []
+        missing: list[int] = []
+        for transaction_id in transaction_ids:
+            key = (partition_id, transaction_id)
+            pending = loads.get(key)
+            if pending is None:
+                cached = cache.get(partition_id, transaction_id)
+                if cached is not None:
+                    found.append(cached)
+                    continue
+                pending = loads[key] = asyncio.get_running_loop().create_future()
+                pending.add_done_callback(_retrieve_exception)
+                missing.append(transaction_id)
+            found.append(pending)
+        if missing:
+            self._start_loads(partition_id, sorted(missing), load_range)
+        return found
+
+    def _start_loads(self, partition_id: int, missing: list[int], load_range: LoadRange) -> None:
+        loop = asyncio.get_running_loop()
+        runs: list[tuple[int, int]] = []
+        first = previous = missing[0]
+        for transaction_id in missing[1:]:
+            if transaction_id != previous + 1 or transaction_id - first >= MAX_TRANSACTIONS_PER_LOAD:
+                runs.append((first, previous - first + 1))
+                first = transaction_id
+            previous = transaction_id
+        runs.append((first, previous - first + 1))
+        for first, count in runs:
+            task = loop.create_task(self._load(partition_id, first, count, load_range))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _load(self, partition_id: int, first: int, count: int, load_range: LoadRange) -> None:
+        loads = self._loads
         try:
-            data, checksum = await load()
-            self.cache.put(key[0], key[1], data, checksum)
-            return data, checksum
-        finally:
-            del self._loads[key]
+            found = await load_range(first, count)
+            assert len(found) == count, (first, count, len(found))
+        except BaseException as e:
+            for transaction_id in range(first, first + count):
+                pending = loads.pop((partition_id, transaction_id))
+                if not pending.done():
+                    pending.set_exception(e)
+            if not isinstance(e, Exception):
+                raise
+            return
+        put = self.cache.put
+        for transaction_id, (data, checksum) in enumerate(found, first):
+            put(partition_id, transaction_id, data, checksum)
+            pending = loads.pop((partition_id, transaction_id))
+            if not pending.done():
+                pending.set_result((data, checksum))
 
 
-def _retrieve_exception(task: asyncio.Task[TransactionData]) -> None:
+def _retrieve_exception(future: asyncio.Future[TransactionData]) -> None:
     # Every waiter may have been cancelled; do not let asyncio log the failure as unhandled.
-    if not task.cancelled():
-        task.exception()
+    if not future.cancelled():
+        future.exception()

@@ -100,6 +100,12 @@ class StorePartition:
     async def record(self, transaction_id: int) -> Record | None:
         return await self._with_session(lambda session: session.record(transaction_id))
 
+    async def committed_records(self, transaction_id: int, max_records: int) -> list[Record]:
+        """Up to ``max_records`` committed records from ``transaction_id``: one RECORD_LIST."""
+        return await self._with_session(
+            lambda session: session.committed_records(transaction_id, max_records)
+        )
+
     async def _with_session(self, call: Callable[[StoreSession], Awaitable[T]]) -> T:
         async def attempt() -> T:
             return await call(await self._manager.get_store_session())
