@@ -22,7 +22,7 @@ from waltz_engine.common.address import HostPort
 from waltz_engine.disk.control_reader import read_control_file
 from waltz_engine.net.tls import TlsConfig, client_context
 from waltz_engine.ops.devcluster.nodes import LocalNode
-from waltz_engine.storage.admin_ops import StorageContext, max_transaction_id
+from waltz_engine.storage.admin_ops import StorageContext, admin_client, max_transaction_id
 from waltz_engine.storage.client import StorageClient, StorageRpcError
 from waltz_engine.zk.connection import connect
 from waltz_engine.zk.store_metadata import read_partition_metadata, read_store_params
@@ -44,6 +44,21 @@ async def _wait_max_transaction_id(node: LocalNode, context: StorageContext, txi
         await asyncio.sleep(0.2)
 
 
+async def _wait_low_water_mark(node: LocalNode, context: StorageContext, txid: int) -> None:
+    """Until a store session of the server has set ``node``'s low-water mark to ``txid`` or more:
+    a server is "ready" when it serves, its partition's store session opens (and reaches each
+    replica) after that."""
+    deadline = time.monotonic() + COMMIT_TIMEOUT_S
+    address = HostPort("127.0.0.1", node.admin_port)
+    while True:
+        async with admin_client(context, address) as admin:
+            info = await admin.last_session_info(0)
+        if info.low_water_mark >= txid:
+            return
+        assert time.monotonic() < deadline, f"the node's low-water mark is stuck: {info}"
+        await asyncio.sleep(0.2)
+
+
 def test_a_rotten_record_is_read_from_another_replica_and_never_served(
     tmp_path_factory: pytest.TempPathFactory, zookeeper: str
 ) -> None:
@@ -59,10 +74,12 @@ def test_a_rotten_record_is_read_from_another_replica_and_never_served(
                     await client.submit(context)
                     assert await context.result(COMMIT_TIMEOUT_S), f"transaction {txid} did not commit"
 
+        storage_context = StorageContext(key, 1, client_context(TlsConfig()))
         asyncio.run(append(0, TRANSACTIONS))
         # A new server process: a new store session raises every replica's low-water mark to the
         # high-water mark, and the server's transaction cache starts empty.
         server.restart()
+        asyncio.run(_wait_low_water_mark(rotten_node, storage_context, TRANSACTIONS - 1))
         assert rotten_node.stop()
         data_dir = rotten_node.directory / "data"
         local_lwm = read_control_file(data_dir).partitions[0].current
@@ -71,7 +88,6 @@ def test_a_rotten_record_is_read_from_another_replica_and_never_served(
         rotten_node.start()
         # One more transaction, and the rotten node back in the session with it (so it is asked).
         asyncio.run(append(TRANSACTIONS, 1))
-        storage_context = StorageContext(key, 1, client_context(TlsConfig()))
         asyncio.run(_wait_max_transaction_id(rotten_node, storage_context, TRANSACTIONS))
 
         async def read_through_client() -> list[object]:
