@@ -4,13 +4,18 @@ Produces ``txns`` transactions of ``txn_size`` bytes over the first ``partitions
 partitions (up to 100 appenders, as the original's producer threads), waits until all
 committed, then a fresh client mounts those partitions just before them and reads every
 one, fetching its data by RPC in ``apply_transaction``. The timer runs from the first
-``apply_transaction`` to the last; the data fetch latency is the RPC's.
+``apply_transaction`` to the last; the data fetch latency is the time ``data()`` waited (zero
+when the client had asked ahead and the answer was there). The fetch pipeline's depth is the
+number of transactions whose data the client had asked for ahead (answered or in flight) when
+each ``data()`` was called (``client.dataPrefetchBytes``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +47,8 @@ class ConsumerResult:
     fetch_latencies_ms: list[float]
     cpu_s: dict[str, float]
     partitions: int
+    pipeline_depths: list[int]
+    prefetch_bytes: int
 
     @property
     def megabytes(self) -> float:
@@ -54,9 +61,22 @@ class ConsumerResult:
             f"Transaction/sec: {self.transactions / self.seconds:.4f}",
             f"MB/sec: {self.megabytes / self.seconds:.4f}",
         ]
+        depth = self.depth_summary()
+        lines.append(
+            f"Fetch pipeline depth: mean {depth['mean']}, p50 {depth['p50']}, max {depth['max']} "
+            f"(client.dataPrefetchBytes {self.prefetch_bytes})"
+        )
         return lines + latency_and_cpu_lines(
             "Data fetch", self.fetch_latencies_ms, self.cpu_s, self.transactions
         )
+
+    def depth_summary(self) -> dict[str, float]:
+        depths = self.pipeline_depths or [0]
+        return {
+            "mean": round(statistics.fmean(depths), 1),
+            "p50": statistics.median_low(depths),
+            "max": max(depths),
+        }
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -68,6 +88,8 @@ class ConsumerResult:
             "transactions_per_s": round(self.transactions / self.seconds, 2),
             "mb_per_s": round(self.megabytes / self.seconds, 4),
             "fetch_latency": latency_summary(self.fetch_latencies_ms),
+            "fetch_pipeline_depth": self.depth_summary(),
+            "data_prefetch_bytes": self.prefetch_bytes,
             "cpu_s_per_1000_transactions": cpu_per_thousand(self.cpu_s, self.transactions),
         }
 
@@ -80,6 +102,9 @@ class _Reader:
         self.first_at: float | None = None
         self.last_at = 0.0
         self.fetch_ms: list[float] = []
+        self.depths: list[int] = []
+        # The client's data asked ahead of a partition (set once the client exists).
+        self.depth_of: Callable[[int], int] | None = None
         self._start_marks = high_water_marks
         self._done = done
 
@@ -91,6 +116,8 @@ class _Reader:
         now = time.perf_counter()
         if self.first_at is None:
             self.first_at = now
+        if self.depth_of is not None:
+            self.depths.append(self.depth_of(transaction.partition_id))
         await transaction.data()
         self.last_at = time.perf_counter()
         self.fetch_ms.append((self.last_at - now) * MS_PER_S)
@@ -108,6 +135,7 @@ async def _consume(
     cpu_before = process_cpu.snapshot(pids)
     config = client_config(cluster)
     consumer = await start_client(config, partitions, mount_from_latest=False, on_apply=reader.apply)
+    reader.depth_of = consumer.rpc_client.prefetch_depth
     try:
         await done
     finally:
@@ -115,7 +143,14 @@ async def _consume(
     cpu_s = process_cpu.used_since(cpu_before, pids)
     assert reader.first_at is not None
     return ConsumerResult(
-        txns, txn_size, reader.last_at - reader.first_at, reader.fetch_ms, cpu_s, partitions
+        txns,
+        txn_size,
+        reader.last_at - reader.first_at,
+        reader.fetch_ms,
+        cpu_s,
+        partitions,
+        reader.depths,
+        config.data_prefetch_bytes,
     )
 
 

@@ -126,7 +126,9 @@ class WaltzClient:
             config.reconnect_delay_ms,
             config.rpc_timeout_ms,
             config.reconnect_max_delay_ms,
+            config.data_prefetch_bytes,
         )
+        prefetching = config.data_prefetch_bytes > 0
         self._stream = StreamClient(
             info.client_id,
             info.num_partitions,
@@ -139,6 +141,8 @@ class WaltzClient:
             self._report_application_error,
             config.reconnect_max_delay_ms,
             config.max_application_attempts,
+            self._rpc.feed_seen if prefetching else None,
+            self._rpc.reset_prefetch if prefetching else None,
         )
 
     async def close(self) -> None:

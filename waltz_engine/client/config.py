@@ -24,6 +24,8 @@ KEY_NUM_CONSUMER_THREADS = "client.numConsumerThreads"
 KEY_LONG_WAIT_THRESHOLD = "client.longWaitThreshold"
 KEY_MAX_CONCURRENT_TRANSACTIONS = "client.maxConcurrentTransactions"
 KEY_MOCK_DRIVER = "client.mockDriver"
+# Ours (issue 14): bytes of transaction data asked for ahead of apply_transaction, per partition.
+KEY_DATA_PREFETCH_BYTES = "client.dataPrefetchBytes"
 KNOWN_KEYS = (
     KEY_AUTO_MOUNT,
     KEY_NUM_TRANSACTION_RETRY_THREADS,
@@ -31,6 +33,7 @@ KNOWN_KEYS = (
     KEY_LONG_WAIT_THRESHOLD,
     KEY_MAX_CONCURRENT_TRANSACTIONS,
     KEY_MOCK_DRIVER,
+    KEY_DATA_PREFETCH_BYTES,
 )
 
 DEFAULT_AUTO_MOUNT = True
@@ -38,6 +41,8 @@ DEFAULT_NUM_TRANSACTION_RETRY_THREADS = 1
 DEFAULT_NUM_CONSUMER_THREADS = 10
 DEFAULT_LONG_WAIT_THRESHOLD_MS = 5_000
 DEFAULT_MAX_CONCURRENT_TRANSACTIONS = 5
+# Per partition; 0 turns prefetching off (one round trip per Transaction.data(), as the original).
+DEFAULT_DATA_PREFETCH_BYTES = 1024 * 1024
 
 # The original's internal constants (CL/internal/Partition.java, InternalBaseClient.java).
 REGISTRATION_TIMEOUT_MS = 10_000
@@ -63,6 +68,7 @@ class WaltzClientConfig:
     num_consumer_threads: int = DEFAULT_NUM_CONSUMER_THREADS
     long_wait_threshold_ms: int = DEFAULT_LONG_WAIT_THRESHOLD_MS
     max_concurrent_transactions: int = DEFAULT_MAX_CONCURRENT_TRANSACTIONS
+    data_prefetch_bytes: int = DEFAULT_DATA_PREFETCH_BYTES
     tls: TlsConfig = field(default_factory=TlsConfig)
     mock_driver: WaltzClientDriver | None = None
     registration_timeout_ms: int = REGISTRATION_TIMEOUT_MS
@@ -93,6 +99,8 @@ class WaltzClientConfig:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.num_transaction_retry_threads < 0:
             raise ConfigError("client.numTransactionRetryThreads must not be negative")
+        if self.data_prefetch_bytes < 0:
+            raise ConfigError(f"{KEY_DATA_PREFETCH_BYTES} must not be negative")
 
     @classmethod
     def from_config(
@@ -118,6 +126,7 @@ class WaltzClientConfig:
             "max_concurrent_transactions": conf.get_int(
                 KEY_MAX_CONCURRENT_TRANSACTIONS, DEFAULT_MAX_CONCURRENT_TRANSACTIONS
             ),
+            "data_prefetch_bytes": conf.get_long(KEY_DATA_PREFETCH_BYTES, DEFAULT_DATA_PREFETCH_BYTES),
             "tls": TlsConfig.from_flat(conf.as_dict(), "client"),
             "mock_driver": driver,
         }

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from waltz_engine.client.backoff import RECONNECT_BACKOFF_MAX_MS
 from waltz_engine.client.base_client import BaseClient
+from waltz_engine.client.data_prefetch import DataPrefetch
 from waltz_engine.client.errors import (
     ClientClosedError,
     ClientTimeoutError,
@@ -70,13 +71,14 @@ class _DataFuture:
 
 
 class _RpcPartition:
-    __slots__ = ("partition_id", "seq_num", "data", "high_water_mark")
+    __slots__ = ("partition_id", "seq_num", "data", "high_water_mark", "prefetch")
 
-    def __init__(self, partition_id: int) -> None:
+    def __init__(self, partition_id: int, prefetch_bytes: int) -> None:
         self.partition_id = partition_id
         self.seq_num = 0
         self.data: dict[int, _DataFuture] = {}
         self.high_water_mark: asyncio.Future[int] | None = None
+        self.prefetch = DataPrefetch(prefetch_bytes) if prefetch_bytes > 0 else None
 
 
 class RpcClient(BaseClient):
@@ -88,11 +90,12 @@ class RpcClient(BaseClient):
         reconnect_delay_ms: int,
         rpc_timeout_ms: int,
         reconnect_max_delay_ms: int = RECONNECT_BACKOFF_MAX_MS,
+        data_prefetch_bytes: int = 0,
     ) -> None:
         super().__init__(open_channel, reconnect_delay_ms, reconnect_max_delay_ms)
         self.client_id = client_id
         self.rpc_timeout_ms = rpc_timeout_ms
-        self._partitions = {p: _RpcPartition(p) for p in range(num_partitions)}
+        self._partitions = {p: _RpcPartition(p, data_prefetch_bytes) for p in range(num_partitions)}
         self._admin: dict[tuple[Endpoint, type[Any]], deque[asyncio.Future[Any]]] = {}
 
     def _req_id(self, partition: _RpcPartition) -> ReqId:
@@ -160,17 +163,61 @@ class RpcClient(BaseClient):
 
     # -- transaction data ------------------------------------------------------------------
 
+    def feed_seen(self, partition_id: int, applied_through: int, last_transaction_id: int) -> None:
+        """The feed delivered transactions up to ``last_transaction_id``: ask for their data ahead."""
+        partition = self._partitions.get(partition_id)
+        if partition is not None and partition.prefetch is not None and not self._closed:
+            partition.prefetch.feed_seen(applied_through, last_transaction_id)
+            self._prefetch(partition, partition.prefetch)
+
+    def reset_prefetch(self, partition_id: int) -> None:
+        """A remount: the window starts again from what the new feed delivers."""
+        partition = self._partitions.get(partition_id)
+        if partition is not None and partition.prefetch is not None:
+            partition.prefetch.reset()  # their answers still come, and are let go of
+
+    def prefetch_depth(self, partition_id: int) -> int:
+        """Transactions whose data is asked for ahead and not yet taken by ``data()``."""
+        partition = self._partitions.get(partition_id)
+        return partition.prefetch.depth if partition is not None and partition.prefetch is not None else 0
+
+    def _prefetch(self, partition: _RpcPartition, prefetch: DataPrefetch) -> None:
+        wanted = prefetch.wanted()
+        if not wanted:
+            return
+        data = partition.data
+        network_client = self.network_client_of(partition.partition_id)
+        for transaction_id in wanted:
+            pending = data.get(transaction_id)
+            if pending is None:
+                pending = data[transaction_id] = _DataFuture(1)
+                # Queued: all asked in this turn of the loop leave in one write. Not connected:
+                # they go out on the next mount, as any pending request.
+                if network_client is not None:
+                    network_client.send(TransactionDataRequest(self._req_id(partition), transaction_id))
+            prefetch.requested(transaction_id, pending.future)
+
     async def get_transaction_data(self, partition_id: int, transaction_id: int) -> bytes:
         """The data of one transaction; retries error answers with backoff until the RPC timeout."""
+        future: asyncio.Future[bytes] | None = None
+        partition = self._partitions.get(partition_id)
+        if partition is not None and partition.prefetch is not None and not self._closed:
+            future = partition.prefetch.take(transaction_id)
+            self._prefetch(partition, partition.prefetch)
+            if future is not None and future.done() and not future.cancelled():
+                if future.exception() is None:
+                    return future.result()  # asked ahead and answered: no wait at all
+                future = None  # an error answer: asked again below, as any other
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.rpc_timeout_ms / 1000
         backoff_ms = DATA_RETRY_INITIAL_MS
         while True:
             try:
-                return await self._await(
-                    self._data_future(partition_id, transaction_id), deadline, "transaction data"
-                )
+                if future is None:
+                    future = self._data_future(partition_id, transaction_id)
+                return await self._await(future, deadline, "transaction data")
             except RpcError as e:
+                future = None
                 if loop.time() + backoff_ms / 1000 >= deadline:
                     raise ClientTimeoutError(
                         f"no data for transaction {transaction_id} of partition {partition_id} within "
@@ -197,12 +244,18 @@ class RpcClient(BaseClient):
         pending = partition.data.pop(response.transaction_id, None)
         if pending is None or pending.future.done():
             return
+        prefetch = partition.prefetch
         if response.data is None:
             pending.future.set_exception(
                 RpcError(response.exception_message or "no data and no error message")
             )
+            pending.future.exception()  # asked ahead, it may never be awaited: do not warn
+            if prefetch is not None:
+                prefetch.arrived(response.transaction_id, None)
         elif crc32(response.data) == response.checksum:
             pending.future.set_result(response.data)
+            if prefetch is not None:
+                prefetch.arrived(response.transaction_id, len(response.data))
         elif pending.attempts < MAX_DATA_ATTEMPTS:
             log.warning(
                 "transaction data checksum error, retrying: partition=%d txid=%d",

@@ -48,6 +48,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ReportApplicationError = Callable[[int, int, BaseException], None]
+# (partition id, client high-water mark, the feed's last txid): the data of what comes next may be
+# asked for ahead of apply_transaction (RpcClient.feed_seen).
+FeedSeen = Callable[[int, int, int], None]
 
 
 class TransactionApplicationError(WaltzClientError):
@@ -70,8 +73,12 @@ class StreamClient(BaseClient):
         report_application_error: ReportApplicationError | None = None,
         reconnect_max_delay_ms: int = RECONNECT_BACKOFF_MAX_MS,
         max_application_attempts: int = MAX_APPLICATION_ATTEMPTS,
+        feed_seen: FeedSeen | None = None,
+        remounting: Callable[[int], None] | None = None,
     ) -> None:
         super().__init__(open_channel, reconnect_delay_ms, reconnect_max_delay_ms)
+        self._feed_seen = feed_seen
+        self._remounting = remounting
         self._report_application_error = report_application_error
         self._max_application_attempts = max_application_attempts
         self.client_id = client_id
@@ -104,6 +111,8 @@ class StreamClient(BaseClient):
         if not partition.is_active or partition.network_client is not network_client:
             return  # inactive partitions are mounted when set_partitions activates them
         partition.mounting(network_client)
+        if self._remounting is not None:
+            self._remounting(partition_id)
         req_id = partition.next_req_id()
         partition.session = req_id
         log.info("sending MountRequest: %r to %r", partition, network_client)
@@ -137,7 +146,21 @@ class StreamClient(BaseClient):
     # -- messages --------------------------------------------------------------------------
 
     async def on_messages(self, network_client: NetworkClient, messages: list[ClientMessage]) -> None:
-        """A feed batch: each run of FeedData of one partition is applied in one go."""
+        """A feed batch: each run of FeedData of one partition is applied in one go.
+
+        Before any is applied, every partition's data is asked for ahead as far as this batch goes
+        (within the prefetch budget), so the requests are in flight while the first ones apply.
+        """
+        feed_seen = self._feed_seen
+        if feed_seen is not None:
+            last: dict[int, int] = {}
+            for message in messages:
+                if type(message) is FeedData:
+                    last[message.req_id.partition_id] = message.transaction_id
+            for partition_id, transaction_id in last.items():
+                partition = self.partitions.get(partition_id)
+                if partition is not None:
+                    feed_seen(partition_id, partition.client_high_water_mark, transaction_id)
         index, count = 0, len(messages)
         while index < count:
             message = messages[index]
