@@ -5,7 +5,7 @@ A RECORD_LIST answer's record list is parsed by columns, as :mod:`spark.segments
 segment's data, with the same kernels: the answer's bytes are wrapped without a copy as an
 Arrow array of whole records, ``binary_slice`` cuts out the headers, data and checksums, and
 every data checksum is checked by one ``zlib.crc32`` over the data fields
-(:func:`spark.segments.chunk_crcs_match`: on the wire each record's data is followed by its
+(:func:`waltz_engine.disk.record_columns.chunk_crcs_match`: on the wire each record's data is followed by its
 checksum, as on disk a record is followed by its CRC). Only where each record starts is found
 record by record, and only when the records' data lengths differ.
 """
@@ -20,8 +20,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark.schema import ARROW_SCHEMA
-from spark.segments import SegmentSlice, chunk_crcs_match, fixed_width_values, read_slice, record_batch
+from spark.segments import SegmentSlice, fixed_width_values, read_slice, record_batch
 from waltz_engine.common.record import Record
+from waltz_engine.disk.record_columns import chunk_crcs_match
 from waltz_engine.storage.network_reader import BadRecordsError, NetworkSlice, read_slice_runs
 
 # A record on the wire (the original's Record.writeTo): txid, the ReqId's four ints, header,

@@ -30,6 +30,9 @@ import pyarrow.compute as pc
 from spark.schema import ARROW_SCHEMA
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES, SegmentFileHeader
+from waltz_engine.disk.record_columns import CRC_DTYPE as _CRC_DTYPE
+from waltz_engine.disk.record_columns import CRC_SIZE_BYTES, chunk_crcs_match
+from waltz_engine.disk.record_columns import HEADER_DTYPE as _HEADER_DTYPE
 from waltz_engine.disk.record_format import (
     INDEX_ENTRY_SIZE_BYTES,
     RECORD_HEADER_SIZE_BYTES,
@@ -54,31 +57,8 @@ CHUNK_BYTES = 8 << 20
 # Index entries read at a time (8 bytes each): a slice's index is not held whole, so a worker's
 # memory does not grow with the segment (a 1 GB segment of small records has millions).
 INDEX_WINDOW_ENTRIES = 1 << 18
-CRC_SIZE_BYTES = RECORD_OVERHEAD_BYTES - RECORD_HEADER_SIZE_BYTES
-# A record header as stored: the ReqId halves split into their int32 parts (clientId,
-# generation | partitionId, seqNum), all big-endian; itemsize is exactly the 36 header bytes.
-_HEADER_DTYPE = np.dtype(
-    [
-        ("transaction_id", ">i8"),
-        ("client_id", ">i4"),
-        ("generation", ">i4"),
-        ("partition_id", ">i4"),
-        ("seq_num", ">i4"),
-        ("header", ">i4"),
-        ("length", ">i4"),
-        ("checksum", ">i4"),
-    ]
-)
-assert _HEADER_DTYPE.itemsize == RECORD_HEADER_SIZE_BYTES
-_CRC_DTYPE = np.dtype(">u4")
-assert _CRC_DTYPE.itemsize == CRC_SIZE_BYTES
 # Where the data length sits in a record header.
 _LENGTH_OFFSET: int = _HEADER_DTYPE.fields["length"][1]  # type: ignore[index]  # a structured dtype has fields
-# XORed into a record's stored CRC and written back little-endian, it makes the CRC32 of the
-# record (header, data, that field) zero, which is CRC32's initial state: so a run of valid
-# records so rewritten has a CRC32 of zero as a whole (:func:`chunk_crcs_match`).
-# Found by solving the 32 linear equations over GF(2) (tests/spark/test_spark_segments.py).
-CRC_ZEROING_MASK = 0x6DD90A9D
 # Problems of the walk that mean a committed record cannot be trusted (index disagreements
 # alone do not: the record itself is whole and its CRC says so).
 _CORRUPTION_KINDS = frozenset({KIND_CHECKSUM, KIND_TORN_RECORD, KIND_BAD_RECORD_HEADER, KIND_TXID_MISMATCH})
@@ -222,27 +202,6 @@ def fixed_width_values(sliced: pa.Array, dtype: np.dtype, n: int) -> np.ndarray:
     values = sliced.buffers()[2]
     assert sliced.offset == 0 and values is not None and len(values) >= n * dtype.itemsize
     return np.frombuffer(values, dtype=dtype, count=n)
-
-
-def chunk_crcs_match(buf: bytes | memoryview, record_offsets: np.ndarray, stored_crcs: np.ndarray) -> bool:
-    """Whether every record tiling ``buf[record_offsets[0]:record_offsets[-1]]`` (each ending in
-    its 4-byte CRC32, big-endian as Java writes it) has the CRC32 of its header and data.
-
-    CRC32 is affine over GF(2): replacing each record's stored CRC ``c`` by
-    ``le32(c ^ CRC_ZEROING_MASK)`` brings the CRC register back to its initial state after
-    every valid record, so the CRC32 of the rewritten run is zero. One C call over the chunk
-    replaces a call per record (3x faster for 100-byte records). The check is as strong as
-    CRC32 itself over the chunk: damage it misses is damage whose error polynomial the CRC
-    polynomial divides, a 2^-32 chance for random damage, as for one record's check."""
-    start, end = int(record_offsets[0]), int(record_offsets[-1])
-    work = np.frombuffer(buf, dtype=np.uint8, count=end - start, offset=start).copy()
-    fields = (
-        (stored_crcs ^ np.uint32(CRC_ZEROING_MASK)).astype("<u4").view(np.uint8).reshape(-1, CRC_SIZE_BYTES)
-    )
-    crc_starts = record_offsets[1:] - CRC_SIZE_BYTES - start
-    for j in range(CRC_SIZE_BYTES):
-        work[crc_starts + j] = fields[:, j]
-    return zlib.crc32(work.data) == 0
 
 
 def _check_crcs(chunk: _Chunk, buf: bytes, part: SegmentSlice, on_corrupt: str, base: int) -> pa.RecordBatch:

@@ -1,4 +1,4 @@
-"""The chunk-wide CRC check of the segment parser (spark.segments.chunk_crcs_match) against the
+"""The chunk-wide CRC check of the segment parser (record_columns.chunk_crcs_match) against the
 record-by-record definition: every record's CRC32 over its header and data."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark.segments import CRC_ZEROING_MASK, chunk_crcs_match
+from waltz_engine.disk.record_columns import CRC_ZEROING_MASK, chunk_crcs_match
 
 CRC_BYTES = 4
 

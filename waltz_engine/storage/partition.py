@@ -42,6 +42,8 @@ from waltz_engine.storage.segment import (
     first_transaction_id_of,
 )
 from waltz_engine.storage.segment_finder import find_segment
+from waltz_engine.storage.wire_span import WireRecords, encode_wire_records
+from waltz_engine.wire.primitives import Buffer
 from waltz_engine.zk.retention import BelowRetainedStartError, removable_head_segments
 
 log = logging.getLogger(__name__)
@@ -289,6 +291,35 @@ class Partition:
                         self._refuse(segment, e)
                     break  # a short answer; the next read, starting at the bad record, fails
         return result
+
+    def records_wire(self, transaction_id: int, max_records: int) -> WireRecords:
+        """:meth:`records` as the bytes of a RECORD_LIST answer's record list, the same bytes:
+        read by columns from the segments, and record by record only from where that stops
+        (a damaged record, which the exact reader serves up to or refuses, as in :meth:`records`)."""
+        chunks: list[Buffer] = []
+        count = 0
+        with self._lock:
+            self._check_open()
+            self._check_retained(transaction_id)
+            while count < max_records:
+                segment = self._segment_for_read(transaction_id + count)
+                if segment is None:
+                    break
+                fast = segment.read_wire(transaction_id + count, max_records - count)
+                chunks += fast.chunks
+                count += fast.num_records
+                next_txid = transaction_id + count
+                if count == max_records or next_txid == segment.next_transaction_id:
+                    continue
+                try:
+                    exact = segment.read_records(next_txid, max_records - count)
+                except CorruptRecordError as e:
+                    if not count:
+                        self._refuse(segment, e)
+                    break  # a short answer; the next read, starting at the bad record, fails
+                chunks.append(encode_wire_records(exact))
+                count += len(exact)
+        return WireRecords(count, chunks)
 
     def record_headers(self, transaction_id: int, max_records: int) -> list[RecordHeader]:
         result: list[RecordHeader] = []

@@ -44,6 +44,7 @@ from waltz_engine.disk.record_format import (
 from waltz_engine.disk.segment_reader import first_txid_from_name
 from waltz_engine.storage.damage import Damage
 from waltz_engine.storage.segment_scan import check_record, check_sealed, plan_recovery
+from waltz_engine.storage.wire_span import WireRecords, read_wire_span
 
 _NO_FD = -1
 # The most bytes one read of a span of records loads; a span is shortened to fit, and a single
@@ -505,6 +506,22 @@ class Segment:
 
     def read_records(self, transaction_id: int, max_records: int) -> list[Record]:
         return [r.record for r in self._read_span(transaction_id, max_records)]
+
+    def read_wire(self, transaction_id: int, max_records: int) -> WireRecords:
+        """The records as a record list carries them, as far as they check out by columns
+        (``wire_span``); where that stops, :meth:`read_records` decides."""
+        assert self.files_open and transaction_id >= self.first_transaction_id
+        if self.foreign is not None:
+            return WireRecords(0, ())
+        return read_wire_span(
+            self._seg_fd,
+            self._idx_fd,
+            self.first_transaction_id,
+            self._next_transaction_id,
+            self._next_offset,
+            transaction_id,
+            max_records,
+        )
 
     def read_record_headers(self, transaction_id: int, max_records: int) -> list[RecordHeader]:
         return [r.record.record_header() for r in self._read_span(transaction_id, max_records)]

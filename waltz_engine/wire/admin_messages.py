@@ -19,6 +19,7 @@ from waltz_engine.wire.primitives import (
     read_int_array,
     read_int_bool_pairs,
     read_records,
+    read_rest,
     read_rpc_exception,
     read_session_info,
     read_string,
@@ -28,6 +29,7 @@ from waltz_engine.wire.primitives import (
     write_int_array,
     write_int_bool_pairs,
     write_records,
+    write_rest,
     write_rpc_exception,
     write_session_info,
     write_string,
@@ -190,21 +192,13 @@ ADMIN_CODEC: MessageCodec[AdminMessage] = MessageCodec(ADMIN_MAGIC, ADMIN_VERSIO
 RECORD_LIST_RESPONSE_TYPE = 8
 
 
-def _read_rest(buf: Any, pos: int) -> tuple[memoryview, int]:
-    return memoryview(buf)[pos:], len(buf)
-
-
-def _write_rest(out: bytearray, value: Any) -> None:
-    out += value
-
-
 def _raw_specs() -> list[MessageSpec]:
     raw = field_spec(
         RECORD_LIST_RESPONSE_TYPE,
         "RECORD_LIST_RESPONSE",
         AdminRecordListRawResponse,
         HEADER,
-        [_I32, Field(_read_rest, _write_rest)],
+        [_I32, Field(read_rest, write_rest)],
     )
     return [raw if spec.type_code == RECORD_LIST_RESPONSE_TYPE else spec for spec in _specs()]
 

@@ -247,6 +247,15 @@ def _read_record_run(buf: Buffer, pos: int, count: int) -> tuple[list[Record], i
     return records, pos
 
 
+def read_rest(buf: Buffer, pos: int) -> tuple[memoryview, int]:
+    """Everything left in the message, as it came: a field a reader parses by columns."""
+    return memoryview(buf)[pos:], len(buf)
+
+
+def write_rest(out: bytearray, value: Buffer) -> None:
+    out += value
+
+
 def read_record(buf: Buffer, pos: int) -> tuple[Record, int]:
     records, pos = _read_record_run(buf, pos, 1)
     return records[0], pos

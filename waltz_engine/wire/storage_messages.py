@@ -12,6 +12,7 @@ from typing import Any, NamedTuple, TypeAlias
 from waltz_engine.common.record import Record, RecordHeader
 from waltz_engine.wire.codec import Field, HeaderLayout, MessageCodec, MessageSpec, field_spec, fixed_spec
 from waltz_engine.wire.primitives import (
+    Buffer,
     SessionInfo,
     StorageRpcException,
     read_bool,
@@ -20,6 +21,7 @@ from waltz_engine.wire.primitives import (
     read_optional_record_header,
     read_record_headers,
     read_records,
+    read_rest,
     read_rpc_exception,
     read_session_info,
     read_uuid,
@@ -29,6 +31,7 @@ from waltz_engine.wire.primitives import (
     write_optional_record_header,
     write_record_headers,
     write_records,
+    write_rest,
     write_rpc_exception,
     write_session_info,
     write_uuid,
@@ -173,6 +176,17 @@ class StorageRecordListResponse(NamedTuple):
     records: tuple[Record, ...]
 
 
+class StorageRecordListRawResponse(NamedTuple):
+    """RECORD_LIST_RESPONSE with its record list (count, then the records) as bytes: what a
+    storage node sends when it serves the list from the segment's bytes
+    (:data:`STORAGE_RAW_RECORDS_CODEC`), the same bytes as :class:`StorageRecordListResponse`."""
+
+    session_id: int
+    seq_num: int
+    partition_id: int
+    records: Buffer
+
+
 StorageMessage: TypeAlias = (
     StorageOpenRequest
     | StorageLastSessionInfoRequest
@@ -209,6 +223,7 @@ def _header_from_wire(values: Any) -> tuple[Any, ...]:
 HEADER = HeaderLayout("qqi", _HEADER_FIELD_COUNT, _header_to_wire, _header_from_wire)
 
 _BOOL = Field(read_bool, write_bool)
+RECORD_LIST_RESPONSE_TYPE = 18
 
 
 def _specs() -> list[MessageSpec]:
@@ -264,9 +279,28 @@ def _specs() -> list[MessageSpec]:
         ),
         fixed_spec(17, "RECORD_LIST_REQUEST", StorageRecordListRequest, h, "qi"),
         field_spec(
-            18, "RECORD_LIST_RESPONSE", StorageRecordListResponse, h, [Field(read_records, write_records)]
+            RECORD_LIST_RESPONSE_TYPE,
+            "RECORD_LIST_RESPONSE",
+            StorageRecordListResponse,
+            h,
+            [Field(read_records, write_records)],
         ),
     ]
 
 
 STORAGE_CODEC: MessageCodec[StorageMessage] = MessageCodec(STORAGE_MAGIC, STORAGE_VERSION, _specs())
+
+
+def _raw_specs() -> list[MessageSpec]:
+    raw = field_spec(
+        RECORD_LIST_RESPONSE_TYPE,
+        "RECORD_LIST_RESPONSE",
+        StorageRecordListRawResponse,
+        HEADER,
+        [Field(read_rest, write_rest)],
+    )
+    return [raw if spec.type_code == RECORD_LIST_RESPONSE_TYPE else spec for spec in _specs()]
+
+
+# The same wire format, but RECORD_LIST_RESPONSE's records are bytes, not one object each.
+STORAGE_RAW_RECORDS_CODEC: MessageCodec[Any] = MessageCodec(STORAGE_MAGIC, STORAGE_VERSION, _raw_specs())

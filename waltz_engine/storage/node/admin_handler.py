@@ -18,6 +18,7 @@ from waltz_engine.storage.node.data_handler import NOT_OPENED_MESSAGE, check_ope
 from waltz_engine.storage.node.failures import NotOpenedError, PartitionNotAssignedError, rpc_exception
 from waltz_engine.storage.storage_manager import StorageManager
 from waltz_engine.wire.admin_messages import (
+    ADMIN_RAW_RECORDS_CODEC,
     AdminAssignedPartitionStatusRequest,
     AdminAssignedPartitionStatusResponse,
     AdminFailureResponse,
@@ -28,8 +29,8 @@ from waltz_engine.wire.admin_messages import (
     AdminOpenRequest,
     AdminPartitionAssignmentRequest,
     AdminPartitionAvailableRequest,
+    AdminRecordListRawResponse,
     AdminRecordListRequest,
-    AdminRecordListResponse,
     AdminSuccessResponse,
 )
 from waltz_engine.wire.primitives import SessionInfo
@@ -79,7 +80,11 @@ class AdminHandler:
             except (StorageError, OSError) as e:
                 log.warning("admin port: %s from %s failed: %s", type(msg).__name__, conn.peer, e)
                 reply = self._reply(msg, e)
-            await conn.send(reply)
+            if type(reply) is AdminRecordListRawResponse:
+                conn.send_frame(ADMIN_RAW_RECORDS_CODEC.encode_frame(reply))
+                await conn.drain()
+            else:
+                await conn.send(reply)
 
     @staticmethod
     def _reply(msg: Any, error: BaseException) -> AdminFailureResponse:
@@ -119,10 +124,14 @@ class AdminHandler:
             )
             return AdminSuccessResponse(msg.seq_num)
         if kind is AdminRecordListRequest:
+            # Served from the segments' bytes (``Partition.records_wire``): the bytes of an
+            # AdminRecordListResponse of the same records, without a Record per record.
             records = await self._off_loop(
-                lambda: self._assigned(msg.partition_id).records(msg.transaction_id, msg.max_num_records)
+                lambda: self._assigned(msg.partition_id)
+                .records_wire(msg.transaction_id, msg.max_num_records)
+                .payload()
             )
-            return AdminRecordListResponse(msg.seq_num, msg.partition_id, tuple(records))
+            return AdminRecordListRawResponse(msg.seq_num, msg.partition_id, memoryview(records))
         if kind is AdminLastSessionInfoRequest:
             info = await self._off_loop(lambda: manager.partition_info(msg.partition_id).last_session_info())
             return AdminLastSessionInfoResponse(msg.seq_num, msg.partition_id, SessionInfo(*info))

@@ -34,6 +34,7 @@ from waltz_engine.storage.partition import Partition
 from waltz_engine.wire.primitives import SessionInfo
 from waltz_engine.wire.storage_messages import (
     STORAGE_CODEC,
+    STORAGE_RAW_RECORDS_CODEC,
     StorageAppendRequest,
     StorageFailureResponse,
     StorageLastSessionInfoRequest,
@@ -44,8 +45,8 @@ from waltz_engine.wire.storage_messages import (
     StorageRecordHeaderListResponse,
     StorageRecordHeaderRequest,
     StorageRecordHeaderResponse,
+    StorageRecordListRawResponse,
     StorageRecordListRequest,
-    StorageRecordListResponse,
     StorageRecordRequest,
     StorageRecordResponse,
     StorageSetLowWaterMarkRequest,
@@ -387,7 +388,10 @@ class PartitionWorker:
                 counter = metrics.counters.get(type(msg))
                 if counter is not None:
                     counter.inc()
-            return STORAGE_CODEC.encode_frame(self._serve(partition, msg))
+            reply = self._serve(partition, msg)
+            if type(reply) is StorageRecordListRawResponse:
+                return STORAGE_RAW_RECORDS_CODEC.encode_frame(reply)
+            return STORAGE_CODEC.encode_frame(reply)
         except Exception as e:
             self._log_failure(msg, e)
             return failure_frame(msg, e)
@@ -400,8 +404,9 @@ class PartitionWorker:
                 session_id, seq_num, partition_id, partition.record(msg.transaction_id)
             )
         if kind is StorageRecordListRequest:
-            records = partition.records(msg.transaction_id, msg.max_num_records)
-            return StorageRecordListResponse(session_id, seq_num, partition_id, tuple(records))
+            # The server's catch-up: served from the segments' bytes, as on the admin port.
+            records = partition.records_wire(msg.transaction_id, msg.max_num_records).payload()
+            return StorageRecordListRawResponse(session_id, seq_num, partition_id, records)
         if kind is StorageRecordHeaderRequest:
             header = partition.record_header(msg.transaction_id)
             return StorageRecordHeaderResponse(session_id, seq_num, partition_id, header)
