@@ -22,6 +22,7 @@ from waltz_engine.ops.backup import (
     DEFAULT_SEGMENT_SIZE_BYTES,
     create_backup,
     describe_backup,
+    issued_sessions,
     restore_backup,
     verify_backup,
 )
@@ -138,18 +139,35 @@ def restore(
         typer.Option("--to-txid", help="Restore only transactions up to this one (each partition)."),
     ] = None,
     partitions: BackupPartitionsOption = None,
+    all_replicas_lost: Annotated[
+        bool,
+        typer.Option(
+            "--all-replicas-lost",
+            help="Every replica was lost: the restored copies vote in the next recovery, and the "
+            "log resumes at the backup's end (needs the cluster: -c/-z/-r). Stop the servers first.",
+        ),
+    ] = False,
+    config: ConfigOption = None,
+    zookeeper: ZooKeeperOption = None,
+    cluster_root: RootOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Restore a backup into a storage directory a storage node starts on (ours or the original's).
 
     Then point the node's storage.directory at it and start the node; the server's next store
-    session catches it up from the other replicas (docs/operations.md).
+    session catches it up from the other replicas (docs/operations.md). When no replica is left
+    to catch up from, restore every node with --all-replicas-lost (docs/operations.md §5).
 
     Example: waltz backup restore s3://bucket/waltz-backup --to /var/lib/waltz/storage --to-txid 41999
     """
     wanted = parse_partition_ranges(partitions) if partitions is not None else None
+    session_ids = None
+    if all_replicas_lost:
+        session_ids = issued_sessions(url, load_settings(config, zookeeper, cluster_root))
     with _progress("restoring (files)", as_json) as progress:
-        summary = restore_backup(url, to, to_txid=to_txid, partitions=wanted, progress=progress)
+        summary = restore_backup(
+            url, to, to_txid=to_txid, partitions=wanted, session_ids=session_ids, progress=progress
+        )
     if as_json:
         print_json(summary.to_json())
         return

@@ -9,6 +9,7 @@ original ``ZooKeeperCli`` (reference §4.1).
 from __future__ import annotations
 
 import signal
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,6 +46,7 @@ from waltz_engine.zk.server import (
     find_data_dir,
 )
 from waltz_engine.zk.znode_dump import dump_znodes, snake_case_keys
+from waltz_engine.zk.znodes import ClusterMetadataError
 
 app = options.group(help="Run an embedded ZooKeeper and manage cluster metadata in it.")
 
@@ -166,6 +168,14 @@ def status(data_dir: DataDirOption = None, as_json: JsonOption = False) -> None:
 def create_cluster(
     name: Annotated[str, typer.Option("--name", "-n", help="Name of the Waltz cluster.")],
     partitions: Annotated[int, typer.Option("--partitions", help="Number of partitions (a count).")],
+    cluster_key: Annotated[
+        str | None,
+        typer.Option(
+            "--cluster-key",
+            help="Use this key, not a new random one: to rebuild a cluster whose storage directories "
+            "or backups have it (`waltz backup list` shows a backup's).",
+        ),
+    ] = None,
     config: ConfigOption = None,
     zookeeper: ZooKeeperOption = None,
     cluster_root: RootOption = None,
@@ -175,12 +185,13 @@ def create_cluster(
     """Create a new Waltz cluster in ZooKeeper (the original's `ZooKeeperCli create`).
 
     Refuses if anything exists at the cluster root. Writes the cluster parameters, id counters,
-    and store parameters with a new random cluster key.
+    and store parameters with a new random cluster key (or --cluster-key).
 
     Example: waltz create-cluster -z 127.0.0.1:2181 -r /waltz --name demo --partitions 4
     """
+    key = _parse_key(cluster_key) if cluster_key is not None else None
     with _cluster(config, zookeeper, cluster_root, connect_timeout_ms) as (client, settings):
-        params = create_cluster_znodes(client, settings.cluster_root, name, partitions)
+        params = create_cluster_znodes(client, settings.cluster_root, name, partitions, key)
     if as_json:
         print_json(
             {
@@ -193,6 +204,15 @@ def create_cluster(
         return
     _say(f"created cluster {name} with {partitions} partitions at {settings.cluster_root}")
     _say(f"cluster key: {params.key}")
+
+
+def _parse_key(text: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise ClusterMetadataError(
+            f"--cluster-key '{text}' is not a cluster key: give a UUID such as {uuid.UUID(int=0)}"
+        ) from None
 
 
 @app.command("delete")

@@ -4,7 +4,7 @@ visible all at once, on any store ``pyarrow.fs`` opens (``store``)."""
 
 from waltz_engine.ops.backup.create import DEFAULT_SEGMENT_SIZE_BYTES, CreateSummary, create_backup
 from waltz_engine.ops.backup.manifest import BackupError, describe_backup
-from waltz_engine.ops.backup.restore import RestoreSummary, restore_backup
+from waltz_engine.ops.backup.restore import RestoreSummary, issued_sessions, restore_backup
 from waltz_engine.ops.backup.store import KILL_AT_ENV, BackupStoreError
 from waltz_engine.ops.backup.verify import BackupVerifyReport, verify_backup
 
@@ -18,6 +18,7 @@ __all__ = [
     "RestoreSummary",
     "create_backup",
     "describe_backup",
+    "issued_sessions",
     "restore_backup",
     "verify_backup",
 ]

@@ -9,24 +9,43 @@ So the server's next store session does not let the restored replica vote: it ke
 replica holds up to its low-water mark and catches it up from the other replicas (see
 ``waltz_engine.server.store.recovery``). With ``to_txid`` the log is cut after that
 transaction (a point in time).
+
+When every replica of a partition was lost, nobody could catch the restored copies up: then
+(``session_ids`` from :func:`issued_sessions`) each restored partition takes the session ZooKeeper
+last issued for it, so the next store session's recovery lets it vote with the backup's last
+transaction, and the partition resumes there. What was committed after the backup is lost.
 """
 
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from waltz_engine.ops.backup.manifest import NO_TRANSACTION, BackupError, require_latest
 from waltz_engine.ops.backup.store import BackupStore
 from waltz_engine.ops.backup.verify import fetch_checked
 from waltz_engine.storage.storage_manager import StorageManager
+from waltz_engine.zk.connection import ZooKeeperSettings, connect
+from waltz_engine.zk.java_io import JavaHashMap
+from waltz_engine.zk.payloads import UNRESOLVED_HIGH_WATER_MARK, PartitionMetadata, ReplicaId, ReplicaState
+from waltz_engine.zk.store_metadata import (
+    read_partition_metadata,
+    read_replica_assignments,
+    read_store_params,
+    write_partition_metadata,
+)
+
+if TYPE_CHECKING:
+    from kazoo.client import KazooClient
 
 Progress = Callable[[int, int], None]  # (files restored, files to restore)
 # The session id of a restored partition: older than every store session the cluster issues.
 RESTORED_SESSION_ID = -1
+# The store session of a re-created cluster's partition that never had one.
+FIRST_SESSION_ID = 0
 
 
 @dataclass
@@ -49,14 +68,64 @@ class RestoreSummary:
         }
 
 
+def issued_sessions(url: str, settings: ZooKeeperSettings) -> dict[int, int]:
+    """Per partition, the store session ZooKeeper last issued; the cluster there must be the
+    backup's (same key and partition count)."""
+    manifest = require_latest(BackupStore(url))
+    with connect(settings) as client:
+        params = read_store_params(client, settings.cluster_root)
+        if params.key != manifest.cluster_key or params.num_partitions != manifest.num_partitions:
+            raise BackupError(
+                f"the cluster at {settings.cluster_root} (key {params.key}, {params.num_partitions} "
+                f"partitions) is not the backup's (key {manifest.cluster_key}, {manifest.num_partitions} "
+                "partitions); re-create it with the backup's key: waltz create-cluster --cluster-key"
+            )
+        return {p: _issued_session(client, settings.cluster_root, p) for p in manifest.partitions}
+
+
+def _issued_session(client: KazooClient, root: str, partition_id: int) -> int:
+    """The partition's store session. A cluster re-created after ZooKeeper was lost too has none
+    yet and no replica states, and its first recovery would resolve an empty log (refused by
+    every restored node): the partition's assigned storage nodes become its replicas of a first
+    session, which the restored copies then join."""
+    metadata, version = read_partition_metadata(client, root, partition_id)
+    if metadata.replica_states:
+        return metadata.session_id
+    replicas = [
+        s for s, held in read_replica_assignments(client, root).as_dict().items() if partition_id in held
+    ]
+    if not replicas:
+        raise BackupError(
+            f"partition {partition_id} is assigned to no storage node in ZooKeeper: register the nodes "
+            "first (waltz zk add-storage-node, waltz zk assign-partition)"
+        )
+    session_id = max(metadata.session_id, FIRST_SESSION_ID)
+    states = JavaHashMap.from_items(
+        ReplicaId.java_hash,
+        (
+            (
+                ReplicaId(partition_id, s),
+                ReplicaState(ReplicaId(partition_id, s), session_id, UNRESOLVED_HIGH_WATER_MARK),
+            )
+            for s in replicas
+        ),
+    )
+    write_partition_metadata(
+        client, root, partition_id, PartitionMetadata.of_map(metadata.generation, session_id, states), version
+    )
+    return session_id
+
+
 def restore_backup(
     url: str,
     directory: Path,
     *,
     to_txid: int | None = None,
     partitions: Sequence[int] | None = None,
+    session_ids: Mapping[int, int] | None = None,
     progress: Progress | None = None,
 ) -> RestoreSummary:
+    """``session_ids``: see the module's docstring (None: the restored copies do not vote)."""
     store = BackupStore(url)
     manifest = require_latest(store)
     wanted = sorted(manifest.partitions) if partitions is None else sorted(set(partitions))
@@ -105,7 +174,8 @@ def restore_backup(
             last = partition.max_transaction_id()
             if to_txid is not None and to_txid < last:
                 last = partition.truncate(to_txid)
-            partition.set_low_water_mark(RESTORED_SESSION_ID, last)
+            session_id = RESTORED_SESSION_ID if session_ids is None else session_ids[p]
+            partition.set_low_water_mark(session_id, last)
             summary.partitions[p] = {"first_txid": partition.first_transaction_id(), "last_txid": last}
         manager.set_partition_available(wanted, True)
     return summary
