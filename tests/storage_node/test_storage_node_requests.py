@@ -280,3 +280,33 @@ def test_data_directory_layout(node: StorageNodeProcess) -> None:
     assert names == {"waltz-storage.ctl", *(str(p) for p in ASSIGNED)}  # never-assigned 7 has none
     assert (node.directory / "0" / "0000000000000000000.seg").is_file()
     assert (node.directory / "0" / "0000000000000000000.idx").is_file()
+
+
+def test_a_cancelled_open_is_cancelled_even_while_the_refused_connection_closes(
+    node: StorageNodeProcess,
+) -> None:
+    """A refused OPEN closes the connection (the reader ends with a TLS goodbye, a few loop
+    turns); a cancellation arriving meanwhile was swallowed by close(), so open() raised the
+    refusal instead and a closed replica session went on reconnecting forever. Cancelled after
+    every number of loop turns until OPEN ends first, open() must raise CancelledError."""
+
+    async def go() -> None:
+        finished_first = 0
+        for turns in range(500):
+            client = StorageClient(node.host, node.port, client_ssl(), uuid.uuid4(), NUM_PARTITIONS)
+            task = asyncio.create_task(client.open())
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            if task.done():
+                with pytest.raises(StorageRpcError, match="cluster key is inconsistent"):
+                    task.result()
+                finished_first += 1
+                if finished_first == 5:
+                    return
+                continue
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert not client.is_open
+
+    node.run(go())

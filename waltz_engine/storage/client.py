@@ -252,12 +252,18 @@ class _RpcConnection:
     async def close(self) -> None:
         self._fail_all("client closed")
         reader, self._reader = self._reader, None
-        if reader is not None:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
-        if self._conn is not None:
-            await self._conn.close()
+        try:
+            if reader is not None:
+                reader.cancel()
+                # Not ``await reader`` under suppress(CancelledError): that also swallowed a
+                # cancellation of the caller arriving meanwhile (the reader's finally closes TLS,
+                # several loop turns), and a cancelled replica session kept reconnecting forever.
+                await asyncio.wait([reader])
+                if not reader.cancelled():
+                    reader.exception()  # retrieved: its failure is _closed_reason already
+        finally:
+            if self._conn is not None:
+                await self._conn.close()
 
     async def __aenter__(self: Any) -> Any:
         await self.open()
