@@ -181,11 +181,17 @@ def spark_session(
         session = builder.getOrCreate()
     if quiet:
         # py4j logs the interrupted calls of a Ctrl-C as tracebacks; the command says it once.
+        # Some go to its own logger, some to the root logger (``logging.exception``).
         logging.getLogger("py4j").setLevel(logging.CRITICAL + 1)
+        logging.getLogger().addFilter(_not_from_py4j)
         # A failed task is reported once, as one line (ExportError), not as Spark's log of it.
         session.sparkContext.setLogLevel("OFF")
     register(session)
     return session
+
+
+def _not_from_py4j(record: logging.LogRecord) -> bool:
+    return f"{os.sep}py4j{os.sep}" not in record.pathname
 
 
 def _watch_progress(session: SparkSession, progress: ProgressCallback, stop: threading.Event) -> None:

@@ -1,6 +1,7 @@
 """`waltz spark export` and the streaming source against real clusters: one Waltz cluster's log,
 exported by the CLI, in-process, on a Spark standalone master, and streamed, over the network
-(the killed export reads local storage directories).
+(the killed export reads local storage directories); a storage node killed during a network
+export, and Ctrl-C.
 
 Time goes into JVM starts, so the module shares one Waltz cluster and one in-process Spark
 session; the CLI (a JVM each) runs only where the test is about the process itself.
@@ -12,8 +13,9 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -275,3 +277,72 @@ def test_partitions_and_output_are_checked_before_spark_starts(cluster: LocalClu
     result = run_spark_cli("export", "-o", str(a_file), "-c", config)
     assert result.returncode == 1 and "is a file, not a directory" in result.stderr
     assert "JAVA" not in result.stderr.upper()  # refused before any JVM started
+
+
+def _wait_for_staging(output: Path, running: Callable[[], bool]) -> None:
+    """Until the export's Spark job is about to read (its staging directory exists)."""
+    staging = output / STATE_DIR_NAME / "staging"
+    deadline = time.monotonic() + WAIT_DEADLINE_S
+    while not staging.exists() and running() and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    assert staging.exists(), "the export never started writing"
+
+
+def test_storage_node_killed_during_a_network_export_loses_nothing(
+    cluster: LocalCluster, session: SparkSession, tmp_path: Path
+) -> None:
+    append(cluster, {p: [f"node-kill-{i}" for i in range(KILL_ROWS_PER_PARTITION)] for p in PARTITIONS})
+    expected = tailed(cluster)
+    output = tmp_path / "node-killed"
+    victim = cluster.storages[0]
+    outcome: list[ExportSummary | BaseException] = []
+
+    def export() -> None:
+        try:
+            outcome.append(export_in_process(session, cluster, output))
+        except BaseException as e:  # reported by the test's thread
+            outcome.append(e)
+
+    thread = threading.Thread(target=export)
+    thread.start()
+    try:
+        # The plan is made (its slices start on both replicas); the tasks are starting to read.
+        _wait_for_staging(output, thread.is_alive)
+        victim.kill()
+        thread.join(WAIT_DEADLINE_S)
+        assert not thread.is_alive(), "the export did not finish without the killed node"
+    finally:
+        victim.start()
+    (summary,) = outcome
+    assert isinstance(summary, ExportSummary), summary
+    assert summary.rows == len(expected)
+    assert as_tail(exported_rows(output)) == expected
+
+
+def test_ctrl_c_stops_a_network_export_removes_staging_and_says_one_line(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    append(cluster, {p: [f"interrupted-{i}" for i in range(KILL_ROWS_PER_PARTITION)] for p in PARTITIONS})
+    output = tmp_path / "interrupted"
+    configure_spark_environment()
+    process = subprocess.Popen(
+        spark_cli_command(
+            "export", "--output", str(output), "--config", str(cluster.client_config_path), "-m", LOCAL_MASTER
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        _wait_for_staging(output, lambda: process.poll() is None)
+        process.send_signal(signal.SIGINT)  # the export process only, as `kill -INT` would
+        stdout, stderr = process.communicate(timeout=WAIT_DEADLINE_S)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 130, stderr[-3000:]
+    lines = (stdout + stderr).strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: interrupted"), lines
+    assert not (output / STATE_DIR_NAME / "staging").exists()
