@@ -141,7 +141,9 @@ class FramedConnection:
         self.writer.close()
         # The peer is gone either way; waiting only lets TLS say goodbye.
         with contextlib.suppress(ConnectionError, ssl.SSLError, TimeoutError):
-            await asyncio.wait_for(self.writer.wait_closed(), HANDSHAKE_TIMEOUT_MS / 1000)
+            # asyncio.timeout, not wait_for (Python 3.11's can lose a cancellation of ours).
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT_MS / 1000):
+                await self.writer.wait_closed()
 
 
 async def handshake(
@@ -155,7 +157,8 @@ async def handshake(
     """Exchange Hellos and pick the codec; raises ProtocolError (or TimeoutError) on failure."""
     assert codecs, "a connection needs at least one codec version"
     writer.write(HELLO_CODEC.encode_frame(Hello(tuple(sorted(codecs)), hello_text)))
-    frame = await asyncio.wait_for(read_frame(reader, HELLO_MAGIC, HELLO_VERSION), timeout_ms / 1000)
+    async with asyncio.timeout(timeout_ms / 1000):
+        frame = await read_frame(reader, HELLO_MAGIC, HELLO_VERSION)
     if frame is None:
         raise ConnectionClosedError("peer closed the connection during the handshake")
     hello = HELLO_CODEC.decode_frame(frame)
@@ -186,7 +189,10 @@ async def connect(
             raise
 
     try:
-        return await asyncio.wait_for(go(), timeout_ms / 1000)
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the connection when it
+        # and a cancellation of the caller arrive in the same loop turn (the cancellation is lost).
+        async with asyncio.timeout(timeout_ms / 1000):
+            return await go()
     except TimeoutError:
         raise ConnectionClosedError(f"no answer from {host}:{port} within {timeout_ms} ms") from None
     except (OSError, ssl.SSLError) as e:

@@ -197,7 +197,10 @@ class _RpcConnection:
             raise StorageRpcError(f"{self.name} {self.endpoint}: disconnected ({e})") from None
         wait_ms = self.request_timeout_ms if timeout_ms is None else timeout_ms
         try:
-            response = await asyncio.wait_for(future, wait_ms / 1000)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the result when the
+            # answer and a cancellation of the caller arrive in the same loop turn (it is lost).
+            async with asyncio.timeout(wait_ms / 1000):
+                response = await future
         except TimeoutError:
             raise StorageTimeoutError(
                 f"{self.name} {self.endpoint}: no response to request {seq_num} within {wait_ms} ms"
