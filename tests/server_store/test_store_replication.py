@@ -20,6 +20,7 @@ from store_cluster_support import (
     node_connect_string,
     open_store,
     read_all,
+    recovered,
     register,
     wait_until,
 )
@@ -312,6 +313,10 @@ def test_checkpoint_interval_forces_new_sessions(cluster: StorageCluster, zk: Ka
             assert isinstance(status, dict)
             # Sessions: [-1..39], [40..79], [80..] → the third session, low-water mark 79.
             assert status["low_water_mark"] == 79
+            # A session opens with a quorum: node 0 may still be recovering into it (it sets the
+            # low-water mark last), and under load it may have lagged through the earlier ones.
+            node0 = [node_connect_string(cluster.nodes[0])]
+            await wait_until(lambda: recovered(partition.status(), node0), "node 0 recovered")
             info = await cluster.nodes[0].with_admin(lambda a: a.last_session_info(PARTITION_ID))
             assert info.low_water_mark == 79 and info.session_id == status["session_id"]
 
