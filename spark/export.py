@@ -16,13 +16,15 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from py4j.protocol import Py4JJavaError
+from pyspark import Accumulator
 from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
@@ -31,6 +33,7 @@ from spark.datasource import register
 from spark.export_task import ExportTask, TaskResult, run_task, split
 from spark.layout import NO_TRANSACTION, discover
 from spark.plan import PartitionPlan, ReadOptions, plan
+from spark.progress import CountsParam, PartitionCounts, ProgressCallback, snapshot
 from spark.schema import COLUMN_PARTITION
 from spark.watermarks import load_file_watermarks, state_dir
 from spark.worker_daemon import DAEMON_MODULE
@@ -48,9 +51,6 @@ QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
 APP_NAME = "waltz-export"
 PROGRESS_POLL_S = 0.5
 SPARK_LOG_NAME = "spark-local.log"
-
-# (tasks done, tasks in the job) while Spark writes.
-ProgressCallback = Callable[[int, int], None]
 
 
 class ExportError(WaltzError):
@@ -194,17 +194,47 @@ def _not_from_py4j(record: logging.LogRecord) -> bool:
     return f"{os.sep}py4j{os.sep}" not in record.pathname
 
 
-def _watch_progress(session: SparkSession, progress: ProgressCallback, stop: threading.Event) -> None:
-    tracker = session.sparkContext.statusTracker()
-    while not stop.wait(PROGRESS_POLL_S):
-        done = total = 0
-        for stage_id in tracker.getActiveStageIds():
-            info = tracker.getStageInfo(stage_id)
-            if info is not None:
-                done += info.numCompletedTasks
-                total += info.numTasks
-        if total:
-            progress(done, total)
+class _ProgressWatch:
+    """The driver's view of a running export: the tasks' row and byte counts (an accumulator)
+    and the status tracker's task counts, handed to ``callback`` every :data:`PROGRESS_POLL_S`
+    by a thread of its own, and once more, final, when the job is over."""
+
+    def __init__(self, session: SparkSession, plans: list[PartitionPlan], callback: ProgressCallback):
+        self._context = session.sparkContext
+        self._rows_to_do = {p.partition_id: p.count for p in plans}
+        self._callback = callback
+        self.counts: Accumulator[PartitionCounts] = self._context.accumulator({}, CountsParam())
+        self._tasks = (0, 0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _report(self) -> None:
+        self._callback(snapshot(self._rows_to_do, self.counts.value, *self._tasks))
+
+    def _poll(self) -> None:
+        tracker = self._context.statusTracker()
+        while not self._stop.wait(PROGRESS_POLL_S):
+            done = total = 0
+            for stage_id in tracker.getActiveStageIds():
+                info = tracker.getStageInfo(stage_id)
+                if info is not None:
+                    done += info.numCompletedTasks
+                    total += info.numTasks
+            if total:
+                self._tasks = (done, total)
+            self._report()
+
+    def __enter__(self) -> _ProgressWatch:
+        self._report()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        if exc[0] is None:
+            self._tasks = (self._tasks[1], self._tasks[1])
+            self._report()
 
 
 def _plans(options: ReadOptions, watermarks: dict[int, int]) -> list[PartitionPlan]:
@@ -213,9 +243,14 @@ def _plans(options: ReadOptions, watermarks: dict[int, int]) -> list[PartitionPl
 
 
 def _write_staged(
-    session: SparkSession, config: ExportConfig, options: ReadOptions, plans: list[PartitionPlan]
+    session: SparkSession,
+    config: ExportConfig,
+    options: ReadOptions,
+    plans: list[PartitionPlan],
+    counts: Accumulator[PartitionCounts] | None = None,
 ) -> list[TaskResult]:
-    """The Spark job: one task per slice (see :mod:`spark.export_task`), files into staging."""
+    """The Spark job: one task per slice (see :mod:`spark.export_task`), files into staging;
+    the tasks count their rows and bytes into ``counts`` when given."""
     staging = commit.staging_dir(config.output)
     staging.mkdir(parents=True)
     context = session.sparkContext
@@ -224,7 +259,8 @@ def _write_staged(
         for part in split([s for p in plans for s in p.slices], context.defaultParallelism)
     ]
     try:
-        results: list[TaskResult] = context.parallelize(tasks, len(tasks)).map(run_task).collect()
+        task = partial(run_task, count_batch=None if counts is None else counts.add)
+        results: list[TaskResult] = context.parallelize(tasks, len(tasks)).map(task).collect()
     except (Py4JJavaError, PySparkException) as e:
         reason = task_failure(str(e)) or "see the Spark log"
         raise ExportError(f"the export job failed, nothing was committed: {reason}") from None
@@ -289,17 +325,11 @@ def run_export(
         )
     plans = [p for p in _plans(options, watermarks) if p.count > 0]
     if plans:
-        stop = threading.Event()
-        watcher = None
-        if progress is not None:
-            watcher = threading.Thread(target=_watch_progress, args=(session, progress, stop), daemon=True)
-            watcher.start()
-        try:
+        if progress is None:
             results = _write_staged(session, config, options, plans)
-        finally:
-            stop.set()
-            if watcher is not None:
-                watcher.join()
+        else:
+            with _ProgressWatch(session, plans, progress) as watch:
+                results = _write_staged(session, config, options, plans, watch.counts)
         new_marks = {p.partition_id: p.to_txid for p in plans}
         pending = commit.prepare(output, [r.file for r in results if r.file is not None], new_marks)
         commit.finish(output, pending)

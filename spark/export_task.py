@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 
 from spark.network import read_part
 from spark.plan import Slice
+from spark.progress import CountBatch
 from spark.schema import COLUMN_DATA, COLUMN_DECODED, COLUMN_PARTITION, COLUMN_TRANSACTION_ID
 from waltz_engine.common.fileio import fsync_file
 
@@ -90,8 +91,9 @@ def split(parts: Sequence[Slice], parallelism: int) -> list[Slice]:
     return tasks
 
 
-def run_task(task: ExportTask) -> TaskResult:
-    """Write the task's records (partition column left to the folder name) to its file."""
+def run_task(task: ExportTask, count_batch: CountBatch | None = None) -> TaskResult:
+    """Write the task's records (partition column left to the folder name) to its file; each
+    batch written is counted with ``count_batch`` (rows, in-memory bytes) when given."""
     target = Path(task.staging) / file_name(task.part)
     target.parent.mkdir(parents=True, exist_ok=True)
     temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
@@ -103,6 +105,8 @@ def run_task(task: ExportTask) -> TaskResult:
                 writer = pq.ParquetWriter(temporary, batch.schema, **PARQUET_WRITE_OPTIONS)
             writer.write_batch(batch)
             rows += batch.num_rows
+            if count_batch is not None:
+                count_batch({task.part.partition_id: (batch.num_rows, batch.nbytes)})
         if writer is None:
             return TaskResult(task.part.partition_id, 0, None)
         writer.close()

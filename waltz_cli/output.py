@@ -6,12 +6,21 @@ import functools
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from waltz_engine.common.errors import WaltzError
 
@@ -61,6 +70,29 @@ def closed_pipe() -> NoReturn:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     raise typer.Exit(0)
+
+
+def progress_bar(quiet: bool, *extra: ProgressColumn) -> Progress:
+    """A transient progress display on stderr (description, bar, done/total, ``extra``, elapsed),
+    shown only when stderr is a terminal and not ``quiet`` (--json)."""
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        *extra,
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=quiet or not err_console.is_terminal,
+    )
+
+
+@contextmanager
+def counting_progress(description: str, quiet: bool) -> Iterator[Callable[[int, int], None]]:
+    """One :func:`progress_bar` line; yields its update callback ``(done, total)``."""
+    with progress_bar(quiet) as progress:
+        task = progress.add_task(description, total=None)
+        yield lambda done, total: progress.update(task, completed=done, total=total)
 
 
 def one_line_errors(func: Callable[P, R]) -> Callable[P, R]:

@@ -4,19 +4,16 @@ has none). A thin skin over :mod:`waltz_engine.ops.backup`; see docs/operations.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from waltz_cli import options
 from waltz_cli.options import ConfigOption, JsonOption, RootOption, ZooKeeperOption
-from waltz_cli.output import console, err_console, one_line_errors, print_json
+from waltz_cli.output import console, counting_progress, one_line_errors, print_json
 from waltz_engine.net.tls import TlsConfig
 from waltz_engine.ops.backup import (
     DEFAULT_SEGMENT_SIZE_BYTES,
@@ -42,22 +39,6 @@ BackupPartitionsOption = Annotated[
 UrlArgument = Annotated[
     str, typer.Argument(help="The backup: a local path, or s3://, gs://, hdfs://, file:// URL.")
 ]
-
-
-@contextmanager
-def _progress(description: str, quiet: bool) -> Iterator[Callable[[int, int], None]]:
-    """A progress bar on stderr when it is a terminal (and not --json); the update callback."""
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-        disable=quiet or not err_console.is_terminal,
-    ) as progress:
-        task = progress.add_task(description, total=None)
-        yield lambda done, total: progress.update(task, completed=done, total=total)
 
 
 def _when(ms: int) -> str:
@@ -89,7 +70,7 @@ def create(
     settings = load_settings(config, zookeeper, cluster_root)
     tool_config = load_tool_config(config)
     tls = TlsConfig.from_flat(tool_config.as_dict(), "client") if tool_config is not None else TlsConfig()
-    with _progress("backing up (records)", as_json) as progress:
+    with counting_progress("backing up (records)", as_json) as progress:
         summary = create_backup(
             ClusterAccess(settings, tls),
             to,
@@ -117,7 +98,7 @@ def verify(url: UrlArgument, as_json: JsonOption = False) -> None:
 
     Example: waltz backup verify s3://bucket/waltz-backup
     """
-    with _progress("verifying (files)", as_json) as progress:
+    with counting_progress("verifying (files)", as_json) as progress:
         report = verify_backup(url, progress)
     if as_json:
         print_json(report.to_json())
@@ -164,7 +145,7 @@ def restore(
     session_ids = None
     if all_replicas_lost:
         session_ids = issued_sessions(url, load_settings(config, zookeeper, cluster_root))
-    with _progress("restoring (files)", as_json) as progress:
+    with counting_progress("restoring (files)", as_json) as progress:
         summary = restore_backup(
             url, to, to_txid=to_txid, partitions=wanted, session_ids=session_ids, progress=progress
         )

@@ -8,25 +8,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.filesize import decimal
+from rich.progress import Progress, ProgressColumn, Task, TaskID
 from rich.table import Table
+from rich.text import Text
 
 from waltz_cli import options
 from waltz_cli.options import ENV_CONFIG, JsonOption, RootOption, ZooKeeperOption
-from waltz_cli.output import console, err_console, fail, one_line_errors, print_json
+from waltz_cli.output import console, fail, one_line_errors, print_json, progress_bar
 from waltz_engine.common.config import Config
 from waltz_engine.ops.tool_config import load_tool_config
 from waltz_engine.zk.connection import KEY_CLUSTER_ROOT, KEY_CONNECT_STRING
 
 if TYPE_CHECKING:
     from spark.export import ExportConfig, ExportSummary
+    from spark.progress import ExportProgress
 
 app = options.group(help="Spark jobs over a Waltz log (export to Parquet).")
 
@@ -46,6 +42,57 @@ ExportConfigOption = Annotated[
 INTERRUPTED_EXIT = 130
 
 MISSING = "-"
+# Fields of a progress line (rich task fields) that only the export's lines have.
+FIELD_BYTES = "bytes"
+FIELD_ROWS = "rows"
+
+
+class _BytesColumn(ProgressColumn):
+    """The bytes a line has exported so far (blank on lines that count no bytes)."""
+
+    def render(self, task: Task) -> Text:
+        size = task.fields.get(FIELD_BYTES)
+        return Text("" if size is None else decimal(size))
+
+
+class _RowsPerSecondColumn(ProgressColumn):
+    """The line's rows/s since it started. An average, not rich's recent-window speed: the counts
+    move a whole Spark task at a time, too coarse for a rate over the last few updates."""
+
+    def render(self, task: Task) -> Text:
+        elapsed = task.elapsed
+        if not task.fields.get(FIELD_ROWS) or not elapsed or not task.completed:
+            return Text("")
+        return Text(f"{task.completed / elapsed:,.0f} rows/s")
+
+
+class ExportBars:
+    """An export's progress lines: the whole job (rows, Spark tasks), then one per partition
+    (rows done of the rows to do, bytes, rows/s)."""
+
+    def __init__(self, progress: Progress, job: TaskID) -> None:
+        self.progress = progress
+        self._job = job
+        self._partitions: dict[int, TaskID] = {}
+
+    def update(self, state: ExportProgress) -> None:
+        tasks = f" ({state.tasks_done}/{state.tasks_total} tasks)" if state.tasks_total else ""
+        if not self._partitions:  # the job starts: its rate counts from here, not from Spark's start
+            self.progress.reset(self._job)
+        self.progress.update(
+            self._job,
+            description=f"exporting{tasks}",
+            completed=state.rows,
+            total=state.rows_total,
+            bytes=sum(p.bytes for p in state.partitions),
+            rows=True,
+        )
+        for part in state.partitions:
+            if part.partition not in self._partitions:
+                self._partitions[part.partition] = self.progress.add_task(
+                    f"  partition {part.partition}", total=part.rows_total, rows=True
+                )
+            self.progress.update(self._partitions[part.partition], completed=part.rows, bytes=part.bytes)
 
 
 def _read_options(
@@ -205,28 +252,15 @@ def _run(export_config: ExportConfig, master: str, as_json: bool) -> ExportSumma
     from spark.submit import submit_export
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    with Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-        disable=as_json or not err_console.is_terminal,
-    ) as progress:
+    with progress_bar(as_json, _BytesColumn(), _RowsPerSecondColumn()) as progress:
         if not master.startswith(LOCAL_MASTER_PREFIX):
             progress.add_task(f"running on {master}", total=None)
             return submit_export(export_config, master)
-        task = progress.add_task("starting Spark", total=None)
+        job = progress.add_task("starting Spark", total=None)
         session = spark_session(master, quiet=True, jvm_log=spark_log_path(export_config.output))
         try:
-            progress.update(task, description="exporting (tasks)")
-            return run_export(
-                session,
-                export_config,
-                lambda done, total: progress.update(task, completed=done, total=total),
-            )
+            bars = None if progress.disable else ExportBars(progress, job).update
+            return run_export(session, export_config, bars)
         except KeyboardInterrupt:
             session.sparkContext.cancelAllJobs()
             raise
