@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -22,9 +24,11 @@ from cluster_support import append_lines, local_cluster, run_waltz_cli, tailed
 from waltz_engine.ops.devcluster import LocalCluster
 from waltz_engine.ops.devcluster.nodes import DEFAULT_CLUSTER_NAME
 from waltz_engine.ops.inspect import verify as inspect_verify
+from waltz_engine.storage.storage_manager import StorageManager
 
 PARTITIONS = (0, 1)
 BEFORE, LOST, AFTER = 30, 10, 10
+REFUSAL_TIMEOUT_S = 60.0
 
 
 @pytest.fixture
@@ -73,16 +77,11 @@ def _lines(cluster: LocalCluster, tag: str, count: int) -> None:
     append_lines(cluster, {p: [f"{tag}-{p}-{i}" for i in range(count)] for p in PARTITIONS})
 
 
-@pytest.mark.parametrize("zookeeper_lost", [False, True], ids=["zookeeper-kept", "zookeeper-lost"])
-def test_every_replica_lost_then_rebuilt_from_a_backup(
-    zookeeper_lost: bool, cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    url = str(tmp_path_factory.mktemp("backup") / "b")
-    config = str(cluster.client_config_path)
+def _lose_everything(cluster: LocalCluster, config: str, url: str, zookeeper_lost: bool) -> None:
+    """A backup, more commits, then every storage directory gone (and ZooKeeper's data too)."""
     _lines(cluster, "before", BEFORE)
     _cli("backup", "create", "-c", config, "--to", url)
     _lines(cluster, "lost", LOST)
-
     (server,) = cluster.servers
     assert server.stop()
     for node in cluster.storages:
@@ -90,22 +89,27 @@ def test_every_replica_lost_then_rebuilt_from_a_backup(
         shutil.rmtree(node.directory / "data")
     if zookeeper_lost:
         _rebuild_metadata(cluster, config, _cli("backup", "list", url)["cluster_key"])
-    # Without --all-replicas-lost a restore is the single-node kind: it would never vote.
+
+
+def _restore_all(cluster: LocalCluster, config: str, url: str, *flags: str) -> None:
     for node in cluster.storages:
-        restored = _cli(
-            "backup",
-            "restore",
-            url,
-            "--to",
-            str(node.directory / "data"),
-            "--all-replicas-lost",
-            "-c",
-            config,
-        )
+        data = str(node.directory / "data")
+        restored = _cli("backup", "restore", url, "--to", data, "-c", config, *flags)
         assert {p: v["last_txid"] for p, v in restored["partitions"].items()} == {
             str(p): BEFORE - 1 for p in PARTITIONS
         }
         assert inspect_verify(node.directory / "data").ok
+
+
+@pytest.mark.parametrize("zookeeper_lost", [False, True], ids=["zookeeper-kept", "zookeeper-lost"])
+def test_every_replica_lost_then_rebuilt_from_a_backup(
+    zookeeper_lost: bool, cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    url = str(tmp_path_factory.mktemp("backup") / "b")
+    config = str(cluster.client_config_path)
+    _lose_everything(cluster, config, url, zookeeper_lost)
+    _restore_all(cluster, config, url, "--all-replicas-lost")
+    (server,) = cluster.servers
     for node in cluster.storages:
         node.start()
     server.start()
@@ -122,3 +126,30 @@ def test_every_replica_lost_then_rebuilt_from_a_backup(
         assert [r[1] for r in mine] == list(range(BEFORE + AFTER)), "txids are dense from 0"
         texts = [bytes.fromhex(r[-1]).decode() for r in mine]
         assert texts == [f"before-{p}-{i}" for i in range(BEFORE)] + [f"after-{p}-{i}" for i in range(AFTER)]
+
+
+def test_a_re_created_cluster_never_cuts_restored_copies_that_cannot_vote(
+    cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The misuse: ZooKeeper re-created, the nodes restored without --all-replicas-lost. Its
+    first recovery resolves an empty log; it used to truncate every restored copy to nothing
+    (only the low-water mark write after it was refused). It must refuse, and cut nothing."""
+    url = str(tmp_path_factory.mktemp("backup") / "b")
+    config = str(cluster.client_config_path)
+    _lose_everything(cluster, config, url, zookeeper_lost=True)
+    _restore_all(cluster, config, url)
+    (server,) = cluster.servers
+    for node in cluster.storages:
+        node.start()
+    server.start()
+    deadline = time.monotonic() + REFUSAL_TIMEOUT_S
+    while "not cutting committed records" not in server.log_text():
+        assert time.monotonic() < deadline, server.log_text()[-3000:]
+        time.sleep(0.2)
+    assert server.stop()
+    key = uuid.UUID(_cli("backup", "list", url)["cluster_key"])
+    for node in cluster.storages:
+        assert node.stop()
+        with StorageManager(node.directory / "data", key, len(PARTITIONS)) as manager:
+            for p in PARTITIONS:
+                assert manager.partition(p).max_transaction_id() == BEFORE - 1, node.name

@@ -51,6 +51,7 @@ from waltz_engine.wire.primitives import read_records
 from waltz_engine.zk import store_metadata
 from waltz_engine.zk.cluster import read_cluster_params
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
+from waltz_engine.zk.paths import ClusterPaths
 
 log = logging.getLogger(__name__)
 
@@ -263,10 +264,12 @@ def discover(
         )
         if bounds is None:
             bounds = committed_high_water_marks(access, wanted)  # first the bound...
-        # ...then the partitions' current sessions...
-        sessions = {
-            p: store_metadata.read_partition_metadata(zk, root, p).metadata.session_id for p in wanted
-        }
+        # ...then the partitions' current sessions (synced: a lagging ensemble member could show
+        # an older session, and a replica of it would be trusted past its low-water mark)...
+        sessions = {}
+        for p in wanted:
+            zk.sync(ClusterPaths.of(root).partition(p))
+            sessions[p] = store_metadata.read_partition_metadata(zk, root, p).metadata.session_id
     store = StoreAccess(params.key, params.num_partitions, access.tls)
     # ...then what each replica holds.
     infos = asyncio.run(_session_infos(store, assignments, admin_ports, wanted))

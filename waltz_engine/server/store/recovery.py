@@ -167,7 +167,7 @@ class RecoveryManager:
                 max_transaction_id = await connection.max_transaction_id()
                 # Below its session's low-water mark the replica is clean but too far behind to vote.
                 voting = max_transaction_id >= info.low_water_mark
-            await self._resolve(replica_id, connection, voting, max_transaction_id)
+            await self._resolve(replica_id, connection, voting, max_transaction_id, info.low_water_mark)
             assert self.resolved_high_water_mark is not None
             return self.resolved_high_water_mark
         except asyncio.CancelledError:
@@ -223,7 +223,12 @@ class RecoveryManager:
         self._check_abort()
 
     async def _resolve(
-        self, replica_id: ReplicaId, connection: ReplicaConnection, voting: bool, high_water_mark: int
+        self,
+        replica_id: ReplicaId,
+        connection: ReplicaConnection,
+        voting: bool,
+        high_water_mark: int,
+        low_water_mark: int,
     ) -> None:
         if voting:
             if self._min_voting_high_water_mark is None or high_water_mark < self._min_voting_high_water_mark:
@@ -249,6 +254,15 @@ class RecoveryManager:
                 # mark (its max txid then) below the one it already has, which a replica truncated
                 # to an old closing mark can be under. Setting it once caught up (max == resolved)
                 # always satisfies the node and stores the same low-water mark.
+                if resolved < low_water_mark:
+                    # Committed records (up to the replica's low-water mark) would be cut: only
+                    # metadata gone wrong resolves that low, e.g. a cluster re-created under nodes
+                    # restored from a backup without --all-replicas-lost. Refuse; nothing is lost.
+                    raise RecoveryFailedError(
+                        f"{replica_id}: the resolved high-water mark {resolved} is below its low-water "
+                        f"mark {low_water_mark}; not cutting committed records (check the cluster's "
+                        "metadata: docs/operations.md)"
+                    )
                 state = state._replace(high_water_mark=await connection.truncate(resolved))
                 await connection.set_low_water_mark(resolved)
                 break
