@@ -333,6 +333,7 @@ class RecoveryManager:
         # batch, records are asked for one at a time until one is given whole.
         refused: set[ReplicaId] = set()
         one_by_one = False
+        first_usher = usher
         while current < target:
             count = 1 if one_by_one else min(target - current, RECOVERY_BATCH_SIZE)
             try:
@@ -361,6 +362,9 @@ class RecoveryManager:
                 )
                 continue
             if not records:
+                if usher is not first_usher:
+                    usher = first_usher  # the other replica ends sooner: back past the rot
+                    continue
                 raise RecoveryFailedError(f"{usher.replica_id} has no record {current + 1} to copy")
             await connection.append(records)
             current += len(records)
@@ -379,6 +383,7 @@ class RecoveryManager:
                 other.replica_id != state.replica_id
                 and other.replica_id not in refused
                 and other.replica_id not in self._left
+                and not other.is_new  # the original never copies from a replica new to the set
                 and other.high_water_mark >= transaction_id
             ):
                 return other
