@@ -186,6 +186,8 @@ class PartitionWorker:
         self._metrics: _PartitionMetrics | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"Storage-P{partition_id}")
         self._task: asyncio.Task[None] | None = None
+        # A request that may move the session id, queued once ZooKeeper confirmed (or refused) it.
+        self._pending_check: asyncio.Task[None] | None = None
 
     # --- lifecycle (event loop thread) ---------------------------------------------------------
 
@@ -209,6 +211,11 @@ class PartitionWorker:
 
     async def stop(self) -> None:
         """Stop taking requests; the batch in hand (an append and its fsync) completes first."""
+        pending, self._pending_check = self._pending_check, None
+        if pending is not None:
+            pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pending
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -222,14 +229,29 @@ class PartitionWorker:
         A request that may write moves the fencing session id on receipt (as the original),
         but only to an id ZooKeeper has issued for the partition.
         """
+        pending = self._pending_check
+        if pending is not None and not pending.done():
+            # This partition's requests keep their order behind the check. Rare: a server waits
+            # for LAST_SESSION_INFO's answer before it sends more for the partition.
+            await pending
         if msg.session_id > self.session_id and type(msg) in SESSION_MOVING_REQUESTS:
-            try:
-                await self._session_bounds.check(self.partition_id, msg.session_id)
-            except StorageError as e:
-                msg = RefusedRequest(msg, e)
-            else:
-                self.session_id = max(self.session_id, msg.session_id)
+            # Checked off the connection's read loop: other partitions' requests on the same
+            # connection go on while ZooKeeper answers (or times out).
+            self._pending_check = asyncio.create_task(
+                self._check_then_queue(conn, msg), name=f"session-check-{self.partition_id}"
+            )
+            return
         await self.queue.put((conn, msg))
+
+    async def _check_then_queue(self, conn: FramedConnection, msg: Any) -> None:
+        try:
+            await self._session_bounds.check(self.partition_id, msg.session_id)
+        except StorageError as e:
+            queued: Any = RefusedRequest(msg, e)
+        else:
+            self.session_id = max(self.session_id, msg.session_id)
+            queued = msg
+        await self.queue.put((conn, queued))
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

@@ -49,7 +49,7 @@ class SessionBounds:
         self._paths = ClusterPaths.of(settings.cluster_root)
         self._client: KazooClient | None = None
         self._issued: dict[int, int] = {}
-        self._reads: dict[int, asyncio.Task[int]] = {}
+        self._reads: dict[int, asyncio.Task[tuple[int, int]]] = {}
         self._last_read_ns: dict[int, int] = {}
 
     def start(self) -> None:
@@ -68,27 +68,37 @@ class SessionBounds:
         return self._issued.get(partition_id, NO_SESSION)
 
     async def check(self, partition_id: int, session_id: int) -> None:
-        """Return if ZooKeeper has issued ``session_id`` for the partition; raise otherwise."""
+        """Return if ZooKeeper has issued ``session_id`` for the partition; raise otherwise.
+
+        A check joins the read in flight; if that read began before this request arrived, it may
+        predate the server's compare-and-set, so a "no" from it is asked once more.
+        """
         if session_id <= self.issued(partition_id):
             return
-        read = self._reads.get(partition_id)
-        if read is None:
-            read = asyncio.create_task(self._read(partition_id), name=f"session-bound-{partition_id}")
-            self._reads[partition_id] = read
-            read.add_done_callback(lambda _: self._reads.pop(partition_id, None))
-        issued = await asyncio.shield(read)
-        if session_id > issued:
-            raise UnissuedSessionError(
-                f"session id {session_id} of partition {partition_id} was never issued (ZooKeeper's "
-                f"store session is {issued}): refused, the node's session id stays as it is"
-            )
+        arrived_ns = time.monotonic_ns()
+        while True:
+            read = self._reads.get(partition_id)
+            if read is None:
+                read = asyncio.create_task(self._read(partition_id), name=f"session-bound-{partition_id}")
+                self._reads[partition_id] = read
+                read.add_done_callback(lambda _: self._reads.pop(partition_id, None))
+            issued, started_ns = await asyncio.shield(read)
+            if session_id <= issued:
+                return
+            if started_ns >= arrived_ns:
+                raise UnissuedSessionError(
+                    f"session id {session_id} of partition {partition_id} was never issued (ZooKeeper's "
+                    f"store session is {issued}): refused, the node's session id stays as it is"
+                )
 
-    async def _read(self, partition_id: int) -> int:
+    async def _read(self, partition_id: int) -> tuple[int, int]:
+        """(the bound, when the ZooKeeper read began)."""
         last_ns = self._last_read_ns.get(partition_id)
         if last_ns is not None:
             wait_ms = ISSUED_READ_INTERVAL_MS - (time.monotonic_ns() - last_ns) / 1e6
             if wait_ms > 0:
                 await asyncio.sleep(wait_ms / 1000)
+        started_ns = time.monotonic_ns()
         try:
             issued = await asyncio.to_thread(self._read_znode, partition_id)
         finally:
@@ -96,7 +106,7 @@ class SessionBounds:
         # Ids are issued in increasing order; never lower a bound already seen.
         issued = max(issued, self.issued(partition_id))
         self._issued[partition_id] = issued
-        return issued
+        return issued, started_ns
 
     def _read_znode(self, partition_id: int) -> int:
         client = self._client
