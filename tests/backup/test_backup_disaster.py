@@ -153,3 +153,29 @@ def test_a_re_created_cluster_never_cuts_restored_copies_that_cannot_vote(
         with StorageManager(node.directory / "data", key, len(PARTITIONS)) as manager:
             for p in PARTITIONS:
                 assert manager.partition(p).max_transaction_id() == BEFORE - 1, node.name
+
+
+def test_all_replicas_lost_is_refused_while_a_replica_or_a_server_survives(
+    cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The flag makes restored copies vote: with a replica holding newer commits still up, they
+    could outvote it and commits would be cut. So it is refused then, and while servers run."""
+    url = str(tmp_path_factory.mktemp("backup") / "b")
+    config = str(cluster.client_config_path)
+    _lines(cluster, "before", BEFORE)
+    _cli("backup", "create", "-c", config, "--to", url)
+    _lines(cluster, "newer", LOST)
+    target = str(tmp_path_factory.mktemp("restore") / "data")
+
+    def refused() -> str:
+        result = run_waltz_cli("backup", "restore", url, "--to", target, "--all-replicas-lost", "-c", config)
+        assert result.returncode == 1, result.stdout
+        (line,) = result.stderr.strip().splitlines()
+        return line
+
+    assert "server(s) registered" in refused()
+    (server,) = cluster.servers
+    assert server.stop()
+    line = refused()
+    assert f"up to transaction {BEFORE + LOST - 1}, past the backup's end: a replica survives" in line, line
+    server.start()

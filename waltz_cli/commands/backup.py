@@ -45,6 +45,12 @@ def _when(ms: int) -> str:
     return datetime.fromtimestamp(ms / MILLIS_PER_SECOND, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def _client_tls(config: Path | None) -> TlsConfig:
+    """The client's TLS settings (`ssl.*` of the client config), for the storage nodes' admin ports."""
+    tool_config = load_tool_config(config)
+    return TlsConfig.from_flat(tool_config.as_dict(), "client") if tool_config is not None else TlsConfig()
+
+
 @app.command("create")
 @one_line_errors
 def create(
@@ -68,8 +74,7 @@ def create(
     """
     wanted = parse_partition_ranges(partitions) if partitions is not None else None
     settings = load_settings(config, zookeeper, cluster_root)
-    tool_config = load_tool_config(config)
-    tls = TlsConfig.from_flat(tool_config.as_dict(), "client") if tool_config is not None else TlsConfig()
+    tls = _client_tls(config)
     with counting_progress("backing up (records)", as_json) as progress:
         summary = create_backup(
             ClusterAccess(settings, tls),
@@ -144,7 +149,8 @@ def restore(
     wanted = parse_partition_ranges(partitions) if partitions is not None else None
     session_ids = None
     if all_replicas_lost:
-        session_ids = issued_sessions(url, load_settings(config, zookeeper, cluster_root))
+        settings = load_settings(config, zookeeper, cluster_root)
+        session_ids = issued_sessions(url, settings, _client_tls(config))
     with counting_progress("restoring (files)", as_json) as progress:
         summary = restore_backup(
             url, to, to_txid=to_txid, partitions=wanted, session_ids=session_ids, progress=progress

@@ -18,16 +18,23 @@ transaction, and the partition resumes there. What was committed after the backu
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from waltz_engine.net.tls import TlsConfig, client_context
 from waltz_engine.ops.backup.manifest import NO_TRANSACTION, BackupError, require_latest
 from waltz_engine.ops.backup.store import BackupStore
 from waltz_engine.ops.backup.verify import fetch_checked
+from waltz_engine.storage.admin_ops import StorageAdminError, StorageContext, admin_client, read_store_layout
+from waltz_engine.storage.admin_ops.layout import StoreLayout
+from waltz_engine.storage.client import StorageRpcError
+from waltz_engine.storage.node.partition_worker import METRIC_GROUP_PREFIX as PARTITION_GAUGE_PREFIX
 from waltz_engine.storage.storage_manager import StorageManager
+from waltz_engine.zk.cluster import read_server_descriptors
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
 from waltz_engine.zk.java_io import JavaHashMap
 from waltz_engine.zk.payloads import UNRESOLVED_HIGH_WATER_MARK, PartitionMetadata, ReplicaId, ReplicaState
@@ -44,6 +51,8 @@ if TYPE_CHECKING:
 Progress = Callable[[int, int], None]  # (files restored, files to restore)
 # The session id of a restored partition: older than every store session the cluster issues.
 RESTORED_SESSION_ID = -1
+# How long the check for surviving replicas waits for each storage node.
+SURVIVOR_CHECK_TIMEOUT_MS = 3_000
 # The store session of a re-created cluster's partition that never had one.
 FIRST_SESSION_ID = 0
 
@@ -68,19 +77,61 @@ class RestoreSummary:
         }
 
 
-def issued_sessions(url: str, settings: ZooKeeperSettings) -> dict[int, int]:
+def issued_sessions(url: str, settings: ZooKeeperSettings, tls: TlsConfig) -> dict[int, int]:
     """Per partition, the store session ZooKeeper last issued; the cluster there must be the
-    backup's (same key and partition count)."""
+    backup's (same key and partition count), with no server registered and no storage node
+    answering that holds a partition past the backup's end (a surviving replica: restored copies
+    that vote could outvote its newer commits)."""
     manifest = require_latest(BackupStore(url))
+    root = settings.cluster_root
     with connect(settings) as client:
-        params = read_store_params(client, settings.cluster_root)
+        params = read_store_params(client, root)
         if params.key != manifest.cluster_key or params.num_partitions != manifest.num_partitions:
             raise BackupError(
-                f"the cluster at {settings.cluster_root} (key {params.key}, {params.num_partitions} "
+                f"the cluster at {root} (key {params.key}, {params.num_partitions} "
                 f"partitions) is not the backup's (key {manifest.cluster_key}, {manifest.num_partitions} "
                 "partitions); re-create it with the backup's key: waltz create-cluster --cluster-key"
             )
-        return {p: _issued_session(client, settings.cluster_root, p) for p in manifest.partitions}
+        servers = read_server_descriptors(client, root)
+        if servers:
+            raise BackupError(
+                f"{len(servers)} server(s) registered at {root}: stop every server first (a killed "
+                "server's registration lasts its ZooKeeper session timeout)"
+            )
+        layout = read_store_layout(client, root)
+        ends = {p: entry.last_txid for p, entry in manifest.partitions.items()}
+        context = layout.context(client_context(tls), SURVIVOR_CHECK_TIMEOUT_MS)
+        survivors = asyncio.run(_surviving_copies(layout, context, ends))
+        if survivors:
+            raise BackupError(
+                f"{survivors[0]}, past the backup's end: a replica survives; restore without "
+                "--all-replicas-lost and let catch-up bring the copy up to date (docs/operations.md)"
+            )
+        return {p: _issued_session(client, root, p) for p in manifest.partitions}
+
+
+async def _surviving_copies(
+    layout: StoreLayout, context: StorageContext, ends: Mapping[int, int]
+) -> list[str]:
+    """The storage nodes that answer and hold a partition past its backup's end (the others are
+    down, being restored)."""
+    found = []
+    for storage, partitions in sorted(layout.assignments.items()):
+        address = layout.admin_address(storage)
+        try:
+            async with admin_client(context, address) as admin:
+                metrics = await admin.metrics()
+        except (StorageAdminError, StorageRpcError, OSError, TimeoutError):
+            continue
+        gauges = metrics.get("gauges")
+        if not isinstance(gauges, dict):
+            continue
+        for p in partitions:
+            entry = gauges.get(f"{PARTITION_GAUGE_PREFIX}{p}.max-transaction-id")
+            value = entry.get("value") if isinstance(entry, dict) else None
+            if p in ends and isinstance(value, int) and value > ends[p]:
+                found.append(f"storage node {storage} holds partition {p} up to transaction {value}")
+    return found
 
 
 def _issued_session(client: KazooClient, root: str, partition_id: int) -> int:
