@@ -22,22 +22,12 @@ import pyarrow.compute as pc
 from spark.schema import ARROW_SCHEMA
 from spark.segments import SegmentSlice, fixed_width_values, read_slice, record_batch
 from waltz_engine.common.record import Record
-from waltz_engine.disk.record_columns import chunk_crcs_match
+from waltz_engine.disk.record_columns import SHARED_HEAD_FIELDS, chunk_crcs_match
 from waltz_engine.storage.network_reader import BadRecordsError, NetworkSlice, read_slice_runs
 
 # A record on the wire (the original's Record.writeTo): txid, the ReqId's four ints, header,
 # then the data as an int32 length and its bytes, then the data's CRC32; all big-endian.
-_WIRE_HEAD_DTYPE = np.dtype(
-    [
-        ("transaction_id", ">i8"),
-        ("client_id", ">i4"),
-        ("generation", ">i4"),
-        ("partition_id", ">i4"),
-        ("seq_num", ">i4"),
-        ("header", ">i4"),
-        ("length", ">i4"),
-    ]
-)
+_WIRE_HEAD_DTYPE = np.dtype(SHARED_HEAD_FIELDS)
 WIRE_HEAD_BYTES = _WIRE_HEAD_DTYPE.itemsize
 CHECKSUM_BYTES = 4
 WIRE_OVERHEAD_BYTES = WIRE_HEAD_BYTES + CHECKSUM_BYTES

@@ -27,18 +27,17 @@ CRC_SIZE_BYTES = RECORD_OVERHEAD_BYTES - RECORD_HEADER_SIZE_BYTES
 CRC_ZEROING_MASK = 0x6DD90A9D
 # A record header as stored: the ReqId halves split into their int32 parts (clientId,
 # generation | partitionId, seqNum), all big-endian; itemsize is exactly the 36 header bytes.
-HEADER_DTYPE = np.dtype(
-    [
-        ("transaction_id", ">i8"),
-        ("client_id", ">i4"),
-        ("generation", ">i4"),
-        ("partition_id", ">i4"),
-        ("seq_num", ">i4"),
-        ("header", ">i4"),
-        ("length", ">i4"),
-        ("checksum", ">i4"),
-    ]
-)
+# The fields a record's disk and wire layouts both start with (txid, reqId, header, dataLength).
+SHARED_HEAD_FIELDS: list[tuple[str, str]] = [
+    ("transaction_id", ">i8"),
+    ("client_id", ">i4"),
+    ("generation", ">i4"),
+    ("partition_id", ">i4"),
+    ("seq_num", ">i4"),
+    ("header", ">i4"),
+    ("length", ">i4"),
+]
+HEADER_DTYPE = np.dtype([*SHARED_HEAD_FIELDS, ("checksum", ">i4")])
 assert HEADER_DTYPE.itemsize == RECORD_HEADER_SIZE_BYTES
 CRC_DTYPE = np.dtype(">u4")
 # Bytes a record's disk and wire layouts share at its start: txid, reqId, header, dataLength.
