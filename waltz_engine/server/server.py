@@ -24,6 +24,7 @@ from waltz_engine import __version__
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.common.process import run_service
+from waltz_engine.common.tasks import cancel_and_wait
 from waltz_engine.net.channel import ConnectionGate, Listener, serve
 from waltz_engine.net.http_endpoints import HttpEndpoints
 from waltz_engine.net.tls import client_context, server_context
@@ -354,10 +355,7 @@ class WaltzServer:
         if self._listener is not None:
             self._listener.close()
             await self._listener.end_connections(STOP_CONNECTIONS_TIMEOUT_S)
-        if self._assigner is not None:
-            self._assigner.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._assigner
+        await cancel_and_wait(self._assigner)
         if self.core is not None:
             await self.core.close()
         if self._store is not None:

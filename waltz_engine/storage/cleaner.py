@@ -10,7 +10,6 @@ acting on stale bounds (a bound may have been lowered, an export may have starte
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING
 from kazoo.exceptions import KazooException
 
 from waltz_engine.common.errors import StorageError, WaltzError
+from waltz_engine.common.tasks import cancel_and_wait
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
 from waltz_engine.zk.retention import read_effective_bounds
 
@@ -55,10 +55,7 @@ class RetentionCleaner:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     def apply_bounds(self) -> None:
         """Tell every worker its partition's last known effective bound (also after assignment)."""

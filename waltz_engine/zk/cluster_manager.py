@@ -33,6 +33,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import KazooState
 
 from waltz_engine.common.errors import FormatError, WaltzError
+from waltz_engine.common.tasks import cancel_and_wait
 from waltz_engine.zk import assignment_policy
 from waltz_engine.zk.cluster import next_server_id, read_cluster_params
 from waltz_engine.zk.paths import ClusterPaths
@@ -232,10 +233,7 @@ class ClusterWatcher:
             return
         self._closed = True
         self._client.remove_listener(self._on_connection_state)
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     async def __aenter__(self) -> ClusterWatcher:
         await self.start()

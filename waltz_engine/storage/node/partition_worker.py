@@ -25,6 +25,7 @@ from waltz_engine.common.errors import StorageError
 from waltz_engine.common.limited_log import LimitedLog
 from waltz_engine.common.metrics import Counter, Meter, MetricsRegistry, Timer
 from waltz_engine.common.record import Record
+from waltz_engine.common.tasks import cancel_and_wait
 from waltz_engine.net.channel import ConnectionClosedError, FramedConnection
 from waltz_engine.storage.control_file import ConcurrentUpdateError
 from waltz_engine.storage.damage import DAMAGE_GAUGE
@@ -212,15 +213,9 @@ class PartitionWorker:
     async def stop(self) -> None:
         """Stop taking requests; the batch in hand (an append and its fsync) completes first."""
         pending, self._pending_check = self._pending_check, None
-        if pending is not None:
-            pending.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pending
+        await cancel_and_wait(pending)
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown, True)
 
     async def submit(self, conn: FramedConnection, msg: Any) -> None:

@@ -12,12 +12,12 @@ and ``waltz storage recover-partition`` refills it. The scrub never writes a byt
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from waltz_engine.common.errors import StorageError
+from waltz_engine.common.tasks import cancel_and_wait
 from waltz_engine.storage.segment import CorruptRecordError
 
 if TYPE_CHECKING:  # the node package imports this module
@@ -55,10 +55,7 @@ class Scrubber:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _run(self) -> None:
         await asyncio.sleep(self._start_delay_s)
