@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -169,3 +170,12 @@ def standalone_cluster(directory: Path) -> Iterator[str]:
                 raise AssertionError(f"the standalone worker never registered with {url}: {logs}")
             time.sleep(STANDALONE_POLL_S)
         yield url
+
+
+def writable_clean_storage(vectors: Path, tmp_path: Path) -> Path:
+    """A writable copy of the golden clean storage directory (the vectors are read-only)."""
+    copy = tmp_path / "storage"
+    shutil.copytree(vectors / "disk" / "clean" / "storage", copy)
+    for path in [copy, *copy.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return copy

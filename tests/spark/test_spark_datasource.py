@@ -11,7 +11,7 @@ from typing import Any
 import pyspark
 import pytest
 from pyspark.sql import SparkSession
-from spark_support import local_spark_session, run_spark_cli
+from spark_support import local_spark_session, run_spark_cli, writable_clean_storage
 
 from spark import commit
 from spark.datasource import admit
@@ -36,12 +36,7 @@ def session() -> Iterator[SparkSession]:
 
 @pytest.fixture
 def storage(vectors: Path, tmp_path: Path) -> Path:
-    """A writable copy of the clean storage directory."""
-    copy = tmp_path / "storage"
-    shutil.copytree(vectors / "disk" / "clean" / "storage", copy)
-    for path in [copy, *copy.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    return copy
+    return writable_clean_storage(vectors, tmp_path)
 
 
 def expected_rows(vectors: Path) -> list[dict[str, Any]]:

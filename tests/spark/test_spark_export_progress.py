@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +13,13 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 from rich.progress import Progress
-from spark_support import CLI_TIMEOUT_S, configure_spark_environment, local_spark_session, spark_cli_command
+from spark_support import (
+    CLI_TIMEOUT_S,
+    configure_spark_environment,
+    local_spark_session,
+    spark_cli_command,
+    writable_clean_storage,
+)
 
 from spark.export import ExportConfig, run_export
 from spark.export_task import ExportTask, run_task
@@ -29,11 +34,7 @@ EXPECTED_ROWS = 279  # the clean vectors' committed records
 
 @pytest.fixture
 def storage(vectors: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / "storage"
-    shutil.copytree(vectors / "disk" / "clean" / "storage", copy)
-    for path in [copy, *copy.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    return copy
+    return writable_clean_storage(vectors, tmp_path)
 
 
 def read_options(storage: Path) -> dict[str, str]:
