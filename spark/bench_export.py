@@ -170,6 +170,30 @@ def export_warm(storage: Path, directory: Path, master: str, runs: int) -> list[
     return rates
 
 
+def log_figures(
+    rows: int, partitions: int, data_bytes: int, master: str, generate_s: float
+) -> dict[str, Any]:
+    """The report's part that says what log was measured (every bench export has it)."""
+    return {
+        "rows": rows,
+        "partitions": partitions,
+        "data_bytes": data_bytes,
+        "master": master,
+        "generate_s": round(generate_s, 2),
+    }
+
+
+def export_figures(prefix: str, summary: dict[str, Any], wall_s: float) -> dict[str, Any]:
+    """One export's figures under ``prefix``: rows, the export's own seconds and rows/s, and the
+    whole command's seconds (Spark's start included)."""
+    return {
+        f"{prefix}_rows": summary["rows"],
+        f"{prefix}_s": round(summary["seconds"], 3),
+        f"{prefix}_rows_per_s": round(summary["rows_per_s"]),
+        f"{prefix}_command_s": round(wall_s, 2),
+    }
+
+
 def run(
     directory: Path,
     rows: int = DEFAULT_ROWS,
@@ -186,12 +210,7 @@ def run(
     generate_s = generate(storage, rows, partitions, data_bytes)
     progress("parsing every segment in this process")
     parsed_rows, parse_s = parse_all(storage)
-    result: dict[str, Any] = {
-        "rows": rows,
-        "partitions": partitions,
-        "data_bytes": data_bytes,
-        "master": master,
-        "generate_s": round(generate_s, 2),
+    result = log_figures(rows, partitions, data_bytes, master, generate_s) | {
         "parse_rows": parsed_rows,
         "parse_s": round(parse_s, 3),
         "parse_rows_per_s": round(parsed_rows / parse_s),
@@ -199,13 +218,8 @@ def run(
     if export_once:
         progress(f"waltz spark export --master {master}")
         summary, wall_s = export(storage, directory / EXPORT_DIR_NAME, master)
-        result |= {
-            "export_rows": summary["rows"],
-            "export_s": round(summary["seconds"], 3),
-            "export_rows_per_s": round(summary["rows_per_s"]),
-            "export_command_s": round(wall_s, 2),
-            "export_vs_parse": round(summary["rows_per_s"] / (parsed_rows / parse_s), 3),
-        }
+        result |= export_figures("export", summary, wall_s)
+        result["export_vs_parse"] = round(summary["rows_per_s"] / (parsed_rows / parse_s), 3)
     if warm_runs > 0:
         progress(f"{warm_runs} warm export(s) in one session")
         rates = export_warm(storage, directory, master, warm_runs)

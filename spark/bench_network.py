@@ -25,7 +25,9 @@ from spark.bench_export import (
     EXPORT_DIR_NAME,
     STORAGE_DIR_NAME,
     export,
+    export_figures,
     generate,
+    log_figures,
 )
 from waltz_engine.bench.storage_node import BenchError
 from waltz_engine.ops.devcluster import HOST, LocalCluster, free_port
@@ -85,6 +87,18 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def _measured(
+    prefix: str, run_export: Callable[[], tuple[dict[str, Any], float]], result: dict[str, Any]
+) -> dict[str, Any]:
+    """Run one export, adding its figures and the load average around it to ``result``."""
+    before = load_average()
+    summary, wall_s = run_export()
+    result[f"{prefix}_load_average_before"] = before
+    result[f"{prefix}_load_average_after"] = load_average()
+    result |= export_figures(prefix, summary, wall_s)
+    return summary
+
+
 def run(
     directory: Path,
     rows: int,
@@ -99,43 +113,23 @@ def run(
     storage = directory / STORAGE_DIR_NAME
     progress(f"log of {rows:,} transactions x {data_bytes} B over {partitions} partitions")
     generate_s = generate(storage, rows, partitions, data_bytes)
-    result: dict[str, Any] = {
-        "rows": rows,
-        "partitions": partitions,
-        "data_bytes": data_bytes,
-        "master": master,
-        "generate_s": round(generate_s, 2),
-        "cpus": os.cpu_count(),
-    }
+    result = log_figures(rows, partitions, data_bytes, master, generate_s) | {"cpus": os.cpu_count()}
     progress("starting ZooKeeper and a storage node on the log")
     with serving(directory, storage, rows, partitions) as client_config:
         progress(f"waltz spark export --master {master} over the network")
-        before = load_average()
-        network, network_wall_s = export(
-            None,
-            directory / NETWORK_EXPORT_DIR_NAME,
-            master,
-            ["--config", str(client_config), "--to-txid", str(rows // partitions - 1)],
+        to_txid = str(rows // partitions - 1)
+        network = _measured(
+            "network",
+            lambda: export(
+                None,
+                directory / NETWORK_EXPORT_DIR_NAME,
+                master,
+                ["--config", str(client_config), "--to-txid", to_txid],
+            ),
+            result,
         )
-        result |= {
-            "network_load_average_before": before,
-            "network_load_average_after": load_average(),
-            "network_rows": network["rows"],
-            "network_s": round(network["seconds"], 3),
-            "network_rows_per_s": round(network["rows_per_s"]),
-            "network_command_s": round(network_wall_s, 2),
-        }
         progress(f"waltz spark export --master {master} from the directory")
-        before = load_average()
-        local, local_wall_s = export(storage, directory / EXPORT_DIR_NAME, master)
-        result |= {
-            "local_load_average_before": before,
-            "local_load_average_after": load_average(),
-            "local_rows": local["rows"],
-            "local_s": round(local["seconds"], 3),
-            "local_rows_per_s": round(local["rows_per_s"]),
-            "local_command_s": round(local_wall_s, 2),
-            "network_vs_local": round(network["rows_per_s"] / local["rows_per_s"], 3),
-        }
+        local = _measured("local", lambda: export(storage, directory / EXPORT_DIR_NAME, master), result)
+        result["network_vs_local"] = round(network["rows_per_s"] / local["rows_per_s"], 3)
     shutil.rmtree(directory / NETWORK_EXPORT_DIR_NAME, ignore_errors=True)
     return result
