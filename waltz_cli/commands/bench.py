@@ -26,7 +26,7 @@ from waltz_engine.bench import crc_bench, engine_bench
 from waltz_engine.common.address import parse_host_port
 
 if TYPE_CHECKING:
-    from waltz_engine.bench.producers import RunningCluster
+    pass
 
 app = options.group(help="Benchmarks: measure throughput and latency on this machine.")
 
@@ -352,62 +352,37 @@ def producers_command(
     Example: waltz bench producers --txn-size 512 --txns-per-thread 500 --threads 16 --interval-ms 0
     Example: waltz bench producers --mount-storm 200 --txns-per-thread 1000 --json
     """
+    from waltz_engine.bench import mount_storm as mount_storm_bench
     from waltz_engine.bench import producers
 
     partitions = _active_partitions(partitions, old_partitions)
     running = producers.RunningCluster(config, zookeeper, cluster_root)
-    if mount_storm is not None:
-        _mount_storm(
-            running, directory, storages, partitions, mount_storm, txn_size, txns_per_thread, threads,
-            max_in_flight, mount_from_latest, as_json,
-        )  # fmt: skip
-        return
     with producers.bench_cluster(running, directory, storages, partitions, _progress) as cluster:
-        result = producers.run(
-            cluster,
-            txn_size=txn_size,
-            txns_per_thread=txns_per_thread,
-            threads=threads,
-            interval_ms=interval_ms,
-            partitions=partitions,
-            lock_pool=lock_pool,
-            clients=clients,
-            max_in_flight=max_in_flight,
-            mount_from_latest=mount_from_latest,
-        )
-    if as_json:
-        print_json({"machine": _machine(), "storages": storages, "result": result.to_json()})
-        return
-    for line in result.report_lines():
-        console.print(line, markup=False, highlight=False)
-
-
-def _mount_storm(
-    running: RunningCluster,
-    directory: Path,
-    storages: int,
-    partitions: int,
-    clients: int,
-    txn_size: int,
-    txns_per_thread: int,
-    threads: int,
-    max_in_flight: int,
-    mount_from_latest: bool,
-    as_json: bool,
-) -> None:
-    from waltz_engine.bench import mount_storm, producers
-
-    with producers.bench_cluster(running, directory, storages, partitions, _progress) as cluster:
-        result = mount_storm.run(
-            cluster,
-            clients=clients,
-            partitions=partitions,
-            backlog_txn_size=txn_size,
-            backlog_txns_per_thread=txns_per_thread,
-            backlog_threads=threads,
-            max_in_flight=max_in_flight,
-            mount_from_latest=mount_from_latest,
-        )
+        result: producers.ProducerResult | mount_storm_bench.MountStormResult
+        if mount_storm is not None:
+            result = mount_storm_bench.run(
+                cluster,
+                clients=mount_storm,
+                partitions=partitions,
+                backlog_txn_size=txn_size,
+                backlog_txns_per_thread=txns_per_thread,
+                backlog_threads=threads,
+                max_in_flight=max_in_flight,
+                mount_from_latest=mount_from_latest,
+            )
+        else:
+            result = producers.run(
+                cluster,
+                txn_size=txn_size,
+                txns_per_thread=txns_per_thread,
+                threads=threads,
+                interval_ms=interval_ms,
+                partitions=partitions,
+                lock_pool=lock_pool,
+                clients=clients,
+                max_in_flight=max_in_flight,
+                mount_from_latest=mount_from_latest,
+            )
     if as_json:
         print_json({"machine": _machine(), "storages": storages, "result": result.to_json()})
         return
