@@ -19,18 +19,18 @@ def open_one_partition(
     *,
     records_per_segment: int | None = None,
     record_bytes: int = 0,
+    segment_size_threshold_bytes: int = DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES,
     segment_cache_capacity: int = DEFAULT_SEGMENT_CACHE_CAPACITY,
 ) -> StorageManager:
     """A one-partition store with partition 0 assigned; with ``records_per_segment``, segments
-    roll over after that many records of ``record_bytes`` each."""
-    threshold = DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES
+    roll over after that many records of ``record_bytes`` each (else past the threshold)."""
     if records_per_segment is not None:
-        threshold = HEADER_SIZE_BYTES + (records_per_segment - 1) * record_bytes
+        segment_size_threshold_bytes = HEADER_SIZE_BYTES + (records_per_segment - 1) * record_bytes
     manager = StorageManager(
         directory,
         key,
         1,
-        segment_size_threshold_bytes=threshold,
+        segment_size_threshold_bytes=segment_size_threshold_bytes,
         segment_cache_capacity=segment_cache_capacity,
     )
     if not manager.assigned_partition_ids():

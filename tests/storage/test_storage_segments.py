@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from storage_support import open_one_partition
 
 from waltz_engine.common.crc import crc32
 from waltz_engine.common.errors import StorageError
@@ -33,16 +34,9 @@ def _records(first: int, count: int) -> list[Record]:
 
 
 def _manager(directory: Path, threshold_bytes: int, cache_capacity: int = 5) -> StorageManager:
-    manager = StorageManager(
-        directory,
-        KEY,
-        1,
-        segment_size_threshold_bytes=threshold_bytes,
-        segment_cache_capacity=cache_capacity,
+    return open_one_partition(
+        directory, KEY, segment_size_threshold_bytes=threshold_bytes, segment_cache_capacity=cache_capacity
     )
-    if not manager.assigned_partition_ids():
-        manager.set_partition_assignment([0], True)
-    return manager
 
 
 class _Span(NamedTuple):
