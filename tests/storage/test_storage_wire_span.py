@@ -32,6 +32,7 @@ from waltz_engine.wire.admin_messages import (
     ADMIN_RAW_RECORDS_CODEC,
     AdminRecordListRawResponse,
     AdminRecordListResponse,
+    record_list_raw_frame,
 )
 from waltz_engine.wire.primitives import write_records
 from waltz_engine.wire.storage_messages import (
@@ -110,6 +111,12 @@ def test_records_wire_is_the_encoded_records(
         assert ADMIN_RAW_RECORDS_CODEC.encode_frame(
             AdminRecordListRawResponse(9, 0, raw)
         ) == ADMIN_CODEC.encode_frame(AdminRecordListResponse(9, 0, listed))
+        # The admin port writes the answer in the pieces it was read in: the same bytes.
+        pieces = record_list_raw_frame(9, 0, partition.records_wire(3, 200).record_list())
+        assert b"".join(pieces) == ADMIN_CODEC.encode_frame(AdminRecordListResponse(9, 0, listed))
+        assert b"".join(record_list_raw_frame(5, 0, [b"\0\0\0\0"])) == ADMIN_CODEC.encode_frame(
+            AdminRecordListResponse(5, 0, ())
+        )
         assert STORAGE_RAW_RECORDS_CODEC.encode_frame(
             StorageRecordListRawResponse(4, 9, 0, raw)
         ) == STORAGE_CODEC.encode_frame(StorageRecordListResponse(4, 9, 0, listed))

@@ -118,8 +118,9 @@ class FramedConnection:
             raise ConnectionClosedError(f"connection to {self.peer} is closed")
         self.writer.write(frame)
 
-    def send_frames(self, frames: Sequence[bytes]) -> None:
-        """Queue several frames at once: over TLS, one flush to the socket instead of one each."""
+    def send_frames(self, frames: Sequence[bytes | bytearray | memoryview]) -> None:
+        """Queue several frames (or one frame's pieces, in order) at once: over TLS, one flush
+        to the socket instead of one each, and no copy joining the pieces."""
         if self.closed:
             raise ConnectionClosedError(f"connection to {self.peer} is closed")
         self.writer.writelines(frames)

@@ -25,7 +25,7 @@ import numpy as np
 from waltz_engine.common.fileio import pread_upto
 from waltz_engine.common.record import Record
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
-from waltz_engine.disk.record_columns import disk_to_wire
+from waltz_engine.disk.record_columns import WIRE_SAVING_BYTES, disk_to_wire
 from waltz_engine.disk.record_format import INDEX_ENTRY_SIZE_BYTES, RECORD_OVERHEAD_BYTES
 from waltz_engine.wire.primitives import Buffer, write_record
 
@@ -35,6 +35,8 @@ CHUNK_BYTES = 8 << 20
 # Index entries read at once (8 bytes each).
 INDEX_WINDOW_ENTRIES = 1 << 16
 _COUNT = struct.Struct(">i")
+# What a record takes on the wire besides its data: txid, reqId, header, length, data checksum.
+WIRE_RECORD_OVERHEAD_BYTES = RECORD_OVERHEAD_BYTES - WIRE_SAVING_BYTES
 
 
 class WireRecords(NamedTuple):
@@ -43,9 +45,19 @@ class WireRecords(NamedTuple):
     num_records: int
     chunks: Sequence[Buffer]
 
+    def record_list(self) -> list[Buffer]:
+        """The record list as a message carries it, in pieces to write in order: the int32
+        count, then the records."""
+        return [_COUNT.pack(self.num_records), *self.chunks]
+
     def payload(self) -> bytes:
-        """The record list as a message carries it: the int32 count, then the records."""
-        return b"".join([_COUNT.pack(self.num_records), *self.chunks])
+        """:meth:`record_list` in one piece."""
+        return b"".join(self.record_list())
+
+    def data_bytes(self) -> int:
+        """The records' data bytes, all together."""
+        wire_bytes = sum(memoryview(chunk).nbytes for chunk in self.chunks)
+        return wire_bytes - self.num_records * WIRE_RECORD_OVERHEAD_BYTES
 
 
 def encode_wire_records(records: Sequence[Record]) -> bytearray:

@@ -9,7 +9,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from waltz_engine.common.errors import ProtocolError, StorageError
 from waltz_engine.common.metrics import MetricsRegistry
@@ -18,7 +18,6 @@ from waltz_engine.storage.node.data_handler import NOT_OPENED_MESSAGE, check_ope
 from waltz_engine.storage.node.failures import NotOpenedError, PartitionNotAssignedError, rpc_exception
 from waltz_engine.storage.storage_manager import StorageManager
 from waltz_engine.wire.admin_messages import (
-    ADMIN_RAW_RECORDS_CODEC,
     AdminAssignedPartitionStatusRequest,
     AdminAssignedPartitionStatusResponse,
     AdminFailureResponse,
@@ -29,17 +28,25 @@ from waltz_engine.wire.admin_messages import (
     AdminOpenRequest,
     AdminPartitionAssignmentRequest,
     AdminPartitionAvailableRequest,
-    AdminRecordListRawResponse,
     AdminRecordListRequest,
     AdminSuccessResponse,
+    record_list_raw_frame,
 )
-from waltz_engine.wire.primitives import SessionInfo
+from waltz_engine.wire.primitives import Buffer, SessionInfo
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 # Jackson's pretty printer indents by two spaces.
 METRICS_JSON_INDENT = 2
+
+
+class _RecordListAnswer(NamedTuple):
+    """A RECORD_LIST_RESPONSE to send: its record list in the pieces it was read in."""
+
+    seq_num: int
+    partition_id: int
+    record_list: list[Buffer]
 
 
 class AdminHandler:
@@ -80,8 +87,8 @@ class AdminHandler:
             except (StorageError, OSError) as e:
                 log.warning("admin port: %s from %s failed: %s", type(msg).__name__, conn.peer, e)
                 reply = self._reply(msg, e)
-            if type(reply) is AdminRecordListRawResponse:
-                conn.send_frame(ADMIN_RAW_RECORDS_CODEC.encode_frame(reply))
+            if type(reply) is _RecordListAnswer:
+                conn.send_frames(record_list_raw_frame(reply.seq_num, reply.partition_id, reply.record_list))
                 await conn.drain()
             else:
                 await conn.send(reply)
@@ -126,12 +133,13 @@ class AdminHandler:
         if kind is AdminRecordListRequest:
             # Served from the segments' bytes (``Partition.records_wire``): the bytes of an
             # AdminRecordListResponse of the same records, without a Record per record.
+            # Written as it was read (count, then the chunks), not joined into one buffer.
             records = await self._off_loop(
                 lambda: self._assigned(msg.partition_id)
                 .records_wire(msg.transaction_id, msg.max_num_records)
-                .payload()
+                .record_list()
             )
-            return AdminRecordListRawResponse(msg.seq_num, msg.partition_id, memoryview(records))
+            return _RecordListAnswer(msg.seq_num, msg.partition_id, records)
         if kind is AdminLastSessionInfoRequest:
             info = await self._off_loop(lambda: manager.partition_info(msg.partition_id).last_session_info())
             return AdminLastSessionInfoResponse(msg.seq_num, msg.partition_id, SessionInfo(*info))

@@ -76,13 +76,15 @@ class Scrubber:
         transaction_id = partition.first_transaction_id()
         while transaction_id <= partition.max_transaction_id():
             try:
-                records = await asyncio.to_thread(partition.records, transaction_id, SCRUB_BATCH_RECORDS)
+                # Checked by columns (CRCs and data checksums), as RECORD_LIST answers are: a
+                # tenth of the CPU of a Record per record. Where a record does not check out,
+                # the exact reader takes over and the partition remembers the damage.
+                checked = await asyncio.to_thread(partition.records_wire, transaction_id, SCRUB_BATCH_RECORDS)
             except CorruptRecordError as e:
                 # The partition remembered it (reported until refilled); go on after it.
                 transaction_id = max(transaction_id, e.transaction_id) + 1
                 continue
-            if not records:
+            if not checked.num_records:
                 return  # the log ends here (truncated meanwhile)
-            transaction_id += len(records)
-            read_bytes = sum(len(r.data) for r in records)
-            await asyncio.sleep(read_bytes / self._bytes_per_second)
+            transaction_id += checked.num_records
+            await asyncio.sleep(checked.data_bytes() / self._bytes_per_second)
