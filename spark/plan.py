@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from spark.layout import NO_TRANSACTION, Replica, choose_replica, discover, slices
@@ -310,8 +310,13 @@ def partition_ids(options: ReadOptions) -> list[int]:
 
 
 def plan(options: ReadOptions, bounds: Mapping[int, int] | None = None) -> list[PartitionPlan]:
-    """The read plan; ``bounds`` (committed txids, e.g. a stream's end offsets) are vouched for by
-    the caller and save asking the servers."""
+    """The read plan; ``bounds`` (txids that were committed, e.g. a stream's end offsets) cap it.
+
+    Over the network they save asking the servers only when the replicas' low-water marks
+    cover them; otherwise the servers' committed marks cap them too. A stream's end offsets may
+    come from a checkpoint written before the log was rolled back (a store restored from a
+    backup): past the committed mark of now, a replica may hold records that are not committed
+    (a new session's appends in flight), and they must not be read as if they were."""
     if options.over_network:
         return _network_plan(options, bounds)
     return _local_plan(options, bounds)
@@ -324,26 +329,35 @@ def _range(options: ReadOptions, partition_id: int, first_held: int, bound: int)
 
 
 def _network_plan(options: ReadOptions, bounds: Mapping[int, int] | None) -> list[PartitionPlan]:
-    assert options.cluster is not None
-    source = BOUND_GIVEN if bounds is not None else BOUND_SERVER
+    cluster = options.cluster
+    assert cluster is not None
+    if bounds is not None:
+        # Bounds like the reader's own to_txids: not trusted past the replicas' low-water marks
+        # (the bounds may be stale, see plan), the servers' committed marks cap them otherwise.
+        bounded = sorted(p for p in bounds if options.partitions is None or p in options.partitions)
+        options = replace(
+            options,
+            partitions=tuple(bounded),
+            to_txids={p: min(bounds[p], _wanted_end(options, p)) for p in bounded},
+        )
     wanted = options.partitions
     if options.partition_filter is not None:
         # Only what the filters select is asked about (an empty selection reads nothing).
-        every = wanted if wanted is not None else range(network_reader.partition_count(options.cluster))
+        every = wanted if wanted is not None else range(network_reader.partition_count(cluster))
         wanted = tuple(p for p in every if options.selects(p))
         if not wanted:
             return []
-    if bounds is None and (options.to_txid is not None or options.to_txids):
+    if options.to_txid is not None or options.to_txids:
         # The reader's own bound saves asking the servers when the replicas' low-water marks
         # (committed, as a server wrote them) already cover it; otherwise the servers say.
-        every = wanted if wanted is not None else range(network_reader.partition_count(options.cluster))
+        every = wanted if wanted is not None else range(network_reader.partition_count(cluster))
         if options.to_txid is not None or set(every) <= set(options.to_txids):
             given = _given_bounds(options, list(every))
-            layout = network_reader.discover(options.cluster, wanted, given, bounds_read_before=False)
+            layout = network_reader.discover(cluster, wanted, given, bounds_read_before=False)
             with contextlib.suppress(network_reader.NetworkReadError):
                 return _network_partitions(options, layout, BOUND_GIVEN)
-    layout = network_reader.discover(options.cluster, wanted, bounds)
-    return _network_partitions(options, layout, source)
+    layout = network_reader.discover(cluster, wanted)
+    return _network_partitions(options, layout, BOUND_SERVER)
 
 
 def _network_partitions(
@@ -360,8 +374,12 @@ def _network_partitions(
 def _local_plan(options: ReadOptions, bounds: Mapping[int, int] | None) -> list[PartitionPlan]:
     replicas = found_replicas(options)
     source = BOUND_GIVEN
-    if bounds is None and options.cluster is not None:
-        bounds, source = committed_high_water_marks(options.cluster, sorted(replicas)), BOUND_SERVER
+    if options.cluster is not None:
+        marks = committed_high_water_marks(options.cluster, sorted(replicas))
+        if bounds is None:
+            bounds, source = marks, BOUND_SERVER
+        else:  # maybe stale (see plan): the files may hold records that are not committed now
+            bounds = {p: min(b, marks.get(p, NO_TRANSACTION)) for p, b in bounds.items()}
     if bounds is None:
         bounds = _given_bounds(options, sorted(replicas))
     result = []

@@ -34,10 +34,10 @@ from spark_support import (
     standalone_cluster,
 )
 
-from spark.datasource import DATA_SOURCE_NAME
+from spark.datasource import DATA_SOURCE_NAME, SlicePartition, WaltzStreamReader
 from spark.export import ExportConfig, ExportSummary, run_export
 from spark.layout import NO_TRANSACTION
-from spark.plan import OPTION_CLUSTER_ROOT, OPTION_ZOOKEEPER
+from spark.plan import OPTION_CLUSTER_ROOT, OPTION_PATHS, OPTION_ZOOKEEPER, ReadOptions
 from spark.schema import COLUMN_DATA, COLUMN_DECODED, SPARK_SCHEMA
 from spark.watermarks import STATE_DIR_NAME
 from waltz_engine.ops.devcluster import LocalCluster
@@ -262,6 +262,26 @@ def test_stream_delivers_appends_exactly_once_across_a_restart(
     finally:
         query.stop()
     assert sink_rows() == sorted((p, t) for p, t, *_ in expected)  # every committed transaction once
+
+
+def test_stream_end_offsets_above_the_committed_mark_are_capped_at_it(cluster: LocalCluster) -> None:
+    """A micro-batch replayed from a checkpoint written before the log was rolled back (a store
+    restored from a backup) has end offsets above the committed mark of now. What lies above it
+    is not committed (here: nothing yet; in general a new session's appends in flight) and is
+    not planned, over the network nor from the storage directories."""
+    append(cluster, {p: [f"capped-{p}-{i}" for i in range(3)] for p in PARTITIONS})
+    committed = {p: max(t for q, t, *_ in tailed(cluster) if q == p) for p in PARTITIONS}
+    start = {str(p): NO_TRANSACTION for p in PARTITIONS}
+    stale_end = {str(p): committed[p] + 50 for p in PARTITIONS}
+    local = {**read_options(cluster), OPTION_PATHS: ",".join(storage_dirs(cluster))}
+    for options in (read_options(cluster), local):
+        reader = WaltzStreamReader(ReadOptions.parse(options))
+        planned: dict[int, list[int]] = {}
+        for partition in reader.partitions(start, stale_end):
+            assert isinstance(partition, SlicePartition)
+            part = partition.part
+            planned.setdefault(part.partition_id, []).extend(range(part.from_txid, part.to_txid + 1))
+        assert planned == {p: list(range(committed[p] + 1)) for p in PARTITIONS}, options
 
 
 def test_partitions_and_output_are_checked_before_spark_starts(cluster: LocalCluster, tmp_path: Path) -> None:

@@ -135,9 +135,11 @@ class AdminHandler:
             # AdminRecordListResponse of the same records, without a Record per record.
             # Written as it was read (count, then the chunks), not joined into one buffer.
             records = await self._off_loop(
-                lambda: self._assigned(msg.partition_id)
-                .records_wire(msg.transaction_id, msg.max_num_records)
-                .record_list()
+                lambda: (
+                    self._assigned(msg.partition_id)
+                    .records_wire(msg.transaction_id, msg.max_num_records)
+                    .record_list()
+                )
             )
             return _RecordListAnswer(msg.seq_num, msg.partition_id, records)
         if kind is AdminLastSessionInfoRequest:
