@@ -70,6 +70,21 @@ def test_producers_json_against_a_given_cluster_config(tmp_path: Path) -> None:
     assert set(report["cpu_s_per_1000_transactions"]) == {"zookeeper", "server-0", "storage-0", "client"}
 
 
+def test_producers_watchers_are_fed_every_commit_in_a_process_of_their_own(tmp_path: Path) -> None:
+    """--watchers: feed-only connections (the bench fails unless each was fed every commit of
+    every partition) whose process's CPU is reported apart. Over 100 commits a partition, so
+    each feed is suspended and asked for again (the server's minFetchSize is 100)."""
+    result = run_waltz(
+        "bench", "producers", "--txn-size", "16", "--txns-per-thread", "80", "--threads", "3",
+        "--num-active-partitions", "2", "--watchers", "3", "--json", "--dir", str(tmp_path),
+        timeout_s=BENCH_TIMEOUT_S,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)["result"]
+    assert report["watchers"] == 3 and report["transactions"] == 240
+    assert set(report["cpu_s_per_1000_transactions"]) == {*NODE_PROCESSES, "watchers"}
+
+
 def test_producers_mount_storm_reports_every_client_mounted(tmp_path: Path) -> None:
     result = run_waltz(
         "bench", "producers", "--mount-storm", "5", "--txn-size", "16", "--txns-per-thread", "20",

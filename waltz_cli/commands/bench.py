@@ -328,6 +328,15 @@ def producers_command(
     mount_from_latest: Annotated[
         bool, typer.Option("--mount-from-latest", help="Mount at the current high-water marks.")
     ] = False,
+    watchers: Annotated[
+        int,
+        typer.Option(
+            "--watchers",
+            min=0,
+            help="N more connections fed every commit, as Java clients' network layers, in a process "
+            "of their own (reported as 'watchers'): the cluster's fan-out cost without our client's.",
+        ),
+    ] = 0,
     mount_storm: Annotated[
         int | None,
         typer.Option(
@@ -351,6 +360,7 @@ def producers_command(
 
     Example: waltz bench producers --txn-size 512 --txns-per-thread 500 --threads 16 --interval-ms 0
     Example: waltz bench producers --mount-storm 200 --txns-per-thread 1000 --json
+    Example: waltz bench producers --threads 64 --max-in-flight 5 --txns-per-thread 600 --watchers 63
     """
     from waltz_engine.bench import mount_storm as mount_storm_bench
     from waltz_engine.bench import producers
@@ -382,6 +392,7 @@ def producers_command(
                 clients=clients,
                 max_in_flight=max_in_flight,
                 mount_from_latest=mount_from_latest,
+                watchers=watchers,
             )
     if as_json:
         print_json({"machine": _machine(), "storages": storages, "result": result.to_json()})

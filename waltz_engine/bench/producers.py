@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import math
 import os
@@ -40,6 +41,7 @@ from typing import Any, NamedTuple
 import yaml
 
 from waltz_engine.bench import process_cpu
+from waltz_engine.bench.feed_watchers import WatchedPartition, WatcherProcess, WatchResult, WatchSpec
 from waltz_engine.bench.storage_node import BenchError
 from waltz_engine.client import (
     PartitionLocalLock,
@@ -65,6 +67,7 @@ HIGH_WATER_MARK_NONE = -1
 WARM_UP_HEADER = 1
 MEASURED_HEADER = 0
 CLIENT_PROCESS = "client"
+WATCHERS_PROCESS = "watchers"
 ZOOKEEPER_PROCESS = "zookeeper"
 # Generous: a saturated 2-core machine may take seconds per mount or batch.
 SUBMIT_TIMEOUT_MS = 60_000
@@ -351,6 +354,7 @@ class ProducerResult:
     interval_ms: float
     partitions: int
     lock_pool: int
+    watchers: int = 0  # feed-only connections in a process of their own (bench.feed_watchers)
 
     @property
     def megabytes(self) -> float:
@@ -379,6 +383,7 @@ class ProducerResult:
             "interval_ms": self.interval_ms,
             "partitions": self.partitions,
             "lock_pool": self.lock_pool,
+            "watchers": self.watchers,
             "seconds": round(self.seconds, 3),
             "megabytes": round(self.megabytes, 4),
             "transactions_per_s": round(self.transactions / self.seconds, 2),
@@ -458,14 +463,19 @@ async def _produce(
     clients: int,
     max_in_flight: int,
     mount_from_latest: bool,
+    watchers: int = 0,
 ) -> ProducerResult:
     data = bytes(txn_size)
     threads_per_client = math.ceil(threads / clients)
     # Large enough that the client never holds a submit back: the appenders' window is the limit.
     config = client_config(cluster, threads_per_client * max_in_flight + partitions)
     started = [await start_client(config, partitions, mount_from_latest) for _ in range(clients)]
+    watcher_process: WatcherProcess | None = None
     try:
         await warm_up(started, data, partitions)
+        if watchers:
+            spec = await _watch_spec(started[0], config, watchers, partitions)
+            watcher_process = await WatcherProcess.start(spec)
         # What the set-up made (clients, ZooKeeper sessions) lives as long as the run: leave it
         # out of the collector's full passes, which would otherwise walk it again and again while
         # the clients' in-flight transactions churn (one process holds every client here).
@@ -494,12 +504,27 @@ async def _produce(
         started_s = time.perf_counter()
         start.set()
         await asyncio.gather(*tasks)
+        watched: WatchResult | None = None
+        if watcher_process is not None:
+            # Measured until the watchers were fed every commit, as the clients were.
+            watched = await watcher_process.finish(
+                {p: await started[0].high_water_mark(p) for p in spec.partitions}
+            )
         seconds = time.perf_counter() - started_s
         cpu_s = process_cpu.used_since(cpu_before, pids)
+        if watched is not None:
+            cpu_s[WATCHERS_PROCESS] = watched.cpu_s
     finally:
+        if watcher_process is not None:
+            await watcher_process.close()
         for client in started:
             await client.close()
     _raise_failures(stats, "measured")
+    fed, measured = (0 if watched is None else sum(watched.frames.values())), txns_per_thread * threads
+    if fed != watchers * measured:
+        raise BenchError(
+            f"{watchers} watchers were fed {fed} transactions in all, not {watchers} x {measured}"
+        )
     return ProducerResult(
         transactions=txns_per_thread * threads,
         txn_size=txn_size,
@@ -513,7 +538,24 @@ async def _produce(
         interval_ms=interval_ms,
         partitions=partitions,
         lock_pool=lock_pool,
+        watchers=watchers,
     )
+
+
+async def _watch_spec(
+    client: WaltzClient, config: WaltzClientConfig, watchers: int, partitions: int
+) -> WatchSpec:
+    """Watchers mounted where ``client`` is, from the current high-water marks (after the warm-up)."""
+    watched = {}
+    for partition_id in range(partitions):
+        network_client = client.rpc_client.network_client_of(partition_id)
+        if network_client is None:
+            raise BenchError(f"partition {partition_id} has no server to watch")
+        endpoint = config.endpoint_overrides.get(network_client.endpoint, network_client.endpoint)
+        watched[partition_id] = WatchedPartition(
+            endpoint, client.rpc_client.generation(partition_id), await client.high_water_mark(partition_id)
+        )
+    return WatchSpec(watchers, watched, dataclasses.asdict(config.tls))
 
 
 def run(
@@ -528,11 +570,12 @@ def run(
     clients: int = DEFAULT_CLIENTS,
     max_in_flight: int = DEFAULT_MAX_CONCURRENT_TRANSACTIONS,
     mount_from_latest: bool = False,
+    watchers: int = 0,
 ) -> ProducerResult:
     if min(txns_per_thread, threads, partitions, clients, max_in_flight) < 1:
         raise BenchError("transactions, threads, partitions, clients and in-flight must be positive")
-    if txn_size < 0 or interval_ms < 0 or lock_pool < 0:
-        raise BenchError("txn size, interval and lock pool must not be negative")
+    if txn_size < 0 or interval_ms < 0 or lock_pool < 0 or watchers < 0:
+        raise BenchError("txn size, interval, lock pool and watchers must not be negative")
     return asyncio.run(
         _produce(
             cluster,
@@ -545,5 +588,6 @@ def run(
             clients=min(clients, threads),
             max_in_flight=max_in_flight,
             mount_from_latest=mount_from_latest,
+            watchers=watchers,
         )
     )
