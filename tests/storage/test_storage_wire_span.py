@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import random
 import uuid
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from waltz_engine.common.crc import crc32
 from waltz_engine.common.record import Record
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
-from waltz_engine.disk.record_columns import disk_to_wire
+from waltz_engine.disk.record_columns import disk_to_wire, unshift_crcs
 from waltz_engine.disk.record_format import (
     INDEX_ENTRY,
     INDEX_ENTRY_SIZE_BYTES,
@@ -192,8 +193,9 @@ def test_damaged_records_answer_as_the_exact_reader(tmp_path: Path, damage: str)
         manager.close()
 
 
-def test_disk_to_wire_refuses_what_does_not_check_out() -> None:
-    records = _random_records(random.Random(3), 20, one_size=None)
+@pytest.mark.parametrize("one_size", [None, 0, 100])
+def test_disk_to_wire_refuses_what_does_not_check_out(one_size: int | None) -> None:
+    records = _random_records(random.Random(3), 20, one_size=one_size)
     data, index = encode_records(records, 0)
     offsets = np.append(np.frombuffer(index, dtype=">i8").astype(np.int64), len(data))
     wire = disk_to_wire(data, offsets, 0)
@@ -206,3 +208,18 @@ def test_disk_to_wire_refuses_what_does_not_check_out() -> None:
         damaged = bytearray(data)
         damaged[at] ^= 1
         assert disk_to_wire(bytes(damaged), offsets, 0) is None, at
+    # A wrong data checksum under a CRC that matches it: only the data check can see it.
+    forged = [r._replace(checksum=r.checksum ^ 1) if r.transaction_id == 7 else r for r in records]
+    assert disk_to_wire(encode_records(forged, 0)[0], offsets, 0) is None
+
+
+@pytest.mark.parametrize("data_bytes", [0, 1, 7, 100, 4096])
+def test_unshift_crcs_undoes_appending_the_data(data_bytes: int) -> None:
+    """crc32(head + data) == S(crc32(head)) ^ crc32(data): S^-1 gives each head's CRC back."""
+    rng = random.Random(data_bytes)
+    heads = [rng.randbytes(RECORD_HEADER_SIZE_BYTES) for _ in range(64)]
+    data = [rng.randbytes(data_bytes) for _ in range(64)]
+    whole = np.array([zlib.crc32(h + d) for h, d in zip(heads, data, strict=True)], dtype=np.uint32)
+    alone = np.array([zlib.crc32(d) for d in data], dtype=np.uint32)
+    expected = np.array([zlib.crc32(h) for h in heads], dtype=np.uint32)
+    assert np.array_equal(unshift_crcs(data_bytes, whole ^ alone), expected)

@@ -13,6 +13,7 @@ Shared by the storage node (a RECORD_LIST answer served from the segment's bytes
 
 from __future__ import annotations
 
+import functools
 import zlib
 
 import numpy as np
@@ -50,6 +51,9 @@ _ZERO_PREFIX = bytes(SHARED_PREFIX_BYTES)
 _REGISTER_RESET = ((zlib.crc32(_ZERO_PREFIX) ^ CRC_ZEROING_MASK) & 0xFFFFFFFF).to_bytes(4, "little")
 assert zlib.crc32(_ZERO_PREFIX + _REGISTER_RESET) == 0
 _FIELD = np.arange(CRC_SIZE_BYTES, dtype=np.int64)
+CRC_BITS = 32
+# Record data sizes whose CRC tables (8 KiB each) are kept (:func:`_unshift_tables`).
+UNSHIFT_TABLES_CACHED = 64
 
 
 def chunk_crcs_match(buf: bytes | memoryview, record_offsets: np.ndarray, stored_crcs: np.ndarray) -> bool:
@@ -75,6 +79,64 @@ def _zeroed_crc_ok(work: np.ndarray, field_starts: np.ndarray, values: np.ndarra
     for j in range(CRC_SIZE_BYTES):
         work[field_starts + j] = fields[:, j]
     return zlib.crc32(work.data) == 0
+
+
+def zeroed_crcs_ok(rows: np.ndarray, stored_crcs: np.ndarray) -> bool:
+    """:func:`chunk_crcs_match` of records of one size, one a row of ``rows`` (a contiguous
+    uint8 matrix the check may overwrite, each row ending in its CRC's place): the CRCs are
+    written over those places by one strided copy."""
+    fields = (stored_crcs ^ np.uint32(CRC_ZEROING_MASK)).astype("<u4").view(np.uint8)
+    rows[:, -CRC_SIZE_BYTES:] = fields.reshape(-1, CRC_SIZE_BYTES)
+    return zlib.crc32(rows.data) == 0
+
+
+@functools.lru_cache(maxsize=UNSHIFT_TABLES_CACHED)
+def _unshift_tables(data_bytes: int) -> np.ndarray:
+    """Four 256-entry tables (one per byte of a value) of the inverse of ``S``, the GF(2)-linear
+    map with ``crc32(a + b) == S(crc32(a)) ^ crc32(b)`` for every ``b`` of ``data_bytes`` bytes
+    (zlib's ``crc32_combine``): ``S(x) == crc32(zeros, x) ^ crc32(zeros)``."""
+    zeros = bytes(data_bytes)
+    base = zlib.crc32(zeros)
+    # Gauss-Jordan over GF(2) on rows (S(x), x): once each S(x) is a single bit, x is S^-1(bit).
+    rows = [(zlib.crc32(zeros, 1 << i) ^ base, 1 << i) for i in range(CRC_BITS)]
+    for position, bit in enumerate(reversed(range(CRC_BITS))):
+        pivot = next(k for k in range(position, CRC_BITS) if rows[k][0] >> bit & 1)  # S is invertible
+        rows[position], rows[pivot] = rows[pivot], rows[position]
+        image, preimage = rows[position]
+        rows = [
+            (i ^ image, p ^ preimage) if k != position and i >> bit & 1 else (i, p)
+            for k, (i, p) in enumerate(rows)
+        ]
+    tables = np.zeros((CRC_BITS // 8, 256), dtype=np.uint32)
+    byte_values = np.arange(256)
+    for image, preimage in rows:
+        bit = image.bit_length() - 1
+        assert image == 1 << bit
+        tables[bit // 8, (byte_values >> bit % 8) & 1 == 1] ^= np.uint32(preimage)
+    return tables
+
+
+def unshift_crcs(data_bytes: int, values: np.ndarray) -> np.ndarray:
+    """``S^-1`` (see :func:`_unshift_tables`) of each uint32 of ``values``."""
+    tables = _unshift_tables(data_bytes)
+    result: np.ndarray = tables[0][values & 0xFF]
+    for byte in range(1, CRC_BITS // 8):
+        result ^= tables[byte][(values >> np.uint32(8 * byte)) & 0xFF]
+    return result
+
+
+def _data_checksums_ok(matrix: np.ndarray, crcs: np.ndarray, checksums: np.ndarray, data_bytes: int) -> bool:
+    """Whether every record (a row of ``matrix``, ``data_bytes`` of data each) has the data
+    checksum it stores, given that each has its CRC (checked before).
+
+    ``crc == S(crc32(head)) ^ crc32(data)`` (``head`` the 36 header bytes, the stored data
+    checksum ``d`` among them), so ``crc32(data) == d`` exactly when ``crc32(head) ==
+    S^-1(crc ^ d)``: a CRC pass over the heads (40 bytes a record with that value) instead of
+    a second one over the whole records."""
+    heads = np.empty((len(crcs), RECORD_HEADER_SIZE_BYTES + CRC_SIZE_BYTES), dtype=np.uint8)
+    heads[:, :RECORD_HEADER_SIZE_BYTES] = matrix[:, :RECORD_HEADER_SIZE_BYTES]
+    expected = unshift_crcs(data_bytes, crcs.astype(np.uint32) ^ checksums.astype(np.uint32))
+    return zeroed_crcs_ok(heads, expected)
 
 
 def _columns(starts: np.ndarray, first: int, stop: int) -> np.ndarray:
@@ -117,24 +179,11 @@ def disk_to_wire(buf: bytes, record_offsets: np.ndarray, first_txid: int) -> np.
         and np.array_equal(lengths, sizes - RECORD_OVERHEAD_BYTES)
     ):
         return None
-    work = disk.copy()
-    crc_starts = record_offsets[1:] - CRC_SIZE_BYTES
-    if not _zeroed_crc_ok(work, crc_starts, crcs):
-        return None
-    # The data checks, in the same copy: each record's prefix zeroed and followed by the bytes
-    # that reset the register, its CRC's place given its data checksum (zeroing-masked).
     if matrix is not None:
-        rows = work.reshape(n, size)
-        rows[:, :SHARED_PREFIX_BYTES] = 0
-        rows[:, SHARED_PREFIX_BYTES:RECORD_HEADER_SIZE_BYTES] = np.frombuffer(_REGISTER_RESET, np.uint8)
-    else:
-        work[_columns(starts, 0, SHARED_PREFIX_BYTES)] = 0
-        work[_columns(starts, SHARED_PREFIX_BYTES, RECORD_HEADER_SIZE_BYTES)] = np.tile(
-            np.frombuffer(_REGISTER_RESET, np.uint8), n
-        )
-    if not _zeroed_crc_ok(work, crc_starts, checksums.astype(np.uint32)):
-        return None
-    if matrix is not None:
+        if not zeroed_crcs_ok(matrix.copy(), crcs):
+            return None
+        if not _data_checksums_ok(matrix, crcs, checksums, size - RECORD_OVERHEAD_BYTES):
+            return None
         wire = np.empty((n, size - WIRE_SAVING_BYTES), dtype=np.uint8)
         data_end = size - CRC_SIZE_BYTES  # in the disk layout; on the wire the checksum ends there
         wire_data_end = data_end - CRC_SIZE_BYTES
@@ -142,6 +191,18 @@ def disk_to_wire(buf: bytes, record_offsets: np.ndarray, first_txid: int) -> np.
         wire[:, SHARED_PREFIX_BYTES:wire_data_end] = matrix[:, RECORD_HEADER_SIZE_BYTES:data_end]
         wire[:, wire_data_end:] = matrix[:, SHARED_PREFIX_BYTES:RECORD_HEADER_SIZE_BYTES]
         return wire.ravel()
+    work = disk.copy()
+    crc_starts = record_offsets[1:] - CRC_SIZE_BYTES
+    if not _zeroed_crc_ok(work, crc_starts, crcs):
+        return None
+    # The data checks, in the same copy: each record's prefix zeroed and followed by the bytes
+    # that reset the register, its CRC's place given its data checksum (zeroing-masked).
+    work[_columns(starts, 0, SHARED_PREFIX_BYTES)] = 0
+    work[_columns(starts, SHARED_PREFIX_BYTES, RECORD_HEADER_SIZE_BYTES)] = np.tile(
+        np.frombuffer(_REGISTER_RESET, np.uint8), n
+    )
+    if not _zeroed_crc_ok(work, crc_starts, checksums.astype(np.uint32)):
+        return None
     # Each checksum copied over its record's CRC, then the checksum's own place dropped.
     moved = disk.copy()
     checksum_places = _columns(starts, SHARED_PREFIX_BYTES, RECORD_HEADER_SIZE_BYTES)
