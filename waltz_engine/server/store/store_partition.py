@@ -113,7 +113,7 @@ class StorePartition:
         return await self._retrying(attempt)
 
     async def _retrying(self, attempt: Callable[[], Awaitable[T | None]], retry_on_none: bool = False) -> T:
-        backoff = Backoff(self._config.initial_retry_interval_ms, self._config.max_retry_interval_ms)
+        backoff: Backoff | None = None  # made at the first retry: an append rarely needs one
         while self._running:
             try:
                 result = await attempt()
@@ -126,6 +126,8 @@ class StorePartition:
                 pass
             except StoreError as e:
                 log.warning("partition %d: %s; retrying", self.partition_id, e)
+            if backoff is None:
+                backoff = Backoff(self._config.initial_retry_interval_ms, self._config.max_retry_interval_ms)
             await backoff.wait()
         raise StorePartitionClosedError(f"partition {self.partition_id} is closed")
 

@@ -80,6 +80,18 @@ class StoreSessionManager:
         return True
 
     async def get_store_session(self, generation: int | None = None) -> StoreSession:
+        session = self._current
+        if (
+            self._running
+            and session is not None
+            and session.writable
+            and session.generation == self.generation
+            and (generation is None or generation == self.generation)
+            and not self._lock.locked()
+        ):
+            # Every append asks: while no session is being opened and the current one serves,
+            # taking the lock would return this very session, at the cost of a lock per append.
+            return session
         async with self._lock:
             if generation is not None and generation != self.generation:
                 raise GenerationMismatchError(
