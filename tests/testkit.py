@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import random
-import socket
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from waltz_engine.ops.devcluster.nodes import free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,44 +36,9 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-# Ports for test listeners come from below the kernel's ephemeral range: a port bind(0) picks
-# there can go to any process's outgoing connection before the node meant to listen on it
-# starts (seen under load: a storage node exiting with "cannot listen on 127.0.0.1:45129
-# ('storage.port'): address already in use").
-_LISTEN_PORTS_FLOOR = 10_000
-_ENOUGH_LISTEN_PORTS = 1_000
-_pick = random.SystemRandom()  # not the seedable module RNG: parallel runs must not agree
-
-
-def _ephemeral_floor() -> int | None:
-    try:
-        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text(encoding="ascii")
-        return int(text.split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
 def free_tcp_port() -> int:
     """A port nothing listens on right now, outside the ephemeral range when it is known."""
-    floor = _ephemeral_floor()
-    if floor is not None and floor - _LISTEN_PORTS_FLOOR >= _ENOUGH_LISTEN_PORTS:
-        for _ in range(100):
-            port = _pick.randrange(_LISTEN_PORTS_FLOOR, floor)
-            if _port_free(port):
-                return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        picked: int = sock.getsockname()[1]
-        return picked
+    return free_port()
 
 
 def unique_cluster_root(name: str = "cluster") -> str:

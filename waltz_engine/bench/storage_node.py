@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import socket
 import ssl
 import statistics
 import subprocess
@@ -45,6 +44,7 @@ from waltz_engine.common.address import HostPort
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.common.record import Record
 from waltz_engine.common.reqid import ReqId
+from waltz_engine.ops.devcluster.nodes import free_port
 from waltz_engine.storage.admin_ops import StorageContext
 from waltz_engine.storage.client import StorageAdminClient, StorageClient, encode_append_records
 from waltz_engine.zk.cluster import create_cluster
@@ -318,13 +318,6 @@ def run(
 # --- a node of our own -------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((NODE_HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _stop(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
         process.terminate()
@@ -361,14 +354,14 @@ def _wait_ready(process: subprocess.Popen[bytes], target: NodeTarget, log_path: 
 @contextlib.contextmanager
 def own_node(work: Path, ssl_context: ssl.SSLContext) -> Iterator[NodeTarget]:
     """An embedded ZooKeeper, a 1-partition cluster and one storage node under ``work``."""
-    zookeeper = EmbeddedZooKeeper(work / "zookeeper", _free_port())
+    zookeeper = EmbeddedZooKeeper(work / "zookeeper", free_port())
     zookeeper.start()
     try:
         root = f"/waltz-bench-{uuid.uuid4().hex[:8]}"
         with connect(ZooKeeperSettings(zookeeper.connect_string, root)) as client:
             params = create_cluster(client, root, "bench", NUM_PARTITIONS)
             issue_store_sessions(client, root, NUM_PARTITIONS, BENCH_SESSION_ID)
-        port, admin_port = _free_port(), _free_port()
+        port, admin_port = free_port(), free_port()
         config = {
             "storage.host": NODE_HOST,
             "storage.port": port,

@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import json
 import shutil
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,6 +49,7 @@ from waltz_engine.ops.devcluster.nodes import (
     LocalNode,
     NodeStatus,
     accepts_connections,
+    free_port,
     port_taken,
 )
 from waltz_engine.storage.admin_ops import add_partitions, client_ssl_context, read_store_layout
@@ -84,17 +84,11 @@ class ClusterStatus(NamedTuple):
 
 def _allocate_ports(base_port: int | None, count: int) -> Iterator[int]:
     if base_port is None:
-        # Bound together so that the kernel does not hand the same port out twice.
-        sockets = []
-        try:
-            for _ in range(count):
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                sockets.append(sock)
-                sock.bind((HOST, 0))
-            ports = [s.getsockname()[1] for s in sockets]
-        finally:
-            for sock in sockets:
-                sock.close()
+        ports: list[int] = []
+        while len(ports) < count:
+            port = free_port()
+            if port not in ports:  # picked at random: the same one twice is possible
+                ports.append(port)
         yield from ports
         return
     if not (is_port(base_port) and is_port(base_port + count - 1)):

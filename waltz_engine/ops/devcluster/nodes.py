@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -50,6 +51,13 @@ LOG_TAIL_LINES = 20
 SERVER_STORAGE_INITIAL_RETRY_MS = 50
 SERVER_STORAGE_MAX_RETRY_MS = 1_000
 
+# Listening ports are picked at random from [LISTEN_PORTS_FLOOR, the ephemeral range's start)
+# when that holds at least ENOUGH_LISTEN_PORTS (see free_port).
+LISTEN_PORTS_FLOOR = 10_000
+ENOUGH_LISTEN_PORTS = 1_000
+LISTEN_PORT_TRIES = 100
+EPHEMERAL_PORT_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+_port_pick = random.SystemRandom()  # not the seedable module RNG: parallel runs must not agree
 PORTS_PER_STORAGE = 3  # data, admin, http
 PORTS_PER_SERVER = 2  # client, http
 # What each port of a node is, in words (for "port N (storage-0 admin port) is in use").
@@ -75,11 +83,40 @@ class DevClusterError(WaltzError):
 
 
 def free_port() -> int:
-    """A port nothing listens on right now (the kernel picks it)."""
+    """A port nothing listens on right now, below the kernel's ephemeral range when it is known.
+
+    A port that bind(0) picks comes from the ephemeral range, where any process's outgoing
+    connection can take it before the node meant to listen on it starts (seen under load: a
+    storage node exiting with "cannot listen on 127.0.0.1:45129 ('storage.port'): address
+    already in use"). Below that range only listeners take ports.
+    """
+    floor = _ephemeral_floor()
+    if floor is not None and floor - LISTEN_PORTS_FLOOR >= ENOUGH_LISTEN_PORTS:
+        for _ in range(LISTEN_PORT_TRIES):
+            port = _port_pick.randrange(LISTEN_PORTS_FLOOR, floor)
+            if _port_free(port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
+        picked: int = sock.getsockname()[1]
+        return picked
+
+
+def _ephemeral_floor() -> int | None:
+    try:
+        text = Path(EPHEMERAL_PORT_RANGE_FILE).read_text(encoding="ascii")
+        return int(text.split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+        return True
 
 
 def _pid_alive(pid: int, marker: str) -> bool:

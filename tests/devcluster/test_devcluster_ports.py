@@ -1,0 +1,34 @@
+"""Listening ports for local clusters come from below the kernel's ephemeral range, where no
+outgoing connection can take one between the pick and the node's bind."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from waltz_engine.ops.devcluster import cluster, nodes
+
+
+def test_a_free_port_is_below_the_ephemeral_range_and_bindable() -> None:
+    floor = nodes._ephemeral_floor()
+    if floor is None or floor - nodes.LISTEN_PORTS_FLOOR < nodes.ENOUGH_LISTEN_PORTS:
+        pytest.skip("this kernel's ephemeral range leaves no room below it")
+    for _ in range(20):
+        port = nodes.free_port()
+        assert nodes.LISTEN_PORTS_FLOOR <= port < floor
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((nodes.HOST, port))
+
+
+def test_a_cluster_gets_distinct_ports_even_when_the_picks_repeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    picks = iter([20_001, 20_001, 20_002, 20_001, 20_003])
+    monkeypatch.setattr(cluster, "free_port", lambda: next(picks))
+    assert list(cluster._allocate_ports(None, 3)) == [20_001, 20_002, 20_003]
+
+
+def test_without_the_range_the_kernel_picks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nodes, "_ephemeral_floor", lambda: None)
+    port = nodes.free_port()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((nodes.HOST, port))
