@@ -159,7 +159,8 @@ async def watch(spec: WatchSpec, targets: asyncio.Future[dict[int, int]]) -> Wat
     ]
     tasks = [asyncio.create_task(w.run()) for w in watchers]
     try:
-        await asyncio.wait_for(asyncio.gather(*(w.mounted for w in watchers)), MOUNT_TIMEOUT_S)
+        async with asyncio.timeout(MOUNT_TIMEOUT_S):
+            await asyncio.gather(*(w.mounted for w in watchers))
         print(READY_LINE, flush=True)
         ready_cpu_s = time.process_time()
         wanted = await targets
@@ -239,7 +240,8 @@ class WatcherProcess:
             assert process.stdin is not None and process.stdout is not None
             process.stdin.write(spec.to_json().encode() + b"\n")
             await process.stdin.drain()
-            line = await asyncio.wait_for(process.stdout.readline(), MOUNT_TIMEOUT_S * 2)
+            async with asyncio.timeout(MOUNT_TIMEOUT_S * 2):
+                line = await process.stdout.readline()
             if line.decode().strip() != READY_LINE:
                 raise BenchError(f"the feed watchers did not mount (exit {await process.wait()})")
         except BaseException:
@@ -253,7 +255,8 @@ class WatcherProcess:
         assert process.stdin is not None and process.stdout is not None
         process.stdin.write(json.dumps(high_water_marks).encode() + b"\n")
         await process.stdin.drain()
-        line = await asyncio.wait_for(process.stdout.readline(), CATCH_UP_TIMEOUT_S * 2)
+        async with asyncio.timeout(CATCH_UP_TIMEOUT_S * 2):
+            line = await process.stdout.readline()
         if await process.wait() != 0 or not line:
             raise BenchError(f"the feed watchers failed (exit {process.returncode}; their error is above)")
         raw = json.loads(line)

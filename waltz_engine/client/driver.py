@@ -129,7 +129,8 @@ async def open_framed_channel(
             raise
 
     try:
-        conn = await asyncio.wait_for(go(), CONNECT_TIMEOUT_MS / 1000)
+        async with asyncio.timeout(CONNECT_TIMEOUT_MS / 1000):
+            conn = await go()
     except TimeoutError:
         raise ConnectionClosedError(f"no answer from {host}:{port} within {CONNECT_TIMEOUT_MS} ms") from None
     except (OSError, ssl.SSLError, ConnectionClosedError, asyncio.IncompleteReadError) as e:

@@ -207,7 +207,8 @@ class Partition:
                     f"partition {self.partition_id} was not mounted within {timeout_ms} ms ({where})"
                 )
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await self._changed.wait()
         if self.state is PartitionState.CLOSED:
             raise ClientClosedError()
 

@@ -313,7 +313,10 @@ class RpcClient(BaseClient):
     async def _await(self, future: asyncio.Future[R], deadline: float, what: str) -> R:
         remaining = deadline - asyncio.get_running_loop().time()
         try:
-            return await asyncio.wait_for(asyncio.shield(future), max(remaining, 0))
+            # The shield keeps the shared future for its other waiters; 0 s left still takes a
+            # future already done, as wait_for did.
+            async with asyncio.timeout(max(remaining, 0)):
+                return await asyncio.shield(future)
         except TimeoutError:
             error = ClientTimeoutError(
                 f"no answer for {what} within {self.rpc_timeout_ms} ms" + self._why_no_answer(future)

@@ -55,7 +55,8 @@ class TransactionFuture(asyncio.Future[bool]):
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._flush_waiters.append(waiter)
         try:
-            await asyncio.wait_for(asyncio.shield(waiter), timeout_ms / 1000)
+            async with asyncio.timeout(timeout_ms / 1000):
+                await asyncio.shield(waiter)
         except TimeoutError:
             return False
         finally:
@@ -147,7 +148,8 @@ class TransactionMonitor:
             if self._space is None:
                 self._space = asyncio.Event()
             try:
-                await asyncio.wait_for(self._space.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await self._space.wait()
             except TimeoutError:
                 continue
         future = TransactionFuture(req_id, context)

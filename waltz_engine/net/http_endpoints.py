@@ -85,7 +85,8 @@ class HttpEndpoints:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_READ_TIMEOUT_S)
+            async with asyncio.timeout(REQUEST_READ_TIMEOUT_S):
+                head = await reader.readuntil(b"\r\n\r\n")
             parts = head.split(b"\r\n", 1)[0].decode("latin-1").split()
             if len(parts) != 3 or not parts[2].startswith("HTTP/"):
                 status, ctype, body = 400, "text/plain", b"bad request\n"

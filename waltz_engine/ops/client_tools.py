@@ -302,7 +302,8 @@ async def _next_tailed(
     queue: asyncio.Queue[TailedTransaction], timeout_ms: int | None, last: dict[int, int], waiting: set[int]
 ) -> TailedTransaction:
     try:
-        return await asyncio.wait_for(queue.get(), None if timeout_ms is None else timeout_ms / MS_PER_S)
+        async with asyncio.timeout(None if timeout_ms is None else timeout_ms / MS_PER_S):
+            return await queue.get()
     except TimeoutError:
         behind = ", ".join(f"partition {p} after {last[p]}" for p in sorted(waiting))
         raise ClientToolError(
@@ -402,12 +403,14 @@ async def append(
                 _retrieved(context.result)
                 raise
             try:
-                yield await asyncio.wait_for(context.result, RESULT_TIMEOUT_FACTOR * timeout_ms / MS_PER_S)
+                async with asyncio.timeout(RESULT_TIMEOUT_FACTOR * timeout_ms / MS_PER_S):
+                    transaction_id = await context.result
             except TimeoutError:
                 raise ClientToolError(
                     f"partition {partition_id}: append not decided within "
                     f"{RESULT_TIMEOUT_FACTOR * timeout_ms} ms"
                 ) from None
+            yield transaction_id  # outside the timeout: the consumer's time is not ours
     finally:
         await client.close()
 
@@ -478,9 +481,8 @@ async def produce(
             pending.append(done)
         bound_s = RESULT_TIMEOUT_FACTOR * timeout_ms / MS_PER_S
         try:
-            await asyncio.wait_for(
-                asyncio.gather(*pending), bound_s + len(pending) * spec.interval_ms / MS_PER_S
-            )
+            async with asyncio.timeout(bound_s + len(pending) * spec.interval_ms / MS_PER_S):
+                await asyncio.gather(*pending)
         except TimeoutError:
             raise ValidationError("producer: transactions not committed in time") from None
         if callbacks.errors:
@@ -527,7 +529,8 @@ async def consume(
         while callbacks.consumed < num_transactions:
             callbacks.progress.clear()
             try:
-                await asyncio.wait_for(callbacks.progress.wait(), idle_timeout_ms / MS_PER_S)
+                async with asyncio.timeout(idle_timeout_ms / MS_PER_S):
+                    await callbacks.progress.wait()
             except TimeoutError:
                 raise ValidationError(
                     f"consumer: {callbacks.consumed} of {num_transactions} transactions arrived; "

@@ -164,7 +164,8 @@ class ServerRpcClient:
             try:
                 conn.send_frame(frame)
                 await conn.drain()
-                return await asyncio.wait_for(self._answer(conn, expected), self.timeout_ms / 1000)
+                async with asyncio.timeout(self.timeout_ms / 1000):
+                    return await self._answer(conn, expected)
             except TimeoutError:
                 # A late answer would be taken for the next request's: drop the connection.
                 await self.close()

@@ -89,7 +89,8 @@ class ClientProcess:
         """``exit``, then wait (bounded; killed after that) for the process and its last line."""
         await self.send(workload.EXIT)
         try:
-            await asyncio.wait_for(self.process.wait(), EXIT_TIMEOUT_S)
+            async with asyncio.timeout(EXIT_TIMEOUT_S):
+                await self.process.wait()
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 self.process.kill()

@@ -82,13 +82,13 @@ async def forge_frames(
 async def _send_garbage(host: str, port: int, ssl_context: ssl.SSLContext, garbage: bytes) -> None:
     """Random bytes after the TLS handshake; the node closes the connection (or times us out)."""
     with contextlib.suppress(OSError, TimeoutError, ssl.SSLError):
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port, ssl=ssl_context), CONNECT_TIMEOUT_MS / 1000
-        )
+        async with asyncio.timeout(CONNECT_TIMEOUT_MS / 1000):
+            reader, writer = await asyncio.open_connection(host, port, ssl=ssl_context)
         try:
             writer.write(garbage)
             await writer.drain()
-            await asyncio.wait_for(reader.read(), FUZZ_READ_TIMEOUT_S)
+            async with asyncio.timeout(FUZZ_READ_TIMEOUT_S):
+                await reader.read()
         finally:
             writer.close()
             with contextlib.suppress(OSError, ssl.SSLError):
@@ -101,7 +101,8 @@ async def idle_flood(host: str, port: int) -> int:
 
     async def one() -> None:
         with contextlib.suppress(OSError, TimeoutError):
-            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), CONNECT_TIMEOUT_MS / 1000)
+            async with asyncio.timeout(CONNECT_TIMEOUT_MS / 1000):
+                _, writer = await asyncio.open_connection(host, port)
             writers.append(writer)
 
     try:

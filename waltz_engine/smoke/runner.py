@@ -354,9 +354,8 @@ class SmokeRun:
         await self.on_nodes(lambda: self.cluster.up(CLUSTER_UP_TIMEOUT_MS))
         started = time.monotonic()
         timeout_s = max(REREAD_MIN_TIMEOUT_S, self.report.committed / REREAD_TXNS_PER_S)
-        records, marks = await asyncio.wait_for(
-            reread_all(self._client_config(), self.options.partitions), timeout_s
-        )
+        async with asyncio.timeout(timeout_s):
+            records, marks = await reread_all(self._client_config(), self.options.partitions)
         self.report.verify_elapsed_s = time.monotonic() - started
         self.report.high_water_marks = marks
         self._record(checks.check_reread(self.committed, records, marks))

@@ -254,7 +254,8 @@ class ClusterWatcher:
                     return self._state
                 await changed.wait()
 
-        return await asyncio.wait_for(satisfied(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            return await satisfied()
 
     async def forced_assign(self, partition_id: int, server_id: int) -> bool:
         return await asyncio.to_thread(force_assign, self._client, self._paths.root, partition_id, server_id)

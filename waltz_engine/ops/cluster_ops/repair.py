@@ -168,7 +168,8 @@ async def recover_partition(
         partition = store.partition(partition_id)
         await partition.set_generation(generation)
         try:
-            await asyncio.wait_for(partition.ensure_open(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await partition.ensure_open()
         except TimeoutError:
             raise ClusterOpsError(
                 f"Recovery of partition {partition_id} did not finish within {timeout_s:g} s "

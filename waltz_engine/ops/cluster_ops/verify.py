@@ -152,9 +152,8 @@ async def _storage_statuses(
         address = HostPort(host, admin_port)
         try:
             async with admin_ops.admin_client(context, address) as admin:
-                return storage, await asyncio.wait_for(
-                    admin.assigned_partition_status(), context.timeout_ms / 1000
-                )
+                async with asyncio.timeout(context.timeout_ms / 1000):
+                    return storage, await admin.assigned_partition_status()
         except (StorageAdminError, TimeoutError, WaltzError, OSError) as e:
             return storage, str(e) or f"no answer from {address} within {context.timeout_ms} ms"
 

@@ -125,7 +125,8 @@ async def data_client(
 async def _close(client: StorageAdminClient | StorageClient) -> None:
     # Closing must not hide the error that got us here, nor hang on a dead peer.
     with contextlib.suppress(Exception):
-        await asyncio.wait_for(client.close(), DEFAULT_TIMEOUT_MS / 1000)
+        async with asyncio.timeout(DEFAULT_TIMEOUT_MS / 1000):
+            await client.close()
 
 
 # --- list ----------------------------------------------------------------------------------------

@@ -303,7 +303,8 @@ class StorageNode:
             await server.end_connections(STOP_CONNECTIONS_TIMEOUT_S)
         for server in self._servers:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(server.wait_closed(), STOP_CONNECTIONS_TIMEOUT_S)
+                async with asyncio.timeout(STOP_CONNECTIONS_TIMEOUT_S):
+                    await server.wait_closed()
         for worker in self.workers.values():
             await worker.stop()
         if self._http is not None:
