@@ -220,7 +220,8 @@ class WaltzStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return latest
 
     def partitions(self, start: StreamOffset, end: StreamOffset) -> Sequence[InputPartition]:
-        # The end offsets were committed when latestOffset found them: they are the bounds.
+        # The end offsets were committed when latestOffset found them: they are the bounds, which
+        # plan caps at the committed mark of now (a checkpoint's may predate a roll-back).
         wanted = {int(k): last for k, last in end.items() if last >= start.get(k, NO_TRANSACTION) + 1}
         if not wanted:
             return []
