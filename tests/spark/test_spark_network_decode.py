@@ -30,7 +30,8 @@ def _payload(records: list[Record]) -> memoryview:
     return memoryview(bytes(out))
 
 
-@pytest.mark.parametrize("sizes", [[100] * 50, [0, 5, 300, 1, 0, 64], [0] * 3, [17]])
+# [20, 10, 30]: mixed sizes whose total is the first record's size times the count.
+@pytest.mark.parametrize("sizes", [[100] * 50, [0, 5, 300, 1, 0, 64], [0] * 3, [17], [20, 10, 30]])
 def test_the_batch_is_what_one_record_each_gives(sizes: list[int]) -> None:
     records = _records(40, sizes)
     batch, count = decode_batch(_payload(records), 40, PARTITION)
