@@ -19,7 +19,7 @@ from waltz_engine.common.crc import crc32
 from waltz_engine.common.record import Record
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
-from waltz_engine.disk.record_columns import disk_to_wire, unshift_crcs
+from waltz_engine.disk.record_columns import LINEAR_CHECK_MIN_RECORDS, disk_to_wire, unshift_crcs
 from waltz_engine.disk.record_format import (
     INDEX_ENTRY,
     INDEX_ENTRY_SIZE_BYTES,
@@ -193,9 +193,10 @@ def test_damaged_records_answer_as_the_exact_reader(tmp_path: Path, damage: str)
         manager.close()
 
 
+@pytest.mark.parametrize("count", [20, LINEAR_CHECK_MIN_RECORDS])  # data checks: 2 passes, linearity
 @pytest.mark.parametrize("one_size", [None, 0, 100])
-def test_disk_to_wire_refuses_what_does_not_check_out(one_size: int | None) -> None:
-    records = _random_records(random.Random(3), 20, one_size=one_size)
+def test_disk_to_wire_refuses_what_does_not_check_out(one_size: int | None, count: int) -> None:
+    records = _random_records(random.Random(3), count, one_size=one_size)
     data, index = encode_records(records, 0)
     offsets = np.append(np.frombuffer(index, dtype=">i8").astype(np.int64), len(data))
     wire = disk_to_wire(data, offsets, 0)

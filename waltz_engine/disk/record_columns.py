@@ -54,6 +54,10 @@ _FIELD = np.arange(CRC_SIZE_BYTES, dtype=np.int64)
 CRC_BITS = 32
 # Record data sizes whose CRC tables (8 KiB each) are kept (:func:`_unshift_tables`).
 UNSHIFT_TABLES_CACHED = 64
+# Records of one size in a run from which their data checksums are checked by linearity
+# (:func:`_data_checksums_ok`): a size's tables cost 33 CRC passes over that much data, paid
+# back many times over from this many records on, even when every run has a new size.
+LINEAR_CHECK_MIN_RECORDS = 256
 
 
 def chunk_crcs_match(buf: bytes | memoryview, record_offsets: np.ndarray, stored_crcs: np.ndarray) -> bool:
@@ -179,11 +183,25 @@ def disk_to_wire(buf: bytes, record_offsets: np.ndarray, first_txid: int) -> np.
         and np.array_equal(lengths, sizes - RECORD_OVERHEAD_BYTES)
     ):
         return None
-    if matrix is not None:
+    if matrix is not None and n >= LINEAR_CHECK_MIN_RECORDS:
         if not zeroed_crcs_ok(matrix.copy(), crcs):
             return None
         if not _data_checksums_ok(matrix, crcs, checksums, size - RECORD_OVERHEAD_BYTES):
             return None
+    else:
+        work = disk.copy()
+        crc_starts = record_offsets[1:] - CRC_SIZE_BYTES
+        if not _zeroed_crc_ok(work, crc_starts, crcs):
+            return None
+        # The data checks, in the same copy: each record's prefix zeroed and followed by the
+        # bytes that reset the register, its CRC's place given its data checksum (masked).
+        work[_columns(starts, 0, SHARED_PREFIX_BYTES)] = 0
+        work[_columns(starts, SHARED_PREFIX_BYTES, RECORD_HEADER_SIZE_BYTES)] = np.tile(
+            np.frombuffer(_REGISTER_RESET, np.uint8), n
+        )
+        if not _zeroed_crc_ok(work, crc_starts, checksums.astype(np.uint32)):
+            return None
+    if matrix is not None:
         wire = np.empty((n, size - WIRE_SAVING_BYTES), dtype=np.uint8)
         data_end = size - CRC_SIZE_BYTES  # in the disk layout; on the wire the checksum ends there
         wire_data_end = data_end - CRC_SIZE_BYTES
@@ -191,18 +209,6 @@ def disk_to_wire(buf: bytes, record_offsets: np.ndarray, first_txid: int) -> np.
         wire[:, SHARED_PREFIX_BYTES:wire_data_end] = matrix[:, RECORD_HEADER_SIZE_BYTES:data_end]
         wire[:, wire_data_end:] = matrix[:, SHARED_PREFIX_BYTES:RECORD_HEADER_SIZE_BYTES]
         return wire.ravel()
-    work = disk.copy()
-    crc_starts = record_offsets[1:] - CRC_SIZE_BYTES
-    if not _zeroed_crc_ok(work, crc_starts, crcs):
-        return None
-    # The data checks, in the same copy: each record's prefix zeroed and followed by the bytes
-    # that reset the register, its CRC's place given its data checksum (zeroing-masked).
-    work[_columns(starts, 0, SHARED_PREFIX_BYTES)] = 0
-    work[_columns(starts, SHARED_PREFIX_BYTES, RECORD_HEADER_SIZE_BYTES)] = np.tile(
-        np.frombuffer(_REGISTER_RESET, np.uint8), n
-    )
-    if not _zeroed_crc_ok(work, crc_starts, checksums.astype(np.uint32)):
-        return None
     # Each checksum copied over its record's CRC, then the checksum's own place dropped.
     moved = disk.copy()
     checksum_places = _columns(starts, SHARED_PREFIX_BYTES, RECORD_HEADER_SIZE_BYTES)
