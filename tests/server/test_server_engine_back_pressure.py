@@ -28,8 +28,6 @@ FEED_DATA_FRAME_BYTES = 36
 NUM_HISTORY = 120_000  # far more FeedData bytes than the socket and stream buffers can hold
 
 
-
-
 def test_a_client_that_does_not_read_its_feed_parks_it_with_a_bounded_buffer() -> None:
     async def test(h: Harness) -> None:
         store_partition = h.store.partition(0)

@@ -19,8 +19,6 @@ NUM_STORM_CLIENTS = 20
 NUM_HISTORY = 300
 
 
-
-
 async def mounted(h: Harness, client_id: int) -> TestClient:
     client = await h.client()
     await client.send(MountRequest(req(client_id, 0), -1, 1))

@@ -106,6 +106,7 @@ def test_a_rotten_record_is_read_from_another_replica_and_never_served(
             last += 1
             asyncio.run(append(last, 1))
             asyncio.run(_wait_max_transaction_id(node, storage_context, last))
+
         async def read_through_client() -> list[object]:
             callbacks = MockCallbacks(fetch_data=True)
             async with WaltzClient(callbacks, waltz_client_config(cluster)) as client:

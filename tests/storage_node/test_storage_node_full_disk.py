@@ -45,8 +45,6 @@ def _tmpfs(mount_point: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
-
-
 def _fill(directory: Path) -> Path:
     """A file taking all but HEADROOM_BYTES of the file system."""
     stat = os.statvfs(directory)
