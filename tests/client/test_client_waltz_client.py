@@ -14,7 +14,12 @@ from waltz_engine.client import (
     MockDriver,
     MockServerPartition,
     PartitionInactiveError,
+    TransactionBuilder,
 )
+
+# Each flush decides at least one round of retries; three conflicting appends need a few.
+MAX_FLUSH_ROUNDS = 1_000
+SLOW_RETRY_S = 0.05
 
 
 def test_concurrency_control_single_write_lock() -> None:
@@ -105,6 +110,48 @@ def test_retry() -> None:
             # All four took the same lock at the same high-water mark: three at least were re-executed.
             assert sum(c.exec_count for c in contexts) > 7
             assert all(c.events.count("lock_failure") == c.exec_count - 1 for c in contexts)
+        finally:
+            await c1.close()
+            await c2.close()
+
+    run(go)
+
+
+class _SlowRetry(MockContext):
+    """Re-executes only after a timer: the retry worker is busy while other retries queue."""
+
+    async def execute(self, builder: TransactionBuilder) -> bool:  # type: ignore[override]
+        if self.exec_count:
+            await asyncio.sleep(SLOW_RETRY_S)
+        return super().execute(builder)
+
+
+def test_flushing_until_nothing_is_pending_waits_for_the_retries() -> None:
+    """``while has_pending_transactions(): await flush()`` ends once every retry was sent again
+    and decided. It used to spin without ever yielding while retries waited in the queue behind
+    a busy retry worker: the worker never ran again, the loop never ended (a smoke run's "the
+    clients did not flush within 180 s", with one client at 100 % CPU)."""
+
+    async def go() -> None:
+        d1, d2, c1, c2 = await two_clients(MockServerPartition.create(1))
+        try:
+            d1.suspend_feed()
+            d2.suspend_feed()
+            contexts = [_SlowRetry(f"transaction{i}", write_locks=[10], retry=True) for i in range(3)]
+            for context in contexts:
+                await c1.submit(context)
+            d1.resume_feed()
+            d2.resume_feed()
+            for _ in range(MAX_FLUSH_ROUNDS):  # a spin never yields: bounded rounds, not a timeout
+                if not c1.has_pending_transactions():
+                    break
+                await c1.flush()
+            else:
+                pytest.fail(f"still pending after {MAX_FLUSH_ROUNDS} flushes")
+            # Nothing pending means decided: every one committed, none still in flight.
+            assert all(c.future.done() for c in contexts)
+            assert await outcomes(*contexts) == [True] * 3
+            assert sum(c.exec_count for c in contexts) >= 5  # two lost the lock, at least once each
         finally:
             await c1.close()
             await c2.close()

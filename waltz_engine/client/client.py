@@ -73,6 +73,7 @@ class WaltzClient:
         self._early_endpoints: dict[Endpoint, list[PartitionInfo]] | None = None
         self._early_removed: list[Endpoint] = []
         self._retry_queue: asyncio.Queue[TransactionContext] = asyncio.Queue()
+        self._retrying = 0  # contexts a retry worker took from the queue and is sending again
         self._tasks: list[asyncio.Task[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
@@ -157,6 +158,7 @@ class WaltzClient:
                 await task
         while not self._retry_queue.empty():
             call_hook(self._retry_queue.get_nowait().on_exception, ClientClosedError())
+            self._retry_queue.task_done()
         if self._stream is not None:
             await self._stream.close()
         if self._rpc is not None:
@@ -239,8 +241,14 @@ class WaltzClient:
     async def _retry_worker(self) -> None:
         while True:
             context = await self._retry_queue.get()
-            with contextlib.suppress(WaltzError):
-                await self.submit(context)  # failures were reported through on_exception
+            # Out of the queue but not registered again yet: still pending (flush waits for it).
+            self._retrying += 1
+            try:
+                with contextlib.suppress(WaltzError):
+                    await self.submit(context)  # failures were reported through on_exception
+            finally:
+                self._retrying -= 1
+                self._retry_queue.task_done()
 
     async def _nudge(self) -> None:
         interval_s = self.config.long_wait_threshold_ms / 1000
@@ -250,8 +258,21 @@ class WaltzClient:
             stream.nudge_waiting_transactions(self.config.long_wait_threshold_ms)
 
     async def flush(self) -> None:
-        """Wait until every append sent so far is decided (committed or failed)."""
+        """Wait until every append sent so far is decided (committed or failed).
+
+        Appends that failed and wait to be retried are sent again first: they are pending as
+        much as the sent ones, and ``while client.has_pending_transactions(): await
+        client.flush()`` must wait for them, not spin past them (starving the retry workers).
+        """
         stream = self._stream_client()
+        if self._retry_queue.qsize() or self._retrying:
+            try:
+                async with asyncio.timeout(self.config.flush_timeout_ms / 1000):
+                    await self._retry_queue.join()
+            except TimeoutError:
+                raise ClientTimeoutError(
+                    f"failed appends were not sent again within {self.config.flush_timeout_ms} ms"
+                ) from None
         waits = []
         for partition in stream.partitions.values():
             if partition.is_active and partition.monitor.last_enqueued() is not None:
@@ -268,7 +289,9 @@ class WaltzClient:
     flush_transactions = flush
 
     def has_pending_transactions(self) -> bool:
-        return self._stream_client().has_pending_transactions or not self._retry_queue.empty()
+        return self._stream_client().has_pending_transactions or bool(
+            self._retry_queue.qsize() or self._retrying
+        )
 
     async def high_water_mark(self, partition_id: int) -> int:
         """The server's high-water mark of ``partition_id`` (RPC)."""
