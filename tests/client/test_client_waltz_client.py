@@ -159,6 +159,46 @@ def test_flushing_until_nothing_is_pending_waits_for_the_retries() -> None:
     run(go)
 
 
+class _RaisingRetry(MockContext):
+    """Its application raises when it is executed again (a retry)."""
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        if self.exec_count:
+            self.exec_count += 1
+            raise RuntimeError("the application failed (injected)")
+        return super().execute(builder)
+
+
+def test_a_retry_whose_execute_raises_does_not_stop_the_retries() -> None:
+    """An application's error in a retried execute is reported to that append (on_exception) and
+    the retry worker goes on: it used to end the worker (only WaltzError was caught), so every
+    later retry waited in the queue forever and flush timed out."""
+
+    async def go() -> None:
+        d1, d2, c1, c2 = await two_clients(MockServerPartition.create(1))
+        try:
+            d1.suspend_feed()
+            d2.suspend_feed()
+            winner = MockContext("winner", write_locks=[10])
+            raising = _RaisingRetry("raising", write_locks=[10])
+            later = MockContext("later", write_locks=[10])
+            for context in (winner, raising, later):
+                await c1.submit(context)
+            d1.resume_feed()
+            d2.resume_feed()
+            assert await winner.result() is True
+            with pytest.raises(RuntimeError):
+                await raising.result()
+            assert await later.result() is True
+            await c1.flush()
+            assert not c1.has_pending_transactions()
+        finally:
+            await c1.close()
+            await c2.close()
+
+    run(go)
+
+
 def test_catch_up() -> None:
     num_transactions = 2000
 

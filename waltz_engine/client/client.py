@@ -244,8 +244,10 @@ class WaltzClient:
             # Out of the queue but not registered again yet: still pending (flush waits for it).
             self._retrying += 1
             try:
-                with contextlib.suppress(WaltzError):
-                    await self.submit(context)  # failures were reported through on_exception
+                # Failures were reported through on_exception, the application's own errors
+                # too: none may end the worker (the retries after it would wait forever).
+                with contextlib.suppress(Exception):
+                    await self.submit(context)
             finally:
                 self._retrying -= 1
                 self._retry_queue.task_done()
