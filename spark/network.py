@@ -78,6 +78,9 @@ def decode_batch(payload: memoryview, first: int, partition_id: int) -> tuple[pa
     if count == 0:
         return _empty(), 0
     body = payload[COUNT_BYTES:]
+    if count > len(body) // WIRE_OVERHEAD_BYTES:
+        # Before sizing anything by it: a forged count would size the offsets (8 bytes a record).
+        raise BadRecordsError(f"{count} records cannot fit in {len(body)} bytes")
     offsets = _record_offsets(body, count)
     stride = int(offsets[1])
     if bool((np.diff(offsets) == stride).all()):  # records of one size (the usual case): a matrix

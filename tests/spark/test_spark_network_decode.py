@@ -3,6 +3,9 @@ original's record encoding: same rows as one Record each, and bad answers refuse
 
 from __future__ import annotations
 
+import struct
+import tracemalloc
+
 import pytest
 
 from spark.network import decode_batch, records_batch
@@ -13,6 +16,8 @@ from waltz_engine.storage.network_reader import BadRecordsError, decode_records
 from waltz_engine.wire.primitives import write_records
 
 PARTITION = 3
+# What decoding a refused answer of a few bytes may allocate at most.
+REFUSAL_MAX_BYTES = 1 << 20
 
 
 def _records(first: int, sizes: list[int]) -> list[Record]:
@@ -68,3 +73,18 @@ def test_a_cut_answer_is_refused() -> None:
     raw = bytes(_payload(_records(0, [10, 20, 30])))
     with pytest.raises(BadRecordsError):
         decode_batch(memoryview(raw[:-3]), 0, PARTITION)
+
+
+@pytest.mark.parametrize("body_bytes", [0, 10, 100])
+def test_a_forged_count_is_refused_before_it_sizes_anything(body_bytes: int) -> None:
+    """A count no answer of that size can hold (a hostile or broken node) is refused from the
+    answer's size: it sized an array of offsets first (16 GiB for 2^31 - 1 records)."""
+    forged = memoryview(struct.pack(">i", 2**31 - 1) + bytes(body_bytes))
+    tracemalloc.start()
+    try:
+        with pytest.raises(BadRecordsError):
+            decode_batch(forged, 0, PARTITION)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < REFUSAL_MAX_BYTES
