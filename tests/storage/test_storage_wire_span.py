@@ -26,7 +26,7 @@ from waltz_engine.disk.record_format import (
     RECORD_HEADER_SIZE_BYTES,
     encode_records,
 )
-from waltz_engine.storage import StorageManager
+from waltz_engine.storage import StorageManager, wire_span
 from waltz_engine.storage.segment import CorruptRecordError, Segment
 from waltz_engine.wire.admin_messages import (
     ADMIN_CODEC,
@@ -224,3 +224,31 @@ def test_unshift_crcs_undoes_appending_the_data(data_bytes: int) -> None:
     alone = np.array([zlib.crc32(d) for d in data], dtype=np.uint32)
     expected = np.array([zlib.crc32(h) for h in heads], dtype=np.uint32)
     assert np.array_equal(unshift_crcs(data_bytes, whole ^ alone), expected)
+
+
+@pytest.mark.parametrize("data_bytes", [100, 700])  # 700: each record larger than a (shrunk) chunk
+def test_an_answer_stops_at_its_byte_budget_however_many_records_are_asked_for(
+    tmp_path: Path, data_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A peer asking for 2^31 - 1 records gets a short answer bounded by the byte budget (plus
+    one chunk), not the whole partition read into memory; asking on from there gets the rest."""
+    monkeypatch.setattr(wire_span, "CHUNK_BYTES", 512)
+    records = _random_records(random.Random(data_bytes), RECORD_COUNT, one_size=data_bytes)
+    manager = _store(tmp_path, records)
+    budget = 3_000
+    try:
+        partition = manager.partition(0)
+        answers = []
+        txid = 0
+        while txid < RECORD_COUNT:
+            answer = partition.records_wire(txid, 2**31 - 1, max_bytes=budget)
+            size = sum(memoryview(chunk).nbytes for chunk in answer.chunks)
+            assert answer.num_records > 0 and size < budget + 512 + data_bytes + 100, (txid, size)
+            answers.append(answer.payload()[4:])
+            txid += answer.num_records
+        assert len(answers) > 10  # many short answers, not one
+        whole = bytearray()
+        write_records(whole, partition.records(0, RECORD_COUNT))
+        assert b"".join(answers) == bytes(whole[4:])
+    finally:
+        manager.close()

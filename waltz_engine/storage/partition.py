@@ -42,7 +42,7 @@ from waltz_engine.storage.segment import (
     first_transaction_id_of,
 )
 from waltz_engine.storage.segment_finder import find_segment
-from waltz_engine.storage.wire_span import WireRecords, encode_wire_records
+from waltz_engine.storage.wire_span import RECORD_LIST_MAX_BYTES, WireRecords, encode_wire_records
 from waltz_engine.wire.primitives import Buffer
 from waltz_engine.zk.retention import BelowRetainedStartError, removable_head_segments
 
@@ -292,33 +292,48 @@ class Partition:
                     break  # a short answer; the next read, starting at the bad record, fails
         return result
 
-    def records_wire(self, transaction_id: int, max_records: int) -> WireRecords:
+    def records_wire(
+        self, transaction_id: int, max_records: int, max_bytes: int = RECORD_LIST_MAX_BYTES
+    ) -> WireRecords:
         """:meth:`records` as the bytes of a RECORD_LIST answer's record list, the same bytes:
-        read by columns from the segments, and record by record only from where that stops
-        (a damaged record, which the exact reader serves up to or refuses, as in :meth:`records`)."""
+        read by columns from the segments, and record by record only where that stops (a
+        damaged record, which the exact reader serves up to or refuses, as in :meth:`records`;
+        a record larger than a chunk). Short once ``max_bytes`` of records are read: the asker
+        goes on from there, as at the log's end."""
         chunks: list[Buffer] = []
         count = 0
+        wire_bytes = 0
         with self._lock:
             self._check_open()
             self._check_retained(transaction_id)
-            while count < max_records:
+            while count < max_records and wire_bytes < max_bytes:
                 segment = self._segment_for_read(transaction_id + count)
                 if segment is None:
                     break
-                fast = segment.read_wire(transaction_id + count, max_records - count)
+                fast = segment.read_wire(transaction_id + count, max_records - count, max_bytes - wire_bytes)
                 chunks += fast.chunks
                 count += fast.num_records
+                wire_bytes += sum(memoryview(chunk).nbytes for chunk in fast.chunks)
                 next_txid = transaction_id + count
-                if count == max_records or next_txid == segment.next_transaction_id:
+                if (
+                    count == max_records
+                    or wire_bytes >= max_bytes
+                    or next_txid == segment.next_transaction_id
+                ):
                     continue
                 try:
-                    exact = segment.read_records(next_txid, max_records - count)
+                    # One record: the columns take over again from the next one.
+                    exact = segment.read_records(next_txid, 1)
                 except CorruptRecordError as e:
                     if not count:
                         self._refuse(segment, e)
                     break  # a short answer; the next read, starting at the bad record, fails
-                chunks.append(encode_wire_records(exact))
+                if not exact:
+                    break
+                encoded = encode_wire_records(exact)
+                chunks.append(encoded)
                 count += len(exact)
+                wire_bytes += len(encoded)
         return WireRecords(count, chunks)
 
     def record_headers(self, transaction_id: int, max_records: int) -> list[RecordHeader]:

@@ -507,9 +507,10 @@ class Segment:
     def read_records(self, transaction_id: int, max_records: int) -> list[Record]:
         return [r.record for r in self._read_span(transaction_id, max_records)]
 
-    def read_wire(self, transaction_id: int, max_records: int) -> WireRecords:
+    def read_wire(self, transaction_id: int, max_records: int, max_bytes: int) -> WireRecords:
         """The records as a record list carries them, as far as they check out by columns
-        (``wire_span``); where that stops, :meth:`read_records` decides."""
+        (``wire_span``) and no chunk starts past ``max_bytes``; where that stops,
+        :meth:`read_records` decides."""
         assert self.files_open and transaction_id >= self.first_transaction_id
         if self.foreign is not None:
             return WireRecords(0, ())
@@ -521,6 +522,7 @@ class Segment:
             self._next_offset,
             transaction_id,
             max_records,
+            max_bytes,
         )
 
     def read_record_headers(self, transaction_id: int, max_records: int) -> list[RecordHeader]:

@@ -27,11 +27,16 @@ from waltz_engine.common.record import Record
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
 from waltz_engine.disk.record_columns import WIRE_SAVING_BYTES, disk_to_wire
 from waltz_engine.disk.record_format import INDEX_ENTRY_SIZE_BYTES, RECORD_OVERHEAD_BYTES
+from waltz_engine.wire.frame import MAX_FRAME_SIZE_BYTES
 from waltz_engine.wire.primitives import Buffer, write_record
 
 # The most data bytes checked and converted at once: large enough that the per-chunk numpy
 # calls cost nothing per record, small enough to bound the node's memory per request.
 CHUNK_BYTES = 8 << 20
+# The records of one RECORD_LIST answer, in bytes: no chunk is read past this, so an answer
+# (this, one more chunk, the frame's head) stays within a frame however many records are asked
+# for (2^31 - 1 would otherwise read a whole partition into memory, then fail the frame check).
+RECORD_LIST_MAX_BYTES = MAX_FRAME_SIZE_BYTES - 2 * CHUNK_BYTES
 # Index entries read at once (8 bytes each).
 INDEX_WINDOW_ENTRIES = 1 << 16
 _COUNT = struct.Struct(">i")
@@ -82,14 +87,17 @@ def read_wire_span(
     data_end: int,
     transaction_id: int,
     max_records: int,
+    max_bytes: int,
 ) -> WireRecords:
     """The records ``transaction_id`` .. of one segment (``next_txid`` its next txid, ``data_end``
-    where its records end), at most ``max_records``, as far as they check out by columns; the
-    count says how far that is (0 when the first does not)."""
+    where its records end), at most ``max_records``, as far as they check out by columns and no
+    chunk is read once ``max_bytes`` of records are; the count says how far that is (0 when the
+    first does not)."""
     count = min(max_records, next_txid - transaction_id)
     chunks: list[Buffer] = []
     done = 0
-    while done < count:
+    wire_bytes = 0
+    while done < count and wire_bytes < max_bytes:
         first = transaction_id + done
         window = min(INDEX_WINDOW_ENTRIES, count - done)
         # One entry more than the window: where its last record ends (the segment's end after
@@ -108,6 +116,8 @@ def read_wire_span(
             break
         start = 0
         while start < window:
+            if wire_bytes >= max_bytes:
+                return WireRecords(done, chunks)  # a short answer: the asker goes on from there
             base = int(offsets[start])
             stop = int(np.searchsorted(offsets, base + CHUNK_BYTES, side="right")) - 1
             stop = min(stop, window)
@@ -118,6 +128,7 @@ def read_wire_span(
             if wire is None:
                 return WireRecords(done, chunks)
             chunks.append(wire.data)
+            wire_bytes += wire.nbytes
             done += stop - start
             start = stop
     return WireRecords(done, chunks)
