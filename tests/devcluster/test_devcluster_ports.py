@@ -32,3 +32,9 @@ def test_without_the_range_the_kernel_picks(monkeypatch: pytest.MonkeyPatch) -> 
     port = nodes.free_port()
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((nodes.HOST, port))
+
+
+def test_picks_that_keep_repeating_end_in_one_line_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cluster, "free_port", lambda: 20_001)
+    with pytest.raises(nodes.DevClusterError, match="free ports of the 3 needed"):
+        list(cluster._allocate_ports(None, 3))

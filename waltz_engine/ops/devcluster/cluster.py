@@ -82,15 +82,21 @@ class ClusterStatus(NamedTuple):
         }
 
 
+# Random picks may repeat; this many per port needed before giving up.
+PORT_PICKS_PER_PORT = 10
+
+
 def _allocate_ports(base_port: int | None, count: int) -> Iterator[int]:
     if base_port is None:
         ports: list[int] = []
-        while len(ports) < count:
+        for _ in range(count * PORT_PICKS_PER_PORT):
             port = free_port()
             if port not in ports:  # picked at random: the same one twice is possible
                 ports.append(port)
-        yield from ports
-        return
+            if len(ports) == count:
+                yield from ports
+                return
+        raise DevClusterError(f"found {len(ports)} free ports of the {count} needed; pass --base-port")
     if not (is_port(base_port) and is_port(base_port + count - 1)):
         raise DevClusterError(f"ports {base_port}..{base_port + count - 1} are not all valid ports")
     yield from range(base_port, base_port + count)
