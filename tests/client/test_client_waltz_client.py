@@ -15,6 +15,7 @@ from waltz_engine.client import (
     MockServerPartition,
     PartitionInactiveError,
     TransactionBuilder,
+    WaltzClient,
 )
 
 # Each flush decides at least one round of retries; three conflicting appends need a few.
@@ -95,17 +96,22 @@ def test_concurrency_control_multiple_locks() -> None:
     run(go)
 
 
+async def _submit_together(contexts: list[MockContext], client: WaltzClient, *drivers: MockDriver) -> None:
+    """Submit every context before any is fed back: they all execute at the same high-water mark."""
+    for driver in drivers:
+        driver.suspend_feed()
+    for context in contexts:
+        await client.submit(context)
+    for driver in drivers:
+        driver.resume_feed()
+
+
 def test_retry() -> None:
     async def go() -> None:
         d1, d2, c1, c2 = await two_clients(MockServerPartition.create(1))
         try:
-            d1.suspend_feed()
-            d2.suspend_feed()
             contexts = [MockContext(f"transaction{i}", write_locks=[10], retry=True) for i in range(4)]
-            for context in contexts:
-                await c1.submit(context)
-            d1.resume_feed()
-            d2.resume_feed()
+            await _submit_together(contexts, c1, d1, d2)
             assert await outcomes(*contexts) == [True] * 4
             # All four took the same lock at the same high-water mark: three at least were re-executed.
             assert sum(c.exec_count for c in contexts) > 7
@@ -135,13 +141,8 @@ def test_flushing_until_nothing_is_pending_waits_for_the_retries() -> None:
     async def go() -> None:
         d1, d2, c1, c2 = await two_clients(MockServerPartition.create(1))
         try:
-            d1.suspend_feed()
-            d2.suspend_feed()
             contexts = [_SlowRetry(f"transaction{i}", write_locks=[10], retry=True) for i in range(3)]
-            for context in contexts:
-                await c1.submit(context)
-            d1.resume_feed()
-            d2.resume_feed()
+            await _submit_together(contexts, c1, d1, d2)
             for _ in range(MAX_FLUSH_ROUNDS):  # a spin never yields: bounded rounds, not a timeout
                 if not c1.has_pending_transactions():
                     break
