@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 
@@ -36,3 +37,12 @@ def open_one_partition(
     if not manager.assigned_partition_ids():
         manager.set_partition_assignment([0], True)
     return manager
+
+
+def overwrite(path: Path, offset: int, data: bytes) -> None:
+    """Write ``data`` at ``offset`` of ``path`` in place (what rot or a forger does to a file)."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.pwrite(fd, data, offset)
+    finally:
+        os.close(fd)

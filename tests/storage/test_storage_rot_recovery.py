@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from storage_support import open_one_partition
+from storage_support import open_one_partition, overwrite
 
 from waltz_engine.common.crc import crc32
 from waltz_engine.common.fileio import pread_upto
@@ -57,14 +57,6 @@ def _path(directory: Path, name: str) -> Path:
     return directory / "0" / name
 
 
-def _pwrite(path: Path, data: bytes, offset: int) -> None:
-    fd = os.open(path, os.O_RDWR)
-    try:
-        os.pwrite(fd, data, offset)
-    finally:
-        os.close(fd)
-
-
 def _index_entry(directory: Path, txid: int) -> int:
     raw = _path(directory, IDX).read_bytes()
     return int(INDEX_ENTRY.unpack_from(raw, HEADER_SIZE_BYTES + INDEX_ENTRY_SIZE_BYTES * txid)[0])
@@ -103,8 +95,8 @@ def test_a_durable_record_is_stepped_over_by_its_own_length_never_into_its_paylo
     _write(tmp_path, records, low_water_mark=14)
     seg, idx = _path(tmp_path, SEG), _path(tmp_path, IDX)
     twelve = _index_entry(tmp_path, 12)
-    _pwrite(seg, b"\xff", twelve + RECORD_OVERHEAD_BYTES - 5)  # the last data byte, after the copy
-    _pwrite(idx, bytes(3 * INDEX_ENTRY_SIZE_BYTES), HEADER_SIZE_BYTES + 12 * INDEX_ENTRY_SIZE_BYTES)
+    overwrite(seg, twelve + RECORD_OVERHEAD_BYTES - 5, b"\xff")  # the last data byte, after the copy
+    overwrite(idx, HEADER_SIZE_BYTES + 12 * INDEX_ENTRY_SIZE_BYTES, bytes(3 * INDEX_ENTRY_SIZE_BYTES))
     with _open(tmp_path) as manager:
         partition = manager.partition(0)
         assert partition.max_transaction_id() == 14
@@ -132,8 +124,8 @@ def test_a_damaged_checkpoint_entry_is_walked_back_to_in_bounded_reads(
     with _open(tmp_path) as manager:
         assert manager.partition(0).max_transaction_id() == 9999
     assert asked == [1]
-    _pwrite(
-        _path(tmp_path, IDX), bytes(INDEX_ENTRY_SIZE_BYTES), HEADER_SIZE_BYTES + 9000 * INDEX_ENTRY_SIZE_BYTES
+    overwrite(
+        _path(tmp_path, IDX), HEADER_SIZE_BYTES + 9000 * INDEX_ENTRY_SIZE_BYTES, bytes(INDEX_ENTRY_SIZE_BYTES)
     )
     asked.clear()
     with _open(tmp_path) as manager:
@@ -152,7 +144,7 @@ def test_a_truncate_never_trusts_a_later_entry_over_the_record_itself(tmp_path: 
     records[7] = _holding(7, fake)
     _write(tmp_path, records, low_water_mark=9)  # the open checks record 9 only: entry 8 stays
     inside = _index_entry(tmp_path, 7) + RECORD_OVERHEAD_BYTES - 4
-    _pwrite(_path(tmp_path, IDX), INDEX_ENTRY.pack(inside), HEADER_SIZE_BYTES + 8 * INDEX_ENTRY_SIZE_BYTES)
+    overwrite(_path(tmp_path, IDX), HEADER_SIZE_BYTES + 8 * INDEX_ENTRY_SIZE_BYTES, INDEX_ENTRY.pack(inside))
     with _open(tmp_path) as manager:
         partition = manager.partition(0)
         assert partition.truncate(7) == 7
@@ -165,7 +157,7 @@ def test_checking_a_record_reads_no_more_than_the_file_holds_in_bounded_chunks(
     records = [_record(t) for t in range(5)]
     _write(tmp_path, records, low_water_mark=4)
     # Record 4's length says almost 2 GiB.
-    _pwrite(_path(tmp_path, SEG), (0x7FFF0000).to_bytes(4, "big"), _index_entry(tmp_path, 4) + 28)
+    overwrite(_path(tmp_path, SEG), _index_entry(tmp_path, 4) + 28, (0x7FFF0000).to_bytes(4, "big"))
     asked: list[int] = []
     real = pread_upto
 

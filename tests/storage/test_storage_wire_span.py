@@ -5,7 +5,6 @@ short answers and "corrupt record" refusals when records are damaged."""
 
 from __future__ import annotations
 
-import os
 import random
 import uuid
 import zlib
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from storage_support import open_one_partition
+from storage_support import open_one_partition, overwrite
 
 from waltz_engine.common.crc import crc32
 from waltz_engine.common.record import Record
@@ -135,31 +134,23 @@ def _segment_of(directory: Path, txid: int) -> tuple[Path, int]:
     return seg, offset
 
 
-def _patch(path: Path, offset: int, new: bytes) -> None:
-    fd = os.open(path, os.O_RDWR)
-    try:
-        os.pwrite(fd, new, offset)
-    finally:
-        os.close(fd)
-
-
 def _flip_data(directory: Path, txid: int) -> None:
     seg, offset = _segment_of(directory, txid)
     at = offset + RECORD_HEADER_SIZE_BYTES
-    _patch(seg, at, bytes([seg.read_bytes()[at] ^ 0x20]))
+    overwrite(seg, at, bytes([seg.read_bytes()[at] ^ 0x20]))
 
 
 def _bad_checksum_good_crc(directory: Path, txid: int, record: Record) -> None:
     """Rewrite the record with a wrong data checksum and a CRC that matches it."""
     seg, offset = _segment_of(directory, txid)
     data, _ = encode_records([record._replace(checksum=record.checksum ^ 1)], offset)
-    _patch(seg, offset, data)
+    overwrite(seg, offset, data)
 
 
 def _index_outside(directory: Path, txid: int) -> None:
     seg, _ = _segment_of(directory, txid)
     first = int(seg.stem)
-    _patch(
+    overwrite(
         seg.with_suffix(".idx"),
         HEADER_SIZE_BYTES + INDEX_ENTRY_SIZE_BYTES * (txid - first),
         INDEX_ENTRY.pack(1 << 40),
