@@ -99,6 +99,20 @@ def local_cluster(
         cluster.down()
 
 
+def module_cluster(*, storages: int, partitions: int) -> Any:
+    """A module's ``cluster`` fixture (``cluster = module_cluster(...)``): one healthy cluster on
+    the session's ZooKeeper, one server, shared by every test of the module."""
+
+    @pytest.fixture(scope="module", name="cluster")
+    def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: str) -> Iterator[LocalCluster]:
+        with local_cluster(
+            tmp_path_factory, storages=storages, servers=1, partitions=partitions, zookeeper=zookeeper
+        ) as c:
+            yield c
+
+    return cluster
+
+
 def waltz_client_config(cluster: LocalCluster, **overrides: Any) -> WaltzClientConfig:
     """The client config of ``cluster`` (its client.yml); ``overrides`` as WaltzClientConfig fields."""
     return WaltzClientConfig.from_config(Config.load(cluster.client_config_path), **overrides)

@@ -9,11 +9,9 @@ import subprocess
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-from cluster_support import local_cluster, run_waltz_cli, waltz_cli_command
+from cluster_support import module_cluster, run_waltz_cli, waltz_cli_command
 from testkit import free_tcp_port
 
 from waltz_engine.ops.devcluster import LocalCluster
@@ -31,10 +29,7 @@ POLL_S = 0.1
 VALIDATE_PARTITION = 0
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: str) -> Iterator[LocalCluster]:
-    with local_cluster(tmp_path_factory, storages=2, servers=1, partitions=4, zookeeper=zookeeper) as c:
-        yield c
+cluster = module_cluster(storages=2, partitions=4)
 
 
 def waltz(cluster: LocalCluster, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:

@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine
 from typing import Any
 
 import pytest
 from client_support.app import STRINGS, MockContext
-from cluster_support import local_cluster, waltz_client_config
+from cluster_support import module_cluster, waltz_client_config
 
 from waltz_engine.client import ClientTimeoutError, Transaction, WaltzClient, WaltzClientCallbacks
 from waltz_engine.net.tcp_proxy import HOST, TcpProxy
@@ -39,12 +39,7 @@ SHORT_TIMEOUT_MS = 1_500
 HANG_BOUND_S = 10 * SHORT_TIMEOUT_MS / 1000
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: str) -> Iterator[LocalCluster]:
-    with local_cluster(
-        tmp_path_factory, storages=3, servers=1, partitions=NUM_PARTITIONS, zookeeper=zookeeper
-    ) as c:
-        yield c
+cluster = module_cluster(storages=3, partitions=NUM_PARTITIONS)
 
 
 def run(test: Coroutine[Any, Any, None]) -> None:

@@ -22,7 +22,7 @@ import pytest
 import yaml
 from cert_support import make_cert
 from client_support.app import MockCallbacks, MockContext
-from cluster_support import local_cluster, waltz_client_config
+from cluster_support import local_cluster, module_cluster, waltz_client_config
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -51,10 +51,7 @@ CONNECT_WINDOW_S = 4.0
 MAX_CONNECTS_IN_WINDOW = 12  # 100 ms doubling to 10 s: about 6 (the old client made 1 a second each)
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: str) -> Iterator[LocalCluster]:
-    with local_cluster(tmp_path_factory, storages=1, servers=1, partitions=1, zookeeper=zookeeper) as c:
-        yield c
+cluster = module_cluster(storages=1, partitions=1)
 
 
 def run(test: Coroutine[Any, Any, None]) -> None:

@@ -8,13 +8,13 @@ order, and how far ahead the client had asked (``RpcClient.prefetch_depth``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine
 from dataclasses import replace
 from typing import Any
 
 import pytest
 from client_support.app import MockCallbacks, MockContext
-from cluster_support import local_cluster, waltz_client_config
+from cluster_support import module_cluster, waltz_client_config
 
 from waltz_engine.client import Transaction, WaltzClient, WaltzClientCallbacks, WaltzClientConfig
 from waltz_engine.ops.devcluster import LocalCluster
@@ -38,12 +38,7 @@ def payload(i: int) -> str:
     return f"{i:08d}".ljust(DATA_SIZE_BYTES, "x")
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: str) -> Iterator[LocalCluster]:
-    with local_cluster(
-        tmp_path_factory, storages=1, servers=1, partitions=NUM_PARTITIONS, zookeeper=zookeeper
-    ) as c:
-        yield c
+cluster = module_cluster(storages=1, partitions=NUM_PARTITIONS)
 
 
 @pytest.fixture(scope="module")

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine
 from contextlib import AsyncExitStack
 from dataclasses import replace
 from typing import Any
 
 import pytest
 from client_support.app import MockCallbacks, MockContext
-from cluster_support import local_cluster, waltz_client_config
+from cluster_support import module_cluster, waltz_client_config
 
 from waltz_engine.client import (
     ClientClosedError,
@@ -54,12 +54,7 @@ SMALL_MAX_CONCURRENT = 2
 SEED = 20_132
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: str) -> Iterator[LocalCluster]:
-    with local_cluster(
-        tmp_path_factory, storages=3, servers=1, partitions=NUM_PARTITIONS, zookeeper=zookeeper
-    ) as c:
-        yield c
+cluster = module_cluster(storages=3, partitions=NUM_PARTITIONS)
 
 
 @pytest.fixture

@@ -10,14 +10,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import closing
 from pathlib import Path
 
-import pytest
 from bank_support import DEPOSIT, WITHDRAW, Bank, stored_high_water_mark
-from cluster_support import local_cluster, run_waltz_cli, waltz_client_config
+from cluster_support import module_cluster, run_waltz_cli, waltz_client_config
 from testkit import REPO_ROOT
 
 from waltz_engine.ops.devcluster import LocalCluster
@@ -47,12 +45,7 @@ EXAMPLES = REPO_ROOT / "examples"
 LedgerRow = tuple[int, int, int, int, int]  # partition, transaction id, account, amount, balance after
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: str) -> Iterator[LocalCluster]:
-    with local_cluster(
-        tmp_path_factory, storages=3, servers=1, partitions=NUM_PARTITIONS, zookeeper=zookeeper
-    ) as c:
-        yield c
+cluster = module_cluster(storages=3, partitions=NUM_PARTITIONS)
 
 
 def ledger(path: Path) -> list[LedgerRow]:

@@ -9,11 +9,10 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster_support import local_cluster
+from cluster_support import module_cluster
 
 from waltz_engine.common.config import DEV_CLIENT_CONFIG_NAME, DEV_CLUSTER_DIRECTORY
 from waltz_engine.ops.devcluster import LocalCluster
@@ -30,12 +29,7 @@ COMMANDS = (
 )
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: str) -> Iterator[LocalCluster]:
-    with local_cluster(
-        tmp_path_factory, storages=1, servers=1, partitions=NUM_PARTITIONS, zookeeper=zookeeper
-    ) as c:
-        yield c
+cluster = module_cluster(storages=1, partitions=NUM_PARTITIONS)
 
 
 def waltz(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_support import TailRow, append_lines, local_cluster
+from cluster_support import TailRow, append_lines, module_cluster
 from cluster_support import tailed as tailed_rows
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -54,12 +54,7 @@ TEST_DECODER = "spark_test_decoder:utf8"
 TESTS_DIR = Path(__file__).parent
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: str) -> Iterator[LocalCluster]:
-    with local_cluster(
-        tmp_path_factory, storages=2, servers=1, partitions=len(PARTITIONS), zookeeper=zookeeper
-    ) as c:
-        yield c
+cluster = module_cluster(storages=2, partitions=len(PARTITIONS))
 
 
 @pytest.fixture(scope="module")
