@@ -267,7 +267,7 @@ class WaltzClient:
         client.flush()`` must wait for them, not spin past them (starving the retry workers).
         """
         stream = self._stream_client()
-        if self._retry_queue.qsize() or self._retrying:
+        if self._retries_pending:
             try:
                 async with asyncio.timeout(self.config.flush_timeout_ms / 1000):
                     await self._retry_queue.join()
@@ -290,10 +290,13 @@ class WaltzClient:
 
     flush_transactions = flush
 
+    @property
+    def _retries_pending(self) -> bool:
+        """Appends that failed and wait to be sent again, or are being sent again."""
+        return self._retry_queue.qsize() > 0 or self._retrying > 0
+
     def has_pending_transactions(self) -> bool:
-        return self._stream_client().has_pending_transactions or bool(
-            self._retry_queue.qsize() or self._retrying
-        )
+        return self._stream_client().has_pending_transactions or self._retries_pending
 
     async def high_water_mark(self, partition_id: int) -> int:
         """The server's high-water mark of ``partition_id`` (RPC)."""
