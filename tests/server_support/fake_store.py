@@ -45,6 +45,10 @@ class FakeStorePartition:
         self.record_header_calls = 0
         self.record_calls = 0
         self.record_list_calls = 0
+        self.opened_generation: int | None = None
+        self.ensure_open_calls = 0
+        self.recovered_high_water_mark = -1
+        self._elsewhere: list[Record] = []
         self._pending: list[_Pending] = []
         self._changed = asyncio.Condition()
         self._scheduled = False
@@ -53,11 +57,32 @@ class FakeStorePartition:
     def high_water_mark(self) -> int:
         return len(self.records) - 1
 
+    @property
+    def low_water_mark(self) -> int:
+        return self.recovered_high_water_mark
+
     async def set_generation(self, generation: int) -> None:
         self.generation = max(self.generation, generation)
 
     async def ensure_open(self) -> None:
-        return None
+        """As a new session would: resolved at the records committed so far (and every pending
+        append of the previous one decided: they commit in order here)."""
+        if self.opened_generation != self.generation:
+            self.ensure_open_calls += 1
+            self.opened_generation = self.generation
+            self.records.extend(self._elsewhere)
+            self._elsewhere.clear()
+            self.recovered_high_water_mark = self.high_water_mark
+
+    def commit_elsewhere(self, records: list[Record]) -> None:
+        """Records another owner committed: only a session opened at a newer generation sees them."""
+        self._elsewhere.extend(records)
+
+    def fail_pending(self, error: BaseException) -> None:
+        """The store gives up on the held appends without deciding them (their futures raise)."""
+        pending, self._pending = self._pending, []
+        for p in pending:
+            p.future.set_exception(error)
 
     async def append(self, req_id: ReqId, header: int, data: bytes, checksum: int) -> asyncio.Future[int]:
         error, self.append_error = self.append_error, None

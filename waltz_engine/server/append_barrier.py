@@ -1,10 +1,15 @@
 """Work that must wait for the appends queued before it, without holding up the appends after it.
 
 A mount is answered with the partition's high-water mark once every append queued before it is
-decided (committed or failed), so the feed that ends in READY holds those transactions; a flush
-likewise. The original flushes the store on the partition's append thread for each of them, and
-no append behind them reaches the store meanwhile: a storm of mounts stalls the writers, and the
-mounts are answered one store round trip at a time.
+decided (committed with a txid, or certainly absent), so the feed that ends in READY holds those
+transactions and a client may take every earlier append of its own that the feed does not show as
+failed; a flush likewise. An append whose outcome is unknown (its store future raised: nobody will
+decide it here) is never decided: the work behind it waits until the partition closes and drops
+it, and the clients learn the outcome from the server whose recovery decides it.
+
+The original flushes the store on the partition's append thread for each of them, and no append
+behind them reaches the store meanwhile: a storm of mounts stalls the writers, and the mounts are
+answered one store round trip at a time.
 
 Here the append task only notes how many appends it had handed to the store when it reached a
 mount or a flush, and goes on. Appends are numbered as they are handed over; when the oldest
@@ -26,7 +31,7 @@ Work = Callable[[], None]
 class AppendBarrier:
     """Appends by number as handed to the store; work waiting for all those before it."""
 
-    __slots__ = ("_issued", "_undecided", "_decided_early", "_waiting", "_num_waiting")
+    __slots__ = ("_issued", "_undecided", "_decided_early", "_waiting", "_num_waiting", "_undecidable")
 
     def __init__(self) -> None:
         self._issued = 0
@@ -35,6 +40,7 @@ class AppendBarrier:
         # (number of appends before it, work in arrival order), by that number ascending.
         self._waiting: deque[tuple[int, list[Work]]] = deque()
         self._num_waiting = 0
+        self._undecidable = 0  # appends whose outcome this partition will never learn
 
     @property
     def num_waiting(self) -> int:
@@ -86,6 +92,16 @@ class AppendBarrier:
                 except Exception:
                     # One failed answer must not keep the rest of the batch waiting.
                     log.exception("work waiting for appends failed")
+
+    def undecidable(self, number: int) -> None:
+        """Append ``number`` may or may not commit, and this partition will never know: the work
+        waiting behind it stays waiting (until :meth:`clear`)."""
+        assert number < self._issued and number not in self._decided_early, number
+        self._undecidable += 1
+
+    @property
+    def num_undecidable(self) -> int:
+        return self._undecidable
 
     def clear(self) -> None:
         """Drops the waiting work (the partition closed: nobody is served any more)."""

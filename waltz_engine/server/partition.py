@@ -8,8 +8,18 @@ wakes the feed workers.
 
 Mounts and flushes never stall the append task: each waits (``append_barrier``) until the appends
 queued before it are decided, while the appends behind it go on to the store; the mounts waiting
-on the same appends are answered together. A mount's catch-up is sent from the partition's shared
-encoded frames (``feed_frames``), in batches, like every feed.
+on the same appends are answered together.
+
+A mount or flush is answered only from a store session that recovered at the partition's current
+generation: when the assignment raises the generation (another server may have owned the partition
+in between and committed more), the append task opens a new store session, whose recovery decides
+the log, before it serves anything else; a MOUNT from a client that already knows a newer
+generation than this server is answered NOT_READY (the client retries) instead of from what this
+server knew before. Answers never go below the current session's recovered high-water mark. An
+idle partition answers from what it knows: no storage or ZooKeeper round trip per mount.
+
+A mount's catch-up is sent from the partition's shared encoded frames (``feed_frames``), in
+batches, like every feed.
 
 Connection validity (PR #167): a MOUNT registers its connection for the client id unless the
 registered one is newer by (generation, network-client seqNum); APPEND, FEED and MOUNT from any
@@ -19,6 +29,7 @@ other connection of that client are ignored (a stale network client).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -35,10 +46,12 @@ from waltz_engine.server.feed_cache import FeedCache
 from waltz_engine.server.feed_frames import FeedFrames
 from waltz_engine.server.feeds import FeedClient, FeedContext, FeedWorker
 from waltz_engine.server.locks import NUM_HASH_FUNCS, LockRequest, Locks
+from waltz_engine.server.store.errors import GenerationMismatchError
 from waltz_engine.server.transaction_cache import TransactionData, TransactionFetcher
 from waltz_engine.wire.client_messages import (
     NO_LOCKS,
     PARTITION_STATE_CLIENT_AHEAD,
+    PARTITION_STATE_NOT_READY,
     PARTITION_STATE_READY,
     AppendRequest,
     FeedRequest,
@@ -79,6 +92,11 @@ class StorePartitionLike(Protocol):
     @property
     def high_water_mark(self) -> int: ...
 
+    @property
+    def low_water_mark(self) -> int:
+        """The high-water mark the current store session's recovery resolved (all committed)."""
+        ...
+
     async def ensure_open(self) -> None: ...
 
     async def record_headers(self, transaction_id: int, max_records: int) -> list[RecordHeader]: ...
@@ -103,6 +121,7 @@ _FLUSH = 1
 _MOUNT = 2
 _FEED = 3
 _HIGH_WATER_MARK = 4
+_REOPEN = 5  # the generation moved: open a store session at the new one before serving on
 
 
 def metric_group(partition_id: int) -> str:
@@ -145,6 +164,10 @@ class Partition:
         self._settled = asyncio.Event()  # no append future is unresolved
         self._settled.set()
         self._ready = asyncio.Event()  # the store partition is open and the lock table built
+        # The generation the open store session recovered at; the append task reopens the store
+        # before serving anything when the partition's generation has moved past it.
+        self._store_generation: int | None = None
+        self._generation_raised = asyncio.Event()
         self._locks: Locks | None = None
         self._queue: asyncio.Queue[tuple[int, FeedClient | None, Any]] = asyncio.Queue(APPEND_QUEUE_SIZE)
         self._clients: dict[int, _Registration] = {}
@@ -213,9 +236,15 @@ class Partition:
             on_failure(self)
 
     async def set_generation(self, generation: int) -> None:
+        """A newer assignment: nothing is served from the old store session any more; the append
+        task opens one at ``generation`` (recovery decides what another owner committed)."""
         if generation > self.generation:
             self.generation = generation
+            self._ready.clear()
             await self.store.set_generation(generation)
+            self._generation_raised.set()
+            with contextlib.suppress(asyncio.QueueFull):  # a full queue reaches the check soon
+                self._queue.put_nowait((_REOPEN, None, None))
 
     async def close(self) -> None:
         """Stops the tasks; feeds in progress end (the clients remount wherever it went)."""
@@ -277,8 +306,14 @@ class Partition:
     async def mount(self, client: FeedClient, request: MountRequest) -> None:
         req_id = request.req_id
         self._register(client, req_id.client_id, req_id.generation, request.seq_num)
-        if self._is_valid(client, req_id.client_id):
-            await self._queue.put((_MOUNT, client, request))  # after the appends queued before it
+        if not self._is_valid(client, req_id.client_id):
+            return
+        if req_id.generation > self.generation:
+            # The client saw an assignment this server has not applied yet: whatever this server
+            # knows may predate another owner's commits. It retries after not_ready_retry_ms.
+            client.send(MountResponse(req_id, PARTITION_STATE_NOT_READY))
+            return
+        await self._queue.put((_MOUNT, client, request))  # after the appends queued before it
 
     async def append(self, client: FeedClient, request: AppendRequest) -> None:
         self._transaction_meter.mark()
@@ -366,16 +401,44 @@ class Partition:
 
     # --- the append task -----------------------------------------------------------------
 
-    async def _append_task(self) -> None:
-        await self.store.ensure_open()
-        # PR #150: the commit high-water mark starts at the store's, not at "unknown".
-        self.commit_high_water_mark = self.store.high_water_mark
-        self._locks = Locks(self.settings.lock_table_size, NUM_HASH_FUNCS, self.commit_high_water_mark)
+    async def _open_store(self) -> None:
+        """Open a store session at the current generation (recovery); then serve from it."""
+        while True:
+            generation = self.generation
+            self._generation_raised.clear()
+            try:
+                await self.store.ensure_open()
+            except GenerationMismatchError as e:
+                # A newer owner holds it in ZooKeeper: serve nothing until our assignment moves.
+                log.warning("partition %d: %s; waiting for the assignment", self.partition_id, e)
+                await self._generation_raised.wait()
+                continue
+            # The previous sessions' appends are decided; their callbacks run before we go on.
+            await self._settled.wait()
+            if generation == self.generation:
+                break
+        # PR #150: the commit high-water mark starts at the store's, not at "unknown"; after another
+        # owner, at what its commits brought.
+        self.commit_high_water_mark = max(self.commit_high_water_mark, self.store.high_water_mark)
+        if self._locks is None:
+            self._locks = Locks(self.settings.lock_table_size, NUM_HASH_FUNCS, self.commit_high_water_mark)
+        else:
+            # Another owner may have committed under any lock: every lock is as new as the mark.
+            self._locks.reset(self.commit_high_water_mark)
+        self._store_generation = generation
         self._ready.set()
         self.realtime.wake()
+        self.catch_up.wake()
+
+    async def _append_task(self) -> None:
+        await self._open_store()
         queue = self._queue
         while True:
             kind, client, message = await queue.get()
+            if self._store_generation != self.generation:
+                await self._open_store()
+            if kind == _REOPEN:
+                continue
             assert client is not None
             try:
                 if kind == _APPEND:
@@ -416,10 +479,15 @@ class Partition:
             self._store_driver = None
 
     def _decided_high_water_mark(self) -> int:
-        """The commit high-water mark, once the appends a mount or flush waited for are decided."""
-        if self.pending_appends == 0:
-            # Nothing is in flight, so no commit callback can come after the store's mark.
-            self.commit_high_water_mark = max(self.commit_high_water_mark, self.store.high_water_mark)
+        """The commit high-water mark, once the appends a mount or flush waited for are decided:
+        never below what the current store session's recovery resolved."""
+        store = self.store
+        # Nothing in flight: no commit callback can come after the store's mark.
+        floor = store.high_water_mark if self.pending_appends == 0 else store.low_water_mark
+        if floor > self.commit_high_water_mark:
+            self.commit_high_water_mark = floor
+            self.realtime.wake()
+            self.catch_up.wake()
         return self.commit_high_water_mark
 
     def _answer_flush(self, client: FeedClient, request: FlushRequest) -> None:
@@ -469,13 +537,12 @@ class Partition:
             if self.pending_appends == 0:
                 self._settled.set()
             locks.end(lock_req)
-            transaction_id = -1 if done.cancelled() or done.exception() is not None else done.result()
+            if done.cancelled() or done.exception() is not None:
+                self._outcome_unknown(append_number, request.req_id)
+                return
+            transaction_id = done.result()
             self._latency_timer.update_ms((time.monotonic() - started_s) * 1000.0)
-            if transaction_id >= 0 and not self.closed:
-                assert transaction_id > self.commit_high_water_mark, (
-                    transaction_id,
-                    self.commit_high_water_mark,
-                )
+            if transaction_id > self.commit_high_water_mark and not self.closed:
                 self.feed_cache.add(self.partition_id, transaction_id, request.req_id, request.header)
                 self.fetcher.cache.put(self.partition_id, transaction_id, data, request.checksum)
                 locks.commit(lock_req, transaction_id)
@@ -483,10 +550,27 @@ class Partition:
                 self.commit_high_water_mark = transaction_id
                 self.realtime.wake()
                 self.catch_up.wake()
+            # (At or below the mark: a new session's recovery counted it already; feeds read it.)
             # Last: mounts released here see this transaction in the high-water mark.
             self._barrier.decide(append_number)
 
         future.add_done_callback(committed)
+
+    def _outcome_unknown(self, append_number: int, req_id: ReqId) -> None:
+        """The store gave up on an append without deciding it: mounts and flushes behind it must
+        not be answered here (the append may still commit). Only a closing partition does that;
+        otherwise the partition is replaced, and the clients remount where recovery decides it."""
+        self._barrier.undecidable(append_number)
+        if self.closed:
+            return
+        log.error(
+            "partition %d: the outcome of append %s is unknown; replacing the partition",
+            self.partition_id,
+            req_id,
+        )
+        on_failure, self.on_task_failure = self.on_task_failure, None
+        if on_failure is not None:
+            on_failure(self)
 
     # --- feeds ---------------------------------------------------------------------------
 

@@ -66,6 +66,12 @@ class StorePartition:
         return session.high_water_mark if session is not None else self._manager.last_high_water_mark
 
     @property
+    def low_water_mark(self) -> int:
+        """The high-water mark the current session's recovery resolved: every txid to it committed."""
+        session = self._manager.current_session
+        return session.low_water_mark if session is not None else self._manager.last_high_water_mark
+
+    @property
     def num_pending_appends(self) -> int:
         session = self._manager.current_session
         return session.num_pending_appends if session is not None else 0

@@ -43,6 +43,8 @@ T = TypeVar("T")
 
 FAILED_TRANSACTION_ID = -1
 COMMIT_ALL = 2**63 - 1
+# Reads of the successor's records when deciding a failed session's batch (each may return part).
+RESOLVE_READ_ATTEMPTS = 8
 # Encoded batches kept for replicas that fell behind (under load the slowest of three
 # replicas misses batches the other two committed): re-sending the bytes avoids reading the
 # records back from another storage node and encoding them again. Bounded in bytes.
@@ -195,13 +197,64 @@ class StoreSession:
             await self._changed.wait()
         return self.high_water_mark
 
-    def resolve_all(self, high_water_mark: int) -> None:
-        """Called on the closed session by its successor: commit what reached ``high_water_mark``."""
+    async def resolve_by(self, successor: StoreSession) -> None:
+        """Called on this closed session by its recovered successor: decide every undecided append.
+
+        An append of the batch in flight committed only if the successor's log holds that very
+        request at the txid this session gave it: the slot may hold another owner's record (a
+        server that lost the partition and got it back finds the records of the one in between
+        there), so a high-water mark alone proves nothing. Appends still queued were never sent:
+        certainly absent. Raises (leaving them undecided) when the successor cannot be read; the
+        next session tries again.
+        """
         assert not self._running, "only a closed session's appends are resolved by its successor"
-        self._resolve_in_flight(high_water_mark)
-        self._in_flight = list(self._queue)
+        batch = self._in_flight or []
+        first = self._next_transaction_id
+        count = min(len(batch), successor.low_water_mark - first + 1)
+        logged = await successor.logged_req_ids(first, count) if count > 0 else []
+        if self._in_flight is not batch and batch:
+            return  # decided meanwhile (the partition closed: fail_all)
+        self._in_flight = None
+        for i, request in enumerate(batch):
+            if i < len(logged) and logged[i] == request.req_id:
+                request.commit(first + i)
+                self._next_transaction_id = first + i + 1
+            else:
+                request.commit(FAILED_TRANSACTION_ID)
+        for request in self._queue:
+            request.commit(FAILED_TRANSACTION_ID)
+        self._num_pending -= len(batch) + len(self._queue)
+        assert self._num_pending == 0, self._num_pending
         self._queue.clear()
-        self._resolve_in_flight(high_water_mark)
+        self._wake()
+
+    async def logged_req_ids(self, first_transaction_id: int, count: int) -> list[ReqId]:
+        """The reqIds of the ``count`` records from ``first_transaction_id`` (all at or below the
+        low-water mark this session recovered), read from a recovered replica."""
+        assert first_transaction_id + count - 1 <= self.low_water_mark, (first_transaction_id, count)
+        req_ids: list[ReqId] = []
+        for _ in range(RESOLVE_READ_ATTEMPTS):
+            if len(req_ids) == count:
+                break
+            waiting = [asyncio.ensure_future(replica.recovered.wait()) for replica in self.replica_sessions]
+            try:
+                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in waiting:
+                    waiter.cancel()
+            txid = first_transaction_id + len(req_ids)
+            headers = await self.record_headers(txid, count - len(req_ids))
+            for header in headers:
+                if header.transaction_id != first_transaction_id + len(req_ids):
+                    break
+                req_ids.append(header.req_id)
+        if len(req_ids) < count:
+            raise SessionClosedError(
+                f"partition {self.partition_id}: could not read the records "
+                f"{first_transaction_id}..{first_transaction_id + count - 1} to decide the previous "
+                "session's appends"
+            )
+        return req_ids
 
     def fail_all(self, error: BaseException) -> None:
         """The partition is closing: nobody will resolve these appends."""

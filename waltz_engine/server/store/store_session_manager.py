@@ -129,6 +129,9 @@ class StoreSessionManager:
             )
             self._opening = session
             await session.open()
+            if previous is not None:
+                await previous.wait_closed()
+                await previous.resolve_by(session)
         except BaseException:
             self.healthy = False
             if session is not None:
@@ -137,9 +140,6 @@ class StoreSessionManager:
         finally:
             self._opening = None
         self.healthy = True
-        if previous is not None:
-            await previous.wait_closed()
-            previous.resolve_all(session.high_water_mark)
         if self._running:
             session.on_failure = self._session_failed
             self._current = session

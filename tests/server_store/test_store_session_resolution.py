@@ -1,0 +1,74 @@
+"""Issue 21 item 1, the store layer: a failed session's undecided appends are decided by its
+successor from the records its recovery kept, by reqId, never by the high-water mark alone."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from waltz_engine.common.reqid import ReqId
+from waltz_engine.server.store.config import StoreConfig
+from waltz_engine.server.store.store_session import FAILED_TRANSACTION_ID, StoreAppendRequest, StoreSession
+
+GENERATION = 3
+
+
+class Successor:
+    """A recovered session whose log holds ``logged`` from ``first`` on."""
+
+    def __init__(self, low_water_mark: int, first: int, logged: list[ReqId]) -> None:
+        self.low_water_mark = low_water_mark
+        self._first = first
+        self._logged = logged
+        self.reads: list[tuple[int, int]] = []
+
+    async def logged_req_ids(self, first_transaction_id: int, count: int) -> list[ReqId]:
+        self.reads.append((first_transaction_id, count))
+        start = first_transaction_id - self._first
+        return self._logged[start : start + count]
+
+
+def request(seq: int) -> StoreAppendRequest:
+    future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    return StoreAppendRequest(ReqId(7, GENERATION, 0, seq), 0, b"x", 0, future)
+
+
+def failed_session(
+    in_flight: list[StoreAppendRequest], queued: list[StoreAppendRequest], next_txid: int
+) -> StoreSession:
+    session = StoreSession(0, GENERATION, 5, StoreConfig(), [], None, "/r")  # type: ignore[arg-type]
+    session.close()
+    session._in_flight = in_flight
+    session._queue = deque(queued)
+    session._num_pending = len(in_flight) + len(queued)
+    session._next_transaction_id = next_txid
+    return session
+
+
+def test_only_the_records_that_hold_the_very_request_commit_it() -> None:
+    async def test() -> None:
+        batch = [request(1), request(2), request(3)]
+        queued = [request(4)]
+        session = failed_session(batch, queued, next_txid=10)
+        # Recovery kept our first record at 10; another owner's records fill 11 and 12.
+        other = [ReqId(8, GENERATION + 1, 0, s) for s in (1, 2)]
+        successor = Successor(low_water_mark=12, first=10, logged=[batch[0].req_id, *other])
+        await session.resolve_by(successor)  # type: ignore[arg-type]
+        assert [r.future.result() for r in batch] == [10, FAILED_TRANSACTION_ID, FAILED_TRANSACTION_ID]
+        assert queued[0].future.result() == FAILED_TRANSACTION_ID  # never sent: certainly absent
+        assert successor.reads == [(10, 3)]
+        assert session.num_pending_appends == 0
+
+    asyncio.run(test())
+
+
+def test_a_batch_above_the_recovered_mark_is_absent_without_a_read() -> None:
+    async def test() -> None:
+        batch = [request(1), request(2)]
+        session = failed_session(batch, [], next_txid=10)
+        successor = Successor(low_water_mark=9, first=10, logged=[])
+        await session.resolve_by(successor)  # type: ignore[arg-type]
+        assert [r.future.result() for r in batch] == [FAILED_TRANSACTION_ID] * 2
+        assert successor.reads == []
+
+    asyncio.run(test())
