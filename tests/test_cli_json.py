@@ -35,6 +35,7 @@ NOT_RUN_HERE = {
     "waltz spark export": "starts Spark: tests/spark/test_spark_export_cluster.py",
     "waltz bench engine": "a benchmark: tests/bench/",
     "waltz bench crc": "a benchmark: tests/bench/",
+    "waltz bench floor": "a benchmark: tests/bench/test_bench_floor.py",
     "waltz bench storage": "a benchmark: tests/bench/",
     "waltz bench producers": "a benchmark: tests/bench/test_bench_clients.py",
     "waltz bench consumers": "a benchmark: tests/bench/test_bench_clients.py",

@@ -67,6 +67,7 @@ def test_producers_json_against_a_given_cluster_config(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)["result"]
     assert report["transactions"] == 2
+    assert json.loads(result.stdout)["floor"]["commit_floor_ms"] > 0  # the same run's floor beside it
     assert set(report["cpu_s_per_1000_transactions"]) == {"zookeeper", "server-0", "storage-0", "client"}
 
 

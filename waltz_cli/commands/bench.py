@@ -22,7 +22,7 @@ from waltz_cli.options import (
     ZooKeeperOption,
 )
 from waltz_cli.output import console, err_console, fail, one_line_errors, print_json
-from waltz_engine.bench import crc_bench, engine_bench
+from waltz_engine.bench import crc_bench, engine_bench, floor
 from waltz_engine.common.address import parse_host_port
 
 if TYPE_CHECKING:
@@ -133,6 +133,46 @@ def crc(as_json: JsonOption = False) -> None:
         table.add_column(column, justify="right")
     for r in results:
         table.add_row(r.implementation, f"{r.input_bytes} B", f"{r.ns_per_call:,.0f}", f"{r.mb_per_s:,.0f}")
+    console.print(table)
+
+
+@app.command("floor")
+@one_line_errors
+def floor_command(
+    directory: Annotated[
+        Path,
+        typer.Option("--dir", "-d", help="A directory on the disk the storage nodes write to."),
+    ] = Path("."),
+    samples: Annotated[
+        int, typer.Option("--samples", min=1, max=floor.MAX_SAMPLES, help="Measurements of each kind.")
+    ] = floor.DEFAULT_SAMPLES,
+    as_json: JsonOption = False,
+) -> None:
+    """The physical floor of a commit here, now: p50 of a small pwrite+fdatasync on --dir's disk,
+    of three at once until the second is durable (a quorum of three replicas on one disk), and of a
+    TLS round trip between two processes; a commit needs 2 round trips and the quorum fsync.
+
+    Read a latency report against the floor of the same run: a busy machine moves both.
+
+    Example: waltz bench floor --dir .waltz-dev --json
+    """
+    try:
+        result = floor.measure(directory, samples)
+    except floor.FloorError as e:
+        fail(str(e))
+    if as_json:
+        print_json({"machine": _machine(), **result.to_json()})
+        return
+    table = Table(title=f"Commit floor on {directory} ({samples} samples each)")
+    table.add_column("what")
+    table.add_column("p50 ms", justify="right")
+    table.add_row("pwrite + fdatasync", f"{result.fsync_p50_ms:.3f}")
+    table.add_row(
+        f"quorum fsync ({floor.QUORUM} of {floor.QUORUM_REPLICAS} at once)",
+        f"{result.quorum_fsync_p50_ms:.3f}",
+    )
+    table.add_row("TLS round trip", f"{result.tls_round_trip_p50_ms:.3f}")
+    table.add_row("commit floor (2 round trips + quorum fsync)", f"{result.commit_floor_ms:.3f}")
     console.print(table)
 
 
@@ -394,11 +434,29 @@ def producers_command(
                 mount_from_latest=mount_from_latest,
                 watchers=watchers,
             )
+    # The floor of the same run, on the disk the bench cluster wrote to: its latencies read
+    # against it are comparable across machines and loads.
+    _progress("measuring the commit floor (waltz bench floor)")
+    run_floor = floor.measure(directory)
     if as_json:
-        print_json({"machine": _machine(), "storages": storages, "result": result.to_json()})
+        print_json(
+            {
+                "machine": _machine(),
+                "storages": storages,
+                "floor": run_floor.to_json(),
+                "result": result.to_json(),
+            }
+        )
         return
     for line in result.report_lines():
         console.print(line, markup=False, highlight=False)
+    console.print(
+        f"floor: commit {run_floor.commit_floor_ms:.2f} ms = 2 x TLS round trip "
+        f"{run_floor.tls_round_trip_p50_ms:.2f} + quorum fsync {run_floor.quorum_fsync_p50_ms:.2f} "
+        f"(one fsync {run_floor.fsync_p50_ms:.2f}; p50s)",
+        markup=False,
+        highlight=False,
+    )
 
 
 @app.command("consumers")
