@@ -19,6 +19,7 @@ from typing import NamedTuple, TypeVar
 
 from kazoo.client import KazooClient
 
+from waltz_engine.common.backoff import Backoff
 from waltz_engine.common.record import Record, RecordHeader
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.server.store.config import QUEUE_CAPACITY_BATCHES, StoreConfig
@@ -43,8 +44,11 @@ T = TypeVar("T")
 
 FAILED_TRANSACTION_ID = -1
 COMMIT_ALL = 2**63 - 1
-# Reads of the successor's records when deciding a failed session's batch (each may return part).
-RESOLVE_READ_ATTEMPTS = 8
+# Reads of the successor's records when deciding a failed session's batch (each may return part),
+# retried after a pause while no replica can serve yet (about 10 s in all).
+RESOLVE_READ_ATTEMPTS = 16
+RESOLVE_RETRY_INITIAL_MS = 10
+RESOLVE_RETRY_MAX_MS = 1_000
 # Encoded batches kept for replicas that fell behind (under load the slowest of three
 # replicas misses batches the other two committed): re-sending the bytes avoids reading the
 # records back from another storage node and encoding them again. Bounded in bytes.
@@ -233,17 +237,17 @@ class StoreSession:
         low-water mark this session recovered), read from a recovered replica."""
         assert first_transaction_id + count - 1 <= self.low_water_mark, (first_transaction_id, count)
         req_ids: list[ReqId] = []
+        backoff = Backoff(RESOLVE_RETRY_INITIAL_MS, RESOLVE_RETRY_MAX_MS)
         for _ in range(RESOLVE_READ_ATTEMPTS):
-            if len(req_ids) == count:
+            if len(req_ids) == count or not self._running:
                 break
-            waiting = [asyncio.ensure_future(replica.recovered.wait()) for replica in self.replica_sessions]
             try:
-                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for waiter in waiting:
-                    waiter.cancel()
-            txid = first_transaction_id + len(req_ids)
-            headers = await self.record_headers(txid, count - len(req_ids))
+                # Right after recovery a replica may not count as recovered yet: then no replica
+                # can serve, and the read is tried again shortly.
+                headers = await self.record_headers(first_transaction_id + len(req_ids), count - len(req_ids))
+            except SessionClosedError:
+                await backoff.wait()
+                continue
             for header in headers:
                 if header.transaction_id != first_transaction_id + len(req_ids):
                     break
