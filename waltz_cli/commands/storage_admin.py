@@ -42,7 +42,7 @@ from waltz_engine.storage.admin_ops import (
     StorageNode,
     StoreLayout,
 )
-from waltz_engine.zk.connection import connect
+from waltz_engine.zk.connection import ZooKeeperSettings, connect
 from waltz_engine.zk.partition_ranges import format_partition_ranges, parse_partition_ranges
 
 T = TypeVar("T")
@@ -570,25 +570,47 @@ def _recovery_progress(partition_id: int) -> Iterator[Callable[[RecoveryProgress
 @one_line_errors
 def checksum(
     directory: Annotated[
-        Path, typer.Argument(help="Storage directory of a stopped node (storage.directory).")
-    ],
+        Path | None,
+        typer.Argument(help="Storage directory of a stopped node (storage.directory); not with --online."),
+    ] = None,
     partition: Annotated[
         str | None,
         typer.Option("--partition", "-p", help="Partition ids and ranges (default: every assigned one)."),
+    ] = None,
+    online: Annotated[
+        bool, typer.Option("--online", help="Compare the replicas on running nodes (see above).")
+    ] = False,
+    from_txid: Annotated[int, typer.Option("--from", min=0, help="With --online: the first txid.")] = 0,
+    to_txid: Annotated[
+        int | None,
+        typer.Option("--to", min=0, help="With --online: the last txid (default: the committed mark now)."),
     ] = None,
     config: ConfigOption = None,
     zookeeper: ZooKeeperOption = None,
     cluster_root: RootOption = None,
     connect_timeout_ms: ConnectTimeoutOption = None,
+    ssl_config: SslConfigOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Per partition, CRC-32 over all segment bytes after the headers: equal on equal replicas.
 
-    The node must be stopped (its control file is locked while it runs).
+    The node must be stopped (its control file is locked while it runs). With --online, every
+    replica of a committed range is read from the running nodes' admin ports (RECORD_LIST: Java
+    nodes too) in chunks while writes go on, and compared by records; exit 1 when replicas differ
+    (naming the first txid that differs) or one is behind.
 
     Example: waltz storage checksum /var/lib/waltz-storage -c tools.yml -p 0-3
+    Example: waltz storage checksum --online -p 2 --from 1000 --to 50000
     """
     ids = parse_partition_ranges(partition) if partition is not None else None
+    if online:
+        if directory is not None:
+            fail("--online reads the running nodes: give no storage directory")
+        settings = load_settings(config, zookeeper, cluster_root, connect_timeout_ms)
+        _online_checksum(ids, from_txid, to_txid, settings, ssl_config, as_json)
+        return
+    if directory is None:
+        fail("give the storage directory of a stopped node, or --online for running nodes")
     layout = _read_layout(config, zookeeper, cluster_root, connect_timeout_ms)
     if ids is not None:
         admin_ops.check_partitions(ids, layout.num_partitions)
@@ -601,3 +623,26 @@ def checksum(
         return
     rows = [(str(p), str(c), f"{c & 0xFFFFFFFF:08x}") for p, c in sums.items()]
     console.print(_table(f"segment checksums of {directory}", ("partition", "crc32", "hex"), rows))
+
+
+def _online_checksum(
+    ids: list[int] | None,
+    from_txid: int,
+    to_txid: int | None,
+    settings: ZooKeeperSettings,
+    ssl_config: Path | None,
+    as_json: bool,
+) -> None:
+    from waltz_engine.ops.online_checksum import compare_partitions
+    from waltz_engine.storage.network_reader import ClusterAccess
+
+    access = ClusterAccess(settings, admin_ops.client_tls_config(ssl_config))
+    results = compare_partitions(access, ids, from_txid, to_txid)
+    if as_json:
+        print_json({"partitions": [r.to_json() for r in results]})
+    else:
+        rows = [row for r in results for row in r.rows()]
+        columns = ("partition", "txids", "replica", "crc32", "result")
+        console.print(_table("replicas compared online", columns, rows))
+    if not all(r.consistent for r in results):
+        raise typer.Exit(1)

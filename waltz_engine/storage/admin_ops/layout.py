@@ -113,12 +113,17 @@ def check_partitions(partition_ids: Sequence[int], num_partitions: int) -> list[
     return ids
 
 
-def client_ssl_context(ssl_config: Path | None) -> ssl.SSLContext:
-    """TLS for connections to storage nodes from ``server.ssl.*`` keys of a YAML file; without
-    a file (or keys), the original's insecure client context (no server verification)."""
+def client_tls_config(ssl_config: Path | None) -> TlsConfig:
+    """TLS settings for connections to storage nodes from ``server.ssl.*`` keys of a YAML file;
+    without a file (or keys), the original's insecure client (no server verification)."""
     if ssl_config is None:
-        return client_context(TlsConfig())
-    return client_context(TlsConfig.from_flat(Config.load(ssl_config).as_dict(), SSL_CONFIG_PREFIX))
+        return TlsConfig()
+    return TlsConfig.from_flat(Config.load(ssl_config).as_dict(), SSL_CONFIG_PREFIX)
+
+
+def client_ssl_context(ssl_config: Path | None) -> ssl.SSLContext:
+    """:func:`client_tls_config` as a context."""
+    return client_context(client_tls_config(ssl_config))
 
 
 class StoreLayout(NamedTuple):
