@@ -38,6 +38,7 @@ from waltz_engine.zk import assignment_policy
 from waltz_engine.zk.cluster import next_server_id, read_cluster_params
 from waltz_engine.zk.paths import ClusterPaths
 from waltz_engine.zk.payloads import ForcedAssignments, PartitionAssignment, PartitionInfo, ServerDescriptor
+from waltz_engine.zk.stale_registrations import remove_stale_registrations
 from waltz_engine.zk.znodes import ConcurrentUpdateError
 
 logger = logging.getLogger(__name__)
@@ -429,6 +430,9 @@ class ClusterManager(ClusterWatcher):
             )
             node_path = await asyncio.to_thread(self._create_node, descriptor)
             self._registration = _Registration(server, descriptor, node_path)
+            await asyncio.to_thread(
+                remove_stale_registrations, self._client, self._paths.root, descriptor, node_path
+            )
         return server_id
 
     async def unmanage(self) -> None:
