@@ -36,6 +36,7 @@ NOT_RUN_HERE = {
     "waltz bench engine": "a benchmark: tests/bench/",
     "waltz bench crc": "a benchmark: tests/bench/",
     "waltz bench floor": "a benchmark: tests/bench/test_bench_floor.py",
+    "waltz cluster under-replicated": "needs a cluster: tests/operator/test_operator_under_replicated.py",
     "waltz bench storage": "a benchmark: tests/bench/",
     "waltz bench producers": "a benchmark: tests/bench/test_bench_clients.py",
     "waltz bench consumers": "a benchmark: tests/bench/test_bench_clients.py",

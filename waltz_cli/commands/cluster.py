@@ -114,6 +114,64 @@ def verify(
         raise typer.Exit(EXIT_VERIFY_FAILED)
 
 
+@app.command("under-replicated")
+@one_line_errors
+def under_replicated(
+    partitions: Annotated[
+        str | None,
+        typer.Option("--partition", "-p", help="Partition ids and ranges (default: every partition)."),
+    ] = None,
+    timeout_ms: RpcTimeoutOption = cluster_ops.DEFAULT_TIMEOUT_MS,
+    config: ConfigOption = None,
+    zookeeper: ZooKeeperOption = None,
+    cluster_root: RootOption = None,
+    connect_timeout_ms: ConnectTimeoutOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Partitions whose caught-up, reachable replicas are fewer than their assigned count, with
+    each missing replica and why (down, behind by N, offline, unassigned on the node, damaged).
+    Exits 0 either way: it reports, it does not judge.
+
+    Example: waltz cluster under-replicated -c tools.yml --json
+    """
+    from waltz_engine.ops.cluster_ops.replication import replication_report
+    from waltz_engine.storage.network_reader import ClusterAccess, check_partition_ids
+    from waltz_engine.zk.partition_ranges import parse_partition_ranges
+
+    settings = load_settings(config, zookeeper, cluster_root, connect_timeout_ms)
+    view = read_view(config, zookeeper, cluster_root, connect_timeout_ms)
+    wanted = (
+        None
+        if partitions is None
+        else check_partition_ids(parse_partition_ranges(partitions), view.num_partitions)
+    )
+    tls = cluster_ops.tools_tls_config(config)
+    context = view.storage_context(cluster_ops.tools_ssl_context(config), timeout_ms)
+    report = asyncio.run(replication_report(view, context, ClusterAccess(settings, tls), wanted))
+    if as_json:
+        print_json(report.to_json())
+        return
+    if not report.under_replicated:
+        say(f"no partition is under-replicated ({len(report.partitions)} checked)")
+        return
+    table = Table(title="under-replicated partitions", title_justify="left")
+    for column in ("partition", "caught up", "replica", "state", "detail"):
+        table.add_column(column)
+    for partition in report.under_replicated:
+        for replica in partition.replicas:
+            if not replica.caught_up:
+                caught_up = f"{partition.caught_up} of {len(partition.replicas)}"
+                cells = (
+                    str(partition.partition_id),
+                    caught_up,
+                    replica.storage,
+                    replica.state,
+                    replica.detail,
+                )
+                table.add_row(*(Text(cell) for cell in cells))
+    console.print(table)
+
+
 def _render(report: VerifyReport) -> None:
     """A pass/fail table, then each failure as the original prints it (unwrapped, for grep)."""
     table = Table(title="cluster verification", title_justify="left")

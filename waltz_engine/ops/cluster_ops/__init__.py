@@ -55,6 +55,7 @@ from waltz_engine.ops.cluster_ops.view import (
     java_list,
     read_cluster_view,
     tools_ssl_context,
+    tools_tls_config,
 )
 
 __all__ = [
@@ -96,6 +97,7 @@ __all__ = [
     "server_endpoint",
     "server_list",
     "tools_ssl_context",
+    "tools_tls_config",
     "truncate_partition",
     "unassign_partition",
     "verify",

@@ -40,15 +40,20 @@ class ClusterOpsError(WaltzError):
     """A cluster operation was refused or failed; the message is one line for an operator."""
 
 
-def tools_ssl_context(config_path: Path | None) -> ssl.SSLContext:
-    """TLS for a tool's connections from ``ssl.*`` keys of its YAML (the original's CliConfig);
-    without a file or keys, the original's insecure client context."""
+def tools_tls_config(config_path: Path | None) -> TlsConfig:
+    """TLS settings for a tool's connections from ``ssl.*`` keys of its YAML (the original's
+    CliConfig); without a file or keys, the original's insecure client."""
     config = load_tool_config(config_path)
     if config is None:
-        return client_context(TlsConfig())
+        return TlsConfig()
     flat = config.as_dict()
     scoped = {f"{_TLS_HOLDER_PREFIX}.{k}": v for k, v in flat.items() if k.startswith(TOOLS_SSL_PREFIX)}
-    return client_context(TlsConfig.from_flat(scoped, _TLS_HOLDER_PREFIX))
+    return TlsConfig.from_flat(scoped, _TLS_HOLDER_PREFIX)
+
+
+def tools_ssl_context(config_path: Path | None) -> ssl.SSLContext:
+    """:func:`tools_tls_config` as a context."""
+    return client_context(tools_tls_config(config_path))
 
 
 def java_list(values: Sequence[Any]) -> str:

@@ -1,0 +1,63 @@
+"""`waltz cluster under-replicated` (issue 24 item 3) against real processes: a replica taken
+offline and a node killed are each named with why; a healthy cluster reports none; exit 0 always."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+from cluster_support import append_lines, local_cluster, run_waltz_cli
+
+from waltz_engine.ops.devcluster import LocalCluster
+
+PARTITIONS = 2
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: str) -> Iterator[LocalCluster]:
+    with local_cluster(
+        tmp_path_factory, storages=3, servers=1, partitions=PARTITIONS, zookeeper=zookeeper
+    ) as c:
+        append_lines(c, {p: [f"p{p}-{i}" for i in range(5)] for p in range(PARTITIONS)})
+        yield c
+
+
+def report(cluster: LocalCluster) -> dict[str, object]:
+    done = run_waltz_cli("cluster", "under-replicated", "--json", "-c", str(cluster.client_config_path))
+    assert done.returncode == 0, done.stderr
+    result: dict[str, object] = json.loads(done.stdout)
+    return result
+
+
+def missing(result: dict[str, object]) -> dict[int, list[tuple[str, str]]]:
+    entries = result["under_replicated"]
+    assert isinstance(entries, list)
+    return {e["partition_id"]: [(m["storage"], m["state"]) for m in e["missing"]] for e in entries}
+
+
+def test_a_healthy_cluster_has_no_under_replicated_partition(cluster: LocalCluster) -> None:
+    result = report(cluster)
+    assert result["partitions_checked"] == PARTITIONS and result["under_replicated_count"] == 0, result
+    done = run_waltz_cli("cluster", "under-replicated", "-c", str(cluster.client_config_path))
+    assert "no partition is under-replicated (2 checked)" in done.stdout
+
+
+def test_an_offline_replica_and_a_dead_node_are_named(cluster: LocalCluster) -> None:
+    config = str(cluster.client_config_path)
+    first, last = cluster.storages[0], cluster.storages[2]
+    first_name = f"127.0.0.1:{first.port}"
+    last_name = f"127.0.0.1:{last.port}"
+    done = run_waltz_cli("storage", "availability", "-c", config, "-s", first_name, "-p", "1", "--offline")
+    assert done.returncode == 0, done.stderr
+    last.kill()
+    try:
+        result = missing(report(cluster))
+        assert (first_name, "offline") in result[1], result
+        assert all((last_name, "down") in result[p] for p in range(PARTITIONS)), result
+        assert (first_name, "offline") not in result[0]
+        text = run_waltz_cli("cluster", "under-replicated", "-c", config)
+        assert text.returncode == 0 and "down" in text.stdout and "offline" in text.stdout
+    finally:
+        last.start()
+        run_waltz_cli("storage", "availability", "-c", config, "-s", first_name, "-p", "1", "--online")
