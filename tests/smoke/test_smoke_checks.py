@@ -14,9 +14,11 @@ from waltz_engine.smoke.checks import (
     check_replicas,
     check_reread,
 )
+from waltz_engine.smoke.report import SmokeReport
 
 NUM_PARTITIONS = 3
 NUM_TXNS = 30
+SEED = 7
 
 
 def _data(n: int) -> list[str]:
@@ -135,3 +137,22 @@ def test_unknown_outcomes_may_be_in_the_log_or_not() -> None:
     assert check_reread(committed, reread, _marks(reread), {maybe}).ok
     absent = uuid.uuid4().hex  # told "unknown", and not in the log: as right
     assert check_checksum(committed, applied, {maybe, absent}).ok
+
+
+def test_a_report_passes_with_every_check_including_the_outcome_contract() -> None:
+    """The report counts the contract's check: a run whose seven checks pass passes (it once
+    said FAILED with every check OK, expecting six)."""
+    committed, applied = _clean()
+    reread = applied["client-0"]
+    results = [
+        check_no_double_commit(committed),
+        check_consecutive(applied),
+        check_no_double_apply(applied),
+        check_checksum(committed, applied),
+        check_not_committed_absent({}, applied),
+        check_reread(committed, reread, _marks(reread)),
+        check_replicas({"storage-0": {0: 7}, "storage-1": {0: 7}}),
+    ]
+    report = SmokeReport(SEED, "smoke", [], checks=results)
+    assert report.passed
+    assert not SmokeReport(SEED, "smoke", [], checks=results[:-1]).passed

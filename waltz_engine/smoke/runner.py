@@ -2,7 +2,7 @@
 
 ZooKeeper, 3 storage nodes, 3 servers (each behind a a ``TcpProxy``), 2 client processes,
 3 partitions; a seeded fault schedule (kill -9 + restart, SIGSTOP/SIGCONT, a ZooKeeper restart,
-client↔server and server↔storage cuts) runs while the clients write; then the six checks.
+client↔server and server↔storage cuts) runs while the clients write; then the seven checks.
 Every wait is bounded; the cluster, the proxies and the clients are stopped on every exit.
 """
 
