@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cluster_support import module_cluster
+from cluster_support import module_cluster, run_waltz_cli
 
 from waltz_engine.common.config import dev_client_config_path
 from waltz_engine.ops.devcluster import LocalCluster
@@ -67,3 +67,15 @@ def test_readme_example_appends_and_reads_back(project: Path, index: int, data: 
     # Its own transaction, applied: "<partition> <txid> b'...'" on partition 0.
     lines = [line.split(" ", 2) for line in done.stdout.splitlines()]
     assert ["0", repr(data)] in [[p, d] for p, _txid, d in lines], done.stdout
+
+
+def test_commands_find_the_dev_cluster_from_a_directory_below_it(project: Path) -> None:
+    """The CLI's search is the client's: ``waltz append``/``tail`` from ``examples/`` find the
+    cluster whose ``.waltz-dev/`` is one directory up (they used to suggest starting another)."""
+    below = project / "examples"
+    below.mkdir()
+    appended = run_waltz_cli("append", "-p", "1", "-", cwd=below, stdin="from below\n")
+    assert appended.returncode == 0, appended.stderr
+    tailed = run_waltz_cli("tail", "-p", "1", "--no-follow", "--data", cwd=below)
+    assert tailed.returncode == 0, tailed.stderr
+    assert "from below" in tailed.stdout
