@@ -15,7 +15,8 @@ class WaltzClientError(WaltzError):
 
 
 class ClientClosedError(WaltzClientError):
-    """The client was closed while the call was pending, or before it was made."""
+    """The client was closed before the call could send anything (an append sent before the
+    close that no server decided ends with :class:`OutcomeUnknownError` instead)."""
 
     def __init__(self, message: str = "the Waltz client is closed") -> None:
         super().__init__(message)
