@@ -21,6 +21,10 @@ class WaltzClientCallbacks(ABC):
     methods or coroutines (a coroutine's data reads: ``await transaction.data()``). With
     :class:`~waltz_engine.client.SyncWaltzClient` they run on its consumer threads
     (``client.numConsumerThreads``) and may block, e.g. on ``transaction.get_data()``.
+
+    The feed is the truth of the outcome contract: every committed transaction reaches
+    ``apply_transaction`` once, those of contexts that ended with ``OutcomeUnknownError`` too
+    (if they committed), and none that a context was told is not committed.
     """
 
     @abstractmethod
