@@ -2,8 +2,8 @@
 
 Against a local cluster (``waltz dev up`` writes ``.waltz-dev/client.yml``)::
 
-    python examples/consumer.py --config .waltz-dev/client.yml
-    python examples/producer.py --config .waltz-dev/client.yml hello   # in another terminal
+    python examples/consumer.py
+    python examples/producer.py hello   # in another terminal
 
 This consumer keeps its high-water marks in memory, so each run starts from the beginning.
 An application that must not apply a transaction twice stores them with its state, in one
@@ -16,8 +16,7 @@ import argparse
 import contextlib
 import threading
 
-from waltz_engine.client import SyncWaltzClient, Transaction, WaltzClientCallbacks, WaltzClientConfig
-from waltz_engine.common.config import Config
+from waltz_engine.client import SyncWaltzClient, Transaction, WaltzClientCallbacks
 
 NO_TRANSACTION = -1
 
@@ -52,12 +51,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--config", required=True, help="client YAML, e.g. .waltz-dev/client.yml")
+    parser.add_argument("--config", help="client YAML (default: the nearest dev cluster)")
     args = parser.parse_args()
 
-    config = WaltzClientConfig.from_config(Config.load(args.config))
     # The client mounts every partition and the feed starts; Ctrl-C closes it.
-    with SyncWaltzClient(PrintingCallbacks(), config), contextlib.suppress(KeyboardInterrupt):
+    with SyncWaltzClient(PrintingCallbacks(), args.config), contextlib.suppress(KeyboardInterrupt):
         threading.Event().wait()
 
 

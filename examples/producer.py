@@ -1,9 +1,10 @@
 """Append each command-line argument to Waltz as one transaction, and wait until they are in the log.
 
-Against a local cluster (``waltz dev up`` writes ``.waltz-dev/client.yml``)::
+Against a local cluster (``waltz dev up`` writes ``.waltz-dev/client.yml``, found from its directory
+or any below it; ``--config FILE`` for another cluster)::
 
-    python examples/producer.py --config .waltz-dev/client.yml hello world
-    python examples/consumer.py --config .waltz-dev/client.yml          # prints them
+    python examples/producer.py hello world
+    python examples/consumer.py          # prints them
 """
 
 from __future__ import annotations
@@ -18,9 +19,7 @@ from waltz_engine.client import (
     TransactionBuilder,
     TransactionContext,
     WaltzClientCallbacks,
-    WaltzClientConfig,
 )
-from waltz_engine.common.config import Config
 
 APPEND_TIMEOUT_S = 30.0
 
@@ -61,26 +60,23 @@ class IgnoreFeed(WaltzClientCallbacks):
     def apply_transaction(self, transaction: Transaction) -> None:
         return None
 
-    def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
-        return None
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--config", required=True, help="client YAML, e.g. .waltz-dev/client.yml")
+    parser.add_argument("--config", help="client YAML (default: the nearest dev cluster)")
     parser.add_argument("messages", nargs="+")
     args = parser.parse_args()
 
-    config = WaltzClientConfig.from_config(Config.load(args.config))
-    with SyncWaltzClient(IgnoreFeed(), config) as client:
+    with SyncWaltzClient(IgnoreFeed(), args.config) as client:
         messages = [Message(text) for text in args.messages]
         for message in messages:
             client.submit(message)  # returns once sent; the outcome arrives through the hooks
+        client.flush()  # every message decided: committed, or certainly not (README's contract)
         for message in messages:
-            message.appended.result(APPEND_TIMEOUT_S)
-            print(f"appended: {message.text}")
+            appended = message.appended.result(APPEND_TIMEOUT_S)
+            print(f"{'appended' if appended else 'not appended'}: {message.text}")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,10 @@ several instances serve the same accounts and agree on every balance.
   operation carries the header :data:`BANK_HEADER`; a transaction with any other header is not
   the bank's and is skipped, unread. Skipping still moves the high-water mark in its SQLite
   transaction, exactly as applying does, so a skipped transaction is not fed again either.
+* Outcomes follow the client's contract (README, "The outcome contract"). ``on_completion(False)``
+  means the operation is not in the log: declined. ``OutcomeUnknownError`` (the client closed or
+  gave up before a server decided it) means it may be: the bank never submits it again, which
+  could apply it twice; the ledger shows it once the feed brings it (``catch_up``, ``history``).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from waltz_engine.client import (
     TransactionBuilder,
     TransactionContext,
     WaltzClientConfig,
+    WaltzClientError,
 )
 from waltz_engine.client.dbapi_callbacks import DbApiClientCallbacks, DbApiConnection, DbApiCursor
 
@@ -198,6 +203,8 @@ class AccountTransaction(TransactionContext):
         self._settle(True)
 
     def on_exception(self, exception: BaseException) -> None:
+        # OutcomeUnknownError: maybe committed. Never re-submitted here (a second copy would be a
+        # second operation); the caller learns it is unknown, the feed settles the balance.
         if not self.outcome.done():
             self.outcome.set_exception(exception)
 
@@ -226,7 +233,8 @@ class Bank:
             raise
 
     def submit(self, kind: int, account: int, amount: int) -> concurrent.futures.Future[bool]:
-        """Send one operation; the future says whether it was applied (True) or declined (False)."""
+        """Send one operation; the future says whether it was applied (True) or declined (False),
+        or raises OutcomeUnknownError when it may or may not be in the log (see the module)."""
         context = AccountTransaction(self, Operation(kind, account, amount))
         self.client.submit(context)
         return context.outcome
@@ -271,7 +279,13 @@ class Bank:
         return [(int(amount), int(balance)) for amount, balance in rows]
 
     def close(self) -> None:
+        """Have every operation sent decided (bounded: ``flush_timeout_ms``), then close; one
+        still undecided ends with OutcomeUnknownError."""
         try:
+            try:
+                self.client.flush()
+            except WaltzClientError as e:
+                log.warning("closing with operations undecided: %s", e)
             self.client.close()
         finally:
             self.callbacks.close()

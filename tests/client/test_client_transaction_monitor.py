@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from client_support.app import MockContext
 
-from waltz_engine.client import ClientClosedError, PartitionInactiveError
+from waltz_engine.client import OutcomeUnknownError, PartitionInactiveError
 from waltz_engine.client.config import DEFAULT_MAX_CONCURRENT_TRANSACTIONS
 from waltz_engine.client.transaction_monitor import TransactionFuture, TransactionMonitor
 from waltz_engine.common.reqid import ReqId
@@ -146,7 +146,10 @@ def test_flush() -> None:
     run(go)
 
 
-def test_close() -> None:
+def test_close_leaves_undecided_appends_unknown() -> None:
+    """Closing is no proof of absence: an undecided append may still commit, so it is never
+    reported False (that would retry it) but OutcomeUnknownError naming it."""
+
     async def go(monitor: TransactionMonitor) -> None:
         monitor.start()
         futures = [await reg(monitor, rid(i, client=i)) for i in range(1, 5)]
@@ -155,10 +158,12 @@ def test_close() -> None:
         assert all(f.result() is True and f.is_flushed for f in futures[:2])
         assert not any(f.done() or f.is_flushed for f in futures[2:])
         monitor.close()
-        for future in futures[2:]:
+        for index, future in enumerate(futures[2:], 3):
             assert future.is_flushed
-            with pytest.raises(ClientClosedError):
+            with pytest.raises(OutcomeUnknownError) as raised:
                 future.result()
+            assert raised.value.req_id == rid(index, client=index)
+            assert raised.value.partition_id == 0
 
     run(go)
 
@@ -199,18 +204,19 @@ def test_last_enqueued() -> None:
     async def go(monitor: TransactionMonitor) -> None:
         monitor.start()
         f1 = await reg(monitor, rid(1))
-        assert monitor.last_enqueued() is f1 and monitor.last_enqueued_time_ms() >= 0
+        assert monitor.last_enqueued() is f1 and monitor.oldest_undecided() is f1
         f2 = await reg(monitor, rid(2))
-        assert monitor.last_enqueued() is f2
+        assert monitor.last_enqueued() is f2 and monitor.oldest_undecided() is f1
         monitor.committed(rid(1))
-        assert monitor.last_enqueued() is f2
+        assert monitor.last_enqueued() is f2 and monitor.oldest_undecided() is f2
         monitor.committed(rid(2))
-        assert monitor.last_enqueued() is None and monitor.last_enqueued_time_ms() == -1
+        assert monitor.last_enqueued() is None and monitor.oldest_undecided() is None
+        assert monitor.latency.samples == 2
 
     run(go)
 
 
-def test_clear() -> None:
+def test_abandon() -> None:
     num_req_ids = 1000
 
     async def go(monitor: TransactionMonitor) -> None:
@@ -229,13 +235,15 @@ def test_clear() -> None:
                 while len(futures) <= i:
                     await asyncio.sleep(0)
                 if rand.randrange(20) == 0:
-                    monitor.clear()
+                    monitor.abandon("test")
                 monitor.committed(rid(i))
 
         await asyncio.gather(writer(), reader_and_cleaner())
         assert monitor.registered_count == 0
         assert all(f.done() and f.is_flushed for f in futures)
-        # Cleared ones failed, committed ones succeeded; both happened.
-        assert {f.result() for f in futures} == {True, False}
+        # Abandoned ones are unknown (never False: that would retry them), committed ones
+        # succeeded; both happened.
+        outcomes = {type(f.exception()) if f.exception() else f.result() for f in futures}
+        assert outcomes == {True, OutcomeUnknownError}
 
     run(go)

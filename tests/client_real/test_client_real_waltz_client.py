@@ -28,8 +28,8 @@ from client_support.app import MockCallbacks, MockContext
 from cluster_support import module_cluster, waltz_client_config
 
 from waltz_engine.client import (
-    ClientClosedError,
     InvalidOperationError,
+    OutcomeUnknownError,
     PartitionInactiveError,
     Transaction,
     WaltzClient,
@@ -360,7 +360,26 @@ def test_flush_decides_everything(config: WaltzClientConfig) -> None:
     run(go())
 
 
-def test_close_fails_pending_with_client_closed(config: WaltzClientConfig) -> None:
+def test_no_retry_threads_end_a_lock_failure_not_committed(config: WaltzClientConfig) -> None:
+    """With ``client.numTransactionRetryThreads: 0`` an attempt proven absent has no retry to
+    run: the context ends with on_completion(False), not without any outcome."""
+    first = MockContext("transaction1", partition=P3, write_locks=[7])
+    second = MockContext("transaction2", partition=P3, write_locks=[7])  # would retry, but no threads
+    run_result: list[bool] = []
+
+    async def go() -> None:
+        no_retries = replace(config, num_transaction_retry_threads=0)
+        run_result.extend(await lock_conflict(no_retries, P3, first, [second]))
+
+    run(go())
+    assert run_result == [True, False]
+    assert second.events == ["lock_failure", "completion:False"]
+    assert second.exec_count == 1
+
+
+def test_close_leaves_undecided_append_unknown(config: WaltzClientConfig) -> None:
+    """The append may commit after the client closed: its outcome is unknown, never False."""
+
     async def go() -> None:
         callbacks = GatedCallbacks(await server_marks(config))
         client = await WaltzClient.create(callbacks, config)
@@ -370,8 +389,10 @@ def test_close_fails_pending_with_client_closed(config: WaltzClientConfig) -> No
             await client.submit(context)
         finally:
             await client.close()
-        with pytest.raises(ClientClosedError):
+        with pytest.raises(OutcomeUnknownError) as raised:
             await context.result(RESULT_WAIT_S)
+        assert raised.value.partition_id == P2
+        assert context.events == ["exception:OutcomeUnknownError"]
 
     run(go())
 

@@ -10,7 +10,7 @@ import pytest
 from bank_support import DEPOSIT, WITHDRAW, Bank, InsufficientFunds, stored_high_water_mark
 from client_support.app import MockCallbacks, MockContext
 
-from waltz_engine.client import WaltzClientConfig
+from waltz_engine.client import OutcomeUnknownError, WaltzClientConfig
 from waltz_engine.client.mock_driver import MockDriver
 from waltz_engine.client.pytest_plugin import WaltzMockHarness
 
@@ -20,6 +20,7 @@ WAIT_S = 30.0
 # Well below the bank's own timeouts: a bank stuck on a transaction fails the test quickly.
 CATCH_UP_S = 10.0
 BANK_LOGGER = "examples.bank.service"
+UNDECIDED_FLUSH_TIMEOUT_MS = 200  # the bank's flush at close gives up this soon
 
 
 def open_bank(harness: WaltzMockHarness, path: Path) -> tuple[Bank, MockDriver]:
@@ -121,3 +122,23 @@ def test_other_applications_transactions_are_skipped_once(
         assert restarted.skipped_transactions == 0  # mounted after them: not fed again
         assert restarted.balance(ACCOUNT) == 100
         assert restarted.history(ACCOUNT) == [(100, 100)]
+
+
+def test_an_unknown_outcome_is_applied_once_from_the_log(tmp_path: Path) -> None:
+    """The bank closes with a deposit undecided: the caller learns its outcome is unknown (not
+    "failed": it may be in the log), the bank never submits it again, and the next instance
+    applies it exactly once, from the log."""
+    harness = WaltzMockHarness(NUM_PARTITIONS)
+    driver = harness.new_driver()
+    path = tmp_path / "bank.sqlite"
+    bank = Bank(WaltzClientConfig(mock_driver=driver, flush_timeout_ms=UNDECIDED_FLUSH_TIMEOUT_MS), path)
+    driver.suspend_feed()  # committed on the server, but this instance cannot learn it
+    outcome = bank.submit(DEPOSIT, ACCOUNT, 100)
+    bank.close()
+    with pytest.raises(OutcomeUnknownError):
+        outcome.result(WAIT_S)
+    again, _ = open_bank(harness, path)
+    with again:
+        again.catch_up(CATCH_UP_S)
+        assert again.history(ACCOUNT) == [(100, 100)]
+    assert harness.partitions[ACCOUNT % NUM_PARTITIONS].high_water_mark == 0  # sent once

@@ -1,4 +1,4 @@
-"""Each of the smoke test's six checks passes on clean records and detects a planted violation."""
+"""Each of the smoke test's seven checks passes on clean records and detects a planted violation."""
 
 from __future__ import annotations
 
@@ -10,12 +10,15 @@ from waltz_engine.smoke.checks import (
     check_consecutive,
     check_no_double_apply,
     check_no_double_commit,
+    check_not_committed_absent,
     check_replicas,
     check_reread,
 )
+from waltz_engine.smoke.report import SmokeReport
 
 NUM_PARTITIONS = 3
 NUM_TXNS = 30
+SEED = 7
 
 
 def _data(n: int) -> list[str]:
@@ -51,6 +54,7 @@ def test_clean_records_pass_every_check() -> None:
     assert check_checksum(committed, applied).ok
     assert check_reread(committed, reread, _marks(reread)).ok
     assert check_replicas({"storage-0": {0: 7, 1: 8}, "storage-1": {0: 7, 1: 8}}).ok
+    assert check_not_committed_absent({"client-0": [uuid.uuid4().hex]}, applied).ok
 
 
 def test_a_double_commit_is_detected() -> None:
@@ -114,3 +118,41 @@ def test_differing_replicas_are_detected() -> None:
 
 def test_a_replica_missing_a_partition_is_detected() -> None:
     assert not check_replicas({"storage-0": {0: 7, 1: 8}, "storage-1": {0: 7}}).ok
+
+
+def test_a_transaction_told_not_committed_in_the_log_is_detected() -> None:
+    """The smoke run of seed 20261122: both clients told "failed", the transactions in the log."""
+    committed, applied = _clean()
+    in_log = committed["client-1"].pop()
+    result = check_not_committed_absent({"client-0": [], "client-1": [in_log]}, applied)
+    assert not result.ok and in_log in result.detail
+
+
+def test_unknown_outcomes_may_be_in_the_log_or_not() -> None:
+    committed, applied = _clean()
+    maybe = committed["client-1"].pop()  # in the log, but the client was told "unknown"
+    assert not check_checksum(committed, applied).ok
+    assert check_checksum(committed, applied, {maybe}).ok
+    reread = applied["client-0"]
+    assert check_reread(committed, reread, _marks(reread), {maybe}).ok
+    absent = uuid.uuid4().hex  # told "unknown", and not in the log: as right
+    assert check_checksum(committed, applied, {maybe, absent}).ok
+
+
+def test_a_report_passes_with_every_check_including_the_outcome_contract() -> None:
+    """The report counts the contract's check: a run whose seven checks pass passes (it once
+    said FAILED with every check OK, expecting six)."""
+    committed, applied = _clean()
+    reread = applied["client-0"]
+    results = [
+        check_no_double_commit(committed),
+        check_consecutive(applied),
+        check_no_double_apply(applied),
+        check_checksum(committed, applied),
+        check_not_committed_absent({}, applied),
+        check_reread(committed, reread, _marks(reread)),
+        check_replicas({"storage-0": {0: 7}, "storage-1": {0: 7}}),
+    ]
+    report = SmokeReport(SEED, "smoke", [], checks=results)
+    assert report.passed
+    assert not SmokeReport(SEED, "smoke", [], checks=results[:-1]).passed

@@ -16,7 +16,7 @@ import pytest
 SEED = 20261122  # a schedule with every fault kind in two minutes
 DURATION_S = "120"
 MIN_FAULTS = 20
-NUM_CHECKS = 6
+NUM_CHECKS = 7
 # Two minutes of writes, cluster start, drain, a full restart for the re-read: bounded well
 # above what a loaded 2-core machine needs, so a hang fails instead of blocking the suite.
 RUN_TIMEOUT_S = 600.0
@@ -32,7 +32,7 @@ app()
 
 
 @pytest.mark.slow
-def test_two_minutes_under_faults_pass_all_six_checks(tmp_path: Path) -> None:
+def test_two_minutes_under_faults_pass_all_seven_checks(tmp_path: Path) -> None:
     directory = tmp_path / "smoke"
     result = subprocess.run(
         [

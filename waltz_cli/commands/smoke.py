@@ -1,7 +1,7 @@
 """`waltz smoke`: the original's smoke test (reference §5.2) against a cluster of real processes.
 
 A thin skin over :mod:`waltz_engine.smoke.runner`: options, console, exit code (0 only when
-all six checks pass).
+all seven checks pass).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def smoke(
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """The smoke test: 3 storage nodes, 3 servers, 2 client processes, faults, six checks.
+    """The smoke test: 3 storage nodes, 3 servers, 2 client processes, faults, seven checks.
 
     With --json the progress goes to stderr and stdout holds only the final report.
 

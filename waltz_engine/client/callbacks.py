@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING
@@ -9,13 +10,21 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from waltz_engine.client.transaction import Transaction
 
+log = logging.getLogger(__name__)
+
 
 class WaltzClientCallbacks(ABC):
-    """Implemented by the application.
+    """Implemented by the application: ``get_client_high_water_mark`` and ``apply_transaction``
+    are required, ``uncaught_exception`` is optional (it logs the error).
 
-    ``get_client_high_water_mark`` and ``apply_transaction`` may be plain methods or coroutines
-    (with the asyncio client). With :class:`SyncWaltzClient` they run on the consumer threads
-    (``client.numConsumerThreads``), so they may block, e.g. on ``transaction.get_data()``.
+    With :class:`~waltz_engine.client.WaltzClient` they run on its event loop and may be plain
+    methods or coroutines (a coroutine's data reads: ``await transaction.data()``). With
+    :class:`~waltz_engine.client.SyncWaltzClient` they run on its consumer threads
+    (``client.numConsumerThreads``) and may block, e.g. on ``transaction.get_data()``.
+
+    The feed is the truth of the outcome contract: every committed transaction reaches
+    ``apply_transaction`` once, those of contexts that ended with ``OutcomeUnknownError`` too
+    (if they committed), and none that a context was told is not committed.
     """
 
     @abstractmethod
@@ -33,12 +42,18 @@ class WaltzClientCallbacks(ABC):
         stops the partition (see :meth:`uncaught_exception`).
         """
 
-    @abstractmethod
     def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
         """``apply_transaction`` raised ``exception`` on ``transaction_id`` of ``partition_id``.
 
         Called once per failed try. On the last allowed try ``exception`` is instead a
         :class:`~waltz_engine.client.errors.PartitionStoppedError` (the application's exception
         is its ``__cause__``): the client has stopped the partition (no feed, no appends; pending
-        ones fail with it) and logged one error line saying so.
+        ones end with OutcomeUnknownError) and logged one error line saying so. By default the
+        error is logged.
         """
+        log.error(
+            "apply_transaction failed on transaction %d of partition %d: %s",
+            transaction_id,
+            partition_id,
+            exception,
+        )

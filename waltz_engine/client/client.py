@@ -2,9 +2,9 @@
 
 One event loop runs everything: the stream client (mount, feed, appends), the RPC client
 (transaction data, high-water marks), the retry workers (``client.numTransactionRetryThreads``
-tasks re-submitting failed contexts) and the nudge that flushes appends waiting longer than
-``client.longWaitThreshold``. Application callbacks run on the loop unless a
-``callback_executor`` is given (SyncWaltzClient gives its consumer thread pool).
+tasks re-executing contexts whose attempt was proven absent) and each partition's long-wait
+timer. Application callbacks run on the loop unless a ``callback_executor`` is given
+(SyncWaltzClient gives its consumer thread pool).
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ from functools import partial
 from typing import Any, TypeVar
 
 from waltz_engine.client.callbacks import WaltzClientCallbacks
-from waltz_engine.client.config import WaltzClientConfig
+from waltz_engine.client.config import ConfigSource, client_config
 from waltz_engine.client.driver import DriverInfo, WaltzClientDriver, ZooKeeperDriver
 from waltz_engine.client.errors import (
     ClientClosedError,
     ClientTimeoutError,
     InvalidOperationError,
+    OutcomeUnknownError,
     WaltzClientError,
 )
 from waltz_engine.client.network_client import Endpoint
@@ -50,14 +51,36 @@ METRIC_GROUP = "waltz-client"
 
 
 class WaltzClient:
+    """The asyncio client: start it (``async with WaltzClient(callbacks) as client``, or
+    ``await WaltzClient.create(...)``), then ``await client.submit(context)``.
+
+    ``config``: a :class:`WaltzClientConfig`, a client YAML path, or None to use ``zookeeper`` and
+    ``cluster_root`` or, without them, the nearest ``waltz dev up`` cluster
+    (:meth:`WaltzClientConfig.load`). Every method is a coroutine or a plain method of the loop
+    the client was started on; call them from that loop only (:class:`SyncWaltzClient` is for
+    threads). Callbacks run on that loop too, unless ``callback_executor`` is given.
+
+    The outcome contract, per submitted context: exactly one final outcome, through its hooks.
+    ``on_completion(True)``: committed (the feed carried it; ``on_application`` follows once
+    ``apply_transaction`` applied it). ``on_completion(False)``: certainly not in the log
+    (``execute`` declined, a lock failure or another proof of absence with no retry left to
+    run). ``on_exception(OutcomeUnknownError)``: the client closed or gave up while a server
+    could still commit it; the feed shows whether it did. ``on_exception(other)``: raised before
+    anything was sent (also raised by :meth:`submit`). An attempt is retried (re-executed with a
+    fresh builder) only once a server proved it absent, never while it might still commit.
+    """
+
     def __init__(
         self,
         callbacks: WaltzClientCallbacks,
-        config: WaltzClientConfig,
+        config: ConfigSource = None,
         *,
+        zookeeper: str | None = None,
+        cluster_root: str | None = None,
         callback_executor: Executor | None = None,
         metrics: MetricsRegistry | None = None,
     ) -> None:
+        config = client_config(config, zookeeper, cluster_root)
         self._callbacks = callbacks
         self.config = config
         self._executor = callback_executor
@@ -73,7 +96,8 @@ class WaltzClient:
         self._early_endpoints: dict[Endpoint, list[PartitionInfo]] | None = None
         self._early_removed: list[Endpoint] = []
         self._retry_queue: asyncio.Queue[TransactionContext] = asyncio.Queue()
-        self._retrying = 0  # contexts a retry worker took from the queue and is sending again
+        self._open_contexts = 0  # submitted and without their final outcome yet (retries too)
+        self._progress = asyncio.Event()  # replaced after each set: flush waits on the current one
         self._tasks: list[asyncio.Task[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
@@ -83,8 +107,9 @@ class WaltzClient:
 
     @classmethod
     async def create(
-        cls, callbacks: WaltzClientCallbacks, config: WaltzClientConfig, **kwargs: Any
+        cls, callbacks: WaltzClientCallbacks, config: ConfigSource = None, **kwargs: Any
     ) -> WaltzClient:
+        """A started client (see the class for ``config`` and the keyword arguments)."""
         client = cls(callbacks, config, **kwargs)
         await client.start()
         return client
@@ -115,7 +140,6 @@ class WaltzClient:
             raise
         for worker in range(self.config.num_transaction_retry_threads):
             self._tasks.append(asyncio.create_task(self._retry_worker(), name=f"waltz-client-retry-{worker}"))
-        self._tasks.append(asyncio.create_task(self._nudge(), name="waltz-client-nudge"))
         self._register_metrics()
 
     def _build_clients(self, info: DriverInfo) -> None:
@@ -130,7 +154,7 @@ class WaltzClient:
             config.data_prefetch_bytes,
         )
         prefetching = config.data_prefetch_bytes > 0
-        self._stream = StreamClient(
+        stream = self._stream = StreamClient(
             info.client_id,
             info.num_partitions,
             config.max_concurrent_transactions,
@@ -144,10 +168,18 @@ class WaltzClient:
             config.max_application_attempts,
             self._rpc.feed_seen if prefetching else None,
             self._rpc.reset_prefetch if prefetching else None,
+            config.long_wait_threshold_ms,
         )
+        for partition in stream.partitions.values():
+            partition.applied_listener = self._notify_progress
 
     async def close(self) -> None:
-        """Fail everything pending with ClientClosedError and release connections and ZooKeeper."""
+        """Release connections and ZooKeeper; every open context gets its final outcome.
+
+        Contexts waiting for a retry were proven absent: ``on_completion(False)``. Appends no
+        server has decided yet may still commit: ``on_exception(OutcomeUnknownError)``. Call
+        :meth:`flush` first to have them decided.
+        """
         if self._closed:
             return
         self._closed = True
@@ -157,10 +189,10 @@ class WaltzClient:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         while not self._retry_queue.empty():
-            call_hook(self._retry_queue.get_nowait().on_exception, ClientClosedError())
-            self._retry_queue.task_done()
+            self._finish(self._retry_queue.get_nowait(), False)
         if self._stream is not None:
             await self._stream.close()
+            await asyncio.sleep(0)  # the monitors' futures' done callbacks report the unknown outcomes
         if self._rpc is not None:
             await self._rpc.close()
         with contextlib.suppress(WaltzError, OSError):
@@ -197,22 +229,38 @@ class WaltzClient:
 
         Returns once the append is sent (or declined). Raises, after ``on_exception``, when it
         cannot be sent at all: inactive partition, no mount within the timeout, client closed.
+        The context then ends there: nothing of it was sent. Otherwise it ends in exactly one of
+        ``on_completion(True)``, ``on_completion(False)`` or ``on_exception(OutcomeUnknownError)``
+        (see :class:`~waltz_engine.client.transaction_context.TransactionContext`).
         """
+        self._open_contexts += 1
+        await self._attempt(context)
+
+    async def _attempt(self, context: TransactionContext) -> None:
+        """One attempt of an open context; its final outcome, or a retry, comes later."""
+        sent = False
         try:
             stream = self._stream_client()
             request = await self._build(stream, context)
             if request is None:
-                call_hook(context.on_completion, False)  # nothing to do: no retry
+                self._finish(context, False)  # execute declined: nothing to do, no retry
                 return
             future = await stream.append(
                 request, context, self.config.registration_timeout_ms, self.config.flush_timeout_ms
             )
+            sent = True
             future.add_done_callback(partial(self._on_result, context))
+            self._notify_progress()
             network_client = stream.partitions[request.req_id.partition_id].network_client
             if network_client is not None:
                 await network_client.drain()
+        except asyncio.CancelledError:
+            if not sent:
+                self._finish(context, False)  # nothing of this attempt was sent, none will be
+            raise
         except Exception as e:
-            call_hook(context.on_exception, e)
+            if not sent:
+                self._finish(context, e)
             raise
 
     async def _build(self, stream: StreamClient, context: TransactionContext) -> AppendRequest | None:
@@ -226,77 +274,84 @@ class WaltzClient:
         return builder.build_request()
 
     def _on_result(self, context: TransactionContext, future: TransactionFuture) -> None:
+        """An attempt was decided: the context's final outcome, or (proven absent) a retry."""
         if future.cancelled():
+            self._finish(context, OutcomeUnknownError(future.req_id, "the client stopped watching it"))
             return
         error = future.exception()
         if error is not None:
-            call_hook(context.on_exception, error)
-        elif not future.result():
-            if self._closed:
-                call_hook(context.on_exception, ClientClosedError())
-            elif self.config.num_transaction_retry_threads > 0:
-                self._retry_queue.put_nowait(context)
-        # Success: on_completion(True) was called when the feed delivered it (before on_application).
+            self._finish(context, error)
+        elif future.result():
+            # on_completion(True) was called when the feed delivered it (before on_application).
+            self._finish(context, None)
+        elif self._closed or self.config.num_transaction_retry_threads == 0:
+            self._finish(context, False)
+        else:
+            self._retry_queue.put_nowait(context)
+            self._notify_progress()
+
+    def _finish(self, context: TransactionContext, outcome: bool | BaseException | None) -> None:
+        """The context's one final outcome: a hook (None: the feed already called it)."""
+        self._open_contexts -= 1
+        if isinstance(outcome, BaseException):
+            call_hook(context.on_exception, outcome)
+        elif outcome is not None:
+            call_hook(context.on_completion, outcome)
+        self._notify_progress()
+
+    def _notify_progress(self) -> None:
+        self._progress.set()
+        self._progress = asyncio.Event()
 
     async def _retry_worker(self) -> None:
         while True:
             context = await self._retry_queue.get()
-            # Out of the queue but not registered again yet: still pending (flush waits for it).
-            self._retrying += 1
-            try:
-                # Failures were reported through on_exception, the application's own errors
-                # too: none may end the worker (the retries after it would wait forever).
-                with contextlib.suppress(Exception):
-                    await self.submit(context)
-            finally:
-                self._retrying -= 1
-                self._retry_queue.task_done()
-
-    async def _nudge(self) -> None:
-        interval_s = self.config.long_wait_threshold_ms / 1000
-        stream = self._stream_client()
-        while True:
-            await asyncio.sleep(interval_s)
-            stream.nudge_waiting_transactions(self.config.long_wait_threshold_ms)
+            # Failures were reported through the context's hooks, the application's own errors
+            # too: none may end the worker (the retries after it would wait forever).
+            with contextlib.suppress(Exception):
+                await self._attempt(context)
 
     async def flush(self) -> None:
-        """Wait until every append sent so far is decided (committed or failed).
+        """Return once every context submitted so far has its final outcome, retries included,
+        and the committed ones were applied (``apply_transaction`` returned for them).
 
-        Appends that failed and wait to be retried are sent again first: they are pending as
-        much as the sent ones, and ``while client.has_pending_transactions(): await
-        client.flush()`` must wait for them, not spin past them (starving the retry workers).
+        Asks the servers to decide every pending append and waits for the retries that follow;
+        raises ClientTimeoutError after ``flush_timeout_ms`` with contexts still open (the
+        original's ``while client.has_pending_transactions(): client.flush()`` keeps working).
         """
         stream = self._stream_client()
-        if self._retries_pending:
-            try:
-                async with asyncio.timeout(self.config.flush_timeout_ms / 1000):
-                    await self._retry_queue.join()
-            except TimeoutError:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.flush_timeout_ms / 1000
+        asked: dict[int, ReqId] = {}  # the last append each partition's server was asked about
+        while self.has_pending_transactions() or any(
+            p.own_commit_unapplied for p in stream.partitions.values()
+        ):
+            progress = self._progress
+            for partition in stream.partitions.values():
+                last = partition.monitor.last_enqueued()
+                if (
+                    partition.is_active
+                    and last is not None
+                    and asked.get(partition.partition_id) != last.req_id
+                ):
+                    await partition.ensure_mounted(self.config.ensure_mounted_timeout_ms, stream.check_ahead)
+                    partition.flush_async()
+                    asked[partition.partition_id] = last.req_id
+            remaining = deadline - loop.time()
+            if remaining <= 0:
                 raise ClientTimeoutError(
-                    f"failed appends were not sent again within {self.config.flush_timeout_ms} ms"
-                ) from None
-        waits = []
-        for partition in stream.partitions.values():
-            if partition.is_active and partition.monitor.last_enqueued() is not None:
-                await partition.ensure_mounted(self.config.ensure_mounted_timeout_ms, stream.check_ahead)
-                future = partition.flush_async()
-                if future is not None:
-                    waits.append((partition.partition_id, future))
-        for partition_id, future in waits:
-            if not await future.wait_flushed(self.config.flush_timeout_ms):
-                raise ClientTimeoutError(
-                    f"partition {partition_id}: flush not answered within {self.config.flush_timeout_ms} ms"
+                    f"{self._open_contexts} transactions still undecided (or not yet applied) after "
+                    f"{self.config.flush_timeout_ms} ms of flushing; is every partition's server up?"
                 )
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await progress.wait()
 
     flush_transactions = flush
 
-    @property
-    def _retries_pending(self) -> bool:
-        """Appends that failed and wait to be sent again, or are being sent again."""
-        return self._retry_queue.qsize() > 0 or self._retrying > 0
-
     def has_pending_transactions(self) -> bool:
-        return self._stream_client().has_pending_transactions or self._retries_pending
+        """Whether a submitted context has no final outcome yet (waiting retries count)."""
+        return self._open_contexts > 0 or self._stream_client().has_pending_transactions
 
     async def high_water_mark(self, partition_id: int) -> int:
         """The server's high-water mark of ``partition_id`` (RPC)."""
@@ -434,4 +489,5 @@ def _register_partition_metrics(registry: MetricsRegistry, partition: Partition)
     registry.gauge(group, "lock-failure", lambda: partition.lock_failures)
     registry.gauge(group, "transaction-monitor-timeout", lambda: partition.registration_timeouts)
     registry.gauge(group, "application-failures", lambda: partition.application_failures)
+    registry.gauge(group, "long-wait-flushes", lambda: partition.long_wait_flushes)
     registry.gauge(group, "is-stopped", lambda: partition.stopped is not None)

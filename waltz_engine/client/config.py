@@ -6,12 +6,14 @@ impatient applications can shorten them; they are not YAML keys.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from waltz_engine.client.backoff import RECONNECT_BACKOFF_INITIAL_MS, RECONNECT_BACKOFF_MAX_MS
-from waltz_engine.common.config import Config, ConfigError
+from waltz_engine.common.config import Config, ConfigError, resolve_config_path
 from waltz_engine.net.tls import TlsConfig
 from waltz_engine.zk.connection import ZooKeeperSettings
 
@@ -113,7 +115,9 @@ class WaltzClientConfig:
         conf = config if isinstance(config, Config) else Config(config, "<client config>")
         driver = mock_driver if mock_driver is not None else conf.as_dict().get(KEY_MOCK_DRIVER)
         zookeeper = None
-        if driver is None or conf.optional_str("zookeeper.connectString") is not None:
+        if "zookeeper" not in overrides and (
+            driver is None or conf.optional_str("zookeeper.connectString") is not None
+        ):
             zookeeper = ZooKeeperSettings.from_config(conf)
         values: dict[str, Any] = {
             "zookeeper": zookeeper,
@@ -132,3 +136,47 @@ class WaltzClientConfig:
         }
         values.update(overrides)
         return cls(**values)
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        zookeeper: str | None = None,
+        cluster_root: str | None = None,
+        **overrides: Any,
+    ) -> WaltzClientConfig:
+        """A client's configuration in one call, found as the ``waltz`` commands find it.
+
+        ``path``: a client YAML (the original's keys). ``zookeeper``/``cluster_root``: the
+        cluster, winning over the file's keys. With neither a path nor both of them, the nearest
+        dev cluster's ``.waltz-dev/client.yml`` (here or in a directory above) is used.
+        ``overrides`` set fields directly (``flush_timeout_ms=...``).
+        """
+        file = resolve_config_path(Path(path) if path is not None else None)
+        if file is None and not (zookeeper and cluster_root):
+            raise ConfigError(
+                "no Waltz cluster given: pass a client YAML path, or zookeeper= and cluster_root=, "
+                "or run below a directory where `waltz dev up` started one (.waltz-dev/client.yml)"
+            )
+        conf = Config.load(file) if file is not None else Config({}, "<client arguments>")
+        if zookeeper or cluster_root:
+            overrides.setdefault(
+                "zookeeper",
+                ZooKeeperSettings.resolve(zookeeper=zookeeper, cluster_root=cluster_root, config=conf),
+            )
+        return cls.from_config(conf, **overrides)
+
+
+ConfigSource = WaltzClientConfig | str | os.PathLike[str] | None
+
+
+def client_config(
+    config: ConfigSource, zookeeper: str | None = None, cluster_root: str | None = None
+) -> WaltzClientConfig:
+    """What a client constructor was given: a config as it is, else :meth:`WaltzClientConfig.load`."""
+    if isinstance(config, WaltzClientConfig):
+        if zookeeper or cluster_root:
+            raise ConfigError("give either a WaltzClientConfig or zookeeper=/cluster_root=, not both")
+        return config
+    return WaltzClientConfig.load(config, zookeeper=zookeeper, cluster_root=cluster_root)

@@ -7,6 +7,7 @@ needs one ``except`` for everything the client reports.
 from __future__ import annotations
 
 from waltz_engine.common.errors import WaltzError
+from waltz_engine.common.reqid import ReqId
 
 
 class WaltzClientError(WaltzError):
@@ -14,7 +15,8 @@ class WaltzClientError(WaltzError):
 
 
 class ClientClosedError(WaltzClientError):
-    """The client was closed while the call was pending, or before it was made."""
+    """The client was closed before the call could send anything (an append sent before the
+    close that no server decided ends with :class:`OutcomeUnknownError` instead)."""
 
     def __init__(self, message: str = "the Waltz client is closed") -> None:
         super().__init__(message)
@@ -70,3 +72,19 @@ class PartitionStoppedError(WaltzClientError):
         self.transaction_id = transaction_id
         self.attempts = attempts
         self.__cause__ = cause
+
+
+class OutcomeUnknownError(WaltzClientError):
+    """The client closed or gave up while an attempt could still commit: it may be in the log or not.
+
+    Only the feed can tell: an application that stores its high-water mark with its effects sees
+    the transaction applied (``apply_transaction``) if, and only if, it committed. Never retried.
+    """
+
+    def __init__(self, req_id: ReqId, reason: str) -> None:
+        super().__init__(
+            f"outcome unknown of append {req_id} on partition {req_id.partition_id}: {reason}; "
+            "it may have committed (the feed will show it if it did)"
+        )
+        self.req_id = req_id
+        self.partition_id = req_id.partition_id

@@ -2,9 +2,11 @@
 
 It holds the client high-water mark (the last transaction applied through the callbacks),
 the mount state of the partition's current network client and the transaction monitor, and
-decides when a pending append has failed: feed, flush answers (deferred until the client has
-applied up to the flushed high-water mark) and lock failures (deferred until the client has
-applied the conflicting transaction, so a retry builds on data at least that new).
+decides when a pending append is proven absent: feed, flush answers (deferred until the client
+has applied up to the flushed high-water mark) and lock failures (deferred until the client has
+applied the conflicting transaction, so a retry builds on data at least that new). Its one
+long-wait timer asks the server to decide an append that waits much longer than the partition's
+recent commits took (client/commit_latency.py).
 """
 
 from __future__ import annotations
@@ -14,18 +16,18 @@ import contextlib
 import enum
 import heapq
 import logging
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from waltz_engine.client.config import DEFAULT_LONG_WAIT_THRESHOLD_MS
 from waltz_engine.client.errors import (
     ClientClosedError,
     ClientTimeoutError,
     PartitionInactiveError,
     PartitionStoppedError,
 )
-from waltz_engine.client.transaction_monitor import TransactionFuture, TransactionMonitor
+from waltz_engine.client.transaction_monitor import TransactionFuture, TransactionMonitor, monotonic_ms
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.wire.client_messages import AppendRequest, FeedData, FlushRequest, LockFailure
 
@@ -72,13 +74,19 @@ class PartitionState(enum.Enum):
 
 
 class Partition:
-    def __init__(self, partition_id: int, client_id: int, max_concurrent_transactions: int) -> None:
+    def __init__(
+        self,
+        partition_id: int,
+        client_id: int,
+        max_concurrent_transactions: int,
+        long_wait_ceiling_ms: int = DEFAULT_LONG_WAIT_THRESHOLD_MS,
+    ) -> None:
         self.partition_id = partition_id
         self.client_id = client_id
         self.generation = -1
         self.state = PartitionState.INACTIVE
         self.client_high_water_mark = NO_HIGH_WATER_MARK
-        self.monitor = TransactionMonitor(max_concurrent_transactions)
+        self.monitor = TransactionMonitor(max_concurrent_transactions, long_wait_ceiling_ms)
         self.network_client: NetworkClient | None = None
         self.mounted = False
         self.client_ahead = False
@@ -86,6 +94,12 @@ class Partition:
         self.lock_failures = 0
         self.registration_timeouts = 0
         self.application_failures = 0  # apply_transaction raised on the next transaction, in a row
+        self.long_wait_flushes = 0  # FlushRequests the long-wait timer sent
+        self.last_own_commit = NO_HIGH_WATER_MARK  # txid of this client's latest committed append
+        self.applied_listener: Callable[[], None] | None = None  # told when one of ours was applied
+        self._long_wait_timer: asyncio.TimerHandle | None = None
+        self._long_wait_flushed: ReqId | None = None  # the oldest append the timer last flushed for
+        self._long_wait_backoff = 1  # doubles while a flush for the same append goes unanswered
         self.stopped: PartitionStoppedError | None = None
         self._seq_num = 0
         self._lock_failure_queue: list[tuple[int, int, ReqId]] = []  # (lock hwm, arrival, reqId)
@@ -125,9 +139,11 @@ class Partition:
             while self.monitor.is_stopped and future is not None:
                 if not await future.wait_flushed(flush_timeout_ms):
                     log.warning(
-                        "%r: pending appends undecided after %d ms; failing them", self, flush_timeout_ms
+                        "%r: pending appends undecided after %d ms; their outcome is unknown",
+                        self,
+                        flush_timeout_ms,
                     )
-                    self.monitor.clear()
+                    self.monitor.abandon(f"no server decided it within {flush_timeout_ms} ms")
                     break
                 future = self.flush_async()
         self.process_auxiliary_queues()
@@ -141,6 +157,7 @@ class Partition:
         self.state = PartitionState.CLOSED
         self.mounted = False
         self.client_ahead = False
+        self._cancel_long_wait()
         self.monitor.close()
         self._notify()
 
@@ -149,7 +166,8 @@ class Partition:
         self.stopped = error
         self.state = PartitionState.STOPPED
         self.mounted = False
-        self.monitor.close(error)
+        self._cancel_long_wait()
+        self.monitor.close(f"partition {self.partition_id} stopped", error)
         self._notify()
 
     def refused(self) -> None:
@@ -232,6 +250,8 @@ class Partition:
             log.debug(
                 "%r: append %s not sent (no connection); the next mount decides it", self, request.req_id
             )
+        if self._long_wait_timer is None and not future.done():
+            self._arm_long_wait(self.monitor.latency.long_wait_ms())
         return future
 
     def flush_async(self) -> TransactionFuture | None:
@@ -248,10 +268,40 @@ class Partition:
             log.debug("%r: cannot send FlushRequest now; the mount will flush", self)
         return future
 
-    def nudge(self, long_wait_threshold_ms: int) -> None:
-        last_ms = self.monitor.last_enqueued_time_ms()
-        if self.mounted and last_ms >= 0 and time.monotonic() * 1000 > last_ms + long_wait_threshold_ms:
+    # -- the long-wait timer: one per partition, armed while an append is undecided ------------
+
+    def _arm_long_wait(self, delay_ms: float) -> None:
+        loop = asyncio.get_running_loop()
+        self._long_wait_timer = loop.call_later(max(delay_ms, 0) / 1000, self._long_wait_due)
+
+    def _cancel_long_wait(self) -> None:
+        if self._long_wait_timer is not None:
+            self._long_wait_timer.cancel()
+            self._long_wait_timer = None
+
+    def _long_wait_due(self) -> None:
+        """Flush when the oldest undecided append waited too long; re-arm for the next check."""
+        self._long_wait_timer = None
+        if self.state in (PartitionState.CLOSED, PartitionState.STOPPED):
+            return
+        oldest = self.monitor.oldest_undecided()
+        if oldest is None:
+            return
+        if oldest.req_id != self._long_wait_flushed:
+            self._long_wait_backoff = 1
+        latency = self.monitor.latency
+        wait_ms = min(latency.long_wait_ms() * self._long_wait_backoff, latency.ceiling_ms)
+        waited_ms = monotonic_ms() - oldest.registered_ms
+        if waited_ms < wait_ms:
+            self._arm_long_wait(wait_ms - waited_ms)
+            return
+        if self.mounted:
+            log.debug("%r: %s waited %.0f ms; asking the server to decide it", self, oldest.req_id, waited_ms)
+            self.long_wait_flushes += 1
             self.flush_async()
+        self._long_wait_flushed = oldest.req_id
+        self._long_wait_backoff *= 2
+        self._arm_long_wait(min(wait_ms * 2, latency.ceiling_ms))
 
     def flush_completed(self, req_id: ReqId, high_water_mark: int) -> None:
         if self.client_high_water_mark >= high_water_mark:
@@ -284,6 +334,11 @@ class Partition:
     def has_pending_transactions(self) -> bool:
         return self.monitor.registered_count > 0
 
+    @property
+    def own_commit_unapplied(self) -> bool:
+        """One of this client's committed transactions still waits for ``apply_transaction``."""
+        return self.is_active and self.client_high_water_mark < self.last_own_commit
+
     # -- the feed --------------------------------------------------------------------------
 
     async def apply_transactions(self, feed: Sequence[FeedData], deliver: Deliver) -> None:
@@ -306,6 +361,7 @@ class Partition:
                 if req_id.client_id == client_id:  # others' transactions were never registered here
                     context = monitor.committed(req_id)
                     if context is not None:
+                        self.last_own_commit = transaction_id
                         call_hook(context.on_completion, True)
                     else:
                         # The application failed on it before: the context still wants on_application.
@@ -326,5 +382,7 @@ class Partition:
                 self.application_failures = 0
                 if context is not None:
                     call_hook(context.on_application)
+                    if self.applied_listener is not None:
+                        self.applied_listener()
                 if self._lock_failure_queue or self._flush_points:
                     self.process_auxiliary_queues()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, cast
 
 from waltz_engine.client.backoff import RECONNECT_BACKOFF_MAX_MS
 from waltz_engine.client.base_client import BaseClient
-from waltz_engine.client.config import MAX_APPLICATION_ATTEMPTS
+from waltz_engine.client.config import DEFAULT_LONG_WAIT_THRESHOLD_MS, MAX_APPLICATION_ATTEMPTS
 from waltz_engine.client.errors import (
     ClientAheadError,
     ClientClosedError,
@@ -75,6 +75,7 @@ class StreamClient(BaseClient):
         max_application_attempts: int = MAX_APPLICATION_ATTEMPTS,
         feed_seen: FeedSeen | None = None,
         remounting: Callable[[int], None] | None = None,
+        long_wait_ceiling_ms: int = DEFAULT_LONG_WAIT_THRESHOLD_MS,
     ) -> None:
         super().__init__(open_channel, reconnect_delay_ms, reconnect_max_delay_ms)
         self._feed_seen = feed_seen
@@ -87,7 +88,8 @@ class StreamClient(BaseClient):
         self._deliver = deliver
         self._server_high_water_mark = server_high_water_mark
         self.partitions = {
-            p: Partition(p, client_id, max_concurrent_transactions) for p in range(num_partitions)
+            p: Partition(p, client_id, max_concurrent_transactions, long_wait_ceiling_ms)
+            for p in range(num_partitions)
         }
 
     def partition(self, partition_id: int) -> Partition:
@@ -297,10 +299,6 @@ class StreamClient(BaseClient):
                     f"pending for "
                     f"{registration_timeout_ms} ms and a flush was not answered within {flush_timeout_ms} ms"
                 )
-
-    def nudge_waiting_transactions(self, long_wait_threshold_ms: int) -> None:
-        for partition in self.partitions.values():
-            partition.nudge(long_wait_threshold_ms)
 
     @property
     def has_pending_transactions(self) -> bool:

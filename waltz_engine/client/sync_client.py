@@ -1,9 +1,4 @@
-"""A blocking facade for threaded programs: the asyncio client on a loop in a background thread.
-
-Callbacks (``execute``, ``get_client_high_water_mark``, ``apply_transaction``) run on a pool
-of ``client.numConsumerThreads`` threads, as the original's consumer threads, so they may
-block — e.g. ``transaction.get_data()``; feeds are still applied one at a time per partition.
-"""
+"""A blocking facade for threaded programs: the asyncio client on a loop in a background thread."""
 
 from __future__ import annotations
 
@@ -15,7 +10,7 @@ from typing import Any, TypeVar
 
 from waltz_engine.client.callbacks import WaltzClientCallbacks
 from waltz_engine.client.client import WaltzClient
-from waltz_engine.client.config import WaltzClientConfig
+from waltz_engine.client.config import ConfigSource, client_config
 from waltz_engine.client.transaction_context import TransactionContext
 from waltz_engine.common.metrics import MetricsRegistry
 
@@ -26,12 +21,30 @@ LOOP_THREAD_JOIN_TIMEOUT_S = 30.0
 
 
 class SyncWaltzClient:
+    """The client for threaded programs: ``with SyncWaltzClient(callbacks) as client:``.
+
+    It starts when built (mounting every partition; ``config`` as for :class:`WaltzClient`: a
+    :class:`~waltz_engine.client.config.WaltzClientConfig`, a YAML path, ``zookeeper`` and
+    ``cluster_root``, or nothing next to a ``waltz dev up`` cluster). Its methods block, so call
+    them from your threads, never from a callback. The callbacks and ``execute`` run on a pool of
+    ``client.numConsumerThreads`` threads (the original's consumer threads), so they may block,
+    e.g. on ``transaction.get_data()``; a partition's transactions are still applied one at a
+    time, in order. The context hooks (``on_completion``, ``on_application``, ``on_exception``,
+    ``on_lock_failure``) run on the client's loop thread: keep them short. Outcomes follow
+    :class:`WaltzClient`'s contract; :meth:`flush` returns once every submitted context has its
+    final outcome.
+    """
+
     def __init__(
         self,
         callbacks: WaltzClientCallbacks,
-        config: WaltzClientConfig,
+        config: ConfigSource = None,
         metrics: MetricsRegistry | None = None,
+        *,
+        zookeeper: str | None = None,
+        cluster_root: str | None = None,
     ) -> None:
+        config = client_config(config, zookeeper, cluster_root)
         self._consumers = concurrent.futures.ThreadPoolExecutor(
             config.num_consumer_threads, thread_name_prefix="waltz-client-consumer"
         )
@@ -70,9 +83,11 @@ class SyncWaltzClient:
         return self._client.num_partitions
 
     def submit(self, context: TransactionContext) -> None:
+        """Execute and send ``context`` (see :meth:`WaltzClient.submit`)."""
         self._run(self._client.submit(context))
 
     def flush(self) -> None:
+        """Block until every submitted context has its final outcome (see :meth:`WaltzClient.flush`)."""
         self._run(self._client.flush())
 
     flush_transactions = flush

@@ -1,8 +1,10 @@
 """Which of this client's appends are still pending, per partition (the original's TransactionMonitor, §3.5).
 
 The server never says "appended"; the feed does. Appends of one partition are processed in
-order, so when the feed shows one of ours, every older pending one of ours has failed. A flush
-answer (or a mount, which implies one) fails everything up to the flushed request.
+order, so when the feed shows one of ours, every older pending one of ours is proven absent. A
+flush answer (or a mount, which implies one) proves absent everything up to the flushed request
+that the feed did not show. Only a proven-absent append settles False (and may be retried); one
+the client stops watching before a server decided it settles with OutcomeUnknownError.
 
 Everything runs on the client's event loop: no locks, and waiters are futures, not threads.
 """
@@ -15,7 +17,9 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from waltz_engine.client.errors import ClientClosedError, PartitionInactiveError
+from waltz_engine.client.commit_latency import CommitLatency
+from waltz_engine.client.config import DEFAULT_LONG_WAIT_THRESHOLD_MS
+from waltz_engine.client.errors import ClientClosedError, OutcomeUnknownError, PartitionInactiveError
 from waltz_engine.common.reqid import ReqId
 
 if TYPE_CHECKING:
@@ -24,8 +28,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def monotonic_ms() -> float:
+    return time.monotonic() * 1000
+
+
 class TransactionFuture(asyncio.Future[bool]):
-    """True: appended; False: not appended (retry); exception: given up.
+    """True: committed; False: proven absent (a retry may follow); OutcomeUnknownError: not decided
+    when the client stopped watching; another exception: never sent.
 
     *Flushed* means the monitor forgot the request: the server can no longer commit it.
     """
@@ -34,6 +43,7 @@ class TransactionFuture(asyncio.Future[bool]):
         super().__init__()
         self.req_id = req_id
         self.context = context
+        self.registered_ms = monotonic_ms()
         self._flushed = False
         self._flush_waiters: list[asyncio.Future[None]] = []
 
@@ -81,14 +91,16 @@ class MonitorState(enum.Enum):
 class TransactionMonitor:
     """Registered appends in send order; at most ``max_concurrent_transactions`` undecided ones."""
 
-    def __init__(self, max_concurrent_transactions: int) -> None:
+    def __init__(
+        self, max_concurrent_transactions: int, long_wait_ceiling_ms: int = DEFAULT_LONG_WAIT_THRESHOLD_MS
+    ) -> None:
         assert max_concurrent_transactions >= 1
         self.max_capacity = max_concurrent_transactions
+        self.latency = CommitLatency(long_wait_ceiling_ms)
         self.state = MonitorState.STOPPED
         self._registered: dict[ReqId, TransactionFuture] = {}  # insertion order = send order
         self._num_registered = 0  # registered and not yet completed (aborted ones stay until flushed)
         self._last_req_id: ReqId | None = None
-        self._last_time_ms = -1
         self._space: asyncio.Event | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -110,21 +122,19 @@ class TransactionMonitor:
     def is_stopped(self) -> bool:
         return self.state is MonitorState.STOPPED
 
-    def close(self, error: BaseException | None = None) -> None:
-        """Fail every pending append with ``error`` (default: ClientClosedError); no more appends."""
+    def close(self, reason: str = "the client closed", cause: BaseException | None = None) -> None:
+        """No more appends; every undecided one ends with OutcomeUnknownError (``reason``)."""
         self.state = MonitorState.CLOSED
+        self.abandon(reason, cause)
+
+    def abandon(self, reason: str, cause: BaseException | None = None) -> None:
+        """Stop watching the undecided appends: a server may still commit them, so their outcome
+        is unknown (never False: that would retry an append that may be in the log)."""
         for future in self._registered.values():
             if not future.done():
-                future.set_exception(error if error is not None else ClientClosedError())
-            future.mark_flushed()
-        self._registered.clear()
-        self._num_registered = 0
-        self._wake()
-
-    def clear(self) -> None:
-        """The server has nothing pending from us (a mount completed): every request failed."""
-        for future in self._registered.values():
-            future.settle(False)
+                error = OutcomeUnknownError(future.req_id, reason)
+                error.__cause__ = cause
+                future.set_exception(error)
             future.mark_flushed()
         self._registered.clear()
         self._num_registered = 0
@@ -159,7 +169,6 @@ class TransactionMonitor:
                 future.set_result(False)
             else:
                 self._last_req_id = req_id
-                self._last_time_ms = int(time.monotonic() * 1000)
                 self._registered[req_id] = future
                 self._num_registered += 1
         elif self.state is MonitorState.STOPPED:
@@ -181,6 +190,8 @@ class TransactionMonitor:
         future = self._registered.get(req_id)
         if future is None:
             return None
+        if not future.done():
+            self.latency.observe(monotonic_ms() - future.registered_ms)
         self._complete_through(req_id, True)
         return future.context
 
@@ -217,9 +228,9 @@ class TransactionMonitor:
     def last_enqueued(self) -> TransactionFuture | None:
         return self._registered.get(self._last_req_id) if self._last_req_id is not None else None
 
-    def last_enqueued_time_ms(self) -> int:
-        """Monotonic ms of the last registration, -1 when nothing is registered."""
-        return self._last_time_ms if self.last_enqueued() is not None else -1
+    def oldest_undecided(self) -> TransactionFuture | None:
+        """The first registered append that is not settled yet (lock failures are settled)."""
+        return next((f for f in self._registered.values() if not f.done()), None)
 
     @property
     def registered_count(self) -> int:

@@ -37,12 +37,23 @@ def dev_client_config_path() -> Path:
     return Path(DEV_CLUSTER_DIRECTORY) / DEV_CLIENT_CONFIG_NAME
 
 
+def find_dev_client_config(start: Path | None = None) -> Path | None:
+    """The nearest dev cluster's client config: in ``start`` (default: the current directory) or
+    the first directory above it holding ``.waltz-dev/client.yml``, so a command or a client run
+    from a subdirectory of the project finds the cluster ``waltz dev up`` started at its top."""
+    here = (start if start is not None else Path.cwd()).absolute()
+    for directory in (here, *here.parents):
+        candidate = directory / dev_client_config_path()
+        if candidate.is_file():
+            return candidate if directory != Path.cwd() else dev_client_config_path()
+    return None
+
+
 def resolve_config_path(path: Path | None) -> Path | None:
-    """``path``, else the local dev cluster's client config when there is one here, else None."""
+    """``path``, else the nearest dev cluster's client config (:func:`find_dev_client_config`)."""
     if path is not None:
         return path
-    dev = dev_client_config_path()
-    return dev if dev.is_file() else None
+    return find_dev_client_config()
 
 
 class ConfigError(WaltzError):

@@ -1,15 +1,18 @@
-"""The smoke test's six correctness checks (reference §5.2), as pure functions over what the
-client processes recorded, so each can be tested against a planted violation.
+"""The smoke test's correctness checks (reference §5.2's six and the client's outcome contract),
+as pure functions over what the client processes recorded, so each can be tested against a
+planted violation.
 
 Data: every transaction carries a random UUID (16 bytes). A client records the UUIDs of its
-contexts that completed (``committed``) and every transaction it applied as
-``(partition, transaction id, UUID)`` (``applied``); every client applies every partition.
+contexts that completed (``committed``), of those told "not committed" (``on_completion(False)``)
+and of those whose outcome is unknown (``OutcomeUnknownError``: in the log or not, either is
+right), and every transaction it applied as ``(partition, transaction id, UUID)`` (``applied``);
+every client applies every partition.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 NO_TRANSACTION = -1
@@ -91,23 +94,31 @@ def check_no_double_apply(applied: Mapping[str, Sequence[Applied]]) -> CheckResu
     return CheckResult("applied-once", True, f"{len(applied)} clients")
 
 
+def _decided(records: Iterable[Applied], unknown: Collection[str]) -> list[str]:
+    """The applied data whose outcome the producer was told (unknown ones may be there or not)."""
+    return [r.data for r in records if r.data not in unknown]
+
+
 def check_checksum(
-    committed: Mapping[str, Sequence[str]], applied: Mapping[str, Sequence[Applied]]
+    committed: Mapping[str, Sequence[str]],
+    applied: Mapping[str, Sequence[Applied]],
+    unknown: Collection[str] = frozenset(),
 ) -> CheckResult:
-    """(4) Each client's applied data sums to what all clients produced (committed)."""
+    """(4) Each client's applied data, but for outcomes left unknown, sums to what all clients
+    produced (committed)."""
     produced = additive_checksum(d for uuids in committed.values() for d in uuids)
-    wrong = [
-        f"{client}: {additive_checksum(r.data for r in records):#x} != {produced:#x}"
-        for client, records in applied.items()
-        if additive_checksum(r.data for r in records) != produced
-    ]
+    sums = {client: additive_checksum(_decided(records, unknown)) for client, records in applied.items()}
+    wrong = [f"{client}: {found:#x} != {produced:#x}" for client, found in sums.items() if found != produced]
     if wrong:
         return CheckResult("checksum", False, "; ".join(wrong))
     return CheckResult("checksum", True, f"{produced:#x}")
 
 
 def check_reread(
-    committed: Mapping[str, Sequence[str]], reread: Sequence[Applied], high_water_marks: Mapping[int, int]
+    committed: Mapping[str, Sequence[str]],
+    reread: Sequence[Applied],
+    high_water_marks: Mapping[int, int],
+    unknown: Collection[str] = frozenset(),
 ) -> CheckResult:
     """(5) A fresh client reading every partition from the start, after every node restarted,
     gets 0..high-water mark of each, and exactly the committed data."""
@@ -125,12 +136,28 @@ def check_reread(
     if short:
         return CheckResult("re-read", False, "; ".join(short))
     produced = additive_checksum(d for uuids in committed.values() for d in uuids)
-    found = additive_checksum(r.data for r in reread)
+    found = additive_checksum(_decided(reread, unknown))
     if found != produced:
         return CheckResult("re-read", False, f"checksum {found:#x} != produced {produced:#x}")
     return CheckResult(
         "re-read", True, f"numConsumed={len(reread)} hwmarks={dict(sorted(high_water_marks.items()))}"
     )
+
+
+def check_not_committed_absent(
+    not_committed: Mapping[str, Sequence[str]], applied: Mapping[str, Sequence[Applied]]
+) -> CheckResult:
+    """(7) The outcome contract: no transaction a client was told is not committed
+    (``on_completion(False)``) is in the log, as any client applied it."""
+    told = {d for uuids in not_committed.values() for d in uuids}
+    found = sorted({r.data for records in applied.values() for r in records if r.data in told})
+    if found:
+        return CheckResult(
+            "not-committed-absent",
+            False,
+            f"{len(found)} told not committed are in the log, e.g. {_examples(found)}",
+        )
+    return CheckResult("not-committed-absent", True, f"{len(told)} told not committed, none in the log")
 
 
 def check_replicas(checksums: Mapping[str, Mapping[int, int]]) -> CheckResult:

@@ -108,6 +108,11 @@ class ClientProcess:
                 records.append((data, float(latency_ms)))
         return records
 
+    def told(self, file_name: str) -> list[str]:
+        """The UUIDs of one outcome file (``workload.NOT_COMMITTED_FILE``, ``UNKNOWN_FILE``)."""
+        with (self.out / file_name).open(encoding="ascii") as lines:
+            return [line.strip() for line in lines if line.strip()]
+
     def applied(self) -> list[Applied]:
         records = []
         with (self.out / workload.APPLIED_FILE).open(encoding="ascii") as lines:

@@ -2,7 +2,7 @@
 
 ZooKeeper, 3 storage nodes, 3 servers (each behind a a ``TcpProxy``), 2 client processes,
 3 partitions; a seeded fault schedule (kill -9 + restart, SIGSTOP/SIGCONT, a ZooKeeper restart,
-client↔server and server↔storage cuts) runs while the clients write; then the six checks.
+client↔server and server↔storage cuts) runs while the clients write; then the seven checks.
 Every wait is bounded; the cluster, the proxies and the clients are stopped on every exit.
 """
 
@@ -102,6 +102,7 @@ class SmokeRun:
         self.clients: list[ClientProcess] = []
         self.injected: list[Fault] = []
         self.committed: dict[str, list[str]] = {}
+        self.unknown: set[str] = set()  # outcomes left unknown: in the log or not, either is right
         self.node_state = {node.name: UP for node in self.cluster.nodes} | {ZOOKEEPER: UP}
         # Node operations block (they wait for a process to exit or to serve) and must not run
         # concurrently (each rewrites the cluster's state file): one worker thread.
@@ -333,6 +334,8 @@ class SmokeRun:
         committed_records = {c.name: c.committed() for c in self.clients}
         self.committed = {name: [d for d, _ in records] for name, records in committed_records.items()}
         applied = {c.name: c.applied() for c in self.clients}
+        not_committed = {c.name: c.told(workload.NOT_COMMITTED_FILE) for c in self.clients}
+        self.unknown = {d for c in self.clients for d in c.told(workload.UNKNOWN_FILE)}
         latencies = [ms for records in committed_records.values() for _, ms in records]
         self.report.committed = len(latencies)
         self.report.latency_p50_ms = percentile(latencies, 50)
@@ -342,7 +345,8 @@ class SmokeRun:
         self._record(checks.check_no_double_commit(self.committed))
         self._record(checks.check_consecutive(applied))
         self._record(checks.check_no_double_apply(applied))
-        self._record(checks.check_checksum(self.committed, applied))
+        self._record(checks.check_checksum(self.committed, applied, self.unknown))
+        self._record(checks.check_not_committed_absent(not_committed, applied))
 
     def _record(self, result: checks.CheckResult) -> None:
         self.report.checks.append(result)
@@ -358,7 +362,7 @@ class SmokeRun:
             records, marks = await reread_all(self._client_config(), self.options.partitions)
         self.report.verify_elapsed_s = time.monotonic() - started
         self.report.high_water_marks = marks
-        self._record(checks.check_reread(self.committed, records, marks))
+        self._record(checks.check_reread(self.committed, records, marks, self.unknown))
 
     async def _cluster_key(self) -> uuid.UUID:
         if self._key is None:

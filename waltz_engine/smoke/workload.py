@@ -5,6 +5,8 @@ transactions (random UUID data, partition = hash % partitions, one write lock
 ``("test", rand(1000))``) and applies every partition's transactions, recording:
 
 * ``DIR/committed.log``: ``<uuid hex> <latency ms>`` per context that completed (committed);
+* ``DIR/not_committed.log``, ``DIR/unknown.log``: ``<uuid hex>`` per context told
+  ``on_completion(False)``, and per one that ended with ``OutcomeUnknownError``;
 * ``DIR/applied.log``: ``<partition> <transaction id> <uuid hex>`` per applied transaction;
 * stdout: one JSON progress line per second (``state``, counts, applied high-water marks).
 
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from waltz_engine.client import (
+    OutcomeUnknownError,
     PartitionLocalLock,
     Transaction,
     TransactionBuilder,
@@ -39,6 +42,8 @@ from waltz_engine.common.config import Config
 from waltz_engine.common.errors import WaltzError
 
 COMMITTED_FILE = "committed.log"
+NOT_COMMITTED_FILE = "not_committed.log"
+UNKNOWN_FILE = "unknown.log"
 APPLIED_FILE = "applied.log"
 LOCK_NAME = "test"
 NUM_LOCKS = 1000
@@ -72,6 +77,14 @@ class Workload(WaltzClientCallbacks):
         out.mkdir(parents=True, exist_ok=True)
         self.committed_file: IO[str] = (out / COMMITTED_FILE).open("w", encoding="ascii")
         self.applied_file: IO[str] = (out / APPLIED_FILE).open("w", encoding="ascii")
+        self.not_committed_file: IO[str] = (out / NOT_COMMITTED_FILE).open("w", encoding="ascii")
+        self.unknown_file: IO[str] = (out / UNKNOWN_FILE).open("w", encoding="ascii")
+        self.record_files = (
+            self.committed_file,
+            self.applied_file,
+            self.not_committed_file,
+            self.unknown_file,
+        )
         self.marks: dict[int, int] = {}
         self.state = STARTING
         self.submitted = 0
@@ -80,6 +93,8 @@ class Workload(WaltzClientCallbacks):
         self.retries = 0
         self.lock_failures = 0
         self.failed = 0
+        self.not_committed = 0
+        self.unknown = 0
         self.apply_errors = 0
         self.last_error = ""
 
@@ -104,9 +119,16 @@ class Workload(WaltzClientCallbacks):
         self.committed_file.write(f"{data.hex} {latency_ms:.3f}\n")
         self.committed += 1
 
-    def on_failed(self, exception: BaseException) -> None:
+    def on_not_committed(self, data: uuid.UUID) -> None:
+        self.not_committed_file.write(f"{data.hex}\n")
+        self.not_committed += 1
+
+    def on_failed(self, data: uuid.UUID, exception: BaseException) -> None:
         self.failed += 1
         self.last_error = f"context: {exception!r}"
+        if isinstance(exception, OutcomeUnknownError):
+            self.unknown_file.write(f"{data.hex}\n")
+            self.unknown += 1
 
     def progress(self) -> dict[str, Any]:
         return {
@@ -117,20 +139,22 @@ class Workload(WaltzClientCallbacks):
             "retries": self.retries,
             "lock_failures": self.lock_failures,
             "failed": self.failed,
+            "not_committed": self.not_committed,
+            "unknown": self.unknown,
             "apply_errors": self.apply_errors,
             "marks": {str(p): m for p, m in sorted(self.marks.items())},
             "last_error": self.last_error,
         }
 
     def report(self) -> None:
-        self.committed_file.flush()
-        self.applied_file.flush()
+        for file in self.record_files:
+            file.flush()
         sys.stdout.write(json.dumps(self.progress()) + "\n")
         sys.stdout.flush()
 
     def close(self) -> None:
-        self.committed_file.close()
-        self.applied_file.close()
+        for file in self.record_files:
+            file.close()
 
 
 class SmokeContext(TransactionContext):
@@ -156,9 +180,11 @@ class SmokeContext(TransactionContext):
     def on_completion(self, result: bool) -> None:
         if result:
             self.workload.on_committed(self.data, (time.monotonic() - self.submitted_at) * MS_PER_S)
+        else:
+            self.workload.on_not_committed(self.data)
 
     def on_exception(self, exception: BaseException) -> None:
-        self.workload.on_failed(exception)
+        self.workload.on_failed(self.data, exception)
 
     def on_lock_failure(self) -> None:
         self.workload.lock_failures += 1
