@@ -1,0 +1,7 @@
+"""The deterministic simulator (issue 21): the real code of clients, servers and storage nodes
+in one process, on one seeded scheduler with virtual time.
+
+``loop``: :class:`~waltz_engine.sim.loop.SimLoop`, the asyncio loop with virtual time, inline
+executors and the run's trace; ``network``: :class:`~waltz_engine.sim.network.SimNetwork`, the
+in-memory network with its faults, behind :class:`waltz_engine.net.transport.Network`.
+"""
