@@ -39,6 +39,7 @@ from waltz_engine.client.transaction_monitor import TransactionFuture
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.common.reqid import ReqId
+from waltz_engine.net.transport import ASYNCIO_NETWORK, Network
 from waltz_engine.wire.client_messages import AppendRequest
 from waltz_engine.zk.payloads import PartitionInfo
 
@@ -57,6 +58,7 @@ class WaltzClient:
         *,
         callback_executor: Executor | None = None,
         metrics: MetricsRegistry | None = None,
+        network: Network = ASYNCIO_NETWORK,
     ) -> None:
         self._callbacks = callbacks
         self.config = config
@@ -65,7 +67,7 @@ class WaltzClient:
         self._driver: WaltzClientDriver = (
             config.mock_driver
             if config.mock_driver is not None
-            else ZooKeeperDriver(config.zookeeper, config.tls, config.endpoint_overrides)  # type: ignore[arg-type]
+            else ZooKeeperDriver(config.zookeeper, config.tls, config.endpoint_overrides, network)  # type: ignore[arg-type]
         )
         self._info: DriverInfo | None = None
         self._stream: StreamClient | None = None

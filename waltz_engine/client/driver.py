@@ -32,6 +32,7 @@ from waltz_engine.net.channel import (
     handshake,
 )
 from waltz_engine.net.tls import TlsConfig, client_context
+from waltz_engine.net.transport import ASYNCIO_NETWORK, Network, tls_context
 from waltz_engine.wire.client_messages import CLIENT_CODECS
 from waltz_engine.wire.hello import CLIENT_HELLO_TEXT
 from waltz_engine.zk.cluster import next_client_id, read_cluster_params
@@ -107,7 +108,10 @@ _NO_KEY_STORE = "; this client has none: set client.ssl.keyStore.location"
 
 
 async def open_framed_channel(
-    endpoint: Endpoint, ssl_context: ssl.SSLContext, has_certificate: bool = False
+    endpoint: Endpoint,
+    ssl_context: ssl.SSLContext | None,
+    has_certificate: bool = False,
+    network: Network = ASYNCIO_NETWORK,
 ) -> FramedChannel:
     """A TLS connection to a Waltz server, Hello "Waltz Client", codecs v0-v4 (highest common wins).
 
@@ -118,9 +122,7 @@ async def open_framed_channel(
 
     async def go() -> FramedConnection:
         nonlocal after_tls
-        reader, writer = await asyncio.open_connection(
-            host, port, ssl=ssl_context, limit=STREAM_READ_LIMIT_BYTES
-        )
+        reader, writer = await network.open_connection(host, port, ssl_context, STREAM_READ_LIMIT_BYTES)
         after_tls = True
         try:
             return await handshake(reader, writer, CLIENT_CODECS, CLIENT_HELLO_TEXT, CONNECT_TIMEOUT_MS)
@@ -168,9 +170,11 @@ class ZooKeeperDriver(WaltzClientDriver):
         settings: ZooKeeperSettings,
         tls: TlsConfig,
         endpoint_overrides: Mapping[Endpoint, Endpoint] | None = None,
+        network: Network = ASYNCIO_NETWORK,
     ) -> None:
         self._settings = settings
-        self._ssl: ssl.SSLContext = client_context(tls)
+        self._network = network
+        self._ssl = tls_context(network, lambda: client_context(tls))
         self._has_certificate = tls.key_store_location is not None
         self._endpoint_overrides = dict(endpoint_overrides or {})
         self._zk: KazooClient | None = None
@@ -202,7 +206,7 @@ class ZooKeeperDriver(WaltzClientDriver):
 
     async def open_channel(self, endpoint: Endpoint) -> Channel:
         return await open_framed_channel(
-            self._endpoint_overrides.get(endpoint, endpoint), self._ssl, self._has_certificate
+            self._endpoint_overrides.get(endpoint, endpoint), self._ssl, self._has_certificate, self._network
         )
 
     async def close(self) -> None:

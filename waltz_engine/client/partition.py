@@ -14,7 +14,6 @@ import contextlib
 import enum
 import heapq
 import logging
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -26,6 +25,7 @@ from waltz_engine.client.errors import (
     PartitionStoppedError,
 )
 from waltz_engine.client.transaction_monitor import TransactionFuture, TransactionMonitor
+from waltz_engine.common import clock
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.wire.client_messages import AppendRequest, FeedData, FlushRequest, LockFailure
 
@@ -250,7 +250,7 @@ class Partition:
 
     def nudge(self, long_wait_threshold_ms: int) -> None:
         last_ms = self.monitor.last_enqueued_time_ms()
-        if self.mounted and last_ms >= 0 and time.monotonic() * 1000 > last_ms + long_wait_threshold_ms:
+        if self.mounted and last_ms >= 0 and clock.monotonic_s() * 1000 > last_ms + long_wait_threshold_ms:
             self.flush_async()
 
     def flush_completed(self, req_id: ReqId, high_water_mark: int) -> None:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import time
 from typing import TYPE_CHECKING
 
 from waltz_engine.client.errors import ClientClosedError, PartitionInactiveError
+from waltz_engine.common import clock
 from waltz_engine.common.reqid import ReqId
 
 if TYPE_CHECKING:
@@ -159,7 +159,7 @@ class TransactionMonitor:
                 future.set_result(False)
             else:
                 self._last_req_id = req_id
-                self._last_time_ms = int(time.monotonic() * 1000)
+                self._last_time_ms = int(clock.monotonic_s() * 1000)
                 self._registered[req_id] = future
                 self._num_registered += 1
         elif self.state is MonitorState.STOPPED:

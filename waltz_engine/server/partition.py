@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any, NamedTuple, Protocol
 
+from waltz_engine.common import clock
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.common.record import Record, RecordHeader
@@ -462,7 +462,7 @@ class Partition:
         self.pending_appends += 1
         self._settled.clear()
         append_number = self._barrier.issue()
-        started_s = time.monotonic()
+        started_s = clock.monotonic_s()
 
         def committed(done: asyncio.Future[int]) -> None:
             self.pending_appends -= 1
@@ -470,7 +470,7 @@ class Partition:
                 self._settled.set()
             locks.end(lock_req)
             transaction_id = -1 if done.cancelled() or done.exception() is not None else done.result()
-            self._latency_timer.update_ms((time.monotonic() - started_s) * 1000.0)
+            self._latency_timer.update_ms((clock.monotonic_s() - started_s) * 1000.0)
             if transaction_id >= 0 and not self.closed:
                 assert transaction_id > self.commit_high_water_mark, (
                     transaction_id,

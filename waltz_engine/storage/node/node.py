@@ -8,7 +8,6 @@ import contextlib
 import errno
 import logging
 import ssl
-import time
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from waltz_engine import __version__
+from waltz_engine.common import clock
 from waltz_engine.common.backoff import Backoff
 from waltz_engine.common.errors import StorageError
 from waltz_engine.common.metrics import MetricsRegistry
@@ -23,6 +23,7 @@ from waltz_engine.common.process import run_service
 from waltz_engine.net.channel import ConnectionGate, ConnectionHandler, FramedConnection, Listener, serve
 from waltz_engine.net.http_endpoints import HttpEndpoints
 from waltz_engine.net.tls import server_context
+from waltz_engine.net.transport import ASYNCIO_NETWORK, Network, tls_context
 from waltz_engine.storage.cleaner import RetentionCleaner
 from waltz_engine.storage.node.admin_handler import AdminHandler
 from waltz_engine.storage.node.config import (
@@ -92,16 +93,16 @@ async def read_cluster_params(config: StorageConfig) -> tuple[uuid.UUID, int]:
     A reachable ZooKeeper without the cluster is an error at once.
     """
     limit_ms = config.zookeeper_start_timeout_ms
-    deadline_s = time.monotonic() + limit_ms / 1000
+    deadline_s = clock.monotonic_s() + limit_ms / 1000
     backoff = Backoff(ZOOKEEPER_RETRY_INITIAL_MS, ZOOKEEPER_RETRY_MAX_MS, jitter=ZOOKEEPER_RETRY_JITTER)
     while True:
-        left_ms = max(1, int((deadline_s - time.monotonic()) * 1000))
+        left_ms = max(1, int((deadline_s - clock.monotonic_s()) * 1000))
         connect_timeout_ms = min(config.zookeeper.connect_timeout_ms, left_ms)
         try:
             return await asyncio.to_thread(_read_cluster_params, config, connect_timeout_ms)
         except ZooKeeperError as e:
             delay_ms = backoff.next_delay_ms()
-            if time.monotonic() + delay_ms / 1000 >= deadline_s:
+            if clock.monotonic_s() + delay_ms / 1000 >= deadline_s:
                 raise StorageError(
                     f"{e}; gave up after {limit_ms} ms ('{KEY_ZOOKEEPER_START_TIMEOUT}'): "
                     "start ZooKeeper, or check zookeeper.connectString"
@@ -113,8 +114,9 @@ async def read_cluster_params(config: StorageConfig) -> tuple[uuid.UUID, int]:
 class StorageNode:
     """One storage node in this process: ``await start()``, then ``await stop()``."""
 
-    def __init__(self, config: StorageConfig) -> None:
+    def __init__(self, config: StorageConfig, network: Network = ASYNCIO_NETWORK) -> None:
         self.config = config
+        self.network = network
         self.metrics = MetricsRegistry()
         self.manager: StorageManager | None = None
         self.workers: dict[int, PartitionWorker] = {}
@@ -148,7 +150,7 @@ class StorageNode:
         directory is open wait for it (a moment) before their requests are served.
         """
         config = self.config
-        ssl_context = server_context(config.tls)
+        ssl_context = tls_context(self.network, lambda: server_context(config.tls))
         key, num_partitions = await read_cluster_params(config)
         log.info("cluster %s: key %s, %d partitions", config.zookeeper.cluster_root, key, num_partitions)
         self.session_bounds.start()
@@ -238,7 +240,7 @@ class StorageNode:
         self,
         key: str,
         port: int,
-        ssl_context: ssl.SSLContext,
+        ssl_context: ssl.SSLContext | None,
         codecs: Mapping[int, MessageCodec[Any]],
         hello_text: str,
         handler: ConnectionHandler,
@@ -246,7 +248,15 @@ class StorageNode:
     ) -> Listener:
         try:
             return await serve(
-                self.config.host, port, ssl_context, codecs, hello_text, handler, name, self._gate
+                self.config.host,
+                port,
+                ssl_context,
+                codecs,
+                hello_text,
+                handler,
+                name,
+                self._gate,
+                self.network,
             )
         except OSError as e:
             raise _port_error(key, self.config.host, port, e) from None

@@ -15,12 +15,12 @@ at most one per ``ISSUED_READ_INTERVAL_MS``, however many forged ids arrive.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import TYPE_CHECKING
 
 from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
+from waltz_engine.common import clock
 from waltz_engine.common.errors import StorageError, WaltzError
 from waltz_engine.zk.connection import ZooKeeperSettings, describe, new_client
 from waltz_engine.zk.paths import ClusterPaths
@@ -75,7 +75,7 @@ class SessionBounds:
         """
         if session_id <= self.issued(partition_id):
             return
-        arrived_ns = time.monotonic_ns()
+        arrived_ns = clock.monotonic_ns()
         while True:
             read = self._reads.get(partition_id)
             if read is None:
@@ -95,14 +95,14 @@ class SessionBounds:
         """(the bound, when the ZooKeeper read began)."""
         last_ns = self._last_read_ns.get(partition_id)
         if last_ns is not None:
-            wait_ms = ISSUED_READ_INTERVAL_MS - (time.monotonic_ns() - last_ns) / 1e6
+            wait_ms = ISSUED_READ_INTERVAL_MS - (clock.monotonic_ns() - last_ns) / 1e6
             if wait_ms > 0:
                 await asyncio.sleep(wait_ms / 1000)
-        started_ns = time.monotonic_ns()
+        started_ns = clock.monotonic_ns()
         try:
             issued = await asyncio.to_thread(self._read_znode, partition_id)
         finally:
-            self._last_read_ns[partition_id] = time.monotonic_ns()
+            self._last_read_ns[partition_id] = clock.monotonic_ns()
         # Ids are issued in increasing order; never lower a bound already seen.
         issued = max(issued, self.issued(partition_id))
         self._issued[partition_id] = issued
