@@ -1,0 +1,1 @@
+"""The deterministic simulator: the real product code on one seeded loop with virtual time."""
