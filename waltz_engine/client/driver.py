@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import ssl
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -37,14 +36,14 @@ from waltz_engine.wire.client_messages import CLIENT_CODECS
 from waltz_engine.wire.hello import CLIENT_HELLO_TEXT
 from waltz_engine.zk.cluster import next_client_id, read_cluster_params
 from waltz_engine.zk.cluster_manager import ClusterWatcher
-from waltz_engine.zk.connection import ZooKeeperError, ZooKeeperSettings, describe
+from waltz_engine.zk.connection import (
+    ZooKeeperConnector,
+    ZooKeeperError,
+    ZooKeeperSettings,
+    describe,
+    new_client,
+)
 from waltz_engine.zk.payloads import PartitionInfo
-
-# kazoo logs every failed connection attempt ("Connection dropped: ..."); without a handler of
-# ours Python's last-resort handler prints each on stderr. An application that configures
-# logging still sees them, under this name.
-_KAZOO_LOGGER = logging.getLogger("waltz_engine.client.kazoo")
-_KAZOO_LOGGER.addHandler(logging.NullHandler())
 
 OnEndpoints = Callable[[dict[Endpoint, list[PartitionInfo]]], None]
 OnServerRemoved = Callable[[Endpoint], None]
@@ -171,9 +170,11 @@ class ZooKeeperDriver(WaltzClientDriver):
         tls: TlsConfig,
         endpoint_overrides: Mapping[Endpoint, Endpoint] | None = None,
         network: Network = ASYNCIO_NETWORK,
+        zk_connector: ZooKeeperConnector = new_client,
     ) -> None:
         self._settings = settings
         self._network = network
+        self._zk_connector = zk_connector
         self._ssl = tls_context(network, lambda: client_context(tls))
         self._has_certificate = tls.key_store_location is not None
         self._endpoint_overrides = dict(endpoint_overrides or {})
@@ -182,10 +183,7 @@ class ZooKeeperDriver(WaltzClientDriver):
 
     async def start(self, on_endpoints: OnEndpoints, on_server_removed: OnServerRemoved) -> DriverInfo:
         settings = self._settings
-        zk = KazooClient(
-            hosts=settings.connect_string, timeout=settings.session_timeout_ms / 1000, logger=_KAZOO_LOGGER
-        )
-        self._zk = zk
+        self._zk = zk = self._zk_connector(settings)
         try:
             await asyncio.to_thread(zk.start, settings.connect_timeout_ms / 1000)
         except KazooTimeoutError:

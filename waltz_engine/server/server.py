@@ -38,7 +38,7 @@ from waltz_engine.wire.client_messages import CLIENT_CODECS
 from waltz_engine.wire.hello import SERVER_HELLO_TEXT
 from waltz_engine.zk.cluster import read_cluster_params
 from waltz_engine.zk.cluster_manager import ClusterManager, ManagedServer
-from waltz_engine.zk.connection import connect
+from waltz_engine.zk.connection import ZooKeeperConnector, connect, new_client
 from waltz_engine.zk.payloads import PartitionInfo
 from waltz_engine.zk.store_metadata import read_store_params
 
@@ -197,9 +197,15 @@ class ServerCore:
 class WaltzServer:
     """One server in this process: ``await start()``, then ``await stop()``."""
 
-    def __init__(self, config: ServerConfig, network: Network = ASYNCIO_NETWORK) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        network: Network = ASYNCIO_NETWORK,
+        zk_connector: ZooKeeperConnector = new_client,
+    ) -> None:
         self.config = config
         self.network = network
+        self._zk_connector = zk_connector
         self.metrics = MetricsRegistry()
         self.core: ServerCore | None = None
         self.cluster_manager: ClusterManager | None = None
@@ -230,7 +236,9 @@ class WaltzServer:
     async def start(self) -> None:
         config = self.config
         settings = config.zookeeper
-        self._zk = zk = await asyncio.to_thread(self._zk_stack.enter_context, connect(settings))
+        self._zk = zk = await asyncio.to_thread(
+            self._zk_stack.enter_context, connect(settings, self._zk_connector)
+        )
         zk.add_listener(self._on_zk_state)
         cluster = await asyncio.to_thread(read_cluster_params, zk, settings.cluster_root)
         self.cluster_name = cluster.name

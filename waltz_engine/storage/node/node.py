@@ -44,7 +44,7 @@ from waltz_engine.wire.admin_messages import ADMIN_CODEC
 from waltz_engine.wire.codec import MessageCodec
 from waltz_engine.wire.hello import STORAGE_ADMIN_SERVER_HELLO_TEXT, STORAGE_SERVER_HELLO_TEXT
 from waltz_engine.wire.storage_messages import STORAGE_CODEC
-from waltz_engine.zk.connection import ZooKeeperError, connect
+from waltz_engine.zk.connection import ZooKeeperConnector, ZooKeeperError, connect, new_client
 from waltz_engine.zk.store_metadata import read_store_params
 from waltz_engine.zk.znodes import ClusterNotFoundError
 
@@ -72,10 +72,12 @@ def _port_error(key: str, host: str, port: int, error: OSError) -> StorageError:
     return StorageError(f"cannot listen on {host}:{port} ('{key}'): {reason}")
 
 
-def _read_cluster_params(config: StorageConfig, connect_timeout_ms: int) -> tuple[uuid.UUID, int]:
+def _read_cluster_params(
+    config: StorageConfig, connect_timeout_ms: int, connector: ZooKeeperConnector
+) -> tuple[uuid.UUID, int]:
     settings = config.zookeeper
     try:
-        with connect(settings._replace(connect_timeout_ms=connect_timeout_ms)) as client:
+        with connect(settings._replace(connect_timeout_ms=connect_timeout_ms), connector) as client:
             params = read_store_params(client, settings.cluster_root)
     except ClusterNotFoundError as e:
         raise StorageError(
@@ -85,7 +87,9 @@ def _read_cluster_params(config: StorageConfig, connect_timeout_ms: int) -> tupl
     return params.key, params.num_partitions
 
 
-async def read_cluster_params(config: StorageConfig) -> tuple[uuid.UUID, int]:
+async def read_cluster_params(
+    config: StorageConfig, connector: ZooKeeperConnector = new_client
+) -> tuple[uuid.UUID, int]:
     """Key and partition count from ``<cluster.root>/store``.
 
     ZooKeeper may start after the node (a machine booting, an ensemble restarting): the node
@@ -99,7 +103,7 @@ async def read_cluster_params(config: StorageConfig) -> tuple[uuid.UUID, int]:
         left_ms = max(1, int((deadline_s - clock.monotonic_s()) * 1000))
         connect_timeout_ms = min(config.zookeeper.connect_timeout_ms, left_ms)
         try:
-            return await asyncio.to_thread(_read_cluster_params, config, connect_timeout_ms)
+            return await asyncio.to_thread(_read_cluster_params, config, connect_timeout_ms, connector)
         except ZooKeeperError as e:
             delay_ms = backoff.next_delay_ms()
             if clock.monotonic_s() + delay_ms / 1000 >= deadline_s:
@@ -114,9 +118,15 @@ async def read_cluster_params(config: StorageConfig) -> tuple[uuid.UUID, int]:
 class StorageNode:
     """One storage node in this process: ``await start()``, then ``await stop()``."""
 
-    def __init__(self, config: StorageConfig, network: Network = ASYNCIO_NETWORK) -> None:
+    def __init__(
+        self,
+        config: StorageConfig,
+        network: Network = ASYNCIO_NETWORK,
+        zk_connector: ZooKeeperConnector = new_client,
+    ) -> None:
         self.config = config
         self.network = network
+        self._zk_connector = zk_connector
         self.metrics = MetricsRegistry()
         self.manager: StorageManager | None = None
         self.workers: dict[int, PartitionWorker] = {}
@@ -129,7 +139,7 @@ class StorageNode:
         # Set once the directory is open and the handlers exist; connections wait for it.
         self._open = asyncio.Event()
         self.cleaner: RetentionCleaner | None = None
-        self.session_bounds = SessionBounds(config.zookeeper)
+        self.session_bounds = SessionBounds(config.zookeeper, zk_connector)
         self.scrubber: Scrubber | None = None
 
     async def _off_loop(self, work: Callable[[], T]) -> T:
@@ -151,7 +161,7 @@ class StorageNode:
         """
         config = self.config
         ssl_context = tls_context(self.network, lambda: server_context(config.tls))
-        key, num_partitions = await read_cluster_params(config)
+        key, num_partitions = await read_cluster_params(config, self._zk_connector)
         log.info("cluster %s: key %s, %d partitions", config.zookeeper.cluster_root, key, num_partitions)
         self.session_bounds.start()
         self._register_metrics()
@@ -216,7 +226,11 @@ class StorageNode:
         self.manager = manager = await self._off_loop(open_manager)
         await self.refresh_partitions()
         self.cleaner = RetentionCleaner(
-            config.zookeeper, num_partitions, lambda: self.workers, config.retention_check_interval_ms
+            config.zookeeper,
+            num_partitions,
+            lambda: self.workers,
+            config.retention_check_interval_ms,
+            self._zk_connector,
         )
         await self.cleaner.start()
         if config.scrub_bytes_per_second:

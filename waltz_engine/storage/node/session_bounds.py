@@ -22,7 +22,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from waltz_engine.common import clock
 from waltz_engine.common.errors import StorageError, WaltzError
-from waltz_engine.zk.connection import ZooKeeperSettings, describe, new_client
+from waltz_engine.zk.connection import ZooKeeperConnector, ZooKeeperSettings, describe, new_client
 from waltz_engine.zk.paths import ClusterPaths
 from waltz_engine.zk.payloads import PartitionMetadata
 
@@ -44,8 +44,9 @@ class UnissuedSessionError(StorageError):
 class SessionBounds:
     """The highest store session id ZooKeeper has issued, per partition, as last read."""
 
-    def __init__(self, settings: ZooKeeperSettings) -> None:
+    def __init__(self, settings: ZooKeeperSettings, connector: ZooKeeperConnector = new_client) -> None:
         self._settings = settings
+        self._connector = connector
         self._paths = ClusterPaths.of(settings.cluster_root)
         self._client: KazooClient | None = None
         self._issued: dict[int, int] = {}
@@ -55,7 +56,7 @@ class SessionBounds:
     def start(self) -> None:
         """Connect in the background: a check before the connection is up waits for it (bounded)."""
         assert self._client is None
-        self._client = new_client(self._settings)
+        self._client = self._connector(self._settings)
         self._client.start_async()
 
     def close(self) -> None:
