@@ -41,6 +41,7 @@ from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.net.transport import ASYNCIO_NETWORK, Network
 from waltz_engine.wire.client_messages import AppendRequest
+from waltz_engine.zk.connection import ZooKeeperConnector, new_client
 from waltz_engine.zk.payloads import PartitionInfo
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ class WaltzClient:
         callback_executor: Executor | None = None,
         metrics: MetricsRegistry | None = None,
         network: Network = ASYNCIO_NETWORK,
+        zk_connector: ZooKeeperConnector = new_client,
     ) -> None:
         self._callbacks = callbacks
         self.config = config
@@ -67,7 +69,13 @@ class WaltzClient:
         self._driver: WaltzClientDriver = (
             config.mock_driver
             if config.mock_driver is not None
-            else ZooKeeperDriver(config.zookeeper, config.tls, config.endpoint_overrides, network)  # type: ignore[arg-type]
+            else ZooKeeperDriver(
+                config.zookeeper,  # type: ignore[arg-type]
+                config.tls,
+                config.endpoint_overrides,
+                network,
+                zk_connector,
+            )
         )
         self._info: DriverInfo | None = None
         self._stream: StreamClient | None = None

@@ -1,0 +1,319 @@
+"""A simulated cluster: real storage nodes, servers and clients as objects on one :class:`SimLoop`.
+
+The nodes are the product's own (``StorageNode``, ``WaltzServer``, ``WaltzClient``), built with
+the simulator's seams: each host's view of one :class:`SimNetwork` and the clients of one
+:class:`SimZooKeeper`. Storage files go to a real directory for now (a stepping stone until
+the storage engine takes the simulator's disk); they are written inline on the loop, no thread.
+
+:func:`run_seed` starts a cluster, appends transactions from a client, waits until the client
+has applied each, and checks what it saw: every transaction committed once, txids dense.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from waltz_engine.client import Transaction, TransactionBuilder, TransactionContext, WaltzClientCallbacks
+from waltz_engine.client.client import WaltzClient
+from waltz_engine.client.config import WaltzClientConfig
+from waltz_engine.common.config import Config
+from waltz_engine.common.reqid import ReqId
+from waltz_engine.server.config import ServerConfig
+from waltz_engine.server.server import WaltzServer
+from waltz_engine.sim.loop import START_MONOTONIC_S, SimLoop
+from waltz_engine.sim.network import SimNetwork
+from waltz_engine.sim.zk_model import SimZooKeeper
+from waltz_engine.storage.client import StorageAdminClient
+from waltz_engine.storage.node.config import StorageConfig
+from waltz_engine.storage.node.node import StorageNode
+from waltz_engine.zk.cluster import create_cluster
+from waltz_engine.zk.connection import ZooKeeperSettings, connect
+from waltz_engine.zk.store_metadata import add_storage_node, assign_partitions
+
+CLUSTER_ROOT = "/waltz"
+CLUSTER_NAME = "sim"
+ZOOKEEPER_HOST = "zookeeper:2181"
+STORAGE_PORT = 7000
+STORAGE_ADMIN_PORT = 7001
+SERVER_PORT = 6000
+SESSION_TIMEOUT_MS = 10_000
+DEFAULT_TRANSACTIONS = 100
+# A seed whose transactions are not all applied within this much virtual time has failed.
+RUN_LIMIT_S = 600.0
+# A failing seed's report ends with this many events of its trace, in words.
+LAST_EVENTS_SHOWN = 20
+# The simulator's nodes log only what goes wrong.
+NODE_LOG_LEVEL = logging.ERROR
+
+
+@dataclass(frozen=True)
+class WorldShape:
+    storage_nodes: int = 3
+    servers: int = 1
+    partitions: int = 1
+    transactions: int = DEFAULT_TRANSACTIONS
+
+
+@dataclass
+class SeedResult:
+    seed: int
+    transactions: int
+    violations: list[str]
+    trace_hash: str
+    virtual_s: float
+    cpu_s: float
+    last_events: list[str] = field(default_factory=list)
+
+
+class _Append(TransactionContext):
+    """One transaction of the workload; its outcome is a future on the loop."""
+
+    def __init__(self, number: int, outcome: asyncio.Future[bool]) -> None:
+        super().__init__()
+        self.number = number
+        self.outcome = outcome
+        self.executions = 0
+
+    def partition_id(self, num_partitions: int) -> int:
+        return self.number % num_partitions
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        self.executions += 1
+        builder.set_header(self.number)
+        builder.set_transaction_data(self.number.to_bytes(8, "big"), _RAW)
+        return True
+
+    def on_completion(self, result: bool) -> None:
+        if not self.outcome.done():
+            self.outcome.set_result(result)
+
+    def on_exception(self, exception: BaseException) -> None:
+        if not self.outcome.done():
+            self.outcome.set_exception(exception)
+
+
+class _RawBytes:
+    def serialize(self, value: bytes) -> bytes:
+        return value
+
+    def deserialize(self, data: bytes) -> bytes:
+        return data
+
+
+_RAW = _RawBytes()
+
+
+class _Applied(WaltzClientCallbacks):
+    """The application: remembers every transaction it applied, in order."""
+
+    def __init__(self) -> None:
+        self.applied: dict[int, list[tuple[int, int, ReqId]]] = {}  # partition -> (txid, header, reqId)
+        self.changed = asyncio.Event()
+        self.uncaught: list[str] = []
+
+    def get_client_high_water_mark(self, partition_id: int) -> int:
+        applied = self.applied.get(partition_id)
+        return applied[-1][0] if applied else -1
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        self.applied.setdefault(transaction.partition_id, []).append(
+            (transaction.transaction_id, transaction.header, transaction.req_id)
+        )
+        self.changed.set()
+
+    def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
+        self.uncaught.append(f"partition {partition_id} txid {transaction_id}: {exception!r}")
+
+    def count(self) -> int:
+        return sum(len(applied) for applied in self.applied.values())
+
+
+class SimWorld:
+    """The hosts of one seed's cluster: ZooKeeper, storage nodes, servers and one client."""
+
+    def __init__(self, loop: SimLoop, directory: Path, shape: WorldShape) -> None:
+        self.loop = loop
+        self.shape = shape
+        self.directory = directory
+        self.network = SimNetwork(loop)
+        self.zookeeper = SimZooKeeper(loop)
+        self.settings = ZooKeeperSettings(ZOOKEEPER_HOST, CLUSTER_ROOT, SESSION_TIMEOUT_MS)
+        self.storage: list[StorageNode] = []
+        self.servers: list[WaltzServer] = []
+        self.client: WaltzClient | None = None
+        self.application = _Applied()
+        self.contexts: list[_Append] = []
+
+    def _zookeeper_keys(self) -> dict[str, Any]:
+        return {
+            "zookeeper.connectString": ZOOKEEPER_HOST,
+            "zookeeper.sessionTimeout": SESSION_TIMEOUT_MS,
+            "cluster.root": CLUSTER_ROOT,
+        }
+
+    def _create_cluster(self) -> uuid.UUID:
+        partitions = list(range(self.shape.partitions))
+        with connect(self.settings, self.zookeeper.connector()) as zk:
+            key = uuid.UUID(int=self.loop.rng.getrandbits(128))
+            params = create_cluster(zk, CLUSTER_ROOT, CLUSTER_NAME, self.shape.partitions, key)
+            for number in range(self.shape.storage_nodes):
+                storage = f"storage-{number}:{STORAGE_PORT}"
+                add_storage_node(zk, CLUSTER_ROOT, storage, 0, STORAGE_ADMIN_PORT)
+                assign_partitions(zk, CLUSTER_ROOT, storage, partitions)
+        return params.key
+
+    async def _assign_partitions(self, host: str, key: uuid.UUID) -> None:
+        """What ``waltz storage add-partition`` tells a node, over its admin port."""
+        admin = StorageAdminClient(
+            host, STORAGE_ADMIN_PORT, None, key, self.shape.partitions, network=self.network.node("operator")
+        )
+        await admin.open()
+        try:
+            await admin.set_partition_assignment(list(range(self.shape.partitions)), True, False)
+        finally:
+            await admin.close()
+
+    async def start(self) -> None:
+        key = await asyncio.to_thread(self._create_cluster)
+        connector = self.zookeeper.connector()
+        for number in range(self.shape.storage_nodes):
+            host = f"storage-{number}"
+            keys = {
+                **self._zookeeper_keys(),
+                "storage.host": host,
+                "storage.port": STORAGE_PORT,
+                "storage.admin.port": STORAGE_ADMIN_PORT,
+                "storage.directory": str(self.directory / host),
+            }
+            node = StorageNode(
+                StorageConfig.from_config(Config(keys, host)),
+                network=self.network.node(host),
+                zk_connector=connector,
+            )
+            await node.start()
+            await self._assign_partitions(host, key)
+            self.storage.append(node)
+        for number in range(self.shape.servers):
+            host = f"server-{number}"
+            keys = {
+                **self._zookeeper_keys(),
+                "server.host": host,
+                "server.advertisedHost": host,
+                "server.port": SERVER_PORT,
+            }
+            server = WaltzServer(
+                ServerConfig.from_config(Config(keys, host)),
+                network=self.network.node(host),
+                zk_connector=connector,
+            )
+            await server.start()
+            self.servers.append(server)
+        self.client = await WaltzClient.create(
+            self.application,
+            WaltzClientConfig.from_config(self._zookeeper_keys()),
+            network=self.network.node("client-0"),
+            zk_connector=connector,
+        )
+
+    async def stop(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+        for server in self.servers:
+            await server.stop()
+        for node in self.storage:
+            await node.stop()
+
+    async def append_all(self) -> None:
+        """Submit the workload's transactions and wait until the client has applied as many."""
+        client = self.client
+        assert client is not None
+        self.contexts = contexts = [
+            _Append(n, self.loop.create_future()) for n in range(self.shape.transactions)
+        ]
+        for context in contexts:
+            await client.submit(context)
+        await asyncio.gather(*(context.outcome for context in self.contexts), return_exceptions=True)
+        while self.application.count() < self.shape.transactions:
+            self.application.changed.clear()
+            await self.application.changed.wait()
+
+    def check(self) -> list[str]:
+        """What the run must show: each transaction committed once, applied in dense txid order."""
+        violations = [f"the application failed: {failure}" for failure in self.application.uncaught]
+        for context in self.contexts:
+            if not context.outcome.done() or context.outcome.exception() is not None:
+                violations.append(f"transaction {context.number} ended without an outcome")
+            elif not context.outcome.result():
+                violations.append(f"transaction {context.number} was reported not committed")
+        seen: dict[int, int] = {}
+        for partition_id, applied in sorted(self.application.applied.items()):
+            txids = [txid for txid, _, _ in applied]
+            if txids != list(range(len(txids))):
+                violations.append(f"partition {partition_id}: txids not dense from 0: {txids[:10]}...")
+            for _, header, _ in applied:
+                seen[header] = seen.get(header, 0) + 1
+        for number in range(self.shape.transactions):
+            if seen.get(number, 0) != 1:
+                violations.append(f"transaction {number} is in the log {seen.get(number, 0)} times")
+        return violations
+
+
+@contextmanager
+def _quiet_logs() -> Iterator[None]:
+    root = logging.getLogger("waltz_engine")
+    level = root.level
+    root.setLevel(NODE_LOG_LEVEL)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+
+
+def run_seed(
+    seed: int, shape: WorldShape | None = None, on_world: Callable[[SimWorld], None] | None = None
+) -> SeedResult:
+    """One seed: a cluster started, the workload appended and checked, the cluster stopped."""
+    shape = shape or WorldShape()
+    started_s = time.process_time()
+    loop = SimLoop(seed)
+    with tempfile.TemporaryDirectory(prefix="waltz-sim-") as directory, _quiet_logs():
+        world = SimWorld(loop, Path(directory), shape)
+        if on_world is not None:
+            on_world(world)
+
+        async def main() -> list[str]:
+            await world.start()
+            late = []
+            try:
+                async with asyncio.timeout(RUN_LIMIT_S):
+                    await world.append_all()
+            except TimeoutError:
+                late = [f"not every transaction was applied within {RUN_LIMIT_S:.0f} s of virtual time"]
+            finally:
+                await world.stop()
+            return world.check() + late
+
+        asyncio.set_event_loop(loop)
+        try:
+            violations = loop.run_until_complete(main())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+    return SeedResult(
+        seed,
+        world.application.count(),
+        violations,
+        loop.trace_hash,
+        loop.time() - START_MONOTONIC_S,
+        time.process_time() - started_s,
+        [str(event) for event in loop.tail][-LAST_EVENTS_SHOWN:] if violations else [],
+    )
