@@ -11,7 +11,7 @@ import typer
 from waltz_cli.options import JsonOption
 from waltz_cli.output import one_line_errors, print_json
 from waltz_engine.sim.runner import MAX_JOBS, MAX_SEEDS, run_seeds
-from waltz_engine.sim.world import SeedResult
+from waltz_engine.sim.world import DEFAULT_TRANSACTIONS, MAX_FAULTS, MAX_TRANSACTIONS, SeedResult, WorldShape
 
 
 @one_line_errors
@@ -19,6 +19,14 @@ def sim(
     seeds: Annotated[int, typer.Option("--seeds", help="How many seeds to run.", min=1, max=MAX_SEEDS)] = 100,
     seed_base: Annotated[int, typer.Option("--seed-base", help="The first seed.", min=0)] = 0,
     jobs: Annotated[int, typer.Option("--jobs", help="Processes to run seeds on.", min=1, max=MAX_JOBS)] = 1,
+    transactions: Annotated[
+        int,
+        typer.Option("--transactions", help="Transactions per seed.", min=1, max=MAX_TRANSACTIONS),
+    ] = DEFAULT_TRANSACTIONS,
+    faults: Annotated[
+        int,
+        typer.Option("--faults", help="Network faults per seed.", min=0, max=MAX_FAULTS),
+    ] = 0,
     as_json: JsonOption = False,
 ) -> None:
     """Run the real nodes and client in the simulator, one seeded world per seed, and check each.
@@ -28,14 +36,14 @@ def sim(
     failing seed prints its replay command and its last events. With --json stdout holds only
     the report (seeds, violations, failing_seeds, trace_hash, transactions).
 
-    Example: waltz sim --seeds 200 --json
+    Example: waltz sim --seeds 200 --faults 20 --json
     """
 
     def progress(result: SeedResult) -> None:
         if not as_json and result.violations:
             print(f"seed {result.seed}: {len(result.violations)} violations", file=sys.stderr, flush=True)
 
-    report = run_seeds(seeds, seed_base, jobs, progress)
+    report = run_seeds(seeds, seed_base, jobs, progress, WorldShape(transactions=transactions, faults=faults))
     if as_json:
         print_json(report.to_json())
     else:

@@ -7,6 +7,7 @@ seed's, in seed order, so two runs with the same arguments print the same hash w
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from collections.abc import Callable, Iterable
@@ -14,7 +15,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from waltz_engine.sim.world import SeedResult, run_seed
+from waltz_engine.sim.world import SeedResult, WorldShape, run_seed
 
 MAX_JOBS = 64
 MAX_SEEDS = 1_000_000
@@ -25,6 +26,7 @@ class SimReport:
     seeds: int
     seed_base: int
     transactions: int = 0
+    faults: dict[str, int] = field(default_factory=dict)
     virtual_s: float = 0.0
     cpu_s: float = 0.0
     violations: list[dict[str, Any]] = field(default_factory=list)
@@ -40,6 +42,7 @@ class SimReport:
             "seeds": self.seeds,
             "seed_base": self.seed_base,
             "transactions": self.transactions,
+            "faults": dict(sorted(self.faults.items())),
             "simulated_s": round(self.virtual_s, 6),
             "cpu_s": round(self.cpu_s, 3),
             "violations": self.violations,
@@ -50,6 +53,7 @@ class SimReport:
     def lines(self) -> list[str]:
         lines = [
             f"{self.seeds} seeds from {self.seed_base}: {self.transactions} transactions, "
+            f"{sum(self.faults.values())} faults, "
             f"{self.virtual_s:.1f} s simulated in {self.cpu_s:.1f} s of CPU",
             f"trace hash {self.trace_hash}",
         ]
@@ -61,14 +65,21 @@ class SimReport:
         return lines
 
 
-def replay_command(seed: int) -> str:
-    return f"waltz sim --seeds 1 --seed-base {seed}"
+def replay_command(seed: int, shape: WorldShape) -> str:
+    return (
+        f"waltz sim --seeds 1 --seed-base {seed} --transactions {shape.transactions} --faults {shape.faults}"
+    )
 
 
 def run_seeds(
-    count: int, seed_base: int = 0, jobs: int = 1, on_seed: Callable[[SeedResult], None] | None = None
+    count: int,
+    seed_base: int = 0,
+    jobs: int = 1,
+    on_seed: Callable[[SeedResult], None] | None = None,
+    shape: WorldShape | None = None,
 ) -> SimReport:
-    """Run seeds ``seed_base`` .. ``seed_base + count - 1``, on ``jobs`` processes."""
+    """Run seeds ``seed_base`` .. ``seed_base + count - 1`` of worlds of ``shape``, on ``jobs`` processes."""
+    shape = shape or WorldShape()
     if not 1 <= count <= MAX_SEEDS:
         raise ValueError(f"seeds must be in 1..{MAX_SEEDS}, got {count}")
     if not 1 <= jobs <= MAX_JOBS:
@@ -78,10 +89,12 @@ def run_seeds(
     trace = hashlib.blake2b(digest_size=16)
     started_s = time.process_time()
     with ProcessPoolExecutor(jobs) if jobs > 1 else _Inline() as pool:
-        for result in pool.map(run_seed, seeds):
+        for result in pool.map(functools.partial(run_seed, shape=shape), seeds):
             trace.update(bytes.fromhex(result.trace_hash))
             report.transactions += result.transactions
             report.virtual_s += result.virtual_s
+            for kind, injected in result.faults.items():
+                report.faults[kind] = report.faults.get(kind, 0) + injected
             report.cpu_s += result.cpu_s
             if result.violations:
                 report.failing_seeds.append(result.seed)
@@ -89,7 +102,7 @@ def run_seeds(
                     {
                         "seed": result.seed,
                         "violation": violation,
-                        "replay": replay_command(result.seed),
+                        "replay": replay_command(result.seed, shape),
                         "last_events": result.last_events,
                     }
                     for violation in result.violations

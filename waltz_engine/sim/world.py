@@ -16,7 +16,7 @@ import logging
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,9 +26,11 @@ from waltz_engine.client import Transaction, TransactionBuilder, TransactionCont
 from waltz_engine.client.client import WaltzClient
 from waltz_engine.client.config import WaltzClientConfig
 from waltz_engine.common.config import Config
+from waltz_engine.common.errors import WaltzError
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.server.config import ServerConfig
 from waltz_engine.server.server import WaltzServer
+from waltz_engine.sim.faults import inject_network_faults
 from waltz_engine.sim.loop import START_MONOTONIC_S, SimLoop
 from waltz_engine.sim.network import SimNetwork
 from waltz_engine.sim.zk_model import SimZooKeeper
@@ -47,8 +49,14 @@ STORAGE_ADMIN_PORT = 7001
 SERVER_PORT = 6000
 SESSION_TIMEOUT_MS = 10_000
 DEFAULT_TRANSACTIONS = 100
+MAX_TRANSACTIONS = 1_000_000
+MAX_FAULTS = 100_000
 # A seed whose transactions are not all applied within this much virtual time has failed.
 RUN_LIMIT_S = 600.0
+# The mean time between two submits of a workload under faults, and an application's pause
+# before it submits again a transaction whose submit failed.
+SUBMIT_INTERVAL_S = 0.05
+RESUBMIT_DELAY_S = 1.0
 # A failing seed's report ends with this many events of its trace, in words.
 LAST_EVENTS_SHOWN = 20
 # The simulator's nodes log only what goes wrong.
@@ -61,6 +69,9 @@ class WorldShape:
     servers: int = 1
     partitions: int = 1
     transactions: int = DEFAULT_TRANSACTIONS
+    # Network faults during the workload; with any, transactions are submitted one by one
+    # SUBMIT_INTERVAL_S apart on average, so the faults fall among them.
+    faults: int = 0
 
 
 @dataclass
@@ -71,6 +82,7 @@ class SeedResult:
     trace_hash: str
     virtual_s: float
     cpu_s: float
+    faults: dict[str, int] = field(default_factory=dict)
     last_events: list[str] = field(default_factory=list)
 
 
@@ -232,15 +244,28 @@ class SimWorld:
         for node in self.storage:
             await node.stop()
 
+    def fault_pairs(self) -> list[tuple[str, str]]:
+        """The links faults hit: each server with each storage node, and the client with each server."""
+        servers = [f"server-{n}" for n in range(self.shape.servers)]
+        storage = [f"storage-{n}" for n in range(self.shape.storage_nodes)]
+        return [(s, t) for s in servers for t in storage] + [("client-0", s) for s in servers]
+
     async def append_all(self) -> None:
         """Submit the workload's transactions and wait until the client has applied as many."""
         client = self.client
         assert client is not None
-        self.contexts = contexts = [
-            _Append(n, self.loop.create_future()) for n in range(self.shape.transactions)
-        ]
-        for context in contexts:
-            await client.submit(context)
+        self.contexts = [_Append(n, self.loop.create_future()) for n in range(self.shape.transactions)]
+        spaced = self.shape.faults > 0
+        for context in self.contexts:
+            if spaced:
+                await asyncio.sleep(self.loop.rng.expovariate(1 / SUBMIT_INTERVAL_S))
+            while True:
+                try:
+                    await client.submit(context)
+                    break
+                except WaltzError:
+                    # Not appended (the partition was not mounted in time): the application tries again.
+                    await asyncio.sleep(RESUBMIT_DELAY_S)
         await asyncio.gather(*(context.outcome for context in self.contexts), return_exceptions=True)
         while self.application.count() < self.shape.transactions:
             self.application.changed.clear()
@@ -249,11 +274,6 @@ class SimWorld:
     def check(self) -> list[str]:
         """What the run must show: each transaction committed once, applied in dense txid order."""
         violations = [f"the application failed: {failure}" for failure in self.application.uncaught]
-        for context in self.contexts:
-            if not context.outcome.done() or context.outcome.exception() is not None:
-                violations.append(f"transaction {context.number} ended without an outcome")
-            elif not context.outcome.result():
-                violations.append(f"transaction {context.number} was reported not committed")
         seen: dict[int, int] = {}
         for partition_id, applied in sorted(self.application.applied.items()):
             txids = [txid for txid, _, _ in applied]
@@ -261,6 +281,15 @@ class SimWorld:
                 violations.append(f"partition {partition_id}: txids not dense from 0: {txids[:10]}...")
             for _, header, _ in applied:
                 seen[header] = seen.get(header, 0) + 1
+        for context in self.contexts:
+            in_log = f"(in the log {seen.get(context.number, 0)} times)"
+            if not context.outcome.done():
+                violations.append(f"transaction {context.number} ended without an outcome {in_log}")
+            elif context.outcome.exception() is not None:
+                error = context.outcome.exception()
+                violations.append(f"transaction {context.number} was reported failed: {error!r} {in_log}")
+            elif not context.outcome.result():
+                violations.append(f"transaction {context.number} was reported not committed {in_log}")
         for number in range(self.shape.transactions):
             if seen.get(number, 0) != 1:
                 violations.append(f"transaction {number} is in the log {seen.get(number, 0)} times")
@@ -278,27 +307,35 @@ def _quiet_logs() -> Iterator[None]:
         root.setLevel(level)
 
 
-def run_seed(
-    seed: int, shape: WorldShape | None = None, on_world: Callable[[SimWorld], None] | None = None
-) -> SeedResult:
+def run_seed(seed: int, shape: WorldShape | None = None) -> SeedResult:
     """One seed: a cluster started, the workload appended and checked, the cluster stopped."""
     shape = shape or WorldShape()
     started_s = time.process_time()
     loop = SimLoop(seed)
     with tempfile.TemporaryDirectory(prefix="waltz-sim-") as directory, _quiet_logs():
         world = SimWorld(loop, Path(directory), shape)
-        if on_world is not None:
-            on_world(world)
+        injected: dict[str, int] = {}
 
         async def main() -> list[str]:
             await world.start()
+            faults = loop.create_task(
+                inject_network_faults(
+                    loop,
+                    world.network,
+                    world.fault_pairs(),
+                    shape.faults,
+                    shape.transactions * SUBMIT_INTERVAL_S,
+                )
+            )
             late = []
             try:
                 async with asyncio.timeout(RUN_LIMIT_S):
                     await world.append_all()
+                    injected.update(await faults)
             except TimeoutError:
                 late = [f"not every transaction was applied within {RUN_LIMIT_S:.0f} s of virtual time"]
             finally:
+                faults.cancel()
                 await world.stop()
             return world.check() + late
 
@@ -315,5 +352,6 @@ def run_seed(
         loop.trace_hash,
         loop.time() - START_MONOTONIC_S,
         time.process_time() - started_s,
+        injected,
         [str(event) for event in loop.tail][-LAST_EVENTS_SHOWN:] if violations else [],
     )
