@@ -23,7 +23,7 @@ import collections
 import errno
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from waltz_engine.net.transport import ProtocolFactory, ServerHandle
@@ -326,18 +326,20 @@ class SimNodeNetwork:
         return self._network.listen(self.host, port, protocol_factory)
 
 
-@dataclass
 class SimNetwork:
     """The hosts' links, listeners and open connections; faults are its methods."""
 
-    loop: SimLoop
-    latency: Latency = field(default_factory=Latency)
-    stall_reset_s: float = STALL_RESET_S
-    _links: dict[tuple[str, str], _Link] = field(default_factory=dict)
-    _listeners: dict[tuple[str, int], SimServer] = field(default_factory=dict)
-    # Insertion-ordered (never by identity): a fault walks connections in the order they opened.
-    _open: dict[int, SimTransport] = field(default_factory=dict)
-    _next_port: int = FIRST_EPHEMERAL_PORT
+    def __init__(
+        self, loop: SimLoop, latency: Latency | None = None, stall_reset_s: float = STALL_RESET_S
+    ) -> None:
+        self.loop = loop
+        self.latency = latency if latency is not None else Latency()
+        self.stall_reset_s = stall_reset_s
+        self._links: dict[tuple[str, str], _Link] = {}
+        self._listeners: dict[tuple[str, int], SimServer] = {}
+        # Walked in the order connections opened (insertion order), never in an order of identities.
+        self._open: dict[int, SimTransport] = {}
+        self._next_port = FIRST_EPHEMERAL_PORT
 
     @property
     def rng(self) -> random.Random:

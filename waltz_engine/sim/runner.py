@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -87,7 +86,6 @@ def run_seeds(
     seeds = range(seed_base, seed_base + count)
     report = SimReport(count, seed_base)
     trace = hashlib.blake2b(digest_size=16)
-    started_s = time.process_time()
     with ProcessPoolExecutor(jobs) if jobs > 1 else _Inline() as pool:
         for result in pool.map(functools.partial(run_seed, shape=shape), seeds):
             trace.update(bytes.fromhex(result.trace_hash))
@@ -109,8 +107,6 @@ def run_seeds(
                 )
             if on_seed is not None:
                 on_seed(result)
-    if jobs == 1:
-        report.cpu_s = time.process_time() - started_s
     report.trace_hash = trace.hexdigest()
     return report
 

@@ -47,6 +47,7 @@ ZOOKEEPER_HOST = "zookeeper:2181"
 STORAGE_PORT = 7000
 STORAGE_ADMIN_PORT = 7001
 SERVER_PORT = 6000
+CLIENT_HOST = "client-0"
 SESSION_TIMEOUT_MS = 10_000
 DEFAULT_TRANSACTIONS = 100
 MAX_TRANSACTIONS = 1_000_000
@@ -194,47 +195,39 @@ class SimWorld:
         finally:
             await admin.close()
 
+    def _config(self, host: str, keys: dict[str, Any]) -> Config:
+        return Config({**self._zookeeper_keys(), **keys}, host)
+
+    def _seams(self, host: str) -> dict[str, Any]:
+        """What a node of ``host`` is built with: its view of the network, the ZooKeeper model."""
+        return {"network": self.network.node(host), "zk_connector": self.zookeeper.connector()}
+
     async def start(self) -> None:
         key = await asyncio.to_thread(self._create_cluster)
-        connector = self.zookeeper.connector()
         for number in range(self.shape.storage_nodes):
             host = f"storage-{number}"
-            keys = {
-                **self._zookeeper_keys(),
+            storage_keys = {
                 "storage.host": host,
                 "storage.port": STORAGE_PORT,
                 "storage.admin.port": STORAGE_ADMIN_PORT,
                 "storage.directory": str(self.directory / host),
             }
             node = StorageNode(
-                StorageConfig.from_config(Config(keys, host)),
-                network=self.network.node(host),
-                zk_connector=connector,
+                StorageConfig.from_config(self._config(host, storage_keys)), **self._seams(host)
             )
             await node.start()
             await self._assign_partitions(host, key)
             self.storage.append(node)
         for number in range(self.shape.servers):
             host = f"server-{number}"
-            keys = {
-                **self._zookeeper_keys(),
-                "server.host": host,
-                "server.advertisedHost": host,
-                "server.port": SERVER_PORT,
-            }
+            server_keys = {"server.host": host, "server.advertisedHost": host, "server.port": SERVER_PORT}
             server = WaltzServer(
-                ServerConfig.from_config(Config(keys, host)),
-                network=self.network.node(host),
-                zk_connector=connector,
+                ServerConfig.from_config(self._config(host, server_keys)), **self._seams(host)
             )
             await server.start()
             self.servers.append(server)
-        self.client = await WaltzClient.create(
-            self.application,
-            WaltzClientConfig.from_config(self._zookeeper_keys()),
-            network=self.network.node("client-0"),
-            zk_connector=connector,
-        )
+        config = WaltzClientConfig.from_config(self._zookeeper_keys())
+        self.client = await WaltzClient.create(self.application, config, **self._seams(CLIENT_HOST))
 
     async def stop(self) -> None:
         if self.client is not None:
@@ -248,7 +241,7 @@ class SimWorld:
         """The links faults hit: each server with each storage node, and the client with each server."""
         servers = [f"server-{n}" for n in range(self.shape.servers)]
         storage = [f"storage-{n}" for n in range(self.shape.storage_nodes)]
-        return [(s, t) for s in servers for t in storage] + [("client-0", s) for s in servers]
+        return [(s, t) for s in servers for t in storage] + [(CLIENT_HOST, s) for s in servers]
 
     async def append_all(self) -> None:
         """Submit the workload's transactions and wait until the client has applied as many."""
