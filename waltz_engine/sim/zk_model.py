@@ -31,7 +31,6 @@ from kazoo.exceptions import (
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
-    SessionExpiredError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import EventType, KazooState, KeeperState, WatchedEvent, ZnodeStat
@@ -384,8 +383,8 @@ class SimZkClient:
             self._zk._end_session(session)
         self._connected = False
         self._client_state = KeeperState.CLOSED
-        self._reset_watchers()
         self._change_state(KazooState.LOST)
+        self._reset_watchers()
 
     def close(self) -> None:
         """Release what ``stop`` left (nothing here)."""
@@ -402,9 +401,7 @@ class SimZkClient:
         if not self._started:
             raise ConnectionClosedError("Connection has been closed")
         if not self._connected or self._session is None:
-            raise ConnectionLoss()
-        if self._session.expired:
-            raise SessionExpiredError()
+            raise ConnectionLoss()  # kazoo would queue the call until it reconnects
         return self._session
 
     def get(self, path: str, watch: Watcher | None = None) -> tuple[bytes | None, ZnodeStat]:
@@ -594,7 +591,7 @@ class DataWatch:
                 if stat is not None:  # created between the two calls
                     self._client._zk.deliver(self._get_data)
                     return
-        except (ConnectionLoss, SessionExpiredError, ConnectionClosedError):
+        except (ConnectionLoss, ConnectionClosedError):
             return  # kazoo retries until connected; the CONNECTED listener reads again
         mzxid = stat.mzxid if stat is not None else None
         if mzxid != self._mzxid or not self._ever_called:

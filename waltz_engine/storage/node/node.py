@@ -25,6 +25,7 @@ from waltz_engine.net.http_endpoints import HttpEndpoints
 from waltz_engine.net.tls import server_context
 from waltz_engine.net.transport import ASYNCIO_NETWORK, Network, tls_context
 from waltz_engine.storage.cleaner import RetentionCleaner
+from waltz_engine.storage.file_system import OS_DISK, Disk
 from waltz_engine.storage.node.admin_handler import AdminHandler
 from waltz_engine.storage.node.config import (
     KEY_ADMIN_PORT,
@@ -123,10 +124,12 @@ class StorageNode:
         config: StorageConfig,
         network: Network = ASYNCIO_NETWORK,
         zk_connector: ZooKeeperConnector = new_client,
+        disk: Disk = OS_DISK,
     ) -> None:
         self.config = config
         self.network = network
         self._zk_connector = zk_connector
+        self._disk = disk
         self.metrics = MetricsRegistry()
         self.manager: StorageManager | None = None
         self.workers: dict[int, PartitionWorker] = {}
@@ -214,13 +217,14 @@ class StorageNode:
             log.warning("storage.jetty.port is not set: no HTTP endpoints (health, metrics)")
 
         def open_manager() -> StorageManager:
-            config.directory.mkdir(parents=True, exist_ok=True)
+            self._disk.mkdir(config.directory, parents=True)
             return StorageManager(
                 config.directory,
                 key,
                 num_partitions,
                 segment_size_threshold_bytes=config.segment_size_threshold_bytes,
                 segment_cache_capacity=config.segment_cache_capacity,
+                disk=self._disk,
             )
 
         self.manager = manager = await self._off_loop(open_manager)
