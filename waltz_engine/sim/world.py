@@ -1,9 +1,8 @@
 """A simulated cluster: real storage nodes, servers and clients as objects on one :class:`SimLoop`.
 
 The nodes are the product's own (``StorageNode``, ``WaltzServer``, ``WaltzClient``), built with
-the simulator's seams: each host's view of one :class:`SimNetwork` and the clients of one
-:class:`SimZooKeeper`. Storage files go to a real directory for now (a stepping stone until
-the storage engine takes the simulator's disk); they are written inline on the loop, no thread.
+the simulator's seams: each host's view of one :class:`SimNetwork`, the clients of one
+:class:`SimZooKeeper`, and for each storage node its own :class:`SimDisk` (files in memory).
 
 :func:`run_seed` starts a cluster, appends transactions from a client, waits until the client
 has applied each, and checks what it saw: every transaction committed once, txids dense.
@@ -13,13 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from waltz_engine.client import Transaction, TransactionBuilder, TransactionContext, WaltzClientCallbacks
@@ -30,6 +27,7 @@ from waltz_engine.common.errors import WaltzError
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.server.config import ServerConfig
 from waltz_engine.server.server import WaltzServer
+from waltz_engine.sim.disk import SimDisk
 from waltz_engine.sim.faults import inject_network_faults
 from waltz_engine.sim.loop import START_MONOTONIC_S, SimLoop
 from waltz_engine.sim.network import SimNetwork
@@ -153,12 +151,12 @@ class _Applied(WaltzClientCallbacks):
 class SimWorld:
     """The hosts of one seed's cluster: ZooKeeper, storage nodes, servers and one client."""
 
-    def __init__(self, loop: SimLoop, directory: Path, shape: WorldShape) -> None:
+    def __init__(self, loop: SimLoop, shape: WorldShape) -> None:
         self.loop = loop
         self.shape = shape
-        self.directory = directory
         self.network = SimNetwork(loop)
-        self.zookeeper = SimZooKeeper(loop)
+        self.zookeeper = SimZooKeeper(loop, trace=lambda event: loop.record("zookeeper", event))
+        self.disks = {f"storage-{n}": SimDisk() for n in range(shape.storage_nodes)}
         self.settings = ZooKeeperSettings(ZOOKEEPER_HOST, CLUSTER_ROOT, SESSION_TIMEOUT_MS)
         self.storage: list[StorageNode] = []
         self.servers: list[WaltzServer] = []
@@ -210,11 +208,10 @@ class SimWorld:
                 "storage.host": host,
                 "storage.port": STORAGE_PORT,
                 "storage.admin.port": STORAGE_ADMIN_PORT,
-                "storage.directory": str(self.directory / host),
+                "storage.directory": f"/{host}",
             }
-            node = StorageNode(
-                StorageConfig.from_config(self._config(host, storage_keys)), **self._seams(host)
-            )
+            storage_config = StorageConfig.from_config(self._config(host, storage_keys))
+            node = StorageNode(storage_config, **self._seams(host), disk=self.disks[host])
             await node.start()
             await self._assign_partitions(host, key)
             self.storage.append(node)
@@ -305,8 +302,8 @@ def run_seed(seed: int, shape: WorldShape | None = None) -> SeedResult:
     shape = shape or WorldShape()
     started_s = time.process_time()
     loop = SimLoop(seed)
-    with tempfile.TemporaryDirectory(prefix="waltz-sim-") as directory, _quiet_logs():
-        world = SimWorld(loop, Path(directory), shape)
+    with _quiet_logs():
+        world = SimWorld(loop, shape)
         injected: dict[str, int] = {}
 
         async def main() -> list[str]:
