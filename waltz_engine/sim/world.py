@@ -28,7 +28,7 @@ from waltz_engine.common.reqid import ReqId
 from waltz_engine.server.config import ServerConfig
 from waltz_engine.server.server import WaltzServer
 from waltz_engine.sim.disk import SimDisk
-from waltz_engine.sim.faults import inject_network_faults
+from waltz_engine.sim.faults import inject_faults
 from waltz_engine.sim.loop import START_MONOTONIC_S, SimLoop
 from waltz_engine.sim.network import SimNetwork
 from waltz_engine.sim.zk_model import SimZooKeeper
@@ -226,6 +226,13 @@ class SimWorld:
         config = WaltzClientConfig.from_config(self._zookeeper_keys())
         self.client = await WaltzClient.create(self.application, config, **self._seams(CLIENT_HOST))
 
+    def heal(self) -> None:
+        """Every fault ends: links whole, ZooKeeper reachable (nodes stop in a healthy world)."""
+        for a, b in self.fault_pairs():
+            self.network.heal(a, b)
+        if self.zookeeper.in_outage:
+            self.zookeeper.end_outage()
+
     async def stop(self) -> None:
         if self.client is not None:
             await self.client.close()
@@ -254,7 +261,11 @@ class SimWorld:
                     await client.submit(context)
                     break
                 except WaltzError:
-                    # Not appended (the partition was not mounted in time): the application tries again.
+                    # The submit failed (the partition was not mounted in time), after telling the
+                    # context: the application submits it again, and that attempt's outcome counts.
+                    if context.outcome.done():
+                        context.outcome.exception()  # read: this attempt's error is the submit's
+                    context.outcome = self.loop.create_future()
                     await asyncio.sleep(RESUBMIT_DELAY_S)
         await asyncio.gather(*(context.outcome for context in self.contexts), return_exceptions=True)
         while self.application.count() < self.shape.transactions:
@@ -309,9 +320,10 @@ def run_seed(seed: int, shape: WorldShape | None = None) -> SeedResult:
         async def main() -> list[str]:
             await world.start()
             faults = loop.create_task(
-                inject_network_faults(
+                inject_faults(
                     loop,
                     world.network,
+                    world.zookeeper,
                     world.fault_pairs(),
                     shape.faults,
                     shape.transactions * SUBMIT_INTERVAL_S,
@@ -326,6 +338,7 @@ def run_seed(seed: int, shape: WorldShape | None = None) -> SeedResult:
                 late = [f"not every transaction was applied within {RUN_LIMIT_S:.0f} s of virtual time"]
             finally:
                 faults.cancel()
+                world.heal()
                 await world.stop()
             return world.check() + late
 
