@@ -25,16 +25,17 @@ def sim(
     ] = DEFAULT_TRANSACTIONS,
     faults: Annotated[
         int,
-        typer.Option("--faults", help="Network faults per seed.", min=0, max=MAX_FAULTS),
+        typer.Option("--faults", help="Faults per seed (network, ZooKeeper).", min=0, max=MAX_FAULTS),
     ] = 0,
     as_json: JsonOption = False,
 ) -> None:
-    """Run the real nodes and client in the simulator, one seeded world per seed, and check each.
+    """Run real storage nodes, a server and a client in the simulator, one seeded world per seed.
 
-    Each seed starts a cluster (storage nodes, a server, a client) on a virtual clock and an
-    in-memory network and ZooKeeper, appends transactions and checks what the client saw. A
-    failing seed prints its replay command and its last events. With --json stdout holds only
-    the report (seeds, violations, failing_seeds, trace_hash, transactions).
+    Each seed runs on a virtual clock, an in-memory network and ZooKeeper, and is checked.
+
+    A failing seed prints its replay command and its last events.
+
+    With --json stdout holds only the report: seeds, violations, failing_seeds, trace_hash, transactions.
 
     Example: waltz sim --seeds 200 --faults 20 --json
     """
