@@ -32,6 +32,7 @@ SNAKE_CASE_KEY = re.compile(r"^[a-z0-9_]+$|^[^A-Za-z]*$")
 # Commands with --json that this module does not run, and where their JSON is tested instead.
 NOT_RUN_HERE = {
     "waltz smoke": "minutes long: tests/smoke/test_smoke_run.py",
+    "waltz sim": "runs simulated clusters: tests/sim/test_world.py",
     "waltz spark export": "starts Spark: tests/spark/test_spark_export_cluster.py",
     "waltz bench engine": "a benchmark: tests/bench/",
     "waltz bench crc": "a benchmark: tests/bench/",

@@ -60,6 +60,7 @@ def _register() -> None:
         recovery,
         retention,
         server,
+        sim,
         smoke,
         spark,
         storage,
@@ -74,6 +75,7 @@ def _register() -> None:
     app.command("truncate")(recovery.truncate)
     app.command("top")(top.top)
     app.command("smoke")(smoke.smoke)
+    app.command("sim")(sim.sim)
     app.add_typer(inspect.app, name="inspect")
     app.add_typer(zk.app, name="zk")
     app.add_typer(storage.app, name="storage")

@@ -411,7 +411,7 @@ def test_a_refill_interrupted_between_its_renames_is_finished_by_the_next_open(
     with _open(tmp_path) as manager:
         partition = manager.partition(0)
         partition.refill(GOOD[5:8])
-        monkeypatch.setattr("waltz_engine.storage.refill.os.rename", rename)
+        monkeypatch.setattr("waltz_engine.storage.file_system.os.rename", rename)
         with pytest.raises(OSError, match="disk gone"):
             partition.refill(GOOD[8:10])
         with pytest.raises(StorageError, match="closed"):

@@ -40,7 +40,9 @@ from waltz_engine.client.transaction_monitor import TransactionFuture
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.common.reqid import ReqId
+from waltz_engine.net.transport import ASYNCIO_NETWORK, Network
 from waltz_engine.wire.client_messages import AppendRequest
+from waltz_engine.zk.connection import ZooKeeperConnector, new_client
 from waltz_engine.zk.payloads import PartitionInfo
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,8 @@ class WaltzClient:
         cluster_root: str | None = None,
         callback_executor: Executor | None = None,
         metrics: MetricsRegistry | None = None,
+        network: Network = ASYNCIO_NETWORK,
+        zk_connector: ZooKeeperConnector = new_client,
     ) -> None:
         config = client_config(config, zookeeper, cluster_root)
         self._callbacks = callbacks
@@ -88,7 +92,13 @@ class WaltzClient:
         self._driver: WaltzClientDriver = (
             config.mock_driver
             if config.mock_driver is not None
-            else ZooKeeperDriver(config.zookeeper, config.tls, config.endpoint_overrides)  # type: ignore[arg-type]
+            else ZooKeeperDriver(
+                config.zookeeper,  # type: ignore[arg-type]
+                config.tls,
+                config.endpoint_overrides,
+                network,
+                zk_connector,
+            )
         )
         self._info: DriverInfo | None = None
         self._stream: StreamClient | None = None

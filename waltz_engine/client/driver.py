@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import ssl
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -32,18 +31,19 @@ from waltz_engine.net.channel import (
     handshake,
 )
 from waltz_engine.net.tls import TlsConfig, client_context
+from waltz_engine.net.transport import ASYNCIO_NETWORK, Network, tls_context
 from waltz_engine.wire.client_messages import CLIENT_CODECS
 from waltz_engine.wire.hello import CLIENT_HELLO_TEXT
 from waltz_engine.zk.cluster import next_client_id, read_cluster_params
 from waltz_engine.zk.cluster_manager import ClusterWatcher
-from waltz_engine.zk.connection import ZooKeeperError, ZooKeeperSettings, describe
+from waltz_engine.zk.connection import (
+    ZooKeeperConnector,
+    ZooKeeperError,
+    ZooKeeperSettings,
+    describe,
+    new_client,
+)
 from waltz_engine.zk.payloads import PartitionInfo
-
-# kazoo logs every failed connection attempt ("Connection dropped: ..."); without a handler of
-# ours Python's last-resort handler prints each on stderr. An application that configures
-# logging still sees them, under this name.
-_KAZOO_LOGGER = logging.getLogger("waltz_engine.client.kazoo")
-_KAZOO_LOGGER.addHandler(logging.NullHandler())
 
 OnEndpoints = Callable[[dict[Endpoint, list[PartitionInfo]]], None]
 OnServerRemoved = Callable[[Endpoint], None]
@@ -107,7 +107,10 @@ _NO_KEY_STORE = "; this client has none: set client.ssl.keyStore.location"
 
 
 async def open_framed_channel(
-    endpoint: Endpoint, ssl_context: ssl.SSLContext, has_certificate: bool = False
+    endpoint: Endpoint,
+    ssl_context: ssl.SSLContext | None,
+    has_certificate: bool = False,
+    network: Network = ASYNCIO_NETWORK,
 ) -> FramedChannel:
     """A TLS connection to a Waltz server, Hello "Waltz Client", codecs v0-v4 (highest common wins).
 
@@ -118,9 +121,7 @@ async def open_framed_channel(
 
     async def go() -> FramedConnection:
         nonlocal after_tls
-        reader, writer = await asyncio.open_connection(
-            host, port, ssl=ssl_context, limit=STREAM_READ_LIMIT_BYTES
-        )
+        reader, writer = await network.open_connection(host, port, ssl_context, STREAM_READ_LIMIT_BYTES)
         after_tls = True
         try:
             return await handshake(reader, writer, CLIENT_CODECS, CLIENT_HELLO_TEXT, CONNECT_TIMEOUT_MS)
@@ -168,9 +169,13 @@ class ZooKeeperDriver(WaltzClientDriver):
         settings: ZooKeeperSettings,
         tls: TlsConfig,
         endpoint_overrides: Mapping[Endpoint, Endpoint] | None = None,
+        network: Network = ASYNCIO_NETWORK,
+        zk_connector: ZooKeeperConnector = new_client,
     ) -> None:
         self._settings = settings
-        self._ssl: ssl.SSLContext = client_context(tls)
+        self._network = network
+        self._zk_connector = zk_connector
+        self._ssl = tls_context(network, lambda: client_context(tls))
         self._has_certificate = tls.key_store_location is not None
         self._endpoint_overrides = dict(endpoint_overrides or {})
         self._zk: KazooClient | None = None
@@ -178,10 +183,7 @@ class ZooKeeperDriver(WaltzClientDriver):
 
     async def start(self, on_endpoints: OnEndpoints, on_server_removed: OnServerRemoved) -> DriverInfo:
         settings = self._settings
-        zk = KazooClient(
-            hosts=settings.connect_string, timeout=settings.session_timeout_ms / 1000, logger=_KAZOO_LOGGER
-        )
-        self._zk = zk
+        self._zk = zk = self._zk_connector(settings)
         try:
             await asyncio.to_thread(zk.start, settings.connect_timeout_ms / 1000)
         except KazooTimeoutError:
@@ -202,7 +204,7 @@ class ZooKeeperDriver(WaltzClientDriver):
 
     async def open_channel(self, endpoint: Endpoint) -> Channel:
         return await open_framed_channel(
-            self._endpoint_overrides.get(endpoint, endpoint), self._ssl, self._has_certificate
+            self._endpoint_overrides.get(endpoint, endpoint), self._ssl, self._has_certificate, self._network
         )
 
     async def close(self) -> None:

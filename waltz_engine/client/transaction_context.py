@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
+
+from waltz_engine.common import clock
 
 if TYPE_CHECKING:
     from waltz_engine.client.transaction_builder import TransactionBuilder
@@ -38,7 +39,7 @@ class TransactionContext(ABC):
     """
 
     def __init__(self) -> None:
-        self.creation_time_ms = int(time.time() * 1000)
+        self.creation_time_ms = clock.wall_ms()
 
     def partition_id(self, num_partitions: int) -> int:
         """The partition this transaction goes to, in ``0 .. num_partitions - 1`` (default 0).

@@ -14,12 +14,12 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import time
 from typing import TYPE_CHECKING
 
 from waltz_engine.client.commit_latency import CommitLatency
 from waltz_engine.client.config import DEFAULT_LONG_WAIT_THRESHOLD_MS
 from waltz_engine.client.errors import ClientClosedError, OutcomeUnknownError, PartitionInactiveError
+from waltz_engine.common import clock
 from waltz_engine.common.reqid import ReqId
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 def monotonic_ms() -> float:
-    return time.monotonic() * 1000
+    return clock.monotonic_s() * 1000
 
 
 class TransactionFuture(asyncio.Future[bool]):

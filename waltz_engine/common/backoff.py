@@ -1,12 +1,23 @@
 """Exponential backoff (the original's ``CM/util/BackoffTimer.java``): wait, then multiply the
 interval up to a cap; with ``jitter``, each delay is drawn around the interval so that many
-clients do not retry in step."""
+clients do not retry in step. The jitter is drawn from the running loop's generator where it has
+one (the simulator's, seeded: a simulated run stays a function of its seed), else ``random``'s."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 from collections.abc import Callable
+
+
+def loop_random() -> float:
+    """A number in [0, 1) from the running loop's ``rng`` if it has one, else from ``random``."""
+    try:
+        rng = getattr(asyncio.get_running_loop(), "rng", random)
+    except RuntimeError:
+        rng = random
+    value: float = rng.random()
+    return value
 
 
 class Backoff:
@@ -16,7 +27,7 @@ class Backoff:
         max_ms: float,
         multiplier: float = 2.0,
         jitter: float = 0.0,
-        rand: Callable[[], float] = random.random,
+        rand: Callable[[], float] = loop_random,
     ) -> None:
         assert 0 <= initial_ms <= max_ms and multiplier >= 1 and 0 <= jitter < 1
         self.initial_ms = initial_ms

@@ -1,28 +1,53 @@
-"""Positional reads and writes on raw file descriptors that never stop half way silently, and
-fsyncs of files and directories by path."""
+"""Positional reads and writes on open files that never stop half way silently, and fsyncs of
+files and directories by path.
+
+:class:`DiskFile` is what the storage engine's file system seam opens
+(waltz_engine/storage/file_system.py): a real descriptor, or a simulated disk's file.
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Protocol
+
+Bytes = bytes | bytearray | memoryview
 
 
-def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+class DiskFile(Protocol):
+    """An open file, read and written at explicit offsets."""
+
+    def pread(self, size_bytes: int, offset: int) -> bytes: ...
+
+    def pwrite(self, data: Bytes, offset: int) -> int: ...
+
+    def size_bytes(self) -> int: ...
+
+    def truncate(self, size_bytes: int) -> None: ...
+
+    def fsync(self) -> None: ...
+
+    def fdatasync(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def pwrite_all(file: DiskFile, data: Bytes, offset: int) -> None:
     """Write all of ``data`` at ``offset``; a regular file may accept a write in parts."""
     view = memoryview(data)
     while view:
-        written = os.pwrite(fd, view, offset)
+        written = file.pwrite(view, offset)
         assert written > 0, "pwrite wrote nothing"
         view = view[written:]
         offset += written
 
 
-def pread_upto(fd: int, size_bytes: int, offset: int) -> bytes:
+def pread_upto(file: DiskFile, size_bytes: int, offset: int) -> bytes:
     """Read ``size_bytes`` at ``offset``, fewer only at end of file."""
     chunks: list[bytes] = []
     remaining = size_bytes
     while remaining > 0:
-        chunk = os.pread(fd, remaining, offset)
+        chunk = file.pread(remaining, offset)
         if not chunk:
             break
         chunks.append(chunk)

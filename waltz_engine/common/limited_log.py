@@ -4,7 +4,8 @@ interval with the count of those held back, so a flood costs a line every few se
 from __future__ import annotations
 
 import logging
-import time
+
+from waltz_engine.common import clock
 
 # How often one key (a peer address, a partition) may log.
 LIMITED_LOG_INTERVAL_S = 10.0
@@ -21,7 +22,7 @@ class LimitedLog:
 
     def warn(self, key: str, message: str) -> None:
         """Log ``message`` unless one of ``key`` was logged within the interval (then count it)."""
-        now = time.monotonic()
+        now = clock.monotonic_s()
         last, since = self._warned.get(key, (None, 0))
         if last is not None and now - last < self._interval_s:
             self._warned[key] = (last, since + 1)

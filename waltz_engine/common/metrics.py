@@ -10,9 +10,10 @@ from __future__ import annotations
 import math
 import re
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
+
+from waltz_engine.common import clock
 
 METRICS_JSON_VERSION = "4.0.0"
 # EWMA tick as Dropwizard's meters: rates decay every 5 s.
@@ -43,7 +44,7 @@ class Meter:
     __slots__ = ("count", "_start_s", "_last_tick_s", "_uncounted", "_m1", "_m5", "_m15", "_primed")
 
     def __init__(self) -> None:
-        now = time.monotonic()
+        now = clock.monotonic_s()
         self.count = 0
         self._start_s = now
         self._last_tick_s = now
@@ -57,7 +58,7 @@ class Meter:
         self._uncounted += n
 
     def _tick_if_due(self) -> None:
-        now = time.monotonic()
+        now = clock.monotonic_s()
         ticks = int((now - self._last_tick_s) // TICK_INTERVAL_S)
         if ticks <= 0:
             return
@@ -74,7 +75,7 @@ class Meter:
                 self._primed = True
 
     def mean_rate(self) -> float:
-        elapsed_s = time.monotonic() - self._start_s
+        elapsed_s = clock.monotonic_s() - self._start_s
         return self.count / elapsed_s if elapsed_s > 0 else 0.0
 
     def to_json(self) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from typing import Any
 from waltz_engine.common.config import Config, ConfigError
 from waltz_engine.common.errors import ProtocolError, WaltzError
 from waltz_engine.common.limited_log import LIMITED_LOG_INTERVAL_S, LimitedLog
+from waltz_engine.net.transport import ASYNCIO_NETWORK, Network, ServerHandle
 from waltz_engine.wire.codec import MessageCodec
 from waltz_engine.wire.frame import FRAME_HEADER_SIZE_BYTES, MAX_FRAME_SIZE_BYTES, read_frame
 from waltz_engine.wire.hello import HELLO_CODEC, HELLO_MAGIC, HELLO_VERSION, Hello, negotiate_version
@@ -172,17 +173,17 @@ async def handshake(
 async def connect(
     host: str,
     port: int,
-    ssl_context: ssl.SSLContext,
+    ssl_context: ssl.SSLContext | None,
     codecs: Mapping[int, MessageCodec[Any]],
     hello_text: str,
     timeout_ms: int = CONNECT_TIMEOUT_MS,
+    network: Network = ASYNCIO_NETWORK,
 ) -> FramedConnection:
-    """Open a TLS connection and complete the handshake, all within ``timeout_ms``."""
+    """Open a TLS connection (plain with no ``ssl_context``: the simulator's) and complete the
+    handshake, all within ``timeout_ms``."""
 
     async def go() -> FramedConnection:
-        reader, writer = await asyncio.open_connection(
-            host, port, ssl=ssl_context, limit=STREAM_READ_LIMIT_BYTES
-        )
+        reader, writer = await network.open_connection(host, port, ssl_context, STREAM_READ_LIMIT_BYTES)
         try:
             return await handshake(reader, writer, codecs, hello_text, timeout_ms)
         except BaseException:
@@ -315,7 +316,7 @@ class Listener:
     accept to the handler's return), so that stopping a node can end them."""
 
     def __init__(
-        self, server: asyncio.Server, connections: set[asyncio.Task[None]], gate: ConnectionGate
+        self, server: ServerHandle, connections: set[asyncio.Task[None]], gate: ConnectionGate
     ) -> None:
         self.server = server
         self.connections = connections
@@ -372,14 +373,16 @@ def _reason(e: BaseException) -> str:
 async def serve(
     host: str,
     port: int,
-    ssl_context: ssl.SSLContext,
+    ssl_context: ssl.SSLContext | None,
     codecs: Mapping[int, MessageCodec[Any]],
     hello_text: str,
     handler: ConnectionHandler,
     name: str,
     gate: ConnectionGate | None = None,
+    network: Network = ASYNCIO_NETWORK,
 ) -> Listener:
-    """Accept TLS connections; each gets a handshake, then ``handler`` owns it until it returns.
+    """Accept TLS connections (plain with no ``ssl_context``: the simulator's); each gets a
+    handshake, then ``handler`` owns it until it returns.
 
     A failed handshake or a protocol error is logged with its reason and only that
     connection is closed; the server keeps serving the others. ``gate`` (shared by a node's
@@ -419,9 +422,12 @@ async def serve(
             return
         try:
             async with asyncio.timeout_at(deadline):
-                reader, writer = await _start_server_tls(
-                    loop, transport, ssl_context, data, stream_limit, max(deadline - loop.time(), 0.001)
-                )
+                if ssl_context is None:
+                    reader, writer = _start_server_plain(loop, transport, data, stream_limit)
+                else:
+                    reader, writer = await _start_server_tls(
+                        loop, transport, ssl_context, data, stream_limit, max(deadline - loop.time(), 0.001)
+                    )
         except (TimeoutError, ConnectionError, ssl.SSLError) as e:
             node_gate.warn_limited(
                 f"tls {name} {address}",
@@ -493,7 +499,7 @@ async def serve(
             if not self.first.done():
                 self.first.set_result(b"")
 
-    return Listener(await loop.create_server(_Accept, host, port), tasks, node_gate)
+    return Listener(await network.create_server(_Accept, host, port), tasks, node_gate)
 
 
 _read_buffers = threading.local()
@@ -517,6 +523,20 @@ class _ServerTlsProtocol(sslproto.SSLProtocol):
             view = _read_buffers.view = memoryview(bytearray(self.max_size))
         self._ssl_buffer = view.obj
         self._ssl_buffer_view = view
+
+
+def _start_server_plain(
+    loop: asyncio.AbstractEventLoop, transport: asyncio.Transport, first: bytes, stream_limit: int
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """An accepted connection without TLS (the simulator's) as streams: ``first`` is what was
+    read from it before (its reading paused since)."""
+    reader = asyncio.StreamReader(limit=stream_limit, loop=loop)
+    protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+    transport.set_protocol(protocol)
+    protocol.connection_made(transport)
+    protocol.data_received(first)
+    transport.resume_reading()
+    return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
 
 
 async def _start_server_tls(

@@ -31,11 +31,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any, NamedTuple, Protocol
 
+from waltz_engine.common import clock
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.common.record import Record, RecordHeader
@@ -530,7 +530,7 @@ class Partition:
         self.pending_appends += 1
         self._settled.clear()
         append_number = self._barrier.issue()
-        started_s = time.monotonic()
+        started_s = clock.monotonic_s()
 
         def committed(done: asyncio.Future[int]) -> None:
             self.pending_appends -= 1
@@ -541,7 +541,7 @@ class Partition:
                 self._outcome_unknown(append_number, request.req_id)
                 return
             transaction_id = done.result()
-            self._latency_timer.update_ms((time.monotonic() - started_s) * 1000.0)
+            self._latency_timer.update_ms((clock.monotonic_s() - started_s) * 1000.0)
             if transaction_id > self.commit_high_water_mark and not self.closed:
                 self.feed_cache.add(self.partition_id, transaction_id, request.req_id, request.header)
                 self.fetcher.cache.put(self.partition_id, transaction_id, data, request.checksum)

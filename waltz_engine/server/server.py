@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -21,6 +20,7 @@ from kazoo.client import KazooClient
 from kazoo.protocol.states import KazooState
 
 from waltz_engine import __version__
+from waltz_engine.common import clock
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.common.process import run_service
@@ -28,6 +28,7 @@ from waltz_engine.common.tasks import cancel_and_wait
 from waltz_engine.net.channel import ConnectionGate, Listener, serve
 from waltz_engine.net.http_endpoints import HttpEndpoints
 from waltz_engine.net.tls import client_context, server_context
+from waltz_engine.net.transport import ASYNCIO_NETWORK, Network, tls_context
 from waltz_engine.server.config import EngineSettings, ServerConfig
 from waltz_engine.server.feed_cache import FeedCache
 from waltz_engine.server.handler import ClientHandler
@@ -37,7 +38,7 @@ from waltz_engine.wire.client_messages import CLIENT_CODECS
 from waltz_engine.wire.hello import SERVER_HELLO_TEXT
 from waltz_engine.zk.cluster import read_cluster_params
 from waltz_engine.zk.cluster_manager import ClusterManager, ManagedServer
-from waltz_engine.zk.connection import connect
+from waltz_engine.zk.connection import ZooKeeperConnector, connect, new_client
 from waltz_engine.zk.payloads import PartitionInfo
 from waltz_engine.zk.store_metadata import read_store_params
 
@@ -196,8 +197,15 @@ class ServerCore:
 class WaltzServer:
     """One server in this process: ``await start()``, then ``await stop()``."""
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        network: Network = ASYNCIO_NETWORK,
+        zk_connector: ZooKeeperConnector = new_client,
+    ) -> None:
         self.config = config
+        self.network = network
+        self._zk_connector = zk_connector
         self.metrics = MetricsRegistry()
         self.core: ServerCore | None = None
         self.cluster_manager: ClusterManager | None = None
@@ -228,7 +236,9 @@ class WaltzServer:
     async def start(self) -> None:
         config = self.config
         settings = config.zookeeper
-        self._zk = zk = await asyncio.to_thread(self._zk_stack.enter_context, connect(settings))
+        self._zk = zk = await asyncio.to_thread(
+            self._zk_stack.enter_context, connect(settings, self._zk_connector)
+        )
         zk.add_listener(self._on_zk_state)
         cluster = await asyncio.to_thread(read_cluster_params, zk, settings.cluster_root)
         self.cluster_name = cluster.name
@@ -243,12 +253,13 @@ class WaltzServer:
         self._listener = await serve(
             config.host,
             config.port,
-            server_context(config.tls),
+            tls_context(self.network, lambda: server_context(config.tls)),
             CLIENT_CODECS,
             SERVER_HELLO_TEXT,
             handler,
             "server client port",
             ConnectionGate(config.connection_limits),
+            self.network,
         )
         self._assigner = asyncio.get_running_loop().create_task(self._apply_assignments(), name="assignments")
         await manager.start()
@@ -285,11 +296,12 @@ class WaltzServer:
         store = Store(
             zk,
             self.config.zookeeper.cluster_root,
-            client_context(self.config.tls),
+            tls_context(self.network, lambda: client_context(self.config.tls)),
             StoreConfig(
                 s.max_batch_size, s.initial_retry_interval_ms, s.max_retry_interval_ms, s.checkpoint_interval
             ),
             self.metrics,
+            self.network,
         )
         await store.start()
         result: StoreLike = store
@@ -311,14 +323,14 @@ class WaltzServer:
 
     def _on_zk_state(self, state: str) -> None:
         # kazoo thread: a plain assignment is enough for a health check to read.
-        self._zk_disconnected_since_s = None if state == KazooState.CONNECTED else time.monotonic()
+        self._zk_disconnected_since_s = None if state == KazooState.CONNECTED else clock.monotonic_s()
 
     def zookeeper_healthy(self) -> bool:
         since = self._zk_disconnected_since_s
         if since is None:
             return self._zk is not None and bool(self._zk.connected)
         limit_s = ZK_UNHEALTHY_AFTER_SESSION_TIMEOUTS * self.config.zookeeper.session_timeout_ms / 1000
-        return time.monotonic() - since < limit_s
+        return clock.monotonic_s() - since < limit_s
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         zookeeper = self.zookeeper_healthy()

@@ -18,7 +18,7 @@ from kazoo.exceptions import KazooException
 
 from waltz_engine.common.errors import StorageError, WaltzError
 from waltz_engine.common.tasks import cancel_and_wait
-from waltz_engine.zk.connection import ZooKeeperSettings, connect
+from waltz_engine.zk.connection import ZooKeeperConnector, ZooKeeperSettings, connect, new_client
 from waltz_engine.zk.retention import read_effective_bounds
 
 if TYPE_CHECKING:  # the node package imports this module
@@ -39,9 +39,11 @@ class RetentionCleaner:
         num_partitions: int,
         workers: Callable[[], Mapping[int, PartitionWorker]],
         interval_ms: int = DEFAULT_RETENTION_CHECK_INTERVAL_MS,
+        zk_connector: ZooKeeperConnector = new_client,
     ) -> None:
         assert interval_ms > 0
         self._zookeeper = zookeeper
+        self._zk_connector = zk_connector
         self._num_partitions = num_partitions
         self._workers = workers
         self._interval_ms = interval_ms
@@ -109,5 +111,5 @@ class RetentionCleaner:
 
     def _read_bounds(self) -> dict[int, int]:
         settings = self._zookeeper
-        with connect(settings) as client:
+        with connect(settings, self._zk_connector) as client:
             return read_effective_bounds(client, settings.cluster_root, self._num_partitions)

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 from waltz_engine.common.errors import ProtocolError, WaltzError
 from waltz_engine.common.record import Record, RecordHeader
 from waltz_engine.net.channel import CONNECT_TIMEOUT_MS, ConnectionClosedError, FramedConnection, connect
+from waltz_engine.net.transport import ASYNCIO_NETWORK, Network
 from waltz_engine.wire.admin_messages import (
     ADMIN_CODEC,
     ADMIN_RAW_RECORDS_CODEC,
@@ -120,12 +121,14 @@ class _RpcConnection:
         name: str,
         host: str,
         port: int,
-        ssl_context: ssl.SSLContext,
+        ssl_context: ssl.SSLContext | None,
         codec: MessageCodec[Any],
         hello_text: str,
         request_timeout_ms: int,
+        network: Network,
     ) -> None:
         assert request_timeout_ms > 0
+        self._network = network
         self.name = name
         self.host = host
         self.port = port
@@ -156,6 +159,7 @@ class _RpcConnection:
             {self._codec.version: self._codec},
             self._hello_text,
             timeout_ms,
+            self._network,
         )
         self._reader = asyncio.create_task(self._read_loop(self._conn), name=f"{self.name}-reader")
         try:
@@ -283,15 +287,23 @@ class StorageClient(_RpcConnection):
         self,
         host: str,
         port: int,
-        ssl_context: ssl.SSLContext,
+        ssl_context: ssl.SSLContext | None,
         key: uuid.UUID,
         num_partitions: int,
         *,
         used_by_offline_recovery: bool = False,
         request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
+        network: Network = ASYNCIO_NETWORK,
     ) -> None:
         super().__init__(
-            "storage", host, port, ssl_context, STORAGE_CODEC, STORAGE_CLIENT_HELLO_TEXT, request_timeout_ms
+            "storage",
+            host,
+            port,
+            ssl_context,
+            STORAGE_CODEC,
+            STORAGE_CLIENT_HELLO_TEXT,
+            request_timeout_ms,
+            network,
         )
         self.key = key
         self.num_partitions = num_partitions
@@ -405,12 +417,13 @@ class StorageAdminClient(_RpcConnection):
         self,
         host: str,
         admin_port: int,
-        ssl_context: ssl.SSLContext,
+        ssl_context: ssl.SSLContext | None,
         key: uuid.UUID,
         num_partitions: int,
         *,
         request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
         raw_records: bool = False,
+        network: Network = ASYNCIO_NETWORK,
     ) -> None:
         # raw_records: RECORD_LIST answers stay bytes (record_list_raw), record_list is refused.
         super().__init__(
@@ -421,6 +434,7 @@ class StorageAdminClient(_RpcConnection):
             ADMIN_RAW_RECORDS_CODEC if raw_records else ADMIN_CODEC,
             STORAGE_ADMIN_CLIENT_HELLO_TEXT,
             request_timeout_ms,
+            network,
         )
         self.key = key
         self.num_partitions = num_partitions

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
+
+from waltz_engine.common import clock
 
 CONTROL_FILE_NAME = "waltz-storage.ctl"
 SEGMENT_SUFFIX = ".seg"
@@ -30,4 +31,4 @@ def segment_paths(directory: Path, first_transaction_id: int) -> tuple[Path, Pat
 
 def now_ms() -> int:
     """Wall-clock milliseconds, as Java's ``System.currentTimeMillis()`` in file headers."""
-    return time.time_ns() // 1_000_000
+    return clock.wall_ms()

@@ -9,7 +9,6 @@ leaves the previous struct current.
 
 from __future__ import annotations
 
-import os
 import threading
 import uuid
 from collections.abc import Callable
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from waltz_engine.common.errors import FormatError, StorageError
-from waltz_engine.common.fileio import pread_upto, pwrite_all
+from waltz_engine.common.fileio import DiskFile, pread_upto, pwrite_all
 from waltz_engine.disk.file_header import FORMAT_VERSION, HEADER_SIZE_BYTES, ControlFileHeader
 from waltz_engine.disk.partition_info import (
     FLAG_AVAILABLE,
@@ -31,7 +30,7 @@ from waltz_engine.disk.partition_info import (
     partition_info_offset,
 )
 from waltz_engine.storage.constants import now_ms
-from waltz_engine.storage.file_lock import HeaderLock
+from waltz_engine.storage.file_system import CLOSED_FILE, OS_DISK, Disk
 
 # Java's AtomicInteger sequence number; wrapping would make the older struct look newer.
 _MAX_SEQUENCE_NUMBER = 2**31 - 1
@@ -56,10 +55,12 @@ class PartitionInfo:
     Thread-safe: updates of one partition serialize on its own lock.
     """
 
-    def __init__(self, fd: int, partition_id: int, structs: list[PartitionInfoStruct], current: int) -> None:
+    def __init__(
+        self, file: DiskFile, partition_id: int, structs: list[PartitionInfoStruct], current: int
+    ) -> None:
         assert len(structs) == 2 and current in (0, 1)
         self.partition_id = partition_id
-        self._fd = fd
+        self._file = file
         self._record_offset = partition_info_offset(partition_id)
         self._structs = structs
         self._current = current
@@ -126,8 +127,8 @@ class PartitionInfo:
             fresh = [PartitionInfoStruct(-1, -1, -1, FLAG_AVAILABLE, -1)] * 2
             fresh[1 - self._current] = fresh[1 - self._current]._replace(sequence_number=0)
             record = encode_record(self.partition_id, fresh[0], fresh[1])
-            pwrite_all(self._fd, memoryview(record)[STRUCT1_OFFSET:], self._record_offset + STRUCT1_OFFSET)
-            os.fdatasync(self._fd)
+            pwrite_all(self._file, memoryview(record)[STRUCT1_OFFSET:], self._record_offset + STRUCT1_OFFSET)
+            self._file.fdatasync()
             self._structs = fresh
             self._sequence_number = 0
 
@@ -138,8 +139,8 @@ class PartitionInfo:
         sequence_number = self._sequence_number + 1
         target = 1 - self._current
         new = PartitionInfoStruct(session_id, low_water_mark, local_low_water_mark, flags, sequence_number)
-        pwrite_all(self._fd, new.to_bytes(), self._record_offset + _STRUCT_OFFSETS[target])
-        os.fdatasync(self._fd)
+        pwrite_all(self._file, new.to_bytes(), self._record_offset + _STRUCT_OFFSETS[target])
+        self._file.fdatasync()
         # Only a synced struct becomes current: if the write failed, the old one still is.
         self._structs[target] = new
         self._current = target
@@ -150,11 +151,11 @@ class ControlFile:
     """An open, locked control file. Close it (or use ``with``) to release the lock."""
 
     def __init__(
-        self, path: Path, lock: HeaderLock, header: ControlFileHeader, infos: list[PartitionInfo]
+        self, path: Path, file: DiskFile, header: ControlFileHeader, infos: list[PartitionInfo]
     ) -> None:
         self.path = path
         self.header = header
-        self._lock = lock
+        self._file = file
         self._infos = infos
 
     @classmethod
@@ -165,30 +166,30 @@ class ControlFile:
         num_partitions: int,
         *,
         clock_ms: Callable[[], int] = now_ms,
+        disk: Disk = OS_DISK,
     ) -> ControlFile:
         """Create the file when shorter than a header, else verify key and partition count."""
         assert num_partitions >= 0
-        lock = HeaderLock.open(path)
+        file = disk.open_locked(path)
         try:
-            return cls._load(path, lock, key, num_partitions, clock_ms)
+            return cls._load(path, file, key, num_partitions, clock_ms)
         except BaseException:
-            lock.close()
+            file.close()
             raise
 
     @classmethod
     def _load(
-        cls, path: Path, lock: HeaderLock, key: uuid.UUID, num_partitions: int, clock_ms: Callable[[], int]
+        cls, path: Path, file: DiskFile, key: uuid.UUID, num_partitions: int, clock_ms: Callable[[], int]
     ) -> ControlFile:
-        fd = lock.fd
-        size_bytes = os.fstat(fd).st_size
+        size_bytes = file.size_bytes()
         if size_bytes < HEADER_SIZE_BYTES:
             header = ControlFileHeader(FORMAT_VERSION, clock_ms(), key, num_partitions)
             struct1, struct2 = initial_structs()
             body = b"".join(encode_record(p, struct1, struct2) for p in range(num_partitions))
-            pwrite_all(fd, header.to_bytes() + body, 0)
-            os.fsync(fd)
+            pwrite_all(file, header.to_bytes() + body, 0)
+            file.fsync()
         else:
-            header = ControlFileHeader.from_bytes(pread_upto(fd, HEADER_SIZE_BYTES, 0))
+            header = ControlFileHeader.from_bytes(pread_upto(file, HEADER_SIZE_BYTES, 0))
             if header.key != key:
                 raise StorageError(
                     f"{path}: the cluster key does not match (file has {header.key}, expected {key})"
@@ -198,12 +199,12 @@ class ControlFile:
                     f"{path}: the number of partitions does not match "
                     f"(file has {header.num_partitions}, expected {num_partitions})"
                 )
-        return cls(path, lock, header, cls._read_infos(path, fd, header.num_partitions))
+        return cls(path, file, header, cls._read_infos(path, file, header.num_partitions))
 
     @staticmethod
-    def _read_infos(path: Path, fd: int, num_partitions: int) -> list[PartitionInfo]:
+    def _read_infos(path: Path, file: DiskFile, num_partitions: int) -> list[PartitionInfo]:
         expected_bytes = HEADER_SIZE_BYTES + PARTITION_INFO_SIZE_BYTES * num_partitions
-        body = pread_upto(fd, expected_bytes - HEADER_SIZE_BYTES, HEADER_SIZE_BYTES)
+        body = pread_upto(file, expected_bytes - HEADER_SIZE_BYTES, HEADER_SIZE_BYTES)
         if HEADER_SIZE_BYTES + len(body) < expected_bytes:
             raise FormatError(
                 f"{path}: control file is truncated ({HEADER_SIZE_BYTES + len(body)} of "
@@ -222,7 +223,7 @@ class ControlFile:
             except FormatError as e:  # "partition info corrupted": neither struct is valid
                 raise FormatError(f"{path}: {e}") from e
             structs = [decoded.struct1.value, decoded.struct2.value]
-            infos.append(PartitionInfo(fd, partition_id, structs, current))
+            infos.append(PartitionInfo(file, partition_id, structs, current))
         return infos
 
     @property
@@ -241,9 +242,10 @@ class ControlFile:
         return self._infos[partition_id]
 
     def close(self) -> None:
-        if self._lock.fd >= 0:
-            os.fsync(self._lock.fd)
-        self._lock.close()
+        file, self._file = self._file, CLOSED_FILE
+        if file is not CLOSED_FILE:
+            file.fsync()
+            file.close()
 
     def __enter__(self) -> ControlFile:
         return self

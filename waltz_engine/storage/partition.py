@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 from waltz_engine.common.crc import crc32, to_signed32
 from waltz_engine.common.errors import StorageError
-from waltz_engine.common.fileio import fsync_directory
+from waltz_engine.common.fileio import pread_upto
 from waltz_engine.common.record import Record, RecordHeader
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
 from waltz_engine.storage.constants import (
@@ -33,6 +33,7 @@ from waltz_engine.storage.constants import (
 )
 from waltz_engine.storage.control_file import PartitionInfo, SessionInfo
 from waltz_engine.storage.damage import DamageLog, SegmentDamage
+from waltz_engine.storage.file_system import OS_DISK, Disk
 from waltz_engine.storage.lru import LRUCache
 from waltz_engine.storage.refill import RefillCopy, clean_interrupted_refills
 from waltz_engine.storage.segment import (
@@ -49,12 +50,15 @@ from waltz_engine.zk.retention import BelowRetainedStartError, removable_head_se
 log = logging.getLogger(__name__)
 
 
-def _head(path: Path) -> bytes:
-    with path.open("rb") as f:
-        return f.read(HEADER_SIZE_BYTES)
+def _head(disk: Disk, path: Path) -> bytes:
+    file = disk.open(path)
+    try:
+        return pread_upto(file, HEADER_SIZE_BYTES, 0)
+    finally:
+        file.close()
 
 
-def _clean_interrupted_files(directory: Path) -> None:
+def _clean_interrupted_files(directory: Path, disk: Disk) -> None:
     """Remove what a crash can leave half made, which the original would refuse to open.
 
     * an ``.idx`` without its ``.seg``: a truncate died between deleting the two files, or a
@@ -62,16 +66,16 @@ def _clean_interrupted_files(directory: Path) -> None:
     * the newest segment with a ``.seg`` shorter than a header: a rollover died while
       creating it (records are written only after both headers are synced).
     """
-    for idx_path in directory.glob("*" + INDEX_SUFFIX):
-        if not idx_path.with_suffix(SEGMENT_SUFFIX).exists():
+    for idx_path in disk.glob(directory, "*" + INDEX_SUFFIX):
+        if not disk.exists(idx_path.with_suffix(SEGMENT_SUFFIX)):
             log.warning("removing index file without data file (interrupted): %s", idx_path)
-            idx_path.unlink()
-    seg_paths = sorted(directory.glob("*" + SEGMENT_SUFFIX))
-    if seg_paths and seg_paths[-1].stat().st_size < HEADER_SIZE_BYTES:
+            disk.unlink(idx_path)
+    seg_paths = sorted(disk.glob(directory, "*" + SEGMENT_SUFFIX))
+    if seg_paths and disk.file_size_bytes(seg_paths[-1]) < HEADER_SIZE_BYTES:
         log.warning("removing segment whose creation was interrupted: %s", seg_paths[-1])
-        seg_paths[-1].with_suffix(INDEX_SUFFIX).unlink(missing_ok=True)
-        seg_paths[-1].unlink()
-    clean_interrupted_refills(directory)
+        disk.unlink(seg_paths[-1].with_suffix(INDEX_SUFFIX), missing_ok=True)
+        disk.unlink(seg_paths[-1])
+    clean_interrupted_refills(directory, disk)
 
 
 class Partition:
@@ -85,8 +89,10 @@ class Partition:
         segment_size_threshold_bytes: int,
         segment_cache_capacity: int,
         clock_ms: Callable[[], int],
+        disk: Disk,
     ) -> None:
         assert segment_size_threshold_bytes > 0 and segment_cache_capacity >= 0
+        self._disk = disk
         self.key = key
         self.directory = directory
         self.info = info
@@ -114,9 +120,12 @@ class Partition:
         segment_size_threshold_bytes: int = DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES,
         segment_cache_capacity: int = DEFAULT_SEGMENT_CACHE_CAPACITY,
         clock_ms: Callable[[], int] = now_ms,
+        disk: Disk = OS_DISK,
     ) -> Partition:
         """Open (recovering) every segment in ``directory``; create segment 0 if there is none."""
-        partition = cls(key, directory, info, segment_size_threshold_bytes, segment_cache_capacity, clock_ms)
+        partition = cls(
+            key, directory, info, segment_size_threshold_bytes, segment_cache_capacity, clock_ms, disk
+        )
         try:
             partition._load()
         except BaseException:
@@ -127,26 +136,22 @@ class Partition:
 
     def _load(self) -> None:
         directory = self.directory
-        directory.mkdir(exist_ok=True)
-        _clean_interrupted_files(directory)
+        self._disk.mkdir(directory)
+        _clean_interrupted_files(directory, self._disk)
         local_low_water_mark = self.info.current.local_low_water_mark
-        seg_paths = sorted(directory.glob("*" + SEGMENT_SUFFIX), key=first_transaction_id_of)
+        seg_paths = sorted(self._disk.glob(directory, "*" + SEGMENT_SUFFIX), key=first_transaction_id_of)
         if not seg_paths:
             seg_path, idx_path = segment_paths(directory, 0)
-            create_segment_files(self.key, self.partition_id, seg_path, idx_path, 0, self._clock_ms)
+            create_segment_files(
+                self.key, self.partition_id, seg_path, idx_path, 0, self._clock_ms, self._disk
+            )
             seg_paths = [seg_path]
         for i, seg_path in enumerate(seg_paths):
             # A sealed segment ends where the next one starts: checked, never written, so damage
             # in it can neither cut records nor leave a gap between segments.
             sealed_end = first_transaction_id_of(seg_paths[i + 1]) if i + 1 < len(seg_paths) else None
-            segment = Segment.open(
-                self.key,
-                self.partition_id,
-                seg_path,
-                seg_path.with_suffix(INDEX_SUFFIX),
-                local_low_water_mark,
-                self._threshold_bytes,
-                sealed_end=sealed_end,
+            segment = self._open_segment(
+                seg_path, seg_path.with_suffix(INDEX_SUFFIX), local_low_water_mark, sealed_end
             )
             previous = self._segments[-1] if self._segments else None
             assert previous is None or segment.first_transaction_id == previous.next_transaction_id
@@ -221,12 +226,31 @@ class Partition:
         sealed.flush()
         sealed.writable = False
         self._cache.touch(sealed)
-        first = sealed.next_transaction_id
+        self._segments.append(self._new_segment(sealed.next_transaction_id))
+
+    def _open_segment(
+        self, seg_path: Path, idx_path: Path, local_low_water_mark: int, sealed_end: int | None
+    ) -> Segment:
+        return Segment.open(
+            self.key,
+            self.partition_id,
+            seg_path,
+            idx_path,
+            local_low_water_mark,
+            self._threshold_bytes,
+            sealed_end=sealed_end,
+            disk=self._disk,
+        )
+
+    def _new_segment(self, first: int) -> Segment:
+        """A new, empty, writable last segment starting at ``first``."""
         seg_path, idx_path = segment_paths(self.directory, first)
-        create_segment_files(self.key, self.partition_id, seg_path, idx_path, first, self._clock_ms)
-        segment = Segment.open(self.key, self.partition_id, seg_path, idx_path, -1, self._threshold_bytes)
+        create_segment_files(
+            self.key, self.partition_id, seg_path, idx_path, first, self._clock_ms, self._disk
+        )
+        segment = self._open_segment(seg_path, idx_path, -1, None)
         segment.writable = True
-        self._segments.append(segment)
+        return segment
 
     def truncate(self, transaction_id: int) -> int:
         """Keep transactions up to ``transaction_id``; return the new max txid."""
@@ -458,7 +482,7 @@ class Partition:
         if first == start:
             self._abort_refill()
             self._refill = copy = RefillCopy.begin(
-                segment.seg_path, segment.idx_path, start, *self._headers_for_copy(segment)
+                segment.seg_path, segment.idx_path, start, *self._headers_for_copy(segment), self._disk
             )
             return copy
         if copy is None or copy.seg_path != segment.seg_path or copy.next_transaction_id != first:
@@ -473,7 +497,7 @@ class Partition:
     def _headers_for_copy(self, segment: Segment) -> tuple[bytes, bytes]:
         """The headers the segment was written with (byte for byte), or new ones if they are damaged."""
         if not segment.header_damaged:
-            return _head(segment.seg_path), _head(segment.idx_path)
+            return _head(self._disk, segment.seg_path), _head(self._disk, segment.idx_path)
         fresh = segment.header._replace(creation_time_ms=self._clock_ms()).to_bytes()
         return fresh, fresh
 
@@ -496,14 +520,11 @@ class Partition:
             else:
                 copy.abort()
             raise
-        replaced = Segment.open(
-            self.key,
-            self.partition_id,
+        replaced = self._open_segment(
             segment.seg_path,
             segment.idx_path,
             self.info.current.local_low_water_mark,
-            self._threshold_bytes,
-            sealed_end=None if last else segment.next_transaction_id,
+            None if last else segment.next_transaction_id,
         )
         replaced.writable = last
         self._cache.remove(segment)
@@ -557,7 +578,7 @@ class Partition:
                 doomed.delete()
                 self.damage.forget_segment(doomed.first_transaction_id)
             if count:
-                fsync_directory(self.directory)
+                self._disk.fsync_directory(self.directory)
             return spans[:count]
 
     def is_empty(self) -> bool:
@@ -581,14 +602,8 @@ class Partition:
                 raise StorageError(f"transaction id out of range: {transaction_id}")
             empty = self._segments.pop()
             empty.delete()
-            fsync_directory(self.directory)
-            seg_path, idx_path = segment_paths(self.directory, transaction_id)
-            create_segment_files(
-                self.key, self.partition_id, seg_path, idx_path, transaction_id, self._clock_ms
-            )
-            segment = Segment.open(self.key, self.partition_id, seg_path, idx_path, -1, self._threshold_bytes)
-            segment.writable = True
-            self._segments.append(segment)
+            self._disk.fsync_directory(self.directory)
+            self._segments.append(self._new_segment(transaction_id))
             log.info("partition %d: log starts at transaction %d", self.partition_id, transaction_id)
 
     @property

@@ -16,20 +16,19 @@ too), or the data's alone (a copy just begun: dropped).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from waltz_engine.common.fileio import fsync_directory, pwrite_all
+from waltz_engine.common.fileio import pwrite_all
 from waltz_engine.common.record import Record
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
 from waltz_engine.disk.record_format import INDEX_ENTRY_SIZE_BYTES, encode_records
 from waltz_engine.storage.constants import INDEX_SUFFIX, SEGMENT_SUFFIX
+from waltz_engine.storage.file_system import CLOSED_FILE, Disk
 
 log = logging.getLogger(__name__)
 
 REFILL_SUFFIX = ".refill"
-_NO_FD = -1
 
 
 def refill_path(path: Path) -> Path:
@@ -37,38 +36,39 @@ def refill_path(path: Path) -> Path:
     return path.with_name(path.name + REFILL_SUFFIX)
 
 
-def clean_interrupted_refills(directory: Path) -> None:
+def clean_interrupted_refills(directory: Path, disk: Disk) -> None:
     """Settle what a crash during a refill left (see the module's docstring)."""
     changed = False
-    for idx_copy in sorted(directory.glob(f"*{INDEX_SUFFIX}{REFILL_SUFFIX}")):
+    for idx_copy in sorted(disk.glob(directory, f"*{INDEX_SUFFIX}{REFILL_SUFFIX}")):
         idx_path = idx_copy.with_name(idx_copy.name[: -len(REFILL_SUFFIX)])
         seg_copy = refill_path(idx_path.with_suffix(SEGMENT_SUFFIX))
-        if seg_copy.exists():
+        if disk.exists(seg_copy):
             log.warning("removing an unfinished refill of %s (the segment is as it was)", idx_path.stem)
-            idx_copy.unlink()
-            seg_copy.unlink()
+            disk.unlink(idx_copy)
+            disk.unlink(seg_copy)
         else:
             log.warning("finishing the refill of %s: its data file is in, now its index", idx_path.stem)
-            os.rename(idx_copy, idx_path)
+            disk.rename(idx_copy, idx_path)
         changed = True
-    for seg_copy in sorted(directory.glob(f"*{SEGMENT_SUFFIX}{REFILL_SUFFIX}")):
+    for seg_copy in sorted(disk.glob(directory, f"*{SEGMENT_SUFFIX}{REFILL_SUFFIX}")):
         log.warning("removing an unfinished refill: %s", seg_copy.name)
-        seg_copy.unlink()
+        disk.unlink(seg_copy)
         changed = True
     if changed:
-        fsync_directory(directory)
+        disk.fsync_directory(directory)
 
 
 class RefillCopy:
     """The copy of one segment being written; records arrive in order from its first txid."""
 
-    def __init__(self, seg_path: Path, idx_path: Path, first_transaction_id: int) -> None:
+    def __init__(self, seg_path: Path, idx_path: Path, first_transaction_id: int, disk: Disk) -> None:
+        self._disk = disk
         self.seg_path = seg_path
         self.idx_path = idx_path
         self.first_transaction_id = first_transaction_id
         self.next_transaction_id = first_transaction_id
         self._next_offset = HEADER_SIZE_BYTES
-        self._seg_fd = self._idx_fd = _NO_FD
+        self._seg_file = self._idx_file = CLOSED_FILE
         # The data file's copy is renamed in: from then on only an open may finish or drop it.
         self.data_swapped = False
 
@@ -80,17 +80,18 @@ class RefillCopy:
         first_transaction_id: int,
         data_header: bytes,
         index_header: bytes,
+        disk: Disk,
     ) -> RefillCopy:
         """Start a copy (dropping any earlier one of this segment) with the files' headers."""
         assert len(data_header) == len(index_header) == HEADER_SIZE_BYTES
-        copy = cls(seg_path, idx_path, first_transaction_id)
+        copy = cls(seg_path, idx_path, first_transaction_id, disk)
         copy._remove_files()
         try:
             # The data file's copy first: an index copy alone means "swapped in" (see the module).
-            copy._seg_fd = os.open(refill_path(seg_path), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
-            copy._idx_fd = os.open(refill_path(idx_path), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
-            pwrite_all(copy._seg_fd, data_header, 0)
-            pwrite_all(copy._idx_fd, index_header, 0)
+            copy._seg_file = disk.open(refill_path(seg_path), create=True, exclusive=True)
+            copy._idx_file = disk.open(refill_path(idx_path), create=True, exclusive=True)
+            pwrite_all(copy._seg_file, data_header, 0)
+            pwrite_all(copy._idx_file, index_header, 0)
         except BaseException:
             copy.abort()
             raise
@@ -99,25 +100,25 @@ class RefillCopy:
     def append(self, records: Sequence[Record]) -> None:
         assert records and records[0].transaction_id == self.next_transaction_id
         data, index = encode_records(records, self._next_offset)
-        pwrite_all(self._seg_fd, data, self._next_offset)
+        pwrite_all(self._seg_file, data, self._next_offset)
         position = HEADER_SIZE_BYTES + INDEX_ENTRY_SIZE_BYTES * (
             self.next_transaction_id - self.first_transaction_id
         )
-        pwrite_all(self._idx_fd, index, position)
+        pwrite_all(self._idx_file, index, position)
         self._next_offset += len(data)
         self.next_transaction_id += len(records)
 
     def swap_in(self) -> None:
         """Sync the copy and rename it over the segment: data file, then index, each rename synced
         (a crash between them must find the data's rename done when the index's is)."""
-        for fd in (self._seg_fd, self._idx_fd):
-            os.fsync(fd)
+        for file in (self._seg_file, self._idx_file):
+            file.fsync()
         self._close()
-        os.rename(refill_path(self.seg_path), self.seg_path)
+        self._disk.rename(refill_path(self.seg_path), self.seg_path)
         self.data_swapped = True
-        fsync_directory(self.seg_path.parent)
-        os.rename(refill_path(self.idx_path), self.idx_path)
-        fsync_directory(self.seg_path.parent)
+        self._disk.fsync_directory(self.seg_path.parent)
+        self._disk.rename(refill_path(self.idx_path), self.idx_path)
+        self._disk.fsync_directory(self.seg_path.parent)
 
     def abort(self) -> None:
         """Drop the copy; the segment is untouched. Once the data file is swapped in, the index's
@@ -127,12 +128,12 @@ class RefillCopy:
             self._remove_files()
 
     def _close(self) -> None:
-        for fd in (self._seg_fd, self._idx_fd):
-            if fd != _NO_FD:
-                os.close(fd)
-        self._seg_fd = self._idx_fd = _NO_FD
+        for file in (self._seg_file, self._idx_file):
+            if file is not CLOSED_FILE:
+                file.close()
+        self._seg_file = self._idx_file = CLOSED_FILE
 
     def _remove_files(self) -> None:
         # The index's copy first, for the same reason ``begin`` creates it last.
-        refill_path(self.idx_path).unlink(missing_ok=True)
-        refill_path(self.seg_path).unlink(missing_ok=True)
+        self._disk.unlink(refill_path(self.idx_path), missing_ok=True)
+        self._disk.unlink(refill_path(self.seg_path), missing_ok=True)

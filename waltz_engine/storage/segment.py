@@ -20,14 +20,13 @@ Rules (reference §1.5, §1.6):
 from __future__ import annotations
 
 import bisect
-import os
 import uuid
 import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from waltz_engine.common.errors import FormatError, StorageError
-from waltz_engine.common.fileio import fsync_directory, pread_upto, pwrite_all
+from waltz_engine.common.fileio import DiskFile, pread_upto, pwrite_all
 from waltz_engine.common.record import Record, RecordHeader
 from waltz_engine.disk.file_header import FORMAT_VERSION, HEADER_SIZE_BYTES, SegmentFileHeader
 from waltz_engine.disk.record_format import (
@@ -43,10 +42,10 @@ from waltz_engine.disk.record_format import (
 )
 from waltz_engine.disk.segment_reader import first_txid_from_name
 from waltz_engine.storage.damage import Damage
+from waltz_engine.storage.file_system import CLOSED_FILE, OS_DISK, Disk
 from waltz_engine.storage.segment_scan import check_record, check_sealed, plan_recovery
 from waltz_engine.storage.wire_span import WireRecords, read_wire_span
 
-_NO_FD = -1
 # The most bytes one read of a span of records loads; a span is shortened to fit, and a single
 # record larger than this is checked in chunks before it is loaded.
 MAX_READ_SPAN_BYTES = 8 << 20
@@ -92,6 +91,7 @@ def create_segment_files(
     idx_path: Path,
     first_transaction_id: int,
     clock_ms: Callable[[], int],
+    disk: Disk = OS_DISK,
 ) -> None:
     """Create an empty segment: the index header first, then the data header, each synced.
 
@@ -99,13 +99,13 @@ def create_segment_files(
     """
     for path in (idx_path, seg_path):
         header = SegmentFileHeader(FORMAT_VERSION, clock_ms(), key, partition_id, first_transaction_id)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+        file = disk.open(path, create=True, exclusive=True)
         try:
-            pwrite_all(fd, header.to_bytes(), 0)
-            os.fsync(fd)
+            pwrite_all(file, header.to_bytes(), 0)
+            file.fsync()
         finally:
-            os.close(fd)
-    fsync_directory(seg_path.parent)
+            file.close()
+    disk.fsync_directory(seg_path.parent)
 
 
 class Segment:
@@ -120,15 +120,17 @@ class Segment:
         seg_path: Path,
         idx_path: Path,
         header: SegmentFileHeader,
-        seg_fd: int,
-        idx_fd: int,
+        seg_file: DiskFile,
+        idx_file: DiskFile,
         segment_size_threshold_bytes: int,
+        disk: Disk = OS_DISK,
     ) -> None:
         self.seg_path = seg_path
         self.idx_path = idx_path
         self.header = header
-        self._seg_fd = seg_fd
-        self._idx_fd = idx_fd
+        self._seg_file = seg_file
+        self._idx_file = idx_file
+        self._disk = disk
         self._threshold_bytes = segment_size_threshold_bytes
         self._next_transaction_id = header.first_transaction_id
         self._next_offset = HEADER_SIZE_BYTES
@@ -153,6 +155,7 @@ class Segment:
         segment_size_threshold_bytes: int,
         *,
         sealed_end: int | None = None,
+        disk: Disk = OS_DISK,
     ) -> Segment:
         """Open both files and check them; the damage found is in ``segment.damages``.
 
@@ -164,20 +167,20 @@ class Segment:
         to and served); a sealed one opens with every record refused.
         """
         first = first_transaction_id_of(seg_path)
-        seg_fd = idx_fd = _NO_FD
+        seg_file = idx_file = CLOSED_FILE
         try:
-            seg_fd = os.open(seg_path, os.O_RDWR)
-            idx_fd = os.open(idx_path, os.O_RDWR)
+            seg_file = disk.open(seg_path)
+            idx_file = disk.open(idx_path)
             damages: list[Damage] = []
-            header, foreign = cls._read_header(seg_fd, key, partition_id, first, "data file", damages)
-            index_foreign = cls._read_header(idx_fd, key, partition_id, first, "index file", damages)[1]
+            header, foreign = cls._read_header(seg_file, key, partition_id, first, "data file", damages)
+            index_foreign = cls._read_header(idx_file, key, partition_id, first, "index file", damages)[1]
             foreign = foreign or index_foreign
             if foreign is not None and sealed_end is None:
                 raise StorageError(
                     f"failed to open segment file {seg_path}: {foreign}: another cluster's or partition's "
                     "segment; move its .seg and .idx away, then recover the partition from a healthy replica"
                 )
-            segment = cls(seg_path, idx_path, header, seg_fd, idx_fd, segment_size_threshold_bytes)
+            segment = cls(seg_path, idx_path, header, seg_file, idx_file, segment_size_threshold_bytes, disk)
             segment.header_damaged = bool(damages)
             if sealed_end is None:
                 damages += segment._recover(local_low_water_mark)
@@ -186,25 +189,25 @@ class Segment:
                     segment.foreign = f"{foreign}: {FOREIGN_SEGMENT}"
                     damages.append(Damage(FOREIGN_SEGMENT, first, sealed_end - 1))
                 else:
-                    damages += check_sealed(seg_fd, idx_fd, first, sealed_end, local_low_water_mark)
+                    damages += check_sealed(seg_file, idx_file, first, sealed_end, local_low_water_mark)
                 segment._next_transaction_id = sealed_end
-                segment._next_offset = os.fstat(seg_fd).st_size
+                segment._next_offset = seg_file.size_bytes()
             segment.damages = damages
             return segment
         except BaseException:
-            for fd in (seg_fd, idx_fd):
-                if fd != _NO_FD:
-                    os.close(fd)
+            for file in (seg_file, idx_file):
+                if file is not CLOSED_FILE:
+                    file.close()
             raise
 
     @staticmethod
     def _read_header(
-        fd: int, key: uuid.UUID, partition_id: int, first: int, name: str, damages: list[Damage]
+        file: DiskFile, key: uuid.UUID, partition_id: int, first: int, name: str, damages: list[Damage]
     ) -> tuple[SegmentFileHeader, str | None]:
         """The file's header, and why it is another cluster's or partition's (None when it is
         not). What else is wrong with it goes to ``damages``: the name says which transactions
         the segment holds, the control file which cluster and partition."""
-        raw = pread_upto(fd, HEADER_SIZE_BYTES, 0)
+        raw = pread_upto(file, HEADER_SIZE_BYTES, 0)
         try:
             header = SegmentFileHeader.from_bytes(raw)
         except FormatError as e:
@@ -242,13 +245,13 @@ class Segment:
         appends across the replicas are the server's recovery's business (it settles a partial
         append, §2.7). A bad record that whole ones follow is not a tail: it is kept and reported.
         """
-        plan = plan_recovery(self._seg_fd, self._idx_fd, self.first_transaction_id, local_low_water_mark)
+        plan = plan_recovery(self._seg_file, self._idx_file, self.first_transaction_id, local_low_water_mark)
         for first, entries in plan.index_runs:
             if entries:
-                pwrite_all(self._idx_fd, entries, self._index_position(first))
-        os.ftruncate(self._idx_fd, self._index_position(plan.next_transaction_id))
+                pwrite_all(self._idx_file, entries, self._index_position(first))
+        self._idx_file.truncate(self._index_position(plan.next_transaction_id))
         if plan.cut:
-            os.ftruncate(self._seg_fd, plan.next_offset)
+            self._seg_file.truncate(plan.next_offset)
         self.flush()
         self._next_transaction_id = plan.next_transaction_id
         self._next_offset = plan.next_offset
@@ -256,7 +259,7 @@ class Segment:
 
     def _check_record(self, offset: int, transaction_id: int) -> int:
         """The size of the whole record ``transaction_id`` at ``offset``, or -1."""
-        return check_record(self._seg_fd, offset, transaction_id, os.fstat(self._seg_fd).st_size)
+        return check_record(self._seg_file, offset, transaction_id, self._seg_file.size_bytes())
 
     # --- state ---------------------------------------------------------------------------
 
@@ -278,7 +281,7 @@ class Segment:
 
     @property
     def files_open(self) -> bool:
-        return self._seg_fd != _NO_FD
+        return self._seg_file is not CLOSED_FILE
 
     def _index_position(self, transaction_id: int) -> int:
         return HEADER_SIZE_BYTES + INDEX_ENTRY_SIZE_BYTES * (
@@ -286,14 +289,14 @@ class Segment:
         )
 
     def _index_max_transaction_id(self) -> int:
-        entries = (os.fstat(self._idx_fd).st_size - HEADER_SIZE_BYTES) // INDEX_ENTRY_SIZE_BYTES
+        entries = (self._idx_file.size_bytes() - HEADER_SIZE_BYTES) // INDEX_ENTRY_SIZE_BYTES
         return self.header.first_transaction_id + entries - 1
 
     def _index_get(self, transaction_id: int) -> int:
         """The data offset of ``transaction_id`` from the index file, -1 past its end."""
         position = self._index_position(transaction_id)
         assert position >= HEADER_SIZE_BYTES, f"illegal record position: {position}"
-        entry = pread_upto(self._idx_fd, INDEX_ENTRY_SIZE_BYTES, position)
+        entry = pread_upto(self._idx_file, INDEX_ENTRY_SIZE_BYTES, position)
         return INDEX_ENTRY.unpack(entry)[0] if len(entry) == INDEX_ENTRY_SIZE_BYTES else -1
 
     # --- writing -------------------------------------------------------------------------
@@ -318,8 +321,8 @@ class Segment:
             self._write(records[start:end] if start or end < len(records) else records)
         except OSError:
             # Cut whatever part of the batch reached the files, so the next append starts clean.
-            os.ftruncate(self._idx_fd, self._index_position(self._next_transaction_id))
-            os.ftruncate(self._seg_fd, self._next_offset)
+            self._idx_file.truncate(self._index_position(self._next_transaction_id))
+            self._seg_file.truncate(self._next_offset)
             raise
         return end
 
@@ -340,9 +343,9 @@ class Segment:
                 if cut == count
                 else INDEX_ENTRY.unpack_from(index, cut * INDEX_ENTRY_SIZE_BYTES)[0] - base_offset
             )
-            pwrite_all(self._seg_fd, data_view[data_from:data_to], self._next_offset)
+            pwrite_all(self._seg_file, data_view[data_from:data_to], self._next_offset)
             pwrite_all(
-                self._idx_fd,
+                self._idx_file,
                 index_view[done * INDEX_ENTRY_SIZE_BYTES : cut * INDEX_ENTRY_SIZE_BYTES],
                 self._index_position(first_transaction_id + done),
             )
@@ -353,7 +356,7 @@ class Segment:
                 self.flush()
             done = cut
         if not synced:
-            os.fdatasync(self._seg_fd)
+            self._seg_file.fdatasync()
 
     def truncate(self, transaction_id: int) -> None:
         """Drop every record after ``transaction_id``: the index first, then the data, synced."""
@@ -364,10 +367,10 @@ class Segment:
         offset = self._end_of(transaction_id)
         # Index first: a crash in between leaves records past the index, which recovery keeps
         # (the truncate did not return), never an index pointing past the data.
-        os.ftruncate(self._idx_fd, self._index_position(transaction_id + 1))
-        os.fsync(self._idx_fd)
-        os.ftruncate(self._seg_fd, offset)
-        os.fsync(self._seg_fd)
+        self._idx_file.truncate(self._index_position(transaction_id + 1))
+        self._idx_file.fsync()
+        self._seg_file.truncate(offset)
+        self._seg_file.fsync()
         self._next_offset = offset
         self._next_transaction_id = transaction_id + 1
 
@@ -384,22 +387,22 @@ class Segment:
         not at all (only the index is), and the damaged bytes stay for the refill."""
         if transaction_id < self.first_transaction_id:
             return HEADER_SIZE_BYTES
-        data_end = os.fstat(self._seg_fd).st_size
+        data_end = self._seg_file.size_bytes()
         if self.foreign is not None:
             return data_end
         offset = self._index_get(transaction_id)
-        size = check_record(self._seg_fd, offset, transaction_id, data_end)
+        size = check_record(self._seg_file, offset, transaction_id, data_end)
         if size >= 0:
             return offset + size
         following = self._index_get(transaction_id + 1)
         lowest = max(offset, HEADER_SIZE_BYTES) + RECORD_OVERHEAD_BYTES
-        if following >= lowest and check_record(self._seg_fd, following, transaction_id + 1, data_end) >= 0:
+        if following >= lowest and check_record(self._seg_file, following, transaction_id + 1, data_end) >= 0:
             return following
         return data_end
 
     def flush(self) -> None:
-        os.fsync(self._idx_fd)
-        os.fsync(self._seg_fd)
+        self._idx_file.fsync()
+        self._seg_file.fsync()
 
     # --- reading -------------------------------------------------------------------------
 
@@ -419,7 +422,7 @@ class Segment:
             partition_id = self.header.partition_id
             raise CorruptRecordError(partition_id, transaction_id, self.seg_path, -1, self.foreign)
         raw_index = pread_upto(
-            self._idx_fd, INDEX_ENTRY_SIZE_BYTES * count, self._index_position(transaction_id)
+            self._idx_file, INDEX_ENTRY_SIZE_BYTES * count, self._index_position(transaction_id)
         )
         whole_entries = len(raw_index) // INDEX_ENTRY_SIZE_BYTES * INDEX_ENTRY_SIZE_BYTES
         offsets = [entry for (entry,) in INDEX_ENTRY.iter_unpack(raw_index[:whole_entries])]
@@ -445,13 +448,13 @@ class Segment:
         end = self._span_end(last_txid, offsets[-1])
         if (
             end - offsets[0] > MAX_READ_SPAN_BYTES
-            and check_record(self._seg_fd, offsets[0], transaction_id, data_end) < 0
+            and check_record(self._seg_file, offsets[0], transaction_id, data_end) < 0
         ):
             # Checked in chunks first: a damaged length field must not load a segment's worth.
             raise CorruptRecordError(
                 self.header.partition_id, transaction_id, self.seg_path, offsets[0], "not whole"
             )
-        buf = pread_upto(self._seg_fd, end - offsets[0], offsets[0])
+        buf = pread_upto(self._seg_file, end - offsets[0], offsets[0])
         result: list[DiskRecord] = []
         for i, offset in enumerate(offsets):
             parsed = read_record(buf, offset - offsets[0])
@@ -482,7 +485,7 @@ class Segment:
             following = self._index_get(transaction_id + 1)
             if offset + RECORD_OVERHEAD_BYTES <= following <= data_end:
                 return following
-        head = pread_upto(self._seg_fd, RECORD_HEADER_SIZE_BYTES, offset)
+        head = pread_upto(self._seg_file, RECORD_HEADER_SIZE_BYTES, offset)
         length = RECORD_HEADER.unpack(head)[4] if len(head) == RECORD_HEADER_SIZE_BYTES else 0
         return min(data_end, offset + RECORD_OVERHEAD_BYTES + max(0, length))
 
@@ -515,8 +518,8 @@ class Segment:
         if self.foreign is not None:
             return WireRecords(0, ())
         return read_wire_span(
-            self._seg_fd,
-            self._idx_fd,
+            self._seg_file,
+            self._idx_file,
             self.first_transaction_id,
             self._next_transaction_id,
             self._next_offset,
@@ -532,7 +535,7 @@ class Segment:
         """Continue an unsigned running CRC-32 over the data after the header (replica compare)."""
         assert self.files_open
         offset = HEADER_SIZE_BYTES
-        while chunk := os.pread(self._seg_fd, CHECKSUM_CHUNK_BYTES, offset):
+        while chunk := self._seg_file.pread(CHECKSUM_CHUNK_BYTES, offset):
             crc = zlib.crc32(chunk, crc)
             offset += len(chunk)
         return crc
@@ -543,20 +546,20 @@ class Segment:
         """Reopen the files of a sealed segment the LRU cache closed."""
         assert not self.closed
         if not self.files_open:
-            seg_fd = os.open(self.seg_path, os.O_RDWR)
+            seg_file = self._disk.open(self.seg_path)
             try:
-                self._idx_fd = os.open(self.idx_path, os.O_RDWR)
+                self._idx_file = self._disk.open(self.idx_path)
             except BaseException:
-                os.close(seg_fd)
+                seg_file.close()
                 raise
-            self._seg_fd = seg_fd
+            self._seg_file = seg_file
 
     def close_files(self) -> None:
         """Close the descriptors but keep the segment usable (``ensure_open`` reopens)."""
         if self.files_open:
-            os.close(self._idx_fd)
-            os.close(self._seg_fd)
-            self._idx_fd = self._seg_fd = _NO_FD
+            self._idx_file.close()
+            self._seg_file.close()
+            self._idx_file = self._seg_file = CLOSED_FILE
 
     def close(self) -> None:
         if self.files_open and self.writable:
@@ -569,5 +572,5 @@ class Segment:
         """Close and remove both files, data first as the original (partition open removes an
         index left behind by a crash in between)."""
         self.close()
-        self.seg_path.unlink(missing_ok=True)
-        self.idx_path.unlink(missing_ok=True)
+        self._disk.unlink(self.seg_path, missing_ok=True)
+        self._disk.unlink(self.idx_path, missing_ok=True)

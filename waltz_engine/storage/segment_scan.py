@@ -24,12 +24,11 @@ records it walked, rebuilt from the data, and the cut) and the damage it found.
 
 from __future__ import annotations
 
-import os
 import zlib
 from dataclasses import dataclass, field
 
 from waltz_engine.common.crc import to_signed32
-from waltz_engine.common.fileio import pread_upto
+from waltz_engine.common.fileio import DiskFile, pread_upto
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
 from waltz_engine.disk.record_format import (
     CHECKPOINT_INTERVAL,
@@ -56,7 +55,7 @@ def _java_div(dividend: int, divisor: int) -> int:
     return -quotient if dividend < 0 else quotient
 
 
-def check_record(seg_fd: int, offset: int, transaction_id: int, data_end: int | None = None) -> int:
+def check_record(seg_file: DiskFile, offset: int, transaction_id: int, data_end: int | None = None) -> int:
     """The size of the whole record ``transaction_id`` at ``offset``, or -1.
 
     Whole means what a read means: the txid, the CRC over header and data, and the data
@@ -65,10 +64,10 @@ def check_record(seg_fd: int, offset: int, transaction_id: int, data_end: int | 
     chunks of at most ``CHECK_CHUNK_BYTES``.
     """
     if data_end is None:
-        data_end = os.fstat(seg_fd).st_size
+        data_end = seg_file.size_bytes()
     if offset < HEADER_SIZE_BYTES or offset + RECORD_OVERHEAD_BYTES > data_end:
         return -1
-    head = pread_upto(seg_fd, RECORD_HEADER_SIZE_BYTES, offset)
+    head = pread_upto(seg_file, RECORD_HEADER_SIZE_BYTES, offset)
     if len(head) < RECORD_HEADER_SIZE_BYTES:
         return -1
     stored_txid, _, _, _, data_length, checksum = RECORD_HEADER.unpack(head)
@@ -81,7 +80,7 @@ def check_record(seg_fd: int, offset: int, transaction_id: int, data_end: int | 
     data_crc = 0
     position = offset + RECORD_HEADER_SIZE_BYTES
     if data_length + RECORD_CRC.size <= CHECK_CHUNK_BYTES:  # the usual case: one read
-        rest = pread_upto(seg_fd, data_length + RECORD_CRC.size, position)
+        rest = pread_upto(seg_file, data_length + RECORD_CRC.size, position)
         if len(rest) < data_length + RECORD_CRC.size:
             return -1
         data = memoryview(rest)[:data_length]
@@ -90,31 +89,33 @@ def check_record(seg_fd: int, offset: int, transaction_id: int, data_end: int | 
     else:
         remaining = data_length
         while remaining > 0:
-            chunk = pread_upto(seg_fd, min(CHECK_CHUNK_BYTES, remaining), position)
+            chunk = pread_upto(seg_file, min(CHECK_CHUNK_BYTES, remaining), position)
             if not chunk:
                 return -1
             crc, data_crc = zlib.crc32(chunk, crc), zlib.crc32(chunk, data_crc)
             position += len(chunk)
             remaining -= len(chunk)
-        tail = pread_upto(seg_fd, RECORD_CRC.size, position)
+        tail = pread_upto(seg_file, RECORD_CRC.size, position)
         if len(tail) < RECORD_CRC.size:
             return -1
     (stored_crc,) = RECORD_CRC.unpack(tail)
     return size if to_signed32(crc) == stored_crc and to_signed32(data_crc) == checksum else -1
 
 
-def index_entry_count(idx_fd: int) -> tuple[int, int]:
+def index_entry_count(idx_file: DiskFile) -> tuple[int, int]:
     """(whole entries, bytes of a partial last entry) of an index file."""
-    body = max(0, os.fstat(idx_fd).st_size - HEADER_SIZE_BYTES)
+    body = max(0, idx_file.size_bytes() - HEADER_SIZE_BYTES)
     return body // INDEX_ENTRY_SIZE_BYTES, body % INDEX_ENTRY_SIZE_BYTES
 
 
-def read_index(idx_fd: int, first_transaction_id: int, from_transaction_id: int, count: int) -> list[int]:
+def read_index(
+    idx_file: DiskFile, first_transaction_id: int, from_transaction_id: int, count: int
+) -> list[int]:
     """Up to ``count`` index entries from ``from_transaction_id`` (fewer at the index's end)."""
     if count <= 0:
         return []
     position = HEADER_SIZE_BYTES + INDEX_ENTRY_SIZE_BYTES * (from_transaction_id - first_transaction_id)
-    raw = pread_upto(idx_fd, INDEX_ENTRY_SIZE_BYTES * count, position)
+    raw = pread_upto(idx_file, INDEX_ENTRY_SIZE_BYTES * count, position)
     whole = len(raw) // INDEX_ENTRY_SIZE_BYTES
     return [entry for (entry,) in INDEX_ENTRY.iter_unpack(raw[: whole * INDEX_ENTRY_SIZE_BYTES])]
 
@@ -134,11 +135,11 @@ def recovery_window(index_max_transaction_id: int, local_low_water_mark: int) ->
     return max(checkpoint, local_low_water_mark), max(checkpoint - 1, local_low_water_mark)
 
 
-def _bad_record_reason(seg_fd: int, offset: int, transaction_id: int, data_end: int) -> str:
+def _bad_record_reason(seg_file: DiskFile, offset: int, transaction_id: int, data_end: int) -> str:
     """Why there is no whole record ``transaction_id`` at ``offset`` (for the report)."""
     if not HEADER_SIZE_BYTES <= offset < data_end:
         return "its index entry points outside the data file"
-    head = pread_upto(seg_fd, RECORD_HEADER_SIZE_BYTES, offset)
+    head = pread_upto(seg_file, RECORD_HEADER_SIZE_BYTES, offset)
     if len(head) < RECORD_HEADER_SIZE_BYTES:
         return "the data file ends inside it"
     stored_txid, _, _, _, data_length, _ = RECORD_HEADER.unpack(head)
@@ -166,7 +167,11 @@ class _Damages:
 
 
 def check_sealed(
-    seg_fd: int, idx_fd: int, first_transaction_id: int, end_transaction_id: int, local_low_water_mark: int
+    seg_file: DiskFile,
+    idx_file: DiskFile,
+    first_transaction_id: int,
+    end_transaction_id: int,
+    local_low_water_mark: int,
 ) -> list[Damage]:
     """What is wrong with a sealed segment holding ``first`` .. ``end - 1``; reads only.
 
@@ -176,7 +181,7 @@ def check_sealed(
     """
     assert end_transaction_id > first_transaction_id, "a sealed segment holds a record"
     damages: list[Damage] = []
-    entries, partial = index_entry_count(idx_fd)
+    entries, partial = index_entry_count(idx_file)
     expected = end_transaction_id - first_transaction_id
     if entries != expected or partial:
         extra = f" and {partial} bytes of a partial entry" if partial else ""
@@ -186,17 +191,17 @@ def check_sealed(
         damages.append(Damage("not in the index", first_transaction_id + listed, end_transaction_id - 1))
     if listed == 0:
         return damages
-    data_end = os.fstat(seg_fd).st_size
+    data_end = seg_file.size_bytes()
     start, _ = recovery_window(first_transaction_id + listed - 1, local_low_water_mark)
     start = max(start, first_transaction_id)
-    offsets = read_index(idx_fd, first_transaction_id, start, first_transaction_id + listed - start)
+    offsets = read_index(idx_file, first_transaction_id, start, first_transaction_id + listed - start)
     bad = _Damages()
     end = None
     for i, offset in enumerate(offsets):
         txid = start + i
-        size = check_record(seg_fd, offset, txid, data_end)
+        size = check_record(seg_file, offset, txid, data_end)
         if size < 0:
-            bad.add(_bad_record_reason(seg_fd, offset, txid, data_end), txid, txid)
+            bad.add(_bad_record_reason(seg_file, offset, txid, data_end), txid, txid)
             end = None
         else:
             end = offset + size
@@ -222,15 +227,15 @@ class RecoveryPlan:
 class _LastSegment:
     """The walk over the last segment's window (read only)."""
 
-    def __init__(self, seg_fd: int, idx_fd: int, first_transaction_id: int) -> None:
-        self.seg_fd = seg_fd
-        self.idx_fd = idx_fd
+    def __init__(self, seg_file: DiskFile, idx_file: DiskFile, first_transaction_id: int) -> None:
+        self.seg_file = seg_file
+        self.idx_file = idx_file
         self.first = first_transaction_id
-        self.index_max = first_transaction_id + index_entry_count(idx_fd)[0] - 1
-        self.data_end = os.fstat(seg_fd).st_size
+        self.index_max = first_transaction_id + index_entry_count(idx_file)[0] - 1
+        self.data_end = seg_file.size_bytes()
 
     def check(self, offset: int, transaction_id: int) -> int:
-        return check_record(self.seg_fd, offset, transaction_id, self.data_end)
+        return check_record(self.seg_file, offset, transaction_id, self.data_end)
 
     def whole_before(self, transaction_id: int) -> tuple[int, int] | None:
         """The closest record before ``transaction_id`` that is whole where its index entry says,
@@ -240,7 +245,7 @@ class _LastSegment:
         high = min(transaction_id - 1, self.index_max, self.first + most - 1)
         while high >= self.first:
             low = max(self.first, high - INDEX_CHUNK_ENTRIES + 1)
-            offsets = read_index(self.idx_fd, self.first, low, high - low + 1)
+            offsets = read_index(self.idx_file, self.first, low, high - low + 1)
             for i in range(len(offsets) - 1, -1, -1):
                 if self.check(offsets[i], low + i) >= 0:
                     return low + i, offsets[i]
@@ -253,7 +258,7 @@ class _LastSegment:
         checkpoint is not proven: only the low-water mark and that record are), else the first."""
         if start <= self.first:
             return self.first, HEADER_SIZE_BYTES, durable
-        (offset,) = read_index(self.idx_fd, self.first, start, 1) or (-1,)
+        (offset,) = read_index(self.idx_file, self.first, start, 1) or (-1,)
         if self.check(offset, start) >= 0:
             return start, offset, durable
         found = self.whole_before(start)
@@ -267,7 +272,7 @@ class _LastSegment:
         the next record whole where the bad one's own length field ends it (or the data's end,
         when it is the durable point itself), else the first later record up to ``durable + 1``
         whole where its index entry says. None when neither locates one."""
-        head = pread_upto(self.seg_fd, RECORD_HEADER_SIZE_BYTES, offset)
+        head = pread_upto(self.seg_file, RECORD_HEADER_SIZE_BYTES, offset)
         if len(head) == RECORD_HEADER_SIZE_BYTES:
             stored_txid, _, _, _, data_length, _ = RECORD_HEADER.unpack(head)
             end = offset + RECORD_OVERHEAD_BYTES + data_length
@@ -281,7 +286,7 @@ class _LastSegment:
         txid = transaction_id + 1
         last = min(durable + 1, self.index_max)
         while txid <= last:
-            offsets = read_index(self.idx_fd, self.first, txid, min(INDEX_CHUNK_ENTRIES, last - txid + 1))
+            offsets = read_index(self.idx_file, self.first, txid, min(INDEX_CHUNK_ENTRIES, last - txid + 1))
             if not offsets:
                 break
             for i, candidate in enumerate(offsets):
@@ -292,10 +297,10 @@ class _LastSegment:
 
 
 def plan_recovery(
-    seg_fd: int, idx_fd: int, first_transaction_id: int, local_low_water_mark: int
+    seg_file: DiskFile, idx_file: DiskFile, first_transaction_id: int, local_low_water_mark: int
 ) -> RecoveryPlan:
     """Walk the last segment's recovery window; decide what is kept, cut and reported."""
-    files = _LastSegment(seg_fd, idx_fd, first_transaction_id)
+    files = _LastSegment(seg_file, idx_file, first_transaction_id)
     start, durable = recovery_window(files.index_max, local_low_water_mark)
     txid, offset, durable = files.start_of_walk(start, durable, local_low_water_mark)
     runs: list[tuple[int, bytes]] = []
@@ -315,7 +320,7 @@ def plan_recovery(
             runs.append((run_first, bytes(run)))
             return RecoveryPlan(txid, offset, runs, True, bad.found)
         # Synced before it was acknowledged: never cut. Keep every byte and step over it.
-        reason = _bad_record_reason(seg_fd, offset, txid, files.data_end)
+        reason = _bad_record_reason(seg_file, offset, txid, files.data_end)
         found = files.step_over(txid, offset, durable)
         runs.append((run_first, bytes(run)))
         bad.add(reason, txid, txid)

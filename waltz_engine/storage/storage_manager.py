@@ -22,6 +22,7 @@ from waltz_engine.storage.constants import (
     now_ms,
 )
 from waltz_engine.storage.control_file import ControlFile, PartitionInfo
+from waltz_engine.storage.file_system import OS_DISK, Disk
 from waltz_engine.storage.partition import Partition
 
 
@@ -37,8 +38,10 @@ class StorageManager:
         segment_size_threshold_bytes: int = DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES,
         segment_cache_capacity: int = DEFAULT_SEGMENT_CACHE_CAPACITY,
         clock_ms: Callable[[], int] = now_ms,
+        disk: Disk = OS_DISK,
     ) -> None:
         self.directory = Path(directory)
+        self._disk = disk
         self._threshold_bytes = segment_size_threshold_bytes
         self._cache_capacity = segment_cache_capacity
         self._clock_ms = clock_ms
@@ -46,7 +49,7 @@ class StorageManager:
         self._partitions: dict[int, Partition] = {}
         self._running = True
         self.control_file = ControlFile.open(
-            self.directory / CONTROL_FILE_NAME, key, num_partitions, clock_ms=clock_ms
+            self.directory / CONTROL_FILE_NAME, key, num_partitions, clock_ms=clock_ms, disk=disk
         )
         try:
             for partition_id in range(self.control_file.num_partitions):
@@ -115,6 +118,7 @@ class StorageManager:
             segment_size_threshold_bytes=self._threshold_bytes,
             segment_cache_capacity=self._cache_capacity,
             clock_ms=self._clock_ms,
+            disk=self._disk,
         )
 
     def set_partition_assignment(

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from waltz_engine.common.fileio import pread_upto
+from waltz_engine.common.fileio import DiskFile, pread_upto
 from waltz_engine.common.record import Record
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
 from waltz_engine.disk.record_columns import WIRE_SAVING_BYTES, disk_to_wire
@@ -73,15 +73,15 @@ def encode_wire_records(records: Sequence[Record]) -> bytearray:
     return out
 
 
-def _index_entries(idx_fd: int, position: int, count: int) -> np.ndarray:
-    raw = pread_upto(idx_fd, count * INDEX_ENTRY_SIZE_BYTES, position)
+def _index_entries(idx_file: DiskFile, position: int, count: int) -> np.ndarray:
+    raw = pread_upto(idx_file, count * INDEX_ENTRY_SIZE_BYTES, position)
     whole = len(raw) - len(raw) % INDEX_ENTRY_SIZE_BYTES
     return np.frombuffer(raw[:whole], dtype=">i8").astype(np.int64)
 
 
 def read_wire_span(
-    seg_fd: int,
-    idx_fd: int,
+    seg_file: DiskFile,
+    idx_file: DiskFile,
     segment_first_txid: int,
     next_txid: int,
     data_end: int,
@@ -104,7 +104,7 @@ def read_wire_span(
         # its last record).
         position = HEADER_SIZE_BYTES + (first - segment_first_txid) * INDEX_ENTRY_SIZE_BYTES
         at_end = first + window == next_txid
-        offsets = _index_entries(idx_fd, position, window + (0 if at_end else 1))
+        offsets = _index_entries(idx_file, position, window + (0 if at_end else 1))
         if at_end and len(offsets) == window:
             offsets = np.append(offsets, np.int64(data_end))
         if len(offsets) != window + 1:
@@ -123,7 +123,7 @@ def read_wire_span(
             stop = min(stop, window)
             if stop <= start:
                 return WireRecords(done, chunks)  # a record larger than a chunk: the exact reader's
-            buf = pread_upto(seg_fd, int(offsets[stop]) - base, base)
+            buf = pread_upto(seg_file, int(offsets[stop]) - base, base)
             wire = disk_to_wire(buf, offsets[start : stop + 1] - base, first + start)
             if wire is None:
                 return WireRecords(done, chunks)

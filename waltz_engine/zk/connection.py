@@ -9,7 +9,7 @@ embedded one.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
 
@@ -107,14 +107,19 @@ def new_client(settings: ZooKeeperSettings) -> KazooClient:
     )
 
 
+# How a process obtains its ZooKeeper clients (not started): production passes ``new_client``,
+# the simulator its in-memory ensemble's (waltz_engine/sim/zk_model.py).
+ZooKeeperConnector = Callable[[ZooKeeperSettings], KazooClient]
+
+
 @contextmanager
-def connect(settings: ZooKeeperSettings) -> Iterator[KazooClient]:
+def connect(settings: ZooKeeperSettings, connector: ZooKeeperConnector = new_client) -> Iterator[KazooClient]:
     """A started kazoo client; waits at most ``connect_timeout_ms`` and always closes it.
 
     Any kazoo failure escaping the block (lost connection, expired session, refused call that
     the caller did not handle) becomes a one-line :class:`ZooKeeperError`.
     """
-    client = new_client(settings)
+    client = connector(settings)
     try:
         client.start(timeout=settings.connect_timeout_ms / 1000)
     except KazooTimeoutError:  # kazoo has stopped and closed it

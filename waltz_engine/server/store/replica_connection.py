@@ -15,14 +15,21 @@ from collections.abc import Sequence
 
 from waltz_engine.common.address import parse_host_port
 from waltz_engine.common.record import Record, RecordHeader
+from waltz_engine.net.transport import ASYNCIO_NETWORK, Network
 from waltz_engine.storage.client import SessionInfo, StorageClient
 
 
 class StorageConnections:
     def __init__(
-        self, ssl_context: ssl.SSLContext, key: uuid.UUID, num_partitions: int, request_timeout_ms: int
+        self,
+        ssl_context: ssl.SSLContext | None,
+        key: uuid.UUID,
+        num_partitions: int,
+        request_timeout_ms: int,
+        network: Network = ASYNCIO_NETWORK,
     ) -> None:
         self._ssl_context = ssl_context
+        self._network = network
         self._key = key
         self._num_partitions = num_partitions
         self._request_timeout_ms = request_timeout_ms
@@ -39,6 +46,7 @@ class StorageConnections:
             self._key,
             self._num_partitions,
             request_timeout_ms=self._request_timeout_ms,
+            network=self._network,
         )
 
     async def get(self, storage: str) -> StorageClient:

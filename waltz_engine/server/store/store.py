@@ -11,6 +11,7 @@ from typing import Any
 from kazoo.client import KazooClient
 
 from waltz_engine.common.metrics import MetricsRegistry
+from waltz_engine.net.transport import ASYNCIO_NETWORK, Network
 from waltz_engine.server.store.config import CONNECTIVITY_CHECK_TIMEOUT_MS, StoreConfig
 from waltz_engine.server.store.errors import StoreError
 from waltz_engine.server.store.replica_connection import StorageConnections
@@ -34,11 +35,13 @@ class Store:
         self,
         zk_client: KazooClient,
         cluster_root: str,
-        ssl_context: ssl.SSLContext,
+        ssl_context: ssl.SSLContext | None,
         config: StoreConfig,
         metrics: MetricsRegistry | None = None,
+        network: Network = ASYNCIO_NETWORK,
     ) -> None:
         self._zk = zk_client
+        self._network = network
         self._root = cluster_root
         self._ssl_context = ssl_context
         self._config = config.check()
@@ -63,7 +66,11 @@ class Store:
         self._num_partitions = params.num_partitions
         self.admin_ports = connections.as_dict()
         self._connections = StorageConnections(
-            self._ssl_context, params.key, params.num_partitions, self._config.request_timeout_ms
+            self._ssl_context,
+            params.key,
+            params.num_partitions,
+            self._config.request_timeout_ms,
+            self._network,
         )
         self._set_assignment(assignments)
         self._running = True

@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple, TypeVar
 
 from kazoo.client import KazooClient
 
+from waltz_engine.common import clock
 from waltz_engine.common.backoff import Backoff
 from waltz_engine.common.record import Record, RecordHeader
 from waltz_engine.common.reqid import ReqId
@@ -396,7 +396,7 @@ class StoreSession:
             ):
                 replica.update_expected_latency(MAX_LATENCY_MS)
                 continue
-            started_s = time.monotonic()
+            started_s = clock.monotonic_s()
             try:
                 value = await call(replica)
             except StorageRpcError as e:
@@ -415,7 +415,7 @@ class StoreSession:
                 log.warning("read from %s failed: %s", replica.replica_id, e)
                 replica.close()
                 continue
-            replica.update_expected_latency((time.monotonic() - started_s) * 1000)
+            replica.update_expected_latency((clock.monotonic_s() - started_s) * 1000)
             return value
         raise SessionClosedError(
             f"partition {self.partition_id}: no replica can serve transaction {transaction_id}"

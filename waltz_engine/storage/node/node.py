@@ -8,7 +8,6 @@ import contextlib
 import errno
 import logging
 import ssl
-import time
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from waltz_engine import __version__
+from waltz_engine.common import clock
 from waltz_engine.common.backoff import Backoff
 from waltz_engine.common.errors import StorageError
 from waltz_engine.common.metrics import MetricsRegistry
@@ -23,7 +23,9 @@ from waltz_engine.common.process import run_service
 from waltz_engine.net.channel import ConnectionGate, ConnectionHandler, FramedConnection, Listener, serve
 from waltz_engine.net.http_endpoints import HttpEndpoints
 from waltz_engine.net.tls import server_context
+from waltz_engine.net.transport import ASYNCIO_NETWORK, Network, tls_context
 from waltz_engine.storage.cleaner import RetentionCleaner
+from waltz_engine.storage.file_system import OS_DISK, Disk
 from waltz_engine.storage.node.admin_handler import AdminHandler
 from waltz_engine.storage.node.config import (
     KEY_ADMIN_PORT,
@@ -43,7 +45,7 @@ from waltz_engine.wire.admin_messages import ADMIN_CODEC
 from waltz_engine.wire.codec import MessageCodec
 from waltz_engine.wire.hello import STORAGE_ADMIN_SERVER_HELLO_TEXT, STORAGE_SERVER_HELLO_TEXT
 from waltz_engine.wire.storage_messages import STORAGE_CODEC
-from waltz_engine.zk.connection import ZooKeeperError, connect
+from waltz_engine.zk.connection import ZooKeeperConnector, ZooKeeperError, connect, new_client
 from waltz_engine.zk.store_metadata import read_store_params
 from waltz_engine.zk.znodes import ClusterNotFoundError
 
@@ -71,10 +73,12 @@ def _port_error(key: str, host: str, port: int, error: OSError) -> StorageError:
     return StorageError(f"cannot listen on {host}:{port} ('{key}'): {reason}")
 
 
-def _read_cluster_params(config: StorageConfig, connect_timeout_ms: int) -> tuple[uuid.UUID, int]:
+def _read_cluster_params(
+    config: StorageConfig, connect_timeout_ms: int, connector: ZooKeeperConnector
+) -> tuple[uuid.UUID, int]:
     settings = config.zookeeper
     try:
-        with connect(settings._replace(connect_timeout_ms=connect_timeout_ms)) as client:
+        with connect(settings._replace(connect_timeout_ms=connect_timeout_ms), connector) as client:
             params = read_store_params(client, settings.cluster_root)
     except ClusterNotFoundError as e:
         raise StorageError(
@@ -84,7 +88,9 @@ def _read_cluster_params(config: StorageConfig, connect_timeout_ms: int) -> tupl
     return params.key, params.num_partitions
 
 
-async def read_cluster_params(config: StorageConfig) -> tuple[uuid.UUID, int]:
+async def read_cluster_params(
+    config: StorageConfig, connector: ZooKeeperConnector = new_client
+) -> tuple[uuid.UUID, int]:
     """Key and partition count from ``<cluster.root>/store``.
 
     ZooKeeper may start after the node (a machine booting, an ensemble restarting): the node
@@ -92,16 +98,16 @@ async def read_cluster_params(config: StorageConfig) -> tuple[uuid.UUID, int]:
     A reachable ZooKeeper without the cluster is an error at once.
     """
     limit_ms = config.zookeeper_start_timeout_ms
-    deadline_s = time.monotonic() + limit_ms / 1000
+    deadline_s = clock.monotonic_s() + limit_ms / 1000
     backoff = Backoff(ZOOKEEPER_RETRY_INITIAL_MS, ZOOKEEPER_RETRY_MAX_MS, jitter=ZOOKEEPER_RETRY_JITTER)
     while True:
-        left_ms = max(1, int((deadline_s - time.monotonic()) * 1000))
+        left_ms = max(1, int((deadline_s - clock.monotonic_s()) * 1000))
         connect_timeout_ms = min(config.zookeeper.connect_timeout_ms, left_ms)
         try:
-            return await asyncio.to_thread(_read_cluster_params, config, connect_timeout_ms)
+            return await asyncio.to_thread(_read_cluster_params, config, connect_timeout_ms, connector)
         except ZooKeeperError as e:
             delay_ms = backoff.next_delay_ms()
-            if time.monotonic() + delay_ms / 1000 >= deadline_s:
+            if clock.monotonic_s() + delay_ms / 1000 >= deadline_s:
                 raise StorageError(
                     f"{e}; gave up after {limit_ms} ms ('{KEY_ZOOKEEPER_START_TIMEOUT}'): "
                     "start ZooKeeper, or check zookeeper.connectString"
@@ -113,8 +119,17 @@ async def read_cluster_params(config: StorageConfig) -> tuple[uuid.UUID, int]:
 class StorageNode:
     """One storage node in this process: ``await start()``, then ``await stop()``."""
 
-    def __init__(self, config: StorageConfig) -> None:
+    def __init__(
+        self,
+        config: StorageConfig,
+        network: Network = ASYNCIO_NETWORK,
+        zk_connector: ZooKeeperConnector = new_client,
+        disk: Disk = OS_DISK,
+    ) -> None:
         self.config = config
+        self.network = network
+        self._zk_connector = zk_connector
+        self._disk = disk
         self.metrics = MetricsRegistry()
         self.manager: StorageManager | None = None
         self.workers: dict[int, PartitionWorker] = {}
@@ -127,7 +142,7 @@ class StorageNode:
         # Set once the directory is open and the handlers exist; connections wait for it.
         self._open = asyncio.Event()
         self.cleaner: RetentionCleaner | None = None
-        self.session_bounds = SessionBounds(config.zookeeper)
+        self.session_bounds = SessionBounds(config.zookeeper, zk_connector)
         self.scrubber: Scrubber | None = None
 
     async def _off_loop(self, work: Callable[[], T]) -> T:
@@ -148,8 +163,8 @@ class StorageNode:
         directory is open wait for it (a moment) before their requests are served.
         """
         config = self.config
-        ssl_context = server_context(config.tls)
-        key, num_partitions = await read_cluster_params(config)
+        ssl_context = tls_context(self.network, lambda: server_context(config.tls))
+        key, num_partitions = await read_cluster_params(config, self._zk_connector)
         log.info("cluster %s: key %s, %d partitions", config.zookeeper.cluster_root, key, num_partitions)
         self.session_bounds.start()
         self._register_metrics()
@@ -202,19 +217,24 @@ class StorageNode:
             log.warning("storage.jetty.port is not set: no HTTP endpoints (health, metrics)")
 
         def open_manager() -> StorageManager:
-            config.directory.mkdir(parents=True, exist_ok=True)
+            self._disk.mkdir(config.directory, parents=True)
             return StorageManager(
                 config.directory,
                 key,
                 num_partitions,
                 segment_size_threshold_bytes=config.segment_size_threshold_bytes,
                 segment_cache_capacity=config.segment_cache_capacity,
+                disk=self._disk,
             )
 
         self.manager = manager = await self._off_loop(open_manager)
         await self.refresh_partitions()
         self.cleaner = RetentionCleaner(
-            config.zookeeper, num_partitions, lambda: self.workers, config.retention_check_interval_ms
+            config.zookeeper,
+            num_partitions,
+            lambda: self.workers,
+            config.retention_check_interval_ms,
+            self._zk_connector,
         )
         await self.cleaner.start()
         if config.scrub_bytes_per_second:
@@ -238,7 +258,7 @@ class StorageNode:
         self,
         key: str,
         port: int,
-        ssl_context: ssl.SSLContext,
+        ssl_context: ssl.SSLContext | None,
         codecs: Mapping[int, MessageCodec[Any]],
         hello_text: str,
         handler: ConnectionHandler,
@@ -246,7 +266,15 @@ class StorageNode:
     ) -> Listener:
         try:
             return await serve(
-                self.config.host, port, ssl_context, codecs, hello_text, handler, name, self._gate
+                self.config.host,
+                port,
+                ssl_context,
+                codecs,
+                hello_text,
+                handler,
+                name,
+                self._gate,
+                self.network,
             )
         except OSError as e:
             raise _port_error(key, self.config.host, port, e) from None

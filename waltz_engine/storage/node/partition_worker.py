@@ -16,11 +16,11 @@ import asyncio
 import contextlib
 import errno
 import logging
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
+from waltz_engine.common import clock
 from waltz_engine.common.errors import StorageError
 from waltz_engine.common.limited_log import LimitedLog
 from waltz_engine.common.metrics import Counter, Meter, MetricsRegistry, Timer
@@ -379,7 +379,7 @@ class PartitionWorker:
             replies.append((conn, self._process_one(msg)))
             return start + 1
         metrics = self._metrics
-        started_ns = time.perf_counter_ns()
+        started_ns = clock.monotonic_ns()
         try:
             partition.append(records)
         except Exception as e:
@@ -389,7 +389,7 @@ class PartitionWorker:
         self.write_error = None
         if metrics is not None:
             metrics.append.mark(len(group))
-            latency_ms = (time.perf_counter_ns() - started_ns) / 1e6
+            latency_ms = (clock.monotonic_ns() - started_ns) / 1e6
             for _ in group:
                 metrics.append_latency.update_ms(latency_ms)
         for conn, msg in group:

@@ -15,14 +15,14 @@ at most one per ``ISSUED_READ_INTERVAL_MS``, however many forged ids arrive.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import TYPE_CHECKING
 
 from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
+from waltz_engine.common import clock
 from waltz_engine.common.errors import StorageError, WaltzError
-from waltz_engine.zk.connection import ZooKeeperSettings, describe, new_client
+from waltz_engine.zk.connection import ZooKeeperConnector, ZooKeeperSettings, describe, new_client
 from waltz_engine.zk.paths import ClusterPaths
 from waltz_engine.zk.payloads import PartitionMetadata
 
@@ -44,8 +44,9 @@ class UnissuedSessionError(StorageError):
 class SessionBounds:
     """The highest store session id ZooKeeper has issued, per partition, as last read."""
 
-    def __init__(self, settings: ZooKeeperSettings) -> None:
+    def __init__(self, settings: ZooKeeperSettings, connector: ZooKeeperConnector = new_client) -> None:
         self._settings = settings
+        self._connector = connector
         self._paths = ClusterPaths.of(settings.cluster_root)
         self._client: KazooClient | None = None
         self._issued: dict[int, int] = {}
@@ -55,7 +56,7 @@ class SessionBounds:
     def start(self) -> None:
         """Connect in the background: a check before the connection is up waits for it (bounded)."""
         assert self._client is None
-        self._client = new_client(self._settings)
+        self._client = self._connector(self._settings)
         self._client.start_async()
 
     def close(self) -> None:
@@ -75,7 +76,7 @@ class SessionBounds:
         """
         if session_id <= self.issued(partition_id):
             return
-        arrived_ns = time.monotonic_ns()
+        arrived_ns = clock.monotonic_ns()
         while True:
             read = self._reads.get(partition_id)
             if read is None:
@@ -95,14 +96,14 @@ class SessionBounds:
         """(the bound, when the ZooKeeper read began)."""
         last_ns = self._last_read_ns.get(partition_id)
         if last_ns is not None:
-            wait_ms = ISSUED_READ_INTERVAL_MS - (time.monotonic_ns() - last_ns) / 1e6
+            wait_ms = ISSUED_READ_INTERVAL_MS - (clock.monotonic_ns() - last_ns) / 1e6
             if wait_ms > 0:
                 await asyncio.sleep(wait_ms / 1000)
-        started_ns = time.monotonic_ns()
+        started_ns = clock.monotonic_ns()
         try:
             issued = await asyncio.to_thread(self._read_znode, partition_id)
         finally:
-            self._last_read_ns[partition_id] = time.monotonic_ns()
+            self._last_read_ns[partition_id] = clock.monotonic_ns()
         # Ids are issued in increasing order; never lower a bound already seen.
         issued = max(issued, self.issued(partition_id))
         self._issued[partition_id] = issued

@@ -1,0 +1,203 @@
+"""The real storage engine on the simulator's disk, against the same engine on a real disk.
+
+The same operations leave byte-identical files on both (creation times through the clock seam);
+a crash keeps exactly what was synced, and start-up recovery cuts a torn tail on the simulated
+disk exactly as it does on a real one; rot, a full disk and a held lock behave alike.
+"""
+
+from __future__ import annotations
+
+import errno
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from storage_support import overwrite
+
+from waltz_engine.common.crc import crc32
+from waltz_engine.common.errors import StorageError
+from waltz_engine.common.record import Record
+from waltz_engine.common.reqid import ReqId
+from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
+from waltz_engine.sim.disk import SimDisk, SimulatedCrash
+from waltz_engine.storage import StorageManager
+from waltz_engine.storage.file_system import OS_DISK, Disk
+from waltz_engine.storage.segment import CorruptRecordError
+
+KEY = uuid.UUID("6f1c3c2e-5b7a-4d1e-9c3b-2a1d0e9f8c7b")
+CREATED_MS = 1_700_000_000_000  # every file's creation time, on both disks
+NUM_PARTITIONS = 2
+DATA_BYTES = 64
+SEGMENT_THRESHOLD_BYTES = HEADER_SIZE_BYTES + 4 * 150  # a few records per segment: rollovers
+SIM_ROOT = Path("/sim/node")
+SEG0 = Path("0/0000000000000000000.seg")
+
+
+def record(txid: int) -> Record:
+    data = txid.to_bytes(8, "big") * (DATA_BYTES // 8)
+    return Record(txid, ReqId(7, 1, 0, txid), txid, data, crc32(data))
+
+
+def open_manager(directory: Path, disk: Disk) -> StorageManager:
+    disk.mkdir(directory, parents=True)
+    return StorageManager(
+        directory,
+        KEY,
+        NUM_PARTITIONS,
+        segment_size_threshold_bytes=SEGMENT_THRESHOLD_BYTES,
+        clock_ms=lambda: CREATED_MS,
+        disk=disk,
+    )
+
+
+def workload(manager: StorageManager) -> None:
+    """Assignments, appends across rollovers, a low-water mark, a truncate, availability."""
+    manager.set_partition_assignment([0, 1], True)
+    p0, p1 = manager.partition(0), manager.partition(1)
+    p0.append([record(t) for t in range(6)])
+    p0.set_low_water_mark(3, 5)
+    p0.append([record(t) for t in range(6, 14)])
+    p0.truncate(11)
+    p0.append([record(12)])
+    p1.append([record(0), record(1)])
+    manager.set_partition_available([1], True)
+
+
+def real_files(directory: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()
+    }
+
+
+def sim_files(disk: SimDisk, directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): disk.read_bytes(p) for p in disk.files()}
+
+
+def run_both(tmp_path: Path, steps: Callable[[StorageManager], None]) -> tuple[Path, SimDisk]:
+    real_dir = tmp_path / "node"
+    with open_manager(real_dir, OS_DISK) as manager:
+        steps(manager)
+    disk = SimDisk()
+    with open_manager(SIM_ROOT, disk) as manager:
+        steps(manager)
+    return real_dir, disk
+
+
+def test_the_same_operations_leave_byte_identical_files(tmp_path: Path) -> None:
+    real_dir, disk = run_both(tmp_path, workload)
+    real = real_files(real_dir)
+    assert len(real) > 4  # the control file and several segments of two partitions
+    assert sim_files(disk, SIM_ROOT) == real
+
+
+def test_a_crash_keeps_synced_records_and_loses_the_write_in_flight() -> None:
+    disk = SimDisk()
+    manager = open_manager(SIM_ROOT, disk)
+    manager.set_partition_assignment([0], True)
+    manager.partition(0).append([record(t) for t in range(3)])
+    disk.crash_on_write(1)
+    with pytest.raises(SimulatedCrash):
+        manager.partition(0).append([record(3), record(4)])
+    disk.crash()  # nothing of the write in flight reached the platter
+    with open_manager(SIM_ROOT, disk) as reopened:
+        partition = reopened.partition(0)
+        assert partition.max_transaction_id() == 2
+        assert partition.records(0, 10) == [record(t) for t in range(3)]
+        assert partition.damage_report() == []
+
+
+@pytest.mark.parametrize("torn_records", [0.5, 1.5])
+def test_recovery_cuts_a_torn_tail_as_on_a_real_disk(tmp_path: Path, torn_records: float) -> None:
+    def before_crash(manager: StorageManager) -> None:
+        manager.set_partition_assignment([0], True)
+        manager.partition(0).append([record(t) for t in range(3)])
+
+    real_dir, disk = run_both(tmp_path, before_crash)
+    synced = disk.read_bytes(SIM_ROOT / SEG0)
+    manager = open_manager(SIM_ROOT, disk)
+    disk.crash_on_write(1)
+    with pytest.raises(SimulatedCrash):
+        manager.partition(0).append([record(3), record(4), record(5)])
+    written = disk.read_bytes(SIM_ROOT / SEG0)
+    record_bytes = (len(written) - len(synced)) // 3
+    disk.crash(keep_torn_bytes=int(torn_records * record_bytes))
+    torn = disk.read_bytes(SIM_ROOT / SEG0)
+    assert torn.startswith(synced) and len(torn) == len(synced) + int(torn_records * record_bytes)
+    overwrite(real_dir / SEG0, len(synced), torn[len(synced) :])  # the same torn tail, for real
+    expected_max = 2 + int(torn_records)  # the whole records of the torn write are kept
+    for directory, on in ((real_dir, OS_DISK), (SIM_ROOT, disk)):
+        with open_manager(directory, on) as reopened:
+            assert reopened.partition(0).max_transaction_id() == expected_max
+    assert sim_files(disk, SIM_ROOT) == real_files(real_dir)
+
+
+def test_a_flipped_bit_in_a_sealed_segment_is_damage_on_both_disks(tmp_path: Path) -> None:
+    real_dir, disk = run_both(tmp_path, workload)
+    offset = HEADER_SIZE_BYTES + 40  # inside record 0, in the sealed first segment
+    disk.flip_bit(SIM_ROOT / SEG0, offset)
+    flipped = disk.read_bytes(SIM_ROOT / SEG0)[offset : offset + 1]
+    overwrite(real_dir / SEG0, offset, flipped)
+    reports = []
+    for directory, on in ((real_dir, OS_DISK), (SIM_ROOT, disk)):
+        with open_manager(directory, on) as reopened:
+            partition = reopened.partition(0)
+            with pytest.raises(CorruptRecordError):
+                partition.records(0, 10)  # a read finds the rot and reports it
+            reports.append(partition.damage_json())
+    assert reports[0] and reports[1] == reports[0]
+
+
+def test_a_full_disk_refuses_the_append_and_the_partition_goes_on(tmp_path: Path) -> None:
+    def steps(manager: StorageManager) -> None:
+        manager.set_partition_assignment([0], True)
+        manager.partition(0).append([record(0)])
+        manager.partition(0).append([record(1)])
+
+    real_dir, _ = run_both(tmp_path, steps)
+    disk = SimDisk()
+    with open_manager(SIM_ROOT, disk) as manager:
+        manager.set_partition_assignment([0], True)
+        partition = manager.partition(0)
+        partition.append([record(0)])
+        disk.capacity_bytes = disk.used_bytes()
+        with pytest.raises(OSError) as refused:
+            partition.append([record(1)])
+        assert refused.value.errno == errno.ENOSPC
+        assert partition.max_transaction_id() == 0
+        disk.capacity_bytes = None
+        partition.append([record(1)])
+    assert sim_files(disk, SIM_ROOT) == real_files(real_dir)
+
+
+def test_syncs_report_their_latency_and_a_crash_releases_the_lock() -> None:
+    disk = SimDisk(sync_latency_ms=lambda: 2.5)
+    manager = open_manager(SIM_ROOT, disk)
+    manager.set_partition_assignment([0], True)
+    disk.take_sync_delay_ms()
+    before = disk.syncs
+    manager.partition(0).append([record(0)])
+    assert disk.syncs > before
+    assert disk.take_sync_delay_ms() == 2.5 * (disk.syncs - before)
+    assert disk.take_sync_delay_ms() == 0
+    with pytest.raises(StorageError, match="in use by another process"):
+        open_manager(SIM_ROOT, disk)
+    disk.crash()
+    with open_manager(SIM_ROOT, disk) as reopened:
+        assert reopened.partition(0).max_transaction_id() == 0
+
+
+def test_names_are_durable_once_their_directory_or_the_new_file_is_synced() -> None:
+    disk = SimDisk()
+    directory = Path("/d")
+    disk.mkdir(directory)
+    for name in ("synced-dir", "synced-file", "lost"):
+        disk.open(directory / name, create=True).pwrite(b"x", 0)
+    disk.fsync_directory(directory)  # names durable; their bytes are not
+    disk.open(directory / "new-synced", create=True).fsync()
+    disk.open(directory / "new-lost", create=True)
+    disk.rename(directory / "lost", directory / "renamed")
+    disk.unlink(directory / "synced-file")
+    disk.crash()
+    assert disk.files() == [directory / n for n in ("lost", "new-synced", "synced-dir", "synced-file")]
+    assert disk.read_bytes(directory / "synced-dir") == b""

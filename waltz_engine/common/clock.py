@@ -1,0 +1,46 @@
+"""Where the library reads the time: the running event loop's clock, so a simulator's loop
+with virtual time (``waltz_engine.sim.loop.SimLoop``) is the clock of all the code it runs.
+
+Monotonic time is the running loop's ``time()`` (asyncio's default loops read
+``time.monotonic()``, so off the simulator nothing changes); off any loop (a disk thread, a
+ZooKeeper callback thread) it is ``time.monotonic()`` itself. Wall-clock time, for timestamps
+written to disk and shown to people, is the loop's ``wall_time_ns()`` where the loop has one
+(the simulator's), else ``time.time_ns()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+
+def monotonic_s() -> float:
+    """Seconds of the running loop's clock (``time.monotonic()`` off a loop)."""
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return time.monotonic()
+
+
+def monotonic_ns() -> int:
+    """:func:`monotonic_s` in integer nanoseconds."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return time.monotonic_ns()
+    return round(loop.time() * 1e9)
+
+
+def wall_ns() -> int:
+    """Nanoseconds since the epoch: the simulator's virtual wall clock on its loop, else the real one."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return time.time_ns()
+    wall_time_ns = getattr(loop, "wall_time_ns", None)
+    return time.time_ns() if wall_time_ns is None else int(wall_time_ns())
+
+
+def wall_ms() -> int:
+    """Milliseconds since the epoch, as Java's ``System.currentTimeMillis()``."""
+    return wall_ns() // 1_000_000

@@ -1,0 +1,63 @@
+"""The faults a seed injects into its world, every choice drawn from the seed's generator.
+
+Network faults between pairs of hosts (see :class:`waltz_engine.sim.network.SimNetwork`): a
+reset of their connections, a partition, one-way loss, a slow link, a link of spiky latency;
+and a ZooKeeper outage (:class:`waltz_engine.sim.zk_model.SimZooKeeper`: every client loses
+its connection, sessions expire after their timeout). Each but the reset is healed after a
+while; by ``window_s + MAX_FAULT_S`` all is whole again, so a correct cluster always finishes
+its workload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Sequence
+
+from waltz_engine.sim.loop import SimLoop
+from waltz_engine.sim.network import Latency, SimNetwork
+from waltz_engine.sim.zk_model import SimZooKeeper
+
+FAULT_KINDS = ("reset", "partition", "drop", "slow", "latency", "zookeeper_outage")
+# The longest a fault lasts before its link heals.
+MAX_FAULT_S = 20.0
+MIN_FAULT_S = 0.05
+SLOW_FACTORS = (2.0, 50.0)
+SPIKY = Latency(min_s=0.001, max_s=0.2, spike_probability=0.05, spike_s=1.0)
+
+
+async def inject_faults(
+    loop: SimLoop,
+    network: SimNetwork,
+    zookeeper: SimZooKeeper,
+    pairs: Sequence[tuple[str, str]],
+    count: int,
+    window_s: float,
+) -> collections.Counter[str]:
+    """``count`` faults at random times within ``window_s``; returns how many of each kind."""
+    rng = loop.rng
+    started_s = loop.time()
+    injected: collections.Counter[str] = collections.Counter()
+    for at_s in sorted(rng.uniform(0, window_s) for _ in range(count)):
+        await asyncio.sleep(max(0.0, started_s + at_s - loop.time()))
+        a, b = rng.choice(pairs)
+        kind = rng.choice(FAULT_KINDS)
+        injected[kind] += 1
+        if kind == "reset":
+            network.reset(a, b)
+            continue
+        if kind == "zookeeper_outage":
+            if not zookeeper.in_outage:
+                zookeeper.start_outage()
+                loop.call_later(rng.uniform(MIN_FAULT_S, MAX_FAULT_S), zookeeper.end_outage)
+            continue
+        if kind == "partition":
+            network.partition(a, b)
+        elif kind == "drop":
+            network.drop(*((a, b) if rng.random() < 0.5 else (b, a)))
+        elif kind == "slow":
+            network.slow(a, b, rng.uniform(*SLOW_FACTORS))
+        else:
+            network.set_latency(a, b, SPIKY)
+        loop.call_later(rng.uniform(MIN_FAULT_S, MAX_FAULT_S), network.heal, a, b)
+    return injected

@@ -1,0 +1,360 @@
+"""A simulated cluster: real storage nodes, servers and clients as objects on one :class:`SimLoop`.
+
+The nodes are the product's own (``StorageNode``, ``WaltzServer``, ``WaltzClient``), built with
+the simulator's seams: each host's view of one :class:`SimNetwork`, the clients of one
+:class:`SimZooKeeper`, and for each storage node its own :class:`SimDisk` (files in memory).
+
+:func:`run_seed` starts a cluster, appends transactions from a client, waits until the client
+has applied each, and checks what it saw: every transaction committed once, txids dense.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from waltz_engine.client import Transaction, TransactionBuilder, TransactionContext, WaltzClientCallbacks
+from waltz_engine.client.client import WaltzClient
+from waltz_engine.client.config import WaltzClientConfig
+from waltz_engine.common.config import Config
+from waltz_engine.common.errors import WaltzError
+from waltz_engine.common.reqid import ReqId
+from waltz_engine.server.config import ServerConfig
+from waltz_engine.server.server import WaltzServer
+from waltz_engine.sim.disk import SimDisk
+from waltz_engine.sim.faults import inject_faults
+from waltz_engine.sim.loop import START_MONOTONIC_S, SimLoop
+from waltz_engine.sim.network import SimNetwork
+from waltz_engine.sim.zk_model import SimZooKeeper
+from waltz_engine.storage.client import StorageAdminClient
+from waltz_engine.storage.node.config import StorageConfig
+from waltz_engine.storage.node.node import StorageNode
+from waltz_engine.zk.cluster import create_cluster
+from waltz_engine.zk.connection import ZooKeeperSettings, connect
+from waltz_engine.zk.store_metadata import add_storage_node, assign_partitions
+
+CLUSTER_ROOT = "/waltz"
+CLUSTER_NAME = "sim"
+ZOOKEEPER_HOST = "zookeeper:2181"
+STORAGE_PORT = 7000
+STORAGE_ADMIN_PORT = 7001
+SERVER_PORT = 6000
+CLIENT_HOST = "client-0"
+SESSION_TIMEOUT_MS = 10_000
+DEFAULT_TRANSACTIONS = 100
+MAX_TRANSACTIONS = 1_000_000
+MAX_FAULTS = 100_000
+# A seed whose transactions are not all applied within this much virtual time has failed.
+RUN_LIMIT_S = 600.0
+# The mean time between two submits of a workload under faults, and an application's pause
+# before it submits again a transaction whose submit failed.
+SUBMIT_INTERVAL_S = 0.05
+RESUBMIT_DELAY_S = 1.0
+# A failing seed's report ends with this many events of its trace, in words.
+LAST_EVENTS_SHOWN = 20
+# The simulator's nodes log only what goes wrong.
+NODE_LOG_LEVEL = logging.ERROR
+
+
+@dataclass(frozen=True)
+class WorldShape:
+    storage_nodes: int = 3
+    servers: int = 1
+    partitions: int = 1
+    transactions: int = DEFAULT_TRANSACTIONS
+    # Network faults during the workload; with any, transactions are submitted one by one
+    # SUBMIT_INTERVAL_S apart on average, so the faults fall among them.
+    faults: int = 0
+
+
+@dataclass
+class SeedResult:
+    seed: int
+    transactions: int
+    violations: list[str]
+    trace_hash: str
+    virtual_s: float
+    cpu_s: float
+    faults: dict[str, int] = field(default_factory=dict)
+    last_events: list[str] = field(default_factory=list)
+
+
+class _Append(TransactionContext):
+    """One transaction of the workload; its outcome is a future on the loop."""
+
+    def __init__(self, number: int, outcome: asyncio.Future[bool]) -> None:
+        super().__init__()
+        self.number = number
+        self.outcome = outcome
+        self.executions = 0
+
+    def partition_id(self, num_partitions: int) -> int:
+        return self.number % num_partitions
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        self.executions += 1
+        builder.set_header(self.number)
+        builder.set_transaction_data(self.number.to_bytes(8, "big"), _RAW)
+        return True
+
+    def on_completion(self, result: bool) -> None:
+        if not self.outcome.done():
+            self.outcome.set_result(result)
+
+    def on_exception(self, exception: BaseException) -> None:
+        if not self.outcome.done():
+            self.outcome.set_exception(exception)
+
+
+class _RawBytes:
+    def serialize(self, value: bytes) -> bytes:
+        return value
+
+    def deserialize(self, data: bytes) -> bytes:
+        return data
+
+
+_RAW = _RawBytes()
+
+
+class _Applied(WaltzClientCallbacks):
+    """The application: remembers every transaction it applied, in order."""
+
+    def __init__(self) -> None:
+        self.applied: dict[int, list[tuple[int, int, ReqId]]] = {}  # partition -> (txid, header, reqId)
+        self.changed = asyncio.Event()
+        self.uncaught: list[str] = []
+
+    def get_client_high_water_mark(self, partition_id: int) -> int:
+        applied = self.applied.get(partition_id)
+        return applied[-1][0] if applied else -1
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        self.applied.setdefault(transaction.partition_id, []).append(
+            (transaction.transaction_id, transaction.header, transaction.req_id)
+        )
+        self.changed.set()
+
+    def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
+        self.uncaught.append(f"partition {partition_id} txid {transaction_id}: {exception!r}")
+
+    def count(self) -> int:
+        return sum(len(applied) for applied in self.applied.values())
+
+
+class SimWorld:
+    """The hosts of one seed's cluster: ZooKeeper, storage nodes, servers and one client."""
+
+    def __init__(self, loop: SimLoop, shape: WorldShape) -> None:
+        self.loop = loop
+        self.shape = shape
+        self.network = SimNetwork(loop)
+        self.zookeeper = SimZooKeeper(loop, trace=lambda event: loop.record("zookeeper", event))
+        self.disks = {f"storage-{n}": SimDisk() for n in range(shape.storage_nodes)}
+        self.settings = ZooKeeperSettings(ZOOKEEPER_HOST, CLUSTER_ROOT, SESSION_TIMEOUT_MS)
+        self.storage: list[StorageNode] = []
+        self.servers: list[WaltzServer] = []
+        self.client: WaltzClient | None = None
+        self.application = _Applied()
+        self.contexts: list[_Append] = []
+
+    def _zookeeper_keys(self) -> dict[str, Any]:
+        return {
+            "zookeeper.connectString": ZOOKEEPER_HOST,
+            "zookeeper.sessionTimeout": SESSION_TIMEOUT_MS,
+            "cluster.root": CLUSTER_ROOT,
+        }
+
+    def _create_cluster(self) -> uuid.UUID:
+        partitions = list(range(self.shape.partitions))
+        with connect(self.settings, self.zookeeper.connector()) as zk:
+            key = uuid.UUID(int=self.loop.rng.getrandbits(128))
+            params = create_cluster(zk, CLUSTER_ROOT, CLUSTER_NAME, self.shape.partitions, key)
+            for number in range(self.shape.storage_nodes):
+                storage = f"storage-{number}:{STORAGE_PORT}"
+                add_storage_node(zk, CLUSTER_ROOT, storage, 0, STORAGE_ADMIN_PORT)
+                assign_partitions(zk, CLUSTER_ROOT, storage, partitions)
+        return params.key
+
+    async def _assign_partitions(self, host: str, key: uuid.UUID) -> None:
+        """What ``waltz storage add-partition`` tells a node, over its admin port."""
+        admin = StorageAdminClient(
+            host, STORAGE_ADMIN_PORT, None, key, self.shape.partitions, network=self.network.node("operator")
+        )
+        await admin.open()
+        try:
+            await admin.set_partition_assignment(list(range(self.shape.partitions)), True, False)
+        finally:
+            await admin.close()
+
+    def _config(self, host: str, keys: dict[str, Any]) -> Config:
+        return Config({**self._zookeeper_keys(), **keys}, host)
+
+    def _seams(self, host: str) -> dict[str, Any]:
+        """What a node of ``host`` is built with: its view of the network, the ZooKeeper model."""
+        return {"network": self.network.node(host), "zk_connector": self.zookeeper.connector()}
+
+    async def start(self) -> None:
+        key = await asyncio.to_thread(self._create_cluster)
+        for number in range(self.shape.storage_nodes):
+            host = f"storage-{number}"
+            storage_keys = {
+                "storage.host": host,
+                "storage.port": STORAGE_PORT,
+                "storage.admin.port": STORAGE_ADMIN_PORT,
+                "storage.directory": f"/{host}",
+            }
+            storage_config = StorageConfig.from_config(self._config(host, storage_keys))
+            node = StorageNode(storage_config, **self._seams(host), disk=self.disks[host])
+            await node.start()
+            await self._assign_partitions(host, key)
+            self.storage.append(node)
+        for number in range(self.shape.servers):
+            host = f"server-{number}"
+            server_keys = {"server.host": host, "server.advertisedHost": host, "server.port": SERVER_PORT}
+            server = WaltzServer(
+                ServerConfig.from_config(self._config(host, server_keys)), **self._seams(host)
+            )
+            await server.start()
+            self.servers.append(server)
+        config = WaltzClientConfig.from_config(self._zookeeper_keys())
+        self.client = await WaltzClient.create(self.application, config, **self._seams(CLIENT_HOST))
+
+    def heal(self) -> None:
+        """Every fault ends: links whole, ZooKeeper reachable (nodes stop in a healthy world)."""
+        for a, b in self.fault_pairs():
+            self.network.heal(a, b)
+        if self.zookeeper.in_outage:
+            self.zookeeper.end_outage()
+
+    async def stop(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+        for server in self.servers:
+            await server.stop()
+        for node in self.storage:
+            await node.stop()
+
+    def fault_pairs(self) -> list[tuple[str, str]]:
+        """The links faults hit: each server with each storage node, and the client with each server."""
+        servers = [f"server-{n}" for n in range(self.shape.servers)]
+        storage = [f"storage-{n}" for n in range(self.shape.storage_nodes)]
+        return [(s, t) for s in servers for t in storage] + [(CLIENT_HOST, s) for s in servers]
+
+    async def append_all(self) -> None:
+        """Submit the workload's transactions and wait until the client has applied as many."""
+        client = self.client
+        assert client is not None
+        self.contexts = [_Append(n, self.loop.create_future()) for n in range(self.shape.transactions)]
+        spaced = self.shape.faults > 0
+        for context in self.contexts:
+            if spaced:
+                await asyncio.sleep(self.loop.rng.expovariate(1 / SUBMIT_INTERVAL_S))
+            while True:
+                try:
+                    await client.submit(context)
+                    break
+                except WaltzError:
+                    # The submit failed (the partition was not mounted in time), after telling the
+                    # context: the application submits it again, and that attempt's outcome counts.
+                    if context.outcome.done():
+                        context.outcome.exception()  # read: this attempt's error is the submit's
+                    context.outcome = self.loop.create_future()
+                    await asyncio.sleep(RESUBMIT_DELAY_S)
+        await asyncio.gather(*(context.outcome for context in self.contexts), return_exceptions=True)
+        while self.application.count() < self.shape.transactions:
+            self.application.changed.clear()
+            await self.application.changed.wait()
+
+    def check(self) -> list[str]:
+        """What the run must show: each transaction committed once, applied in dense txid order."""
+        violations = [f"the application failed: {failure}" for failure in self.application.uncaught]
+        seen: dict[int, int] = {}
+        for partition_id, applied in sorted(self.application.applied.items()):
+            txids = [txid for txid, _, _ in applied]
+            if txids != list(range(len(txids))):
+                violations.append(f"partition {partition_id}: txids not dense from 0: {txids[:10]}...")
+            for _, header, _ in applied:
+                seen[header] = seen.get(header, 0) + 1
+        for context in self.contexts:
+            in_log = f"(in the log {seen.get(context.number, 0)} times)"
+            if not context.outcome.done():
+                violations.append(f"transaction {context.number} ended without an outcome {in_log}")
+            elif context.outcome.exception() is not None:
+                error = context.outcome.exception()
+                violations.append(f"transaction {context.number} was reported failed: {error!r} {in_log}")
+            elif not context.outcome.result():
+                violations.append(f"transaction {context.number} was reported not committed {in_log}")
+        for number in range(self.shape.transactions):
+            if seen.get(number, 0) != 1:
+                violations.append(f"transaction {number} is in the log {seen.get(number, 0)} times")
+        return violations
+
+
+@contextmanager
+def _quiet_logs() -> Iterator[None]:
+    root = logging.getLogger("waltz_engine")
+    level = root.level
+    root.setLevel(NODE_LOG_LEVEL)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+
+
+def run_seed(seed: int, shape: WorldShape | None = None) -> SeedResult:
+    """One seed: a cluster started, the workload appended and checked, the cluster stopped."""
+    shape = shape or WorldShape()
+    started_s = time.process_time()
+    loop = SimLoop(seed)
+    with _quiet_logs():
+        world = SimWorld(loop, shape)
+        injected: dict[str, int] = {}
+
+        async def main() -> list[str]:
+            await world.start()
+            faults = loop.create_task(
+                inject_faults(
+                    loop,
+                    world.network,
+                    world.zookeeper,
+                    world.fault_pairs(),
+                    shape.faults,
+                    shape.transactions * SUBMIT_INTERVAL_S,
+                )
+            )
+            late = []
+            try:
+                async with asyncio.timeout(RUN_LIMIT_S):
+                    await world.append_all()
+                    injected.update(await faults)
+            except TimeoutError:
+                late = [f"not every transaction was applied within {RUN_LIMIT_S:.0f} s of virtual time"]
+            finally:
+                faults.cancel()
+                world.heal()
+                await world.stop()
+            return world.check() + late
+
+        asyncio.set_event_loop(loop)
+        try:
+            violations = loop.run_until_complete(main())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+    return SeedResult(
+        seed,
+        world.application.count(),
+        violations,
+        loop.trace_hash,
+        loop.time() - START_MONOTONIC_S,
+        time.process_time() - started_s,
+        injected,
+        [str(event) for event in loop.tail][-LAST_EVENTS_SHOWN:] if violations else [],
+    )

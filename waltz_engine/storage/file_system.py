@@ -1,0 +1,157 @@
+"""The storage engine's file system seam.
+
+The engine (control file, partitions, segments, refills) reaches files only through a
+:class:`Disk` it receives at construction and the :class:`DiskFile` handles it opens.
+Production passes :data:`OS_DISK`: the ``os`` calls the engine always made, so the bytes on
+disk are the same. The simulator passes an in-memory disk that loses unsynced writes on a
+crash (waltz_engine/sim/disk.py).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from typing import Protocol
+
+from waltz_engine.common.fileio import Bytes, DiskFile, fsync_directory
+from waltz_engine.storage.file_lock import HeaderLock
+
+
+class Disk(Protocol):
+    """The directory operations the engine needs; paths are the engine's own."""
+
+    def open(self, path: Path, *, create: bool = False, exclusive: bool = False) -> DiskFile:
+        """Open for reading and writing; ``create`` makes a missing file, ``exclusive`` refuses an
+        existing one (FileExistsError); a missing file otherwise raises FileNotFoundError."""
+        ...
+
+    def fsync_directory(self, directory: Path) -> None:
+        """Make created, renamed or deleted names in ``directory`` durable."""
+        ...
+
+    def rename(self, source: Path, target: Path) -> None: ...
+
+    def unlink(self, path: Path, *, missing_ok: bool = False) -> None: ...
+
+    def exists(self, path: Path) -> bool: ...
+
+    def file_size_bytes(self, path: Path) -> int: ...
+
+    def glob(self, directory: Path, pattern: str) -> list[Path]:
+        """The names in ``directory`` matching ``pattern`` (``Path.glob`` syntax), in no order."""
+        ...
+
+    def mkdir(self, directory: Path, *, parents: bool = False) -> None:
+        """Create ``directory`` unless it exists."""
+        ...
+
+    def open_locked(self, path: Path) -> DiskFile:
+        """Open (creating) a control file and take this process's lock on its header; a
+        StorageError names the holder when another process or node has it. Closing unlocks."""
+        ...
+
+
+class OsFile:
+    """A real file descriptor."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def pread(self, size_bytes: int, offset: int) -> bytes:
+        return os.pread(self.fd, size_bytes, offset)
+
+    def pwrite(self, data: Bytes, offset: int) -> int:
+        return os.pwrite(self.fd, data, offset)
+
+    def size_bytes(self) -> int:
+        return os.fstat(self.fd).st_size
+
+    def truncate(self, size_bytes: int) -> None:
+        os.ftruncate(self.fd, size_bytes)
+
+    def fsync(self) -> None:
+        os.fsync(self.fd)
+
+    def fdatasync(self) -> None:
+        os.fdatasync(self.fd)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class LockedOsFile(OsFile):
+    """A control file whose header this process has locked; closing it releases the lock."""
+
+    def __init__(self, lock: HeaderLock) -> None:
+        super().__init__(lock.fd)
+        self._lock = lock
+
+    def close(self) -> None:
+        self._lock.close()
+
+
+class OsDisk:
+    """The machine's file system, through the ``os`` calls."""
+
+    def open(self, path: Path, *, create: bool = False, exclusive: bool = False) -> OsFile:
+        flags = os.O_RDWR | (os.O_CREAT if create else 0) | (os.O_EXCL if exclusive else 0)
+        return OsFile(os.open(path, flags, 0o666))
+
+    def fsync_directory(self, directory: Path) -> None:
+        fsync_directory(directory)
+
+    def rename(self, source: Path, target: Path) -> None:
+        os.rename(source, target)
+
+    def unlink(self, path: Path, *, missing_ok: bool = False) -> None:
+        path.unlink(missing_ok=missing_ok)
+
+    def exists(self, path: Path) -> bool:
+        return path.exists()
+
+    def file_size_bytes(self, path: Path) -> int:
+        return path.stat().st_size
+
+    def glob(self, directory: Path, pattern: str) -> list[Path]:
+        return list(directory.glob(pattern))
+
+    def mkdir(self, directory: Path, *, parents: bool = False) -> None:
+        directory.mkdir(parents=parents, exist_ok=True)
+
+    def open_locked(self, path: Path) -> LockedOsFile:
+        return LockedOsFile(HeaderLock.open(path))
+
+
+OS_DISK = OsDisk()
+
+
+class ClosedFile:
+    """The handle of a file that is not open: every call fails as on a closed descriptor."""
+
+    def _closed(self) -> OSError:
+        return OSError(errno.EBADF, "the file is closed")
+
+    def pread(self, size_bytes: int, offset: int) -> bytes:
+        raise self._closed()
+
+    def pwrite(self, data: Bytes, offset: int) -> int:
+        raise self._closed()
+
+    def size_bytes(self) -> int:
+        raise self._closed()
+
+    def truncate(self, size_bytes: int) -> None:
+        raise self._closed()
+
+    def fsync(self) -> None:
+        raise self._closed()
+
+    def fdatasync(self) -> None:
+        raise self._closed()
+
+    def close(self) -> None:
+        raise self._closed()
+
+
+CLOSED_FILE: DiskFile = ClosedFile()
