@@ -40,6 +40,7 @@ from waltz_engine.common.errors import WaltzError
 from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.wire.client_messages import AppendRequest
+from waltz_engine.zk.connection import ZooKeeperConnector, new_client
 from waltz_engine.zk.payloads import PartitionInfo
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ class WaltzClient:
         *,
         callback_executor: Executor | None = None,
         metrics: MetricsRegistry | None = None,
+        zk_connector: ZooKeeperConnector = new_client,
     ) -> None:
         self._callbacks = callbacks
         self.config = config
@@ -65,7 +67,12 @@ class WaltzClient:
         self._driver: WaltzClientDriver = (
             config.mock_driver
             if config.mock_driver is not None
-            else ZooKeeperDriver(config.zookeeper, config.tls, config.endpoint_overrides)  # type: ignore[arg-type]
+            else ZooKeeperDriver(
+                config.zookeeper,  # type: ignore[arg-type]
+                config.tls,
+                config.endpoint_overrides,
+                zk_connector,
+            )
         )
         self._info: DriverInfo | None = None
         self._stream: StreamClient | None = None
