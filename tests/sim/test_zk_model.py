@@ -14,6 +14,8 @@ import pytest
 from kazoo.exceptions import ConnectionClosedError, ConnectionLoss
 from kazoo.handlers.threading import KazooTimeoutError
 
+from waltz_engine.client.driver import ZooKeeperDriver
+from waltz_engine.net.tls import TlsConfig
 from waltz_engine.sim.zk_model import SimZkClient, SimZooKeeper
 from waltz_engine.zk.cluster import create_cluster
 from waltz_engine.zk.cluster_manager import ClusterManager, ClusterState, ManagedServer
@@ -209,3 +211,21 @@ async def failover(zk: SimZooKeeper, trace: list[str]) -> None:
         zk.heal(cut)  # a new session: the manager re-registers and gets partitions again
         await second.wait_for_state(lambda s: len(set(owners(s).values())) == 2, WAIT_TIMEOUT_S)
     assert any(event.endswith("expires") for event in trace)
+
+
+def test_client_drivers_take_their_ids_and_the_cluster_from_the_model() -> None:
+    on_model_loop(client_drivers)
+
+
+async def client_drivers(zk: SimZooKeeper, trace: list[str]) -> None:
+    with connect(settings(60_000), zk.connector()) as admin:
+        create_cluster(admin, ROOT, "model", NUM_PARTITIONS)
+    infos = []
+    for _ in range(2):
+        driver = ZooKeeperDriver(settings(60_000), TlsConfig(), zk_connector=zk.connector())
+        infos.append(await driver.start(lambda _endpoints: None, lambda _endpoint: None))
+        await driver.close()
+    assert [(i.client_id, i.cluster_name, i.num_partitions) for i in infos] == [
+        (1, "model", NUM_PARTITIONS),
+        (2, "model", NUM_PARTITIONS),
+    ]
