@@ -11,8 +11,6 @@ import yaml
 
 from waltz_engine.common.config import Config
 from waltz_engine.ops.devcluster.nodes import DevClusterError
-from waltz_engine.server import config as server_config
-from waltz_engine.storage.node import config as storage_config
 
 # Keys `dev up` derives from the cluster's state (where each node listens, keeps its data and
 # finds the others): a --set of one would part the nodes from what `status` and `down` know.
@@ -52,6 +50,10 @@ def parse_setting(text: str) -> tuple[str, Any]:
 
 def unknown_keys(settings: Mapping[str, Any]) -> list[str]:
     """The keys no node reads (misspelled, or of another version): nodes warn and ignore them."""
+    # Imported here: the node modules behind these lists are not needed for the CLI to start.
+    from waltz_engine.server import config as server_config
+    from waltz_engine.storage.node import config as storage_config
+
     known = (*storage_config.KNOWN_KEYS, *server_config.KNOWN_KEYS)
     prefixes = (*storage_config.KNOWN_PREFIXES, *server_config.KNOWN_PREFIXES)
     return Config(dict(settings), "--set").unknown_keys(known, prefixes)
