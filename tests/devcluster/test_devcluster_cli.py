@@ -10,11 +10,13 @@ import subprocess
 import threading
 from pathlib import Path
 
+import yaml
 from cluster_support import run_waltz_cli, waltz_cli_command
 
 from waltz_engine.net.tls import TlsConfig, client_context
 from waltz_engine.ops.cluster_ops import read_cluster_view, verify
 from waltz_engine.ops.devcluster import LocalCluster
+from waltz_engine.zk import store_metadata
 from waltz_engine.zk.connection import connect
 
 READY_LINE_WAIT_S = 120.0
@@ -105,3 +107,61 @@ def test_foreground_up_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
             up.kill()
             up.wait(PROCESS_EXIT_TIMEOUT_S)
         LocalCluster.open(directory).down()
+
+
+SEGMENT_BYTES = 4096
+RECORD_BYTES = 3000  # each record fills most of a segment, so three of them need three segments
+
+
+def test_up_with_replicas_and_set_places_partitions_and_configures_every_node(tmp_path: Path) -> None:
+    directory = tmp_path / "dev"
+    topology = ["--storages", "3", "--servers", "1", "--partitions", "3", "--replicas", "2"]
+    settings = ["--set", f"storage.segment.size.threshold={SEGMENT_BYTES}", "--set", "bogus.key=x"]
+    try:
+        result = run_waltz_cli("dev", "up", "--detach", "--dir", str(directory), *topology, *settings)
+        ok(result)
+        assert "--set bogus.key: no storage node or server knows this key" in result.stderr
+        assert verify_passes(directory)
+        cluster = LocalCluster.open(directory)
+        with connect(cluster.zookeeper_settings()) as zk:
+            assigned = store_metadata.read_replica_assignments(zk, cluster.cluster_root).as_dict()
+        holders = [tuple(sorted(n for n, held in assigned.items() if p in held)) for p in range(3)]
+        assert [len(nodes) for nodes in holders] == [2, 2, 2] and len(set(holders)) == 3  # spread
+        for node in cluster.nodes:
+            written = yaml.safe_load(node.config_path.read_text(encoding="utf-8"))
+            assert written["storage.segment.size.threshold"] == SEGMENT_BYTES and written["bogus.key"] == "x"
+
+        config = ["--config", str(directory / "client.yml")]
+        ok(run_waltz_cli("append", "-p", "0", "-", *config, stdin=("x" * RECORD_BYTES + "\n") * 3))
+        segments = {
+            node.name: len(list((node.directory / "data").rglob("*.seg")))
+            for node in cluster.storages
+            if 0 in cluster.partitions_of(node)
+        }
+        assert len(segments) == 2 and all(count >= 3 for count in segments.values()), segments
+
+        changed = run_waltz_cli("dev", "up", "--detach", "--dir", str(directory), "--set", "bogus.key=y")
+        assert changed.returncode == 1 and "stop the cluster (`waltz dev down`)" in changed.stderr
+        other = run_waltz_cli("dev", "up", "--detach", "--dir", str(directory), "--replicas", "3")
+        assert other.returncode == 1 and "on 2 replicas each, not 3/1/3 on 3" in other.stderr
+
+        ok(run_waltz_cli("dev", "down", "--dir", str(directory)))
+        ok(run_waltz_cli("dev", "up", "--detach", "--dir", str(directory)))  # keys and replicas as saved
+        again = yaml.safe_load(cluster.storages[0].config_path.read_text(encoding="utf-8"))
+        assert again["storage.segment.size.threshold"] == SEGMENT_BYTES
+        tailed = ok(run_waltz_cli("tail", "-p", "0", "--no-follow", "--json", *config))
+        assert len(tailed.splitlines()) == 3
+    finally:
+        run_waltz_cli("dev", "down", "--clean", "--dir", str(directory))
+
+
+def test_set_refuses_what_dev_up_chooses_and_what_is_not_key_value(tmp_path: Path) -> None:
+    for bad, reason in (
+        ("storage.port=1", "storage.port is chosen by `dev up`"),
+        ("storage.segment.size.threshold", "give KEY=VALUE"),
+        ("storage.segment.size.threshold=[1, 2]", "the value must be one number, boolean or string"),
+    ):
+        result = run_waltz_cli("dev", "up", "--detach", "--dir", str(tmp_path / "dev"), "--set", bad)
+        assert result.returncode == 2 and reason in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "dev").exists()

@@ -12,10 +12,13 @@ from typer.testing import CliRunner, Result
 
 from waltz_cli.main import app
 from waltz_engine.ops.devcluster import DEFAULT_DIRECTORY, ZOOKEEPER_DIR_NAME
+from waltz_engine.zk import server
+from waltz_engine.zk.connection import ZooKeeperSettings, connect
 from waltz_engine.zk.server import DEFAULT_DATA_DIR, DEV_DATA_DIR, EmbeddedZooKeeper, four_letter_word
 
 runner = CliRunner()
 EXIT_NOT_RUNNING = 3
+ZK_TIMEOUT_MS = 10_000
 
 
 def _start_daemon(port: int, data_dir: Path) -> Result:
@@ -75,6 +78,38 @@ def test_missing_java_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.Mo
     result = _start_daemon(free_tcp_port(), tmp_path / "zk")
     assert result.exit_code == 1
     assert result.stderr.startswith("error: java not found: install Java 17")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(server.system_classpath() is None, reason="needs libzookeeper-java (.ci/run installs it)")
+def test_without_pyspark_it_runs_from_the_system_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server, "_pyspark_classpath", lambda: None)
+    port = free_tcp_port()
+    data_dir = tmp_path / "zk"
+    try:
+        started = _start_daemon(port, data_dir)
+        assert started.exit_code == 0, started.output
+        settings = ZooKeeperSettings(f"127.0.0.1:{port}", "/", ZK_TIMEOUT_MS, ZK_TIMEOUT_MS)
+        with connect(settings) as zk:
+            zk.create("/from-the-system-jars", b"yes")
+            assert zk.get("/from-the-system-jars")[0] == b"yes"
+        command_line = Path(f"/proc/{EmbeddedZooKeeper(data_dir).pid()}/cmdline").read_bytes()
+        assert str(server.SYSTEM_JAVA_DIR / "zookeeper.jar").encode() in command_line
+    finally:
+        EmbeddedZooKeeper(data_dir).stop()
+
+
+def test_without_any_zookeeper_jars_says_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server, "_pyspark_classpath", lambda: None)
+    monkeypatch.setattr(server, "SYSTEM_JAVA_DIR", tmp_path)
+    result = _start_daemon(free_tcp_port(), tmp_path / "zk")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: no ZooKeeper jars found: install the system package")
+    assert "apt-get install libzookeeper-java" in result.stderr and "[spark]" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 

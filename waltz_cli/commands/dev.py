@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, NamedTuple
 
 import typer
 
 from waltz_cli import options
 from waltz_cli.options import JsonOption
-from waltz_cli.output import console, err_console, one_line_errors, print_json
+from waltz_cli.output import console, err_console, one_line_errors, print_json, warn
 from waltz_engine.ops.devcluster import (
     DEFAULT_DIRECTORY,
     DEFAULT_PARTITIONS,
@@ -18,12 +18,27 @@ from waltz_engine.ops.devcluster import (
     DEFAULT_STORAGES,
     DEFAULT_WAIT_TIMEOUT_MS,
     ClusterStatus,
+    DevClusterError,
     LocalCluster,
 )
+from waltz_engine.ops.devcluster.settings import parse_setting, unknown_keys
 
 STATUS_REFRESH_INTERVAL_S = 2.0
 
 app = options.group(help="A local development cluster: ZooKeeper, storage nodes and servers.")
+
+
+class Setting(NamedTuple):
+    key: str
+    value: Any
+
+
+def _setting(text: str) -> Setting:
+    try:
+        return Setting(*parse_setting(text))
+    except DevClusterError as e:
+        raise typer.BadParameter(str(e)) from None
+
 
 DirOption = Annotated[
     Path, typer.Option("--dir", "-d", help="Where the cluster keeps its state, data and logs.")
@@ -73,6 +88,20 @@ def up(
     partitions: Annotated[
         int | None, typer.Option("--partitions", help=f"Partitions (default {DEFAULT_PARTITIONS}).", min=1)
     ] = None,
+    replicas: Annotated[
+        int | None,
+        typer.Option("--replicas", help="Storage nodes holding each partition (default: all).", min=1),
+    ] = None,
+    settings: Annotated[
+        list[Setting] | None,
+        typer.Option(
+            "--set",
+            metavar="KEY=VALUE",
+            parser=_setting,
+            help="A configuration key for every node's YAML, e.g. storage.segment.size.threshold=1048576 "
+            "(repeatable; saved with the cluster).",
+        ),
+    ] = None,
     directory: DirOption = Path(DEFAULT_DIRECTORY),
     base_port: Annotated[
         int | None,
@@ -94,13 +123,20 @@ def up(
 
     Example: waltz dev up --detach && waltz append -p 0 hello && waltz tail -p 0 --no-follow
     """
+    given = None if settings is None else dict(settings)
     if LocalCluster.exists(directory):
-        cluster = LocalCluster.open(directory)
-        asked = (storages, servers, partitions)
-        found = (len(cluster.storages), len(cluster.servers), cluster.num_partitions)
-        # Explicit options must match the saved cluster (LocalCluster says how they differ).
-        if any(a is not None and a != f for a, f in zip(asked, found, strict=True)):
-            LocalCluster(directory, *(a if a is not None else f for a, f in zip(asked, found, strict=True)))
+        saved = LocalCluster.open(directory)
+        # Explicit options must match the saved cluster (LocalCluster says how they differ);
+        # --set replaces the saved keys of a stopped cluster.
+        storages, servers, partitions, replicas = (
+            asked if asked is not None else found
+            for asked, found in zip(
+                (storages, servers, partitions, replicas),
+                (len(saved.storages), len(saved.servers), saved.num_partitions, saved.replicas),
+                strict=True,
+            )
+        )
+        cluster = LocalCluster(directory, storages, servers, partitions, replicas=replicas, settings=given)
     else:
         cluster = LocalCluster(
             directory,
@@ -108,7 +144,11 @@ def up(
             servers if servers is not None else DEFAULT_SERVERS,
             partitions or DEFAULT_PARTITIONS,
             base_port,
+            replicas=replicas,
+            settings=given,
         )
+    for key in unknown_keys(cluster.settings):
+        warn(f"--set {key}: no storage node or server knows this key; they will ignore it")
     try:
         cluster.up(timeout_ms)
     except BaseException:

@@ -92,7 +92,7 @@ def start(
         int, typer.Option("--wait-timeout-ms", min=1, help="How long to wait for it to answer.")
     ] = START_TIMEOUT_MS,
 ) -> None:
-    """Start a standalone ZooKeeper from the jars bundled with pyspark (needs Java 17).
+    """Start a standalone ZooKeeper (needs Java 17; jars from pyspark, else from libzookeeper-java).
 
     Runs in the foreground until Ctrl-C unless --daemon is given; keeps its state in --dir
     (default .waltz/zookeeper).

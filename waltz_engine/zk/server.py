@@ -1,4 +1,5 @@
-"""An embedded, standalone ZooKeeper run from the jars that ship inside pyspark (no extra install).
+"""An embedded, standalone ZooKeeper run from the jars that ship inside pyspark (the ``[spark]``
+extra) or, without it, from the system's ZooKeeper package (Debian's ``libzookeeper-java``).
 
 Everything about one instance lives in its data directory: ``zoo.cfg`` (so ``stop``/``status``
 only need the directory), ``zookeeper.pid``, ``zookeeper.log`` and ZooKeeper's own snapshots.
@@ -8,6 +9,7 @@ Readiness and status use the ``ruok``/``srvr`` four-letter words on the client p
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shutil
 import signal
@@ -20,6 +22,7 @@ from typing import Any, NamedTuple
 from waltz_engine.common.address import port_in_use
 from waltz_engine.common.config import DEV_CLUSTER_DIRECTORY
 from waltz_engine.common.errors import WaltzError
+from waltz_engine.common.extras import SPARK, install_hint
 
 ZOOKEEPER_MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
 DEFAULT_PORT = 2181
@@ -31,6 +34,10 @@ STOP_TIMEOUT_MS = 10_000
 PROBE_TIMEOUT_MS = 1_000
 POLL_INTERVAL_MS = 100
 PROBE_REPLY_MAX_SIZE_BYTES = 4096
+# Debian's libzookeeper-java (and libslf4j-java, which it depends on): the server, its
+# serialization, and one SLF4J binding that logs to stderr (the log file).
+SYSTEM_JAVA_DIR = Path("/usr/share/java")
+SYSTEM_ZOOKEEPER_JARS = ("zookeeper.jar", "zookeeper-jute.jar", "slf4j-api.jar", "slf4j-simple.jar")
 
 # Where `waltz zk start` keeps its ZooKeeper unless told; `waltz dev up` keeps the dev
 # cluster's in DEV_DATA_DIR (devcluster.DEFAULT_DIRECTORY / devcluster.ZOOKEEPER_DIR_NAME).
@@ -74,16 +81,31 @@ def find_java() -> str:
     return found
 
 
-def zookeeper_classpath() -> str:
+def _pyspark_classpath() -> str | None:
     """``<pyspark>/jars/*``: pyspark bundles the ZooKeeper server and everything it needs."""
-    try:
-        import pyspark
-    except ImportError:
-        raise EmbeddedZooKeeperError("pyspark is not installed; it provides the ZooKeeper jars") from None
-    jars = Path(pyspark.__file__).resolve().parent / "jars"
-    if not any(jars.glob("zookeeper-*.jar")):
-        raise EmbeddedZooKeeperError(f"no zookeeper-*.jar in {jars}; reinstall pyspark")
-    return f"{jars}/*"
+    found = importlib.util.find_spec("pyspark")
+    if found is None or found.origin is None:
+        return None
+    jars = Path(found.origin).resolve().parent / "jars"
+    return f"{jars}/*" if any(jars.glob("zookeeper-*.jar")) else None
+
+
+def system_classpath() -> str | None:
+    """The system package's jars, named one by one: the directory also holds other SLF4J
+    bindings, and a wildcard would load whichever comes first."""
+    jars = [SYSTEM_JAVA_DIR / name for name in SYSTEM_ZOOKEEPER_JARS]
+    return os.pathsep.join(str(jar) for jar in jars) if all(jar.is_file() for jar in jars) else None
+
+
+def zookeeper_classpath() -> str:
+    """pyspark's jars when it is installed, else the system package's."""
+    classpath = _pyspark_classpath() or system_classpath()
+    if classpath is None:
+        raise EmbeddedZooKeeperError(
+            "no ZooKeeper jars found: install the system package (`apt-get install libzookeeper-java`) "
+            f"or the Spark extra ({install_hint(SPARK)})"
+        )
+    return classpath
 
 
 class ServerStatus(NamedTuple):

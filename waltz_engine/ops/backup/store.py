@@ -20,12 +20,15 @@ import signal
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-
-import pyarrow
-import pyarrow.fs as pafs
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from waltz_engine.common.errors import WaltzError
+from waltz_engine.common.extras import BACKUP, require
 from waltz_engine.common.fileio import fsync_directory, fsync_file
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
 
 # Temporary objects of a run in progress (debris once a run is killed).
 TMP_DIR = ".tmp"
@@ -40,11 +43,21 @@ class BackupStoreError(WaltzError):
     """The backup's storage cannot be reached or read as needed."""
 
 
-def _open_filesystem(url: str) -> tuple[pafs.FileSystem, str]:
+def _import_pyarrow() -> tuple[ModuleType, ModuleType]:
+    """pyarrow and pyarrow.fs, imported when a backup is opened rather than when the CLI starts
+    (they are large, and an extra)."""
+    require(BACKUP, "waltz backup", "pyarrow")
+    import pyarrow
+    import pyarrow.fs
+
+    return pyarrow, pyarrow.fs
+
+
+def _open_filesystem(url: str, pyarrow: ModuleType, fs_module: ModuleType) -> tuple[pafs.FileSystem, str]:
     if "://" not in url:
-        return pafs.LocalFileSystem(), str(Path(url).expanduser().resolve())
+        return fs_module.LocalFileSystem(), str(Path(url).expanduser().resolve())
     try:
-        fs, root = pafs.FileSystem.from_uri(url)
+        fs, root = fs_module.FileSystem.from_uri(url)
     except (pyarrow.ArrowException, ValueError, OSError) as e:
         raise BackupStoreError(
             f"{url}: not a backup location pyarrow can open ({e}); give a local path or an "
@@ -58,10 +71,11 @@ class BackupStore:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.fs, self.root = _open_filesystem(url)
+        self._pyarrow, self._pafs = _import_pyarrow()
+        self.fs, self.root = _open_filesystem(url, self._pyarrow, self._pafs)
         # A local backup is synced like a storage node's files: a published manifest must name
         # bytes that survive a power loss. Object stores make a completed upload durable.
-        self._local = isinstance(self.fs, pafs.LocalFileSystem)
+        self._local = isinstance(self.fs, self._pafs.LocalFileSystem)
         self._operations = 0
         kill_at = os.environ.get(KILL_AT_ENV)
         self._kill_at = int(kill_at) if kill_at else None
@@ -78,15 +92,15 @@ class BackupStore:
     def _call(self, what: str, name: str, action: Callable[[], object]) -> object:
         try:
             return action()
-        except (pyarrow.ArrowException, OSError) as e:
+        except (self._pyarrow.ArrowException, OSError) as e:
             raise BackupStoreError(f"{self.url}: cannot {what} {name}: {e}") from None
 
     # --- reading ---------------------------------------------------------------------------
 
     def exists(self, name: str) -> bool:
         info = self._call("look at", name, lambda: self.fs.get_file_info(self._path(name)))
-        assert isinstance(info, pafs.FileInfo)
-        return bool(info.type != pafs.FileType.NotFound)
+        assert isinstance(info, self._pafs.FileInfo)
+        return bool(info.type != self._pafs.FileType.NotFound)
 
     def read_bytes(self, name: str) -> bytes:
         def read() -> bytes:
@@ -142,11 +156,11 @@ class BackupStore:
     def list_names(self, directory: str = "", files_only: bool = True) -> list[str]:
         """The names directly in ``directory`` (the root by default)."""
         path = self._path(directory) if directory else self.root
-        selector = pafs.FileSelector(path, allow_not_found=True, recursive=False)
+        selector = self._pafs.FileSelector(path, allow_not_found=True, recursive=False)
         found = self._call("list", directory or self.url, lambda: self.fs.get_file_info(selector))
         assert isinstance(found, list)
         return sorted(
-            posixpath.basename(f.path) for f in found if not files_only or f.type == pafs.FileType.File
+            posixpath.basename(f.path) for f in found if not files_only or f.type == self._pafs.FileType.File
         )
 
     # --- writing (each atomic per file) -----------------------------------------------------

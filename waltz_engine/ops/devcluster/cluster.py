@@ -9,7 +9,7 @@ import contextlib
 import json
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -52,6 +52,7 @@ from waltz_engine.ops.devcluster.nodes import (
     free_port,
     port_taken,
 )
+from waltz_engine.ops.devcluster.settings import partitions_of
 from waltz_engine.storage.admin_ops import add_partitions, client_ssl_context, read_store_layout
 from waltz_engine.zk import store_metadata
 from waltz_engine.zk.cluster import create_cluster, delete_cluster, read_cluster_params
@@ -103,10 +104,11 @@ def _allocate_ports(base_port: int | None, count: int) -> Iterator[int]:
 
 
 class LocalCluster:
-    """ZooKeeper, ``storages`` storage nodes (group 0, every partition on each) and ``servers``
-    servers, all under ``directory``.
+    """ZooKeeper, ``storages`` storage nodes (group 0; each partition on ``replicas`` of them,
+    default all) and ``servers`` servers, all under ``directory``.
 
-    ``zookeeper`` given: use that ZooKeeper (e.g. a test session's) instead of starting one.
+    ``settings``: extra keys for every node's YAML (saved with the cluster; ``None`` keeps the
+    saved ones). ``zookeeper`` given: use that ZooKeeper (e.g. a test session's) instead of starting one.
     ``base_port`` given: ZooKeeper on it, then 3 ports per storage node and 2 per server;
     otherwise free ports. On a directory that already holds a cluster the saved topology and
     ports win (a mismatch with what was asked is an error).
@@ -123,11 +125,17 @@ class LocalCluster:
         zookeeper: str | None = None,
         cluster_root: str = DEFAULT_CLUSTER_ROOT,
         storage_config: dict[str, Any] | None = None,
+        replicas: int | None = None,
+        settings: Mapping[str, Any] | None = None,
     ) -> None:
         if storages < 1 or servers < 0 or partitions < 1:
             raise DevClusterError("a cluster needs at least 1 storage node and 1 partition, and 0+ servers")
+        if replicas is not None and not 1 <= replicas <= storages:
+            raise DevClusterError(f"--replicas must be in 1..{storages} (the storage nodes), got {replicas}")
         self.directory = Path(directory).resolve()
         self.num_partitions = partitions
+        self.replicas = replicas if replicas is not None else storages
+        self.settings = dict(settings or {})
         self.cluster_root = cluster_root
         self.external_zookeeper = zookeeper
         # Extra keys for every storage node's YAML (e.g. a small segment size in tests); not saved.
@@ -136,7 +144,7 @@ class LocalCluster:
         self.created_directory = not self.directory.exists()
         saved = self._load_state()
         if saved is not None:
-            self._restore(saved, storages, servers, partitions)
+            self._restore(saved, storages, servers, partitions, replicas, settings)
             return
         ports = _allocate_ports(base_port, 1 + PORTS_PER_STORAGE * storages + PORTS_PER_SERVER * servers)
         zk_port = next(ports)
@@ -170,6 +178,7 @@ class LocalCluster:
             state["partitions"],
             zookeeper=state.get("external_zookeeper"),
             cluster_root=state["cluster_root"],
+            replicas=state.get("replicas"),
         )
 
     @staticmethod
@@ -210,12 +219,22 @@ class LocalCluster:
             raise DevClusterError(f"{self.state_path}: unknown state version {state.get('version')}")
         return state
 
-    def _restore(self, state: dict[str, Any], storages: int, servers: int, partitions: int) -> None:
+    def _restore(
+        self,
+        state: dict[str, Any],
+        storages: int,
+        servers: int,
+        partitions: int,
+        replicas: int | None,
+        settings: Mapping[str, Any] | None,
+    ) -> None:
         found = (len(state["storages"]), len(state["servers"]), state["partitions"])
-        if found != (storages, servers, partitions):
+        found_replicas = state.get("replicas", found[0])  # saved before --replicas: every node
+        if found != (storages, servers, partitions) or found_replicas != self.replicas:
             raise DevClusterError(
                 f"{self.directory} holds a cluster of {found[0]} storage nodes, {found[1]} servers and "
-                f"{found[2]} partitions, not {storages}/{servers}/{partitions}; "
+                f"{found[2]} partitions on {found_replicas} replicas each, not "
+                f"{storages}/{servers}/{partitions} on {self.replicas}; "
                 "use it as it is or remove it (down --clean)"
             )
         self.cluster_root = state["cluster_root"]
@@ -228,6 +247,15 @@ class LocalCluster:
         self.servers = [
             self._node(SERVER, j, n["ports"], n.get("pid")) for j, n in enumerate(state["servers"])
         ]
+        saved_settings = state.get("settings", {})
+        if settings is not None and dict(settings) != saved_settings:
+            running = [node.name for node in self.nodes if node.is_running()]
+            if running:
+                raise DevClusterError(
+                    f"{', '.join(running)} run with the saved --set keys {saved_settings}: stop the "
+                    "cluster (`waltz dev down`) before changing them"
+                )
+        self.settings = dict(saved_settings if settings is None else settings)
 
     def _save_state(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -235,6 +263,8 @@ class LocalCluster:
             "version": STATE_VERSION,
             "cluster_root": self.cluster_root,
             "partitions": self.num_partitions,
+            "replicas": self.replicas,
+            "settings": self.settings,
             "zookeeper_port": self.zookeeper_port,
             "external_zookeeper": self.external_zookeeper,
             "created_directory": self.created_directory,
@@ -383,16 +413,19 @@ class LocalCluster:
             raise DevClusterError(
                 f"the cluster at {self.cluster_root} has {found} partitions, not {self.num_partitions}"
             )
-        wanted = set(range(self.num_partitions))
         for node in self.storages:
             assigned = store_metadata.read_replica_assignments(zk, self.cluster_root).as_dict()
             if node.connect_string not in assigned:
                 store_metadata.add_storage_node(
                     zk, self.cluster_root, node.connect_string, STORAGE_GROUP, node.admin_port
                 )
-            missing = sorted(wanted - set(assigned.get(node.connect_string, ())))
+            missing = sorted(set(self.partitions_of(node)) - set(assigned.get(node.connect_string, ())))
             if missing:
                 store_metadata.assign_partitions(zk, self.cluster_root, node.connect_string, missing)
+
+    def partitions_of(self, node: LocalNode) -> list[int]:
+        """The partitions ``node`` (a storage node) holds a replica of."""
+        return partitions_of(node.index, len(self.storages), self.replicas, self.num_partitions)
 
     def _common_config(self) -> dict[str, Any]:
         return {
@@ -410,6 +443,7 @@ class LocalCluster:
                 "storage.admin.port": node.admin_port,
                 "storage.jetty.port": node.jetty_port,
                 "storage.directory": str(node.directory / "data"),
+                **self.settings,
                 **self.storage_config,
             }
             self._write_yaml(node.config_path, config)
@@ -422,6 +456,7 @@ class LocalCluster:
                 "server.jetty.port": node.jetty_port,
                 "storage.initialRetryInterval": SERVER_STORAGE_INITIAL_RETRY_MS,
                 "storage.maxRetryInterval": SERVER_STORAGE_MAX_RETRY_MS,
+                **self.settings,
             }
             self._write_yaml(node.config_path, config)
 
@@ -437,9 +472,10 @@ class LocalCluster:
         """``StorageCli add-partition`` on every node (a no-op for partitions it already has)."""
         layout = read_store_layout(zk, self.cluster_root)
         context = layout.context(client_ssl_context(None), ADMIN_TIMEOUT_MS)
-        partitions = list(range(self.num_partitions))
         for node in self.storages:
-            await add_partitions(context, layout.admin_address(node.connect_string), partitions)
+            partitions = self.partitions_of(node)
+            if partitions:
+                await add_partitions(context, layout.admin_address(node.connect_string), partitions)
 
     def wait_verified(self, zk: KazooClient | None = None, deadline: float | None = None) -> None:
         """Until every one of ``cluster verify``'s validations passes (bounded)."""
