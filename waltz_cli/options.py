@@ -21,7 +21,8 @@ import typer.rich_utils
 from rich.markup import escape
 from typer.core import TyperGroup, TyperOption
 
-from waltz_cli.output import closed_pipe, err_console
+from waltz_cli.output import closed_pipe, err_console, usage_error
+from waltz_engine.zk.partition_ranges import PartitionRangeError, parse_partition_ranges
 
 # The one meaning of each short flag (short → canonical long name).
 SHORT_FLAGS: dict[str, str] = {
@@ -180,10 +181,62 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON (snake_case
 
 # --- what to act on -----------------------------------------------------------------------------
 
-PartitionOption = Annotated[int, typer.Option("--partition", "-p", min=0, help="One partition id.")]
-PartitionsOption = Annotated[
-    str, typer.Option("--partition", "-p", help="Partition ids and ranges, e.g. 0-6,7,10-16.")
+
+def one_partition(text: str) -> int:
+    """A single partition id; a list or range is a usage error (exit 2) saying so in one line."""
+    if not text.strip().isdigit():
+        raise typer.BadParameter(
+            f"'{text}' is not one partition id: this command acts on one partition (e.g. -p 3)"
+        )
+    return int(text)
+
+
+def partition_ranges(text: str) -> str:
+    """Partition ids and ranges, checked while parsing so that a bad one is a usage error (exit 2)."""
+    try:
+        parse_partition_ranges(text)
+    except PartitionRangeError as e:
+        raise typer.BadParameter(str(e)) from None
+    return text
+
+
+PartitionOption = Annotated[
+    int, typer.Option("--partition", "-p", parser=one_partition, metavar="ID", help="One partition id.")
 ]
+PartitionsOption = Annotated[
+    str,
+    typer.Option(
+        "--partition",
+        "-p",
+        parser=partition_ranges,
+        metavar="IDS",
+        help="Partition ids and ranges, e.g. 0-6,7,10-16.",
+    ),
+]
+OptionalPartitionsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--partition",
+        "-p",
+        parser=partition_ranges,
+        metavar="IDS",
+        help="Partition ids and ranges, e.g. 0 or 0,2-3.",
+    ),
+]
+AllPartitionsOption = Annotated[bool, typer.Option("--all", help="Every partition of the cluster.")]
+
+
+def chosen_partitions(partition: str | None, every: bool) -> list[int] | None:
+    """The partitions of ``-p`` or ``--all`` (None: every partition); neither or both is a usage error."""
+    if every and partition is not None:
+        usage_error("give -p/--partition or --all, not both")
+    if every:
+        return None
+    if partition is None:
+        usage_error("which partitions? give -p/--partition (e.g. -p 0 or -p 0,2-3) or --all")
+    return parse_partition_ranges(partition)
+
+
 StorageOption = Annotated[
     str,
     typer.Option(

@@ -48,7 +48,7 @@ def test_up_detach_status_down_and_up_again_reuses_data(tmp_path: Path) -> None:
         ]
 
         config = ["--config", str(directory / "client.yml")]
-        txid = ok(run_waltz_cli("append", "-p", "1", "kept", *config)).strip()
+        txid = ok(run_waltz_cli("append", "-p", "1", "kept", *config)).split()[-1]
         ok(run_waltz_cli("dev", "down", "--dir", str(directory)))
         stopped = run_waltz_cli("dev", "status", "--json", "--dir", str(directory))
         assert stopped.returncode == 1

@@ -285,7 +285,7 @@ def test_partitions_and_output_are_checked_before_spark_starts(cluster: LocalClu
     result = run_spark_cli("export", "-o", str(tmp_path / "out"), "-c", config, "--partitions", "99")
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
-        "error: partition(s) 99 are not in the cluster (it has partitions 0-1); choose among those"
+        "error: Partition 99 does not belong to the cluster (it has partitions 0-1)"
     ]
     a_file = tmp_path / "a-file"
     a_file.write_text("")

@@ -12,12 +12,14 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from waltz_cli.options import (
+    AllPartitionsOption,
     ClientTimeoutOption,
     ConfigOption,
     JsonOption,
-    PartitionOption,
+    OptionalPartitionsOption,
     RootOption,
     ZooKeeperOption,
+    chosen_partitions,
     group,
 )
 from waltz_cli.output import one_line_errors, print_json
@@ -90,25 +92,30 @@ def validate(
 @app.command("high-water-mark")
 @one_line_errors
 def high_water_mark(
-    partition: PartitionOption,
+    partition: OptionalPartitionsOption = None,
+    every: AllPartitionsOption = False,
     as_json: JsonOption = False,
     config: ConfigOption = None,
     zookeeper: ZooKeeperOption = None,
     cluster_root: RootOption = None,
     timeout_ms: ClientTimeoutOption = DEFAULT_TIMEOUT_MS,
 ) -> None:
-    """Display the high-water mark of a partition (the server's; -1: no transaction yet).
+    """Display the high-water marks of partitions (the server's; -1: no transaction yet).
 
-    With --json: {"partition": P, "high_water_mark": N}.
+    With --json: one {"partition": P, "high_water_mark": N} per partition (JSON lines).
 
     Example: waltz client high-water-mark -p 0 --json
+
+    Example: waltz client high-water-mark --all
     """
+    wanted = chosen_partitions(partition, every)
     client_config = _config(config, zookeeper, cluster_root, timeout_ms)
-    mark = _run(client_tools.high_water_mark(client_config, partition))
-    if as_json:
-        print_json({"partition": partition, "high_water_mark": mark})
-    else:
-        typer.echo(f"Partition {partition} current high watermark: {mark}")
+    marks = _run(client_tools.high_water_marks(client_config, wanted))
+    for partition_id, mark in marks.items():
+        if as_json:
+            print_json({"partition": partition_id, "high_water_mark": mark})
+        else:
+            typer.echo(f"Partition {partition_id} current high watermark: {mark}")
 
 
 @app.command("create-producer")

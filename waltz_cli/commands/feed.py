@@ -15,18 +15,20 @@ from typing import Annotated, Any
 import typer
 
 from waltz_cli.options import (
+    AllPartitionsOption,
     ClientTimeoutOption,
     ConfigOption,
     JsonOption,
+    OptionalPartitionsOption,
     PartitionOption,
     RootOption,
     ZooKeeperOption,
+    chosen_partitions,
 )
-from waltz_cli.output import fail, one_line_errors, print_json
+from waltz_cli.output import fail, note, one_line_errors, print_json
 from waltz_engine.common.decoder import Decoder, load_decoder
 from waltz_engine.ops import client_tools
 from waltz_engine.ops.client_tools import DEFAULT_TIMEOUT_MS, AppendItem, TailedTransaction, TailRange
-from waltz_engine.zk.partition_ranges import parse_partition_ranges
 
 STDIN = "-"
 INTERRUPTED = 130
@@ -83,26 +85,18 @@ def _render(
     return show
 
 
-def _partitions(partition: str | None, every: bool) -> list[int] | None:
-    """The partitions asked for; None for --all."""
-    if every and partition is not None:
-        fail("give -p/--partition or --all, not both")
-    if every:
-        return None
-    if partition is None:
-        fail("which partitions? give -p/--partition (e.g. -p 0 or -p 0,2-3) or --all")
-    return parse_partition_ranges(partition)
-
-
 @one_line_errors
 def tail(
-    partition: Annotated[
-        str | None,
-        typer.Option("--partition", "-p", help="Partition ids and ranges, e.g. 0 or 0,2-3."),
-    ] = None,
-    every: Annotated[bool, typer.Option("--all", help="Every partition of the cluster.")] = False,
+    partition: OptionalPartitionsOption = None,
+    every: AllPartitionsOption = False,
     from_transaction: Annotated[
-        int, typer.Option("--from", min=0, help="First transaction id to print (default: the beginning).")
+        int,
+        typer.Option(
+            "--from",
+            min=0,
+            help="First transaction id to print (default: the beginning); waited for when following, "
+            "a partition that does not reach it is skipped with --no-follow.",
+        ),
     ] = 0,
     from_latest: Annotated[
         bool, typer.Option("--from-latest", help="Print only transactions appended from now on.")
@@ -144,7 +138,7 @@ def tail(
 
     Example: waltz tail --all --max 10 -z localhost:2181 -r /waltz
     """
-    partitions = _partitions(partition, every)
+    partitions = chosen_partitions(partition, every)
     decode = load_decoder(decoder) if decoder is not None else None
     span = TailRange(None if from_latest else from_transaction, to_transaction, max_transactions)
     client_config = client_tools.load_client_config(
@@ -157,6 +151,7 @@ def tail(
         follow=follow,
         with_data=data or decode is not None,
         timeout_ms=timeout_ms,
+        note=note,
     )
     run_async(stream, _render(decode, as_json, with_partition=partitions is None or len(partitions) > 1))
 
@@ -183,7 +178,8 @@ def append(
     cluster_root: RootOption = None,
     timeout_ms: ClientTimeoutOption = DEFAULT_TIMEOUT_MS,
 ) -> None:
-    """Append one transaction (or one per stdin line) and print each committed transaction id.
+    """Append one transaction (or one per stdin line) to one partition and print each committed
+    transaction id ("partition 1: committed transaction 42").
 
     With --json: one object per committed transaction, {"partition": P, "transaction_id": T}.
 
@@ -203,6 +199,6 @@ def append(
         if as_json:
             print_json({"partition": partition, "transaction_id": transaction_id})
         else:
-            typer.echo(str(transaction_id))
+            typer.echo(f"partition {partition}: committed transaction {transaction_id}")
 
     run_async(stream, show)

@@ -28,6 +28,7 @@ from waltz_engine.ops.tool_config import load_settings
 from waltz_engine.storage import admin_ops
 from waltz_engine.zk import retention
 from waltz_engine.zk.connection import connect
+from waltz_engine.zk.partition_ranges import not_in_cluster
 
 app = options.group(help="Log retention: which records the storage nodes may remove.")
 
@@ -37,7 +38,7 @@ NONE_TEXT = "-"
 
 def _check_partition(partition: int, num_partitions: int) -> None:
     if not 0 <= partition < num_partitions:
-        fail(f"partition {partition} does not exist (the cluster has {num_partitions} partitions)")
+        fail(not_in_cluster([partition], num_partitions))
 
 
 @app.command("set")
