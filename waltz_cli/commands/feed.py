@@ -26,7 +26,7 @@ from waltz_cli.options import (
     chosen_partitions,
 )
 from waltz_cli.output import fail, note, one_line_errors, print_json
-from waltz_engine.common.decoder import Decoder, load_decoder
+from waltz_engine.common.decoder import Decoder, load_decoder, try_decode
 from waltz_engine.ops import client_tools
 from waltz_engine.ops.client_tools import DEFAULT_TIMEOUT_MS, AppendItem, TailedTransaction, TailRange
 
@@ -66,10 +66,14 @@ def _render(
     decoder: Decoder | None, as_json: bool, with_partition: bool
 ) -> Callable[[TailedTransaction], None]:
     def show(item: TailedTransaction) -> None:
-        decoded = decoder(item.data) if decoder is not None and item.data is not None else None
+        decoded, error = (
+            try_decode(decoder, item.data) if decoder is not None and item.data is not None else (None, None)
+        )
         if as_json:
             value = item.to_json()
-            if decoder is not None:
+            if error is not None:
+                value["decode_error"] = error
+            elif decoder is not None:
                 value["decoded"] = (
                     decoded if isinstance(decoded, (dict, list, int, float, bool)) else str(decoded)
                 )
@@ -78,7 +82,9 @@ def _render(
         line = f"{item.transaction_id}\theader={item.header}\treqId={item.req_id}"
         if with_partition:
             line = f"partition={item.partition_id}\t{line}"
-        if item.data is not None:
+        if error is not None:
+            line += f"\tdecode_error={error}\tdata={_readable(item.data or b'')}"
+        elif item.data is not None:
             line += f"\tdata={decoded if decoder is not None else _readable(item.data)}"
         typer.echo(line)
 
