@@ -12,7 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from cluster_support import module_cluster, run_waltz_cli, waltz_cli_command
+from cluster_support import CLI_TIMEOUT_S, module_cluster, run_waltz_cli, waltz_cli_command
 from testkit import free_tcp_port
 
 from waltz_engine.ops.devcluster import LocalCluster
@@ -24,6 +24,7 @@ CLI_WAIT_S = 120.0
 FAST_TIMEOUT_MS = "3000"
 MOUNT_TIMEOUT_MS = "2000"
 BLOCKER_TIMEOUT_MS = "60000"
+NEVER_MS = str(int(CLI_TIMEOUT_S * 1000 * 10))  # longer than run_waltz_cli waits for a command
 METRICS_WAIT_S = 30.0
 POLL_S = 0.1
 # Partition 0 is kept for validation data (data == transaction id); the feed tests use the others.
@@ -87,6 +88,30 @@ def test_tail_decoder(cluster: LocalCluster, tmp_path: Path) -> None:
         "--config", str(cluster.client_config_path), cwd=tmp_path,
     )  # fmt: skip
     assert ok(result).rstrip().endswith("data=SHOUT")
+
+
+def test_a_record_the_tail_decoder_cannot_read_shows_its_error_and_the_tail_goes_on(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    (tmp_path / "json_decoder.py").write_text(
+        "import json\n\ndef decode(data):\n    return json.loads(data)\n"
+    )
+    first, bad, last = committed(
+        ok(waltz(cluster, "append", "-p", "3", "-", stdin='{"a": 1}\nnot json\n[2]\n'))
+    )
+    common = ("--no-follow", "--from", str(first), "--decoder", "json_decoder:decode")
+    where = ("--config", str(cluster.client_config_path))
+    text = run_waltz_cli("tail", "-p", "3", *common, *where, cwd=tmp_path)
+    lines = ok(text).splitlines()
+    assert [line.split("\t")[0] for line in lines] == [str(first), str(bad), str(last)]
+    assert lines[1].endswith(
+        '\tdecode_error=JSONDecodeError: Expecting value: line 1 column 1 (char 0)\tdata="not json"'
+    )
+    assert lines[2].endswith("\tdata=[2]") and text.stderr == ""
+    documents = [json.loads(line) for line in ok(run_waltz_cli("tail", "-p", "3", *common, "--json", *where,
+                                                               cwd=tmp_path)).splitlines()]  # fmt: skip
+    assert [d.get("decoded") for d in documents] == [{"a": 1}, None, [2]]
+    assert documents[1]["decode_error"].startswith("JSONDecodeError: ") and "decoded" not in documents[1]
 
 
 def _read_lines(stream: object, lines: queue.Queue[str]) -> None:
@@ -307,19 +332,22 @@ def test_a_closed_pipe_ends_tail_quietly(cluster: LocalCluster) -> None:
 
 
 def test_zookeeper_down_gives_one_line_errors(cluster: LocalCluster, tmp_path: Path) -> None:
+    """Nothing listens at the address: every command fails at once, not after its timeout (which
+    is longer than the test waits for a command)."""
     nobody = f"127.0.0.1:{free_tcp_port()}"
     for command in (
         ["append", "-p", "1", "x"],
         ["tail", "-p", "1"],
         ["tail", "--all", "--no-follow"],
         ["client", "high-water-mark", "-p", "1"],
+        ["zk", "list", "--connect-timeout-ms", NEVER_MS],
     ):
-        result = run_waltz_cli(
-            *command, "-z", nobody, "-r", cluster.cluster_root, "--timeout-ms", MOUNT_TIMEOUT_MS, cwd=tmp_path
-        )
+        timeout = [] if "zk" in command else ["--timeout-ms", NEVER_MS]
+        result = run_waltz_cli(*command, "-z", nobody, "-r", cluster.cluster_root, *timeout, cwd=tmp_path)
         assert result.returncode == 1, result
         assert result.stderr == (
-            f"error: cannot connect to ZooKeeper at {nobody} (no answer within {MOUNT_TIMEOUT_MS} ms)\n"
+            f"error: cannot connect to ZooKeeper at {nobody} ({nobody} refused the connection): "
+            "is it running there? (`waltz dev up` starts a local cluster)\n"
         ), command
         assert result.stdout == ""
 

@@ -105,3 +105,34 @@ def test_foreground_up_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
             up.kill()
             up.wait(PROCESS_EXIT_TIMEOUT_S)
         LocalCluster.open(directory).down()
+
+
+def test_commands_find_the_dev_cluster_and_its_storage_directories(tmp_path: Path) -> None:
+    """Next to `dev up` (its default directory name): `server list` needs no --http, `spark
+    export` no -c, `dev status` names each storage directory and `inspect control` on a storage
+    node's directory says where its storage directory is."""
+    directory = tmp_path / ".waltz-dev"
+    topology = ["--storages", "1", "--servers", "1", "--partitions", "1"]
+    try:
+        ok(run_waltz_cli("dev", "up", "--detach", *topology, cwd=tmp_path))
+        status = ok(run_waltz_cli("dev", "status", cwd=tmp_path))
+        storage_line = next(line for line in status.splitlines() if line.startswith("storage-0"))
+        assert storage_line.endswith(f" data={directory.resolve() / 'storage-0' / 'data'}"), status
+        servers = json.loads(ok(run_waltz_cli("server", "list", "--json", cwd=tmp_path)))
+        assert servers["num_partitions"] == 1 and [p["partition"] for p in servers["partitions"]] == [0]
+
+        control = run_waltz_cli("inspect", "control", str(directory / "storage-0"), cwd=tmp_path)
+        assert control.returncode == 1 and control.stderr.count("\n") == 1
+        assert control.stderr.rstrip().endswith(
+            f"; the storage directory is {directory / 'storage-0' / 'data'}"
+        )
+
+        ok(run_waltz_cli("append", "-p", "0", "found", cwd=tmp_path))
+        export = run_waltz_cli("spark", "export", "-o", str(tmp_path / "out"), "--json", cwd=tmp_path)
+        assert json.loads(ok(export))["rows"] == 1
+    finally:
+        run_waltz_cli("dev", "down", "--clean", cwd=tmp_path)
+    assert not directory.exists()
+    nothing = run_waltz_cli("dev", "down", "--clean", cwd=tmp_path)
+    assert nothing.returncode == 0 and nothing.stderr == ""
+    assert nothing.stdout == "no dev cluster in .waltz-dev: nothing to stop\n"

@@ -23,11 +23,12 @@ from waltz_cli.options import (
     RootOption,
     ZooKeeperOption,
 )
-from waltz_cli.output import one_line_errors, print_json
+from waltz_cli.output import one_line_errors, print_json, usage_error
 from waltz_engine.common.address import HostPort, parse_host_port
 from waltz_engine.ops import cluster_ops
 from waltz_engine.ops.cluster_ops import ForcedAssignment
 from waltz_engine.ops.tool_config import load_settings
+from waltz_engine.ops.top import dev_cluster_http
 from waltz_engine.zk.connection import connect
 from waltz_engine.zk.partition_ranges import parse_partition_ranges
 
@@ -61,21 +62,34 @@ def register(app: typer.Typer) -> None:
 @one_line_errors
 def list_(
     http: Annotated[
-        str, typer.Option("--http", help="The server's HTTP address HOST:PORT (server.jetty.port).")
-    ],
+        str | None,
+        typer.Option(
+            "--http",
+            help="The server's HTTP address HOST:PORT (server.jetty.port); default: every server of "
+            "the local dev cluster.",
+        ),
+    ] = None,
     timeout_ms: TimeoutOption = cluster_ops.DEFAULT_TIMEOUT_MS,
     as_json: JsonOption = False,
 ) -> None:
     """List Waltz server partition information (its partitions and their storage nodes, from /metrics).
 
+    With --json and no --http: one document per server of the dev cluster (JSON lines).
+
+    Example: waltz server list
+
     Example: waltz server list --http localhost:55282
     """
-    found = cluster_ops.server_list(parse_host_port(http, "Http"), timeout_ms)
-    if as_json:
-        print_json(found.to_json())
-        return
-    for line in found.lines():
-        say(line)
+    addresses = [http] if http is not None else dev_cluster_http(None, ("servers",))
+    if not addresses:
+        usage_error("which server? give --http HOST:PORT (its server.jetty.port); no dev cluster here")
+    for address in addresses:
+        found = cluster_ops.server_list(parse_host_port(address, "Http"), timeout_ms)
+        if as_json:
+            print_json(found.to_json())
+            continue
+        for line in found.lines():
+            say(line)
 
 
 def _server_endpoint(

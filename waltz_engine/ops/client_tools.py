@@ -42,6 +42,7 @@ from waltz_engine.zk.connection import (
     KEY_CONNECT_STRING,
     KEY_CONNECT_TIMEOUT,
     NO_CONFIG_SOURCE,
+    refuse_unreachable,
 )
 from waltz_engine.zk.partition_ranges import not_in_cluster
 
@@ -97,6 +98,13 @@ def load_client_config(
     )
 
 
+async def _started(callbacks: WaltzClientCallbacks, config: WaltzClientConfig) -> WaltzClient:
+    """A started client; a ZooKeeper that refuses connections fails at once, not after the timeout."""
+    if config.zookeeper is not None:
+        await asyncio.to_thread(refuse_unreachable, config.zookeeper)
+    return await WaltzClient.create(callbacks, config)
+
+
 def _check_partition(client: WaltzClient, partition_id: int) -> None:
     if not 0 <= partition_id < client.num_partitions:
         raise ClientToolError(not_in_cluster([partition_id], client.num_partitions))
@@ -131,7 +139,7 @@ async def _client_from(
     callbacks: HighWaterMarks, config: WaltzClientConfig, partitions: Sequence[int], from_latest: bool
 ) -> WaltzClient:
     """A started client mounted on ``partitions``; ``from_latest`` starts at the servers' marks."""
-    client = await WaltzClient.create(callbacks, config)
+    client = await _started(callbacks, config)
     try:
         for partition_id in partitions:
             _check_partition(client, partition_id)
@@ -150,7 +158,7 @@ async def _client_from(
 async def high_water_marks(config: WaltzClientConfig, partitions: Sequence[int] | None) -> dict[int, int]:
     """The servers' high-water marks of ``partitions`` (None: every partition), in partition order
     (HIGH_WATER_MARK_REQUEST each)."""
-    client = await WaltzClient.create(HighWaterMarks(), replace(config, auto_mount=False))
+    client = await _started(HighWaterMarks(), replace(config, auto_mount=False))
     try:
         wanted = range(client.num_partitions) if partitions is None else sorted(set(partitions))
         for partition_id in wanted:
@@ -257,7 +265,7 @@ async def tail(
     (as Kafka's consumer does); without ``follow`` that partition is skipped with a ``note``.
     """
     callbacks = _TailCallbacks(with_data)
-    client = await WaltzClient.create(callbacks, replace(config, auto_mount=False))
+    client = await _started(callbacks, replace(config, auto_mount=False))
     try:
         partition_ids = list(range(client.num_partitions)) if partitions is None else list(partitions)
         for partition_id in partition_ids:

@@ -42,9 +42,11 @@ NO_VALUE = -1
 MS_PER_S = 1000
 
 
-def dev_cluster_http(client_config: Path | None) -> list[str]:
-    """The HTTP addresses of a dev cluster's nodes, when ``client_config`` is one's client.yml
-    (None: the config a command falls back to, the local dev cluster's when there is one)."""
+def dev_cluster_http(
+    client_config: Path | None, kinds: tuple[str, ...] = ("servers", "storages")
+) -> list[str]:
+    """The HTTP addresses of a dev cluster's nodes of ``kinds``, when ``client_config`` is one's
+    client.yml (None: the config a command falls back to, the local dev cluster's when there is one)."""
     client_config = resolve_config_path(client_config)
     if client_config is None:
         return []
@@ -53,9 +55,7 @@ def dev_cluster_http(client_config: Path | None) -> list[str]:
         state = json.loads(state_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return []
-    return [
-        f"{HOST}:{n['ports']['jetty_port']}" for kind in ("servers", "storages") for n in state.get(kind, [])
-    ]
+    return [f"{HOST}:{n['ports']['jetty_port']}" for kind in kinds for n in state.get(kind, [])]
 
 
 def _get(url: str) -> tuple[int, Any] | None:

@@ -409,7 +409,7 @@ class LocalCluster:
                 "storage.port": node.port,
                 "storage.admin.port": node.admin_port,
                 "storage.jetty.port": node.jetty_port,
-                "storage.directory": str(node.directory / "data"),
+                "storage.directory": str(node.data_directory),
                 **self.storage_config,
             }
             self._write_yaml(node.config_path, config)
