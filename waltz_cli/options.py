@@ -21,7 +21,8 @@ import typer.rich_utils
 from rich.markup import escape
 from typer.core import TyperGroup, TyperOption
 
-from waltz_cli.output import closed_pipe, err_console, usage_error
+from waltz_cli import INTERRUPTED_EXIT
+from waltz_cli.output import closed_pipe, err_console, fail, usage_error
 from waltz_engine.zk.partition_ranges import PartitionRangeError, parse_partition_ranges
 
 # The one meaning of each short flag (short → canonical long name).
@@ -110,15 +111,17 @@ def _rewrite_aliases(command: Any, args: list[str]) -> list[str]:
 
 
 class WaltzGroup(TyperGroup):
-    """A command group that understands the hidden aliases of :data:`ALIASES`, and ends a
-    command whose reader went away (`waltz zk list | head -1`) quietly with exit 0 (click's
-    own handling exits 1)."""
+    """A command group that understands the hidden aliases of :data:`ALIASES`, ends a command
+    whose reader went away (`waltz zk list | head -1`) quietly with exit 0 (click's own handling
+    exits 1), and a Ctrl-C that the command did not handle as one line with exit 130."""
 
     def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
         except BrokenPipeError:
             closed_pipe()
+        except KeyboardInterrupt:  # click would print "Aborted!" and exit 1
+            fail("interrupted", INTERRUPTED_EXIT)
 
     def resolve_command(self, ctx: Any, args: list[str]) -> tuple[str | None, Any, list[str]]:
         name, command, rest = super().resolve_command(ctx, args)

@@ -8,6 +8,7 @@ import queue
 import signal
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 from cluster_support import run_waltz_cli, waltz_cli_command
@@ -15,10 +16,13 @@ from cluster_support import run_waltz_cli, waltz_cli_command
 from waltz_engine.net.tls import TlsConfig, client_context
 from waltz_engine.ops.cluster_ops import read_cluster_view, verify
 from waltz_engine.ops.devcluster import LocalCluster
+from waltz_engine.ops.devcluster.nodes import ZOOKEEPER_DIR_NAME
 from waltz_engine.zk.connection import connect
+from waltz_engine.zk.server import PID_FILE_NAME
 
 READY_LINE_WAIT_S = 120.0
 PROCESS_EXIT_TIMEOUT_S = 60.0
+POLL_S = 0.05
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:
@@ -136,3 +140,28 @@ def test_commands_find_the_dev_cluster_and_its_storage_directories(tmp_path: Pat
     nothing = run_waltz_cli("dev", "down", "--clean", cwd=tmp_path)
     assert nothing.returncode == 0 and nothing.stderr == ""
     assert nothing.stdout == "no dev cluster in .waltz-dev: nothing to stop\n"
+
+
+def test_ctrl_c_while_a_detached_up_starts_stops_zookeeper(tmp_path: Path) -> None:
+    directory = tmp_path / "early"
+    up = subprocess.Popen(
+        waltz_cli_command("dev", "up", "--detach", "--dir", str(directory),
+                          "--storages", "1", "--servers", "1", "--partitions", "1"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        # ZooKeeper's pid file is written as it is launched; the JVM then takes seconds to answer.
+        deadline = time.monotonic() + READY_LINE_WAIT_S
+        pid_file = directory / ZOOKEEPER_DIR_NAME / PID_FILE_NAME
+        while not pid_file.exists():
+            assert up.poll() is None and time.monotonic() < deadline, up.communicate()
+            time.sleep(POLL_S)
+        up.send_signal(signal.SIGINT)
+        _, err = up.communicate(timeout=PROCESS_EXIT_TIMEOUT_S)
+        assert (up.returncode, err) == (130, "error: interrupted\n")
+        assert not LocalCluster.open(directory).is_running()
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait(PROCESS_EXIT_TIMEOUT_S)
+        LocalCluster.open(directory).down()
