@@ -13,8 +13,13 @@ the canonical flag before parsing and never shown in ``--help``.
 
 from __future__ import annotations
 
+import functools
+import inspect
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar, overload
 
 import typer
 import typer.rich_utils
@@ -23,7 +28,16 @@ from typer.core import TyperGroup, TyperOption
 
 from waltz_cli import INTERRUPTED_EXIT
 from waltz_cli.output import closed_pipe, err_console, fail, usage_error
+from waltz_engine.ops.tool_config import load_settings
+from waltz_engine.zk.connection import ZooKeeperSettings
 from waltz_engine.zk.partition_ranges import PartitionRangeError, parse_partition_ranges
+
+if TYPE_CHECKING:
+    from waltz_engine.client import WaltzClientConfig
+
+R = TypeVar("R")
+# The one default of --timeout-ms: every wait of a cluster command (ZooKeeper, servers, storage).
+DEFAULT_TIMEOUT_MS = 10_000
 
 # The one meaning of each short flag (short → canonical long name).
 SHORT_FLAGS: dict[str, str] = {
@@ -65,6 +79,7 @@ ALIASES: dict[str, str] = {
     "--limit": "--max",
     "--seconds": "--duration-s",
     "--duration": "--duration-s",
+    "--connect-timeout-ms": "--timeout-ms",
 }
 
 ENV_CONFIG = "WALTZ_CONFIG"
@@ -165,18 +180,91 @@ RootOption = Annotated[
         help="Cluster root znode, e.g. /waltz (overrides --config).",
     ),
 ]
-ClientTimeoutOption = Annotated[
+
+
+TimeoutMsOption = Annotated[
     int,
     typer.Option(
-        "--timeout-ms", min=1, help="Give up on an unreachable ZooKeeper or server after this long."
+        "--timeout-ms",
+        min=1,
+        help="Give up on ZooKeeper, a server or a storage node that does not answer in this long.",
     ),
 ]
-ConnectTimeoutOption = Annotated[
-    int | None,
-    typer.Option(
-        "--connect-timeout-ms", min=1, help="Give up connecting to ZooKeeper after this long (default 10000)."
-    ),
-]
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The options every cluster command shares (declared once, by :func:`cluster_command`):
+    where the cluster is and how long to wait for any part of it."""
+
+    config: Path | None = None
+    zookeeper: str | None = None
+    cluster_root: str | None = None
+    timeout_ms: int = DEFAULT_TIMEOUT_MS
+
+    def settings(self) -> ZooKeeperSettings:
+        """ZooKeeper's address, root and connect timeout from the flags, else the config file."""
+        return load_settings(self.config, self.zookeeper, self.cluster_root, self.timeout_ms)
+
+    def tls_context(self, ssl_config: Path | None = None) -> ssl.SSLContext:
+        """TLS to servers and storage nodes: ``--ssl-config``'s ``server.ssl.*`` keys when given,
+        else the ``ssl.*`` keys of ``--config``, as the original's tools read them."""
+        from waltz_engine.ops.cluster_ops import tools_ssl_context
+        from waltz_engine.storage.admin_ops import client_ssl_context
+
+        return client_ssl_context(ssl_config) if ssl_config is not None else tools_ssl_context(self.config)
+
+    def client_config(self) -> WaltzClientConfig:
+        """A client's config for the cluster, every wait bounded by the timeout."""
+        from waltz_engine.ops.client_tools import load_client_config  # the client only where used
+
+        return load_client_config(
+            self.config, zookeeper=self.zookeeper, cluster_root=self.cluster_root, timeout_ms=self.timeout_ms
+        )
+
+
+# The default a command's ``cluster`` parameter declares; :func:`cluster_command` always passes
+# the one the options make.
+FROM_OPTIONS = Cluster()
+_CLUSTER_PARAMETER = "cluster"
+_CLUSTER_OPTIONS = (("config", ConfigOption), ("zookeeper", ZooKeeperOption), ("cluster_root", RootOption))
+
+
+@overload
+def cluster_command(func: Callable[..., R]) -> Callable[..., R]: ...
+
+
+@overload
+def cluster_command(*, default_timeout_ms: int) -> Callable[[Callable[..., R]], Callable[..., R]]: ...
+
+
+def cluster_command(
+    func: Callable[..., R] | None = None, *, default_timeout_ms: int = DEFAULT_TIMEOUT_MS
+) -> Any:
+    """Give a command the shared cluster options: its ``cluster: Cluster`` parameter becomes
+    ``-c/-z/-r/--timeout-ms`` on the command line, and one :class:`Cluster` in the call.
+    ``@cluster_command``, or ``@cluster_command(default_timeout_ms=...)`` for a longer wait."""
+
+    def decorate(command: Callable[..., R]) -> Callable[..., R]:
+        signature = inspect.signature(command, eval_str=True)
+        kept = [p for name, p in signature.parameters.items() if name != _CLUSTER_PARAMETER]
+        keyword = inspect.Parameter.KEYWORD_ONLY
+        added = [inspect.Parameter(name, keyword, default=None, annotation=a) for name, a in _CLUSTER_OPTIONS]
+        added.append(
+            inspect.Parameter("timeout_ms", keyword, default=default_timeout_ms, annotation=TimeoutMsOption)
+        )
+
+        @functools.wraps(command)
+        def wrapper(*args: Any, **kwargs: Any) -> R:
+            given = {p.name: kwargs.pop(p.name) for p in added}
+            return command(*args, cluster=Cluster(**given), **kwargs)
+
+        wrapper.__signature__ = signature.replace(parameters=[*kept, *added])  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in (*kept, *added)}
+        return wrapper
+
+    return decorate if func is None else decorate(func)
+
 
 # --- what to print ------------------------------------------------------------------------------
 

@@ -15,11 +15,11 @@ from waltz_cli.options import (
     ENV_CLUSTER_ROOT,
     ENV_CONFIG,
     ENV_ZOOKEEPER,
-    ConfigOption,
+    FROM_OPTIONS,
+    Cluster,
     JsonOption,
-    RootOption,
     SslConfigOption,
-    ZooKeeperOption,
+    cluster_command,
 )
 from waltz_cli.output import console, err_console, fail, one_line_errors, print_json
 from waltz_engine.bench import crc_bench, engine_bench
@@ -138,6 +138,7 @@ def crc(as_json: JsonOption = False) -> None:
 
 @app.command("storage")
 @one_line_errors
+@cluster_command
 def storage(
     directory: Annotated[
         Path,
@@ -172,9 +173,7 @@ def storage(
     partition: Annotated[
         int, typer.Option("--partition", "-p", min=0, help="Partition of --storage to append to.")
     ] = 0,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
+    cluster: Cluster = FROM_OPTIONS,
     ssl_config: SslConfigOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -189,7 +188,6 @@ def storage(
     import tempfile
 
     from waltz_engine.bench import storage_node
-    from waltz_engine.ops.tool_config import load_settings
     from waltz_engine.storage import admin_ops
     from waltz_engine.zk.connection import connect
 
@@ -214,10 +212,12 @@ def storage(
         if admin_port is None:
             fail("--storage needs --admin-port")
         address = parse_host_port(storage_address, "Storage", "host:data_port")
-        settings = load_settings(config, zookeeper, cluster_root)
+        settings = cluster.settings()
         with connect(settings) as client:
             layout = admin_ops.read_store_layout(client, settings.cluster_root)
-        target = storage_node.NodeTarget(address, admin_port, layout.context(ssl_context), partition)
+        target = storage_node.NodeTarget(
+            address, admin_port, layout.context(ssl_context, cluster.timeout_ms), partition
+        )
         result = measure(target, False)
     else:
         with tempfile.TemporaryDirectory(prefix="waltz-bench-storage-", dir=directory) as work:

@@ -15,20 +15,19 @@ from typing import Annotated, Any
 import typer
 
 from waltz_cli.options import (
+    FROM_OPTIONS,
     AllPartitionsOption,
-    ClientTimeoutOption,
-    ConfigOption,
+    Cluster,
     JsonOption,
     OptionalPartitionsOption,
     PartitionOption,
-    RootOption,
-    ZooKeeperOption,
     chosen_partitions,
+    cluster_command,
 )
 from waltz_cli.output import fail, note, one_line_errors, print_json
 from waltz_engine.common.decoder import Decoder, load_decoder, try_decode
 from waltz_engine.ops import client_tools
-from waltz_engine.ops.client_tools import DEFAULT_TIMEOUT_MS, AppendItem, TailedTransaction, TailRange
+from waltz_engine.ops.client_tools import AppendItem, TailedTransaction, TailRange
 
 STDIN = "-"
 INTERRUPTED = 130
@@ -92,6 +91,7 @@ def _render(
 
 
 @one_line_errors
+@cluster_command
 def tail(
     partition: OptionalPartitionsOption = None,
     every: AllPartitionsOption = False,
@@ -128,10 +128,7 @@ def tail(
         ),
     ] = None,
     as_json: JsonOption = False,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    timeout_ms: ClientTimeoutOption = DEFAULT_TIMEOUT_MS,
+    cluster: Cluster = FROM_OPTIONS,
 ) -> None:
     """Print transactions (id, header, reqId, data) of one or more partitions as they are committed.
 
@@ -147,16 +144,14 @@ def tail(
     partitions = chosen_partitions(partition, every)
     decode = load_decoder(decoder) if decoder is not None else None
     span = TailRange(None if from_latest else from_transaction, to_transaction, max_transactions)
-    client_config = client_tools.load_client_config(
-        config, zookeeper=zookeeper, cluster_root=cluster_root, timeout_ms=timeout_ms
-    )
+    client_config = cluster.client_config()
     stream = client_tools.tail(
         client_config,
         partitions,
         span=span,
         follow=follow,
         with_data=data or decode is not None,
-        timeout_ms=timeout_ms,
+        timeout_ms=cluster.timeout_ms,
         note=note,
     )
     run_async(stream, _render(decode, as_json, with_partition=partitions is None or len(partitions) > 1))
@@ -171,6 +166,7 @@ def _items(data: str | None, header: int, locks: tuple[Any, ...]) -> Iterator[Ap
 
 
 @one_line_errors
+@cluster_command
 def append(
     partition: PartitionOption,
     data: Annotated[
@@ -179,10 +175,7 @@ def append(
     header: Annotated[int, typer.Option("--header", help="The transaction header (int32).")] = 0,
     lock: Annotated[list[str] | None, typer.Option("--lock", help="Write lock NAME:ID (repeatable).")] = None,
     as_json: JsonOption = False,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    timeout_ms: ClientTimeoutOption = DEFAULT_TIMEOUT_MS,
+    cluster: Cluster = FROM_OPTIONS,
 ) -> None:
     """Append one transaction (or one per stdin line) to one partition and print each committed
     transaction id ("partition 1: committed transaction 42").
@@ -196,10 +189,10 @@ def append(
     if not -(2**31) <= header < 2**31:
         fail(f"--header must be an int32, got {header}")
     locks = tuple(client_tools.parse_lock(text) for text in lock or [])
-    client_config = client_tools.load_client_config(
-        config, zookeeper=zookeeper, cluster_root=cluster_root, timeout_ms=timeout_ms
+    client_config = cluster.client_config()
+    stream = client_tools.append(
+        client_config, partition, _items(data, header, locks), timeout_ms=cluster.timeout_ms
     )
-    stream = client_tools.append(client_config, partition, _items(data, header, locks), timeout_ms=timeout_ms)
 
     def show(transaction_id: int) -> None:
         if as_json:

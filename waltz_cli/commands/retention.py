@@ -15,18 +15,16 @@ from rich.table import Table
 
 from waltz_cli import options
 from waltz_cli.options import (
-    ConfigOption,
-    ConnectTimeoutOption,
+    FROM_OPTIONS,
+    Cluster,
     JsonOption,
     PartitionOption,
-    RootOption,
     SslConfigOption,
-    ZooKeeperOption,
+    cluster_command,
 )
 from waltz_cli.output import console, fail, one_line_errors, print_json
 from waltz_engine.common.config import DEV_CLUSTER_DIRECTORY
 from waltz_engine.ops.retention_report import RetentionReport, read_retentions, replica_starts, segments_below
-from waltz_engine.ops.tool_config import load_settings
 from waltz_engine.storage import admin_ops
 from waltz_engine.storage.network_reader import ClusterAccess, committed_high_water_marks
 from waltz_engine.zk import retention
@@ -53,6 +51,7 @@ def _check_partition(partition: int, num_partitions: int) -> None:
 
 @app.command("set")
 @one_line_errors
+@cluster_command
 def set_(
     partition: PartitionOption,
     before: Annotated[int, typer.Option("--before", help="Records below this txid may be removed.")],
@@ -75,10 +74,7 @@ def set_(
             help="A storage node's data directory for --dry-run (repeat; default: the dev cluster's).",
         ),
     ] = None,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
+    cluster: Cluster = FROM_OPTIONS,
 ) -> None:
     """Let the storage nodes remove records of a partition below --before (unexported ones stay).
 
@@ -91,7 +87,7 @@ def set_(
     """
     if before < 0:
         fail(f"--before must not be negative, got {before}")
-    settings = load_settings(config, zookeeper, cluster_root, connect_timeout_ms)
+    settings = cluster.settings()
     with connect(settings) as client:
         layout = admin_ops.read_store_layout(client, settings.cluster_root)
         _check_partition(partition, layout.num_partitions)
@@ -126,18 +122,16 @@ def _dry_run(partition: int, limit: int, before: int, storage_dirs: list[Path] |
 
 @app.command("clear")
 @one_line_errors
+@cluster_command
 def clear(
     partition: PartitionOption,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
+    cluster: Cluster = FROM_OPTIONS,
 ) -> None:
     """Remove the bound of a partition: nothing more is removed (removed records do not come back).
 
     Example: waltz retention clear -z 127.0.0.1:2181 -r /waltz --partition 0
     """
-    settings = load_settings(config, zookeeper, cluster_root, connect_timeout_ms)
+    settings = cluster.settings()
     with connect(settings) as client:
         existed = retention.clear_retention_bound(client, settings.cluster_root, partition)
     console.print(f"partition {partition}: " + ("bound cleared" if existed else "had no bound"))
@@ -145,29 +139,21 @@ def clear(
 
 @app.command("show")
 @one_line_errors
+@cluster_command
 def show(
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
+    cluster: Cluster = FROM_OPTIONS,
     ssl_config: SslConfigOption = None,
-    timeout_ms: Annotated[
-        int,
-        typer.Option(
-            "--timeout-ms", min=1, help="Give up on a storage node that does not answer in this long."
-        ),
-    ] = DEFAULT_TIMEOUT_MS,
     as_json: JsonOption = False,
 ) -> None:
     """Per partition: the bound, export watermarks, the effective bound and each replica's first txid.
 
     Example: waltz retention show -z 127.0.0.1:2181 -r /waltz
     """
-    settings = load_settings(config, zookeeper, cluster_root, connect_timeout_ms)
+    settings = cluster.settings()
     with connect(settings) as client:
         layout = admin_ops.read_store_layout(client, settings.cluster_root)
         partitions = read_retentions(client, settings.cluster_root, layout)
-    replicas = asyncio.run(replica_starts(layout, admin_ops.client_ssl_context(ssl_config), timeout_ms))
+    replicas = asyncio.run(replica_starts(layout, cluster.tls_context(ssl_config), cluster.timeout_ms))
     report = RetentionReport(partitions, replicas)
     if as_json:
         print_json(report.to_json())
