@@ -48,6 +48,20 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
+_SIZE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+_SIZE_STEP = 1024
+
+
+def human_size(size_bytes: int) -> str:
+    """A size for people (tables and text): ``137801`` → ``134.6 KiB``; --json keeps exact bytes."""
+    value = float(size_bytes)
+    for unit in _SIZE_UNITS:
+        if abs(value) < _SIZE_STEP or unit == _SIZE_UNITS[-1]:
+            return f"{size_bytes} B" if unit == _SIZE_UNITS[0] else f"{value:.1f} {unit}"
+        value /= _SIZE_STEP
+    raise AssertionError("unreachable: the last unit always returns")
+
+
 def print_json(value: Any) -> None:
     """One JSON document on stdout, stable key order as given."""
     sys.stdout.write(json.dumps(value, ensure_ascii=False) + "\n")

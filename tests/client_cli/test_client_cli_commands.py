@@ -119,15 +119,20 @@ def _read_lines(stream: object, lines: queue.Queue[str]) -> None:
         lines.put(line)
 
 
-def test_tail_from_latest_sees_only_new_transactions(cluster: LocalCluster) -> None:
-    [old] = committed(ok(waltz(cluster, "append", "-p", "2", "old")))
+def _following_tail(cluster: LocalCluster, *args: str) -> tuple[subprocess.Popen[str], queue.Queue[str]]:
+    """A `waltz tail ARGS` process and the queue its output lines arrive in."""
     tail = subprocess.Popen(
-        waltz_cli_command("tail", "-p", "2", "--from-latest", "--json",
-         "--config", str(cluster.client_config_path)),
+        waltz_cli_command("tail", *args, "--config", str(cluster.client_config_path)),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=_read_lines, args=(tail.stdout, lines), daemon=True).start()
+    return tail, lines
+
+
+def test_tail_from_latest_sees_only_new_transactions(cluster: LocalCluster) -> None:
+    [old] = committed(ok(waltz(cluster, "append", "-p", "2", "old")))
+    tail, lines = _following_tail(cluster, "-p", "2", "--from-latest", "--json")
     try:
         # The tail may start before or after an append: append until it shows one.
         appended: list[int] = []
@@ -443,13 +448,7 @@ def test_tail_follow_waits_for_a_from_beyond_the_end(cluster: LocalCluster) -> N
     if missing > 0:
         ok(waltz(cluster, "append", "-p", "1", "-", stdin="lead\n" * missing))
     wanted = marks[2] + 2
-    tail = subprocess.Popen(
-        waltz_cli_command("tail", "-p", "1,2", "--from", str(wanted), "--json", "--data",
-                          "--config", str(cluster.client_config_path)),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=_read_lines, args=(tail.stdout, lines), daemon=True).start()
+    tail, lines = _following_tail(cluster, "-p", "1,2", "--from", str(wanted), "--json", "--data")
     try:
         first = json.loads(lines.get(timeout=CLI_WAIT_S))
         assert (first["partition"], first["transaction_id"]) == (1, wanted)

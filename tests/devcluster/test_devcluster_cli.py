@@ -78,6 +78,14 @@ def _read_lines(stream: object, lines: queue.Queue[str]) -> None:
         lines.put(line)
 
 
+def _stop(up: subprocess.Popen[str], directory: Path) -> None:
+    """Whatever the test's end: no `dev up` left running, nor anything it started."""
+    if up.poll() is None:
+        up.kill()
+        up.wait(PROCESS_EXIT_TIMEOUT_S)
+    LocalCluster.open(directory).down()
+
+
 def test_foreground_up_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
     directory = tmp_path / "fg"
     up = subprocess.Popen(
@@ -105,10 +113,7 @@ def test_foreground_up_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
         assert code == 0, up.stderr.read() if up.stderr else ""
         assert not LocalCluster.open(directory).is_running()
     finally:
-        if up.poll() is None:
-            up.kill()
-            up.wait(PROCESS_EXIT_TIMEOUT_S)
-        LocalCluster.open(directory).down()
+        _stop(up, directory)
 
 
 def test_commands_find_the_dev_cluster_and_its_storage_directories(tmp_path: Path) -> None:
@@ -161,7 +166,4 @@ def test_ctrl_c_while_a_detached_up_starts_stops_zookeeper(tmp_path: Path) -> No
         assert (up.returncode, err) == (130, "error: interrupted\n")
         assert not LocalCluster.open(directory).is_running()
     finally:
-        if up.poll() is None:
-            up.kill()
-            up.wait(PROCESS_EXIT_TIMEOUT_S)
-        LocalCluster.open(directory).down()
+        _stop(up, directory)

@@ -18,7 +18,7 @@ from waltz_cli.options import (
     JsonOption,
     cluster_command,
 )
-from waltz_cli.output import console, counting_progress, one_line_errors, print_json
+from waltz_cli.output import console, counting_progress, human_size, one_line_errors, print_json
 from waltz_engine.net.tls import TlsConfig
 from waltz_engine.ops.backup import (
     DEFAULT_SEGMENT_SIZE_BYTES,
@@ -162,9 +162,11 @@ def restore(
         print_json(summary.to_json())
         return
     for p, span in sorted(summary.partitions.items()):
-        console.print(f"partition {p}: transactions {span['first_txid']}..{span['last_txid']}")
+        first, last = span["first_txid"], span["last_txid"]
+        held = f"transactions {first}..{last}" if last >= first else "no transactions (empty partition)"
+        console.print(f"partition {p}: {held}")
     console.print(
-        f"restored backup {summary.sequence} into {to}: {summary.files} file(s), {summary.bytes} bytes"
+        f"restored backup {summary.sequence} into {to}: {summary.files} file(s), {human_size(summary.bytes)}"
     )
 
 
@@ -179,7 +181,7 @@ def list_(url: UrlArgument, as_json: JsonOption = False) -> None:
     if as_json:
         print_json(described)
         return
-    table = Table("partition", "first txid", "last txid", "records", "segments", "bytes")
+    table = Table("partition", "first txid", "last txid", "records", "segments", "size")
     for p in described["partitions"]:
         table.add_row(
             str(p["partition"]),
@@ -187,11 +189,11 @@ def list_(url: UrlArgument, as_json: JsonOption = False) -> None:
             str(p["last_txid"]),
             str(p["records"]),
             str(p["segments"]),
-            str(p["bytes"]),
+            human_size(p["bytes"]),
         )
     table.caption = (
         f"backup {described['sequence']} of cluster {described['cluster_key']} "
         f"({described['cluster_root']}), "
-        f"made {_when(described['created_ms'])}; {described['runs']} run(s), {described['bytes']} bytes"
+        f"made {_when(described['created_ms'])}; {described['runs']} run(s), {human_size(described['bytes'])}"
     )
     console.print(table)
