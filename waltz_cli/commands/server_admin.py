@@ -77,7 +77,7 @@ def list_(
 
     Example: waltz server list --http localhost:55282
     """
-    addresses = [http] if http is not None else dev_cluster_http(None, ("servers",))
+    addresses = [http] if http is not None else list(dev_cluster_http(None, ("servers",)))
     if not addresses:
         usage_error("which server? give --http HOST:PORT (its server.jetty.port); no dev cluster here")
     for address in addresses:

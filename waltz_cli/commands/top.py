@@ -57,7 +57,8 @@ def top(
     Example: waltz top -i 5000 --json > cluster.jsonl
     """
     settings = cluster.settings()
-    addresses = list(http or []) or dev_cluster_http(cluster.config)
+    # A node given by --http is named by it; a dev cluster's by their data (or client) address.
+    addresses = {address: address for address in http or []} or dev_cluster_http(cluster.config)
     interval_s = interval_ms / MS_PER_S
     try:
         if once:
