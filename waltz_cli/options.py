@@ -66,8 +66,10 @@ ALIASES: dict[str, str] = {
     "--cli-config-path": "--config",
     "-sp": "--storage-port",
     "-dp": "--destination-storage-port",
-    "-sssl": "--source-ssl-config-path",
-    "-dssl": "--destination-ssl-config-path",
+    "-sssl": "--source-ssl-config",
+    "--source-ssl-config-path": "--source-ssl-config",
+    "-dssl": "--destination-ssl-config",
+    "--destination-ssl-config-path": "--destination-ssl-config",
     "-tpc": "--txn-per-client",
     "-nc": "--num-clients",
     "-ap": "--num-active-partitions",
@@ -80,6 +82,7 @@ ALIASES: dict[str, str] = {
     "--seconds": "--duration-s",
     "--duration": "--duration-s",
     "--connect-timeout-ms": "--timeout-ms",
+    "--wait-timeout-ms": "--timeout-ms",
 }
 
 ENV_CONFIG = "WALTZ_CONFIG"
@@ -91,12 +94,19 @@ CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"]}
 _display_type_rich = TyperOption.display_type_rich
 
 
-def _no_placeholder_on_switches(self: TyperOption, ctx: Any) -> str | None:
-    """A switch takes no value: typer >= 0.29 shows ``<bool>`` beside it, which reads as one."""
-    return None if self.is_flag else _display_type_rich(self, ctx)
+def _short_placeholder(self: TyperOption, ctx: Any) -> str | None:
+    """None for a switch (it takes no value: typer >= 0.29 shows ``<bool>``, which reads as one),
+    and ``<int>`` for a ranged number: typer's ``<int range> [x>=1]`` takes the columns the option
+    names and their help need at 80 columns (the range is still checked, with a one-line error)."""
+    if self.is_flag:
+        return None
+    if self.type_descriptor.is_ranged:
+        return f"<{self.type_descriptor.ranged_type_name}>"
+    return _display_type_rich(self, ctx)
 
 
-TyperOption.display_type_rich = _no_placeholder_on_switches  # type: ignore[method-assign]
+TyperOption.display_type_rich = _short_placeholder  # type: ignore[method-assign]
+typer.rich_utils.RANGE_STRING = ""  # see _short_placeholder
 
 
 def _one_line_usage_error(error: Any) -> None:  # typer's own (vendored) click.ClickException

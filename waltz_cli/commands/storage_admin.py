@@ -413,11 +413,11 @@ def recover_partition(
     ] = admin_ops.DEFAULT_RECOVERY_BATCH_SIZE,
     source_ssl_config: Annotated[
         Path | None,
-        typer.Option("--source-ssl-config-path", help="server.ssl.* YAML for the source node."),
+        typer.Option("--source-ssl-config", help="server.ssl.* YAML for the source node."),
     ] = None,
     destination_ssl_config: Annotated[
         Path | None,
-        typer.Option("--destination-ssl-config-path", help="server.ssl.* YAML for the destination node."),
+        typer.Option("--destination-ssl-config", help="server.ssl.* YAML for the destination node."),
     ] = None,
     cluster: Cluster = FROM_OPTIONS,
     ssl_config: SslConfigOption = None,

@@ -87,7 +87,7 @@ def start(
         bool, typer.Option("--daemon", help="Run in the background; return once it answers.")
     ] = False,
     wait_timeout_ms: Annotated[
-        int, typer.Option("--wait-timeout-ms", min=1, help="How long to wait for it to answer.")
+        int, typer.Option("--timeout-ms", min=1, help="How long to wait for it to answer.")
     ] = START_TIMEOUT_MS,
 ) -> None:
     """Start a standalone ZooKeeper from the jars bundled with pyspark (needs Java 17).
