@@ -150,3 +150,16 @@ def test_every_cluster_command_has_one_timeout_flag_and_the_old_name_is_hidden()
     assert timed >= 30
     result = CliRunner().invoke(app, ["zk", "list", "--connect-timeout-ms", "0"])
     assert result.exit_code == 2 and "'--timeout-ms'" in result.stderr  # the alias reaches the flag
+
+
+def test_a_default_is_stated_once() -> None:
+    """Help that names its default in words is not followed by typer's own ``[default: ...]``."""
+    for path, command in LEAVES.items():
+        for option in options(command):
+            says_default = "default" in (option.help or "").lower()
+            shown = (
+                option.default is not None
+                and option.default is not False
+                and option.show_default is not False
+            )
+            assert not (says_default and shown and not option.hidden), f"{path} {option.opts[0]}"

@@ -100,8 +100,8 @@ def tail(
         typer.Option(
             "--from",
             min=0,
-            help="First transaction id to print (default: the beginning); waited for when following, "
-            "a partition that does not reach it is skipped with --no-follow.",
+            help="First transaction id to print; waited for when following, a partition that does not "
+            "reach it is skipped with --no-follow.",
         ),
     ] = 0,
     from_latest: Annotated[
