@@ -198,7 +198,7 @@ def test_clear_errors(cluster: LocalCluster, tmp_path: Path) -> None:
         "(see 'waltz tail -h')\n"
     )
     backwards = waltz(cluster, "tail", "-p", "1", "--from", "5", "--to", "4")
-    assert backwards.returncode == 1 and backwards.stderr == "error: --to 4 is before --from 5\n"
+    assert backwards.returncode == 2 and backwards.stderr == "error: --to 4 is before --from 5\n"
     bad_lock = waltz(cluster, "append", "-p", "1", "--lock", "nolockid", "x")
     assert "lock must be NAME:ID" in bad_lock.stderr
 

@@ -24,10 +24,10 @@ from waltz_cli.options import (
     chosen_partitions,
     cluster_command,
 )
-from waltz_cli.output import fail, note, one_line_errors, print_json
+from waltz_cli.output import note, one_line_errors, print_json, usage_error
 from waltz_engine.common.decoder import Decoder, load_decoder, try_decode
 from waltz_engine.ops import client_tools
-from waltz_engine.ops.client_tools import AppendItem, TailedTransaction, TailRange
+from waltz_engine.ops.client_tools import AppendItem, ClientToolError, TailedTransaction, TailRange
 
 STDIN = "-"
 INTERRUPTED = 130
@@ -143,7 +143,10 @@ def tail(
     """
     partitions = chosen_partitions(partition, every)
     decode = load_decoder(decoder) if decoder is not None else None
-    span = TailRange(None if from_latest else from_transaction, to_transaction, max_transactions)
+    try:
+        span = TailRange(None if from_latest else from_transaction, to_transaction, max_transactions)
+    except ClientToolError as e:  # flags that contradict each other: a usage error
+        usage_error(str(e))
     client_config = cluster.client_config()
     stream = client_tools.tail(
         client_config,
@@ -187,7 +190,7 @@ def append(
     Example: waltz append -p 1 --json - < lines.txt
     """
     if not -(2**31) <= header < 2**31:
-        fail(f"--header must be an int32, got {header}")
+        usage_error(f"--header must be an int32, got {header}")
     locks = tuple(client_tools.parse_lock(text) for text in lock or [])
     client_config = cluster.client_config()
     stream = client_tools.append(
