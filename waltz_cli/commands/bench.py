@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -394,6 +394,11 @@ def producers_command(
                 mount_from_latest=mount_from_latest,
                 watchers=watchers,
             )
+    _report(result, storages, as_json)
+
+
+def _report(result: Any, storages: int, as_json: bool) -> None:
+    """A producers or consumers run: JSON with the machine, or the original's report lines."""
     if as_json:
         print_json({"machine": _machine(), "storages": storages, "result": result.to_json()})
         return
@@ -427,11 +432,7 @@ def consumers_command(
     running = producers.RunningCluster(config, zookeeper, cluster_root)
     with producers.bench_cluster(running, directory, storages, partitions, _progress) as cluster:
         result = consumers.run(cluster, txn_size=txn_size, txns=txns, partitions=partitions)
-    if as_json:
-        print_json({"machine": _machine(), "storages": storages, "result": result.to_json()})
-        return
-    for line in result.report_lines():
-        console.print(line, markup=False, highlight=False)
+    _report(result, storages, as_json)
 
 
 @app.command("export")
