@@ -30,7 +30,14 @@ from pyspark.sql import SparkSession
 
 from spark import commit
 from spark.datasource import register
-from spark.export_task import ExportTask, TaskResult, run_task, split
+from spark.export_task import (
+    ON_DECODE_ERROR_CHOICES,
+    ON_DECODE_ERROR_FAIL,
+    ExportTask,
+    TaskResult,
+    run_task,
+    split,
+)
 from spark.layout import NO_TRANSACTION, discover
 from spark.plan import PartitionPlan, ReadOptions, plan
 from spark.progress import CountsParam, PartitionCounts, ProgressCallback, snapshot
@@ -87,6 +94,7 @@ class ExportConfig:
     read_options: dict[str, str]
     format: str = FORMAT_PARQUET
     decoder: str | None = None
+    on_decode_error: str = ON_DECODE_ERROR_FAIL
     incremental: bool = False
     export_id: str | None = None
 
@@ -255,7 +263,9 @@ def _write_staged(
     staging.mkdir(parents=True)
     context = session.sparkContext
     tasks = [
-        ExportTask(part, str(staging), options.on_corrupt, config.decoder, os.getcwd())
+        ExportTask(
+            part, str(staging), options.on_corrupt, config.decoder, os.getcwd(), config.on_decode_error
+        )
         for part in split([s for p in plans for s in p.slices], context.defaultParallelism)
     ]
     try:
@@ -292,6 +302,11 @@ def check_config(config: ExportConfig) -> ReadOptions:
     partitions, the cluster or the directories); the parsed read options."""
     if config.format not in FORMATS:
         raise ExportError(f"format must be one of {', '.join(FORMATS)}, got {config.format!r}")
+    if config.on_decode_error not in ON_DECODE_ERROR_CHOICES:
+        raise ExportError(
+            f"--on-decode-error must be one of {', '.join(ON_DECODE_ERROR_CHOICES)}, "
+            f"got {config.on_decode_error!r}"
+        )
     options = ReadOptions.parse(config.read_options)
     check_output(config.output)
     if options.directories:

@@ -31,9 +31,16 @@ from spark.network import read_part
 from spark.plan import Slice
 from spark.progress import CountBatch
 from spark.schema import COLUMN_DATA, COLUMN_DECODED, COLUMN_PARTITION, COLUMN_TRANSACTION_ID
+from waltz_engine.common.errors import WaltzError
 from waltz_engine.common.fileio import fsync_file
 
 PARQUET_SUFFIX = ".parquet"
+# What a record the --decoder cannot read does (--on-decode-error): end the export naming it,
+# leave the record out, or keep it with a null "decoded" (its bytes are in "data" as ever).
+ON_DECODE_ERROR_FAIL = "fail"
+ON_DECODE_ERROR_SKIP = "skip"
+ON_DECODE_ERROR_RAW = "raw"
+ON_DECODE_ERROR_CHOICES = (ON_DECODE_ERROR_FAIL, ON_DECODE_ERROR_SKIP, ON_DECODE_ERROR_RAW)
 # Rows per task: a file of at most this many rows, and the unit Spark balances over cores.
 TASK_MAX_ROWS = 1_000_000
 # A slice is not split below this many rows only to occupy an idle core (tiny files cost more
@@ -58,6 +65,12 @@ class ExportTask:
     on_corrupt: str
     decoder: str | None = None  # module:function adding the "decoded" column
     decoder_path: str | None = None  # where the driver found the decoder's module
+    on_decode_error: str = ON_DECODE_ERROR_FAIL
+
+
+class DecoderFailedError(WaltzError):
+    """The --decoder raised on a record and --on-decode-error is fail (its name ends in Error:
+    the driver finds it in Spark's report of the failed task)."""
 
 
 @dataclass(frozen=True)
@@ -127,12 +140,24 @@ def _output_batches(task: ExportTask) -> Iterator[pa.RecordBatch]:
         return
     if task.decoder_path is not None and task.decoder_path not in sys.path:
         sys.path.append(task.decoder_path)
-    from waltz_engine.common.decoder import load_decoder
+    from waltz_engine.common.decoder import load_decoder, try_decode
 
     decode = load_decoder(task.decoder)
     for batch in batches:
-        values = [_as_text(decode(d)) for d in batch.column(COLUMN_DATA).to_pylist()]
-        yield batch.append_column(COLUMN_DECODED, pa.array(values, type=pa.string()))
+        values: list[str | None] = []
+        keep: list[bool] = []
+        txids = batch.column(COLUMN_TRANSACTION_ID).to_pylist()
+        for txid, data in zip(txids, batch.column(COLUMN_DATA).to_pylist(), strict=True):
+            decoded, error = try_decode(decode, data)
+            if error is not None and task.on_decode_error == ON_DECODE_ERROR_FAIL:
+                raise DecoderFailedError(
+                    f"--decoder {task.decoder} cannot read partition {task.part.partition_id} "
+                    f"transaction {txid} ({error}); --on-decode-error skip or raw exports the rest"
+                )
+            keep.append(error is None or task.on_decode_error == ON_DECODE_ERROR_RAW)
+            values.append(None if error is not None else _as_text(decoded))
+        decoded_batch = batch.append_column(COLUMN_DECODED, pa.array(values, type=pa.string()))
+        yield decoded_batch if all(keep) else decoded_batch.filter(pa.array(keep))
 
 
 def _as_text(value: object) -> str:

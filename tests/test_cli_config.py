@@ -40,7 +40,13 @@ def test_a_misspelled_config_key_is_warned_about_once(zookeeper: str, tmp_path: 
     root, key = create_test_cluster(zookeeper, 2)
     config = write_yaml(
         tmp_path / "tools.yml",
-        {"zookeeper.connectString": zookeeper, "cluster.root": root, "zookeeper.sesionTimeout": 5000},
+        {
+            "zookeeper.connectString": zookeeper,
+            "cluster.root": root,
+            "zookeeper.sesionTimeout": 5000,
+            # The client's TLS keys are read by `append` and `tail`: never "unknown".
+            "client.ssl.keyStore.location": str(tmp_path / "client.jks"),
+        },
     )
     result = waltz("zk", "show-cluster-key", "-c", str(config), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -48,6 +54,8 @@ def test_a_misspelled_config_key_is_warned_about_once(zookeeper: str, tmp_path: 
     warnings = [line for line in result.stderr.splitlines() if "zookeeper.sesionTimeout" in line]
     assert len(warnings) == 1, result.stderr
     assert warnings[0].startswith("warning: ") and "unknown config key" in warnings[0]
+    assert warnings[0].endswith("did you mean 'zookeeper.sessionTimeout'?)")
+    assert "client.ssl" not in result.stderr
 
 
 def test_the_dev_cluster_config_is_the_fallback_and_flags_and_env_win(zookeeper: str, tmp_path: Path) -> None:

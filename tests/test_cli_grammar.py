@@ -28,6 +28,7 @@ ENV_OF = {
 # Flags that are a time: the unit is in the name (`--timeout-ms`, `--duration-s`).
 TIME_WORDS = ("timeout", "interval", "duration", "delay", "seconds", "wait")
 TIME_UNITS = ("-ms", "-s", "-seconds", "-minutes")
+HELP_WIDTH_COLUMNS = 80
 
 
 def leaves(command: Any = ROOT, path: tuple[str, ...] = ("waltz",)) -> Iterator[tuple[str, Any]]:
@@ -127,3 +128,38 @@ def test_cluster_commands_find_the_cluster_the_same_way() -> None:
 def test_hidden_aliases_are_accepted(argv: list[str], expected: int) -> None:
     result = CliRunner().invoke(app, argv)
     assert result.exit_code == expected, result.output
+
+
+@pytest.mark.parametrize("path", sorted(LEAVES))
+def test_help_fits_80_columns_without_cutting_a_word(path: str) -> None:
+    """At 80 columns (a small terminal, or a pipe) no option name or help word is cut short with
+    an ellipsis, and no line is wider than the terminal."""
+    result = CliRunner().invoke(app, [*path.split()[1:], "--help"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.output, result.output
+    assert max(len(line) for line in result.output.splitlines()) <= HELP_WIDTH_COLUMNS
+
+
+def test_every_cluster_command_has_one_timeout_flag_and_the_old_name_is_hidden() -> None:
+    timed = 0
+    for path, command in LEAVES.items():
+        flags = [n for o in options(command) for n in o.opts]
+        waits = [f for f in flags if "timeout" in f and f != "--idle-timeout-ms"]  # consumer's silence
+        assert waits in ([], ["--timeout-ms"]), (path, waits)
+        timed += bool(waits) and "--cluster-root" in flags
+    assert timed >= 30
+    result = CliRunner().invoke(app, ["zk", "list", "--connect-timeout-ms", "0"])
+    assert result.exit_code == 2 and "'--timeout-ms'" in result.stderr  # the alias reaches the flag
+
+
+def test_a_default_is_stated_once() -> None:
+    """Help that names its default in words is not followed by typer's own ``[default: ...]``."""
+    for path, command in LEAVES.items():
+        for option in options(command):
+            says_default = "default" in (option.help or "").lower()
+            shown = (
+                option.default is not None
+                and option.default is not False
+                and option.show_default is not False
+            )
+            assert not (says_default and shown and not option.hidden), f"{path} {option.opts[0]}"

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from typer.testing import CliRunner
 
 from waltz_cli.main import app
 from waltz_engine import __version__
 
 runner = CliRunner()
+STARTUP_TIMEOUT_S = 60.0
 GROUPS = (
     "tail",
     "append",
@@ -57,3 +61,20 @@ def test_groups_show_help_bare_and_with_h() -> None:
         assert "Usage: waltz " + group in " ".join(short.output.split())
         assert bare.exit_code in (0, 2) and "Usage:" in bare.output, bare.output
         assert "Traceback" not in bare.output + short.output
+
+
+def test_ctrl_c_while_the_command_starts_is_one_line_and_exit_130() -> None:
+    """As the `waltz` script starts: the package is imported, a SIGINT arrives while the command's
+    modules are still loading (the first half second), and no traceback is printed."""
+    starting = (
+        "import os, signal, sys; sys.argv[0] = 'waltz'; import waltz_cli; "
+        "os.kill(os.getpid(), signal.SIGINT); import waltz_cli.main; print('not interrupted')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", starting],
+        capture_output=True,
+        text=True,
+        timeout=STARTUP_TIMEOUT_S,
+        check=False,
+    )
+    assert (result.returncode, result.stdout, result.stderr) == (130, "", "error: interrupted\n")

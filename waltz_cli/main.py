@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 
 import typer
 
@@ -93,6 +94,8 @@ _register()
 
 
 def main() -> None:
+    # From here on a Ctrl-C is Python's KeyboardInterrupt again: WaltzGroup turns it into one line.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     app(prog_name="waltz")
 
 

@@ -42,8 +42,24 @@ err_console = _Console(
     stderr=True, highlight=False, width=None if sys.stderr.isatty() else PIPE_WIDTH_COLUMNS
 )
 
+USAGE_ERROR = 2  # click's exit code for a bad command line; a failed operation exits 1
+
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+_SIZE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+_SIZE_STEP = 1024
+
+
+def human_size(size_bytes: int) -> str:
+    """A size for people (tables and text): ``137801`` → ``134.6 KiB``; --json keeps exact bytes."""
+    value = float(size_bytes)
+    for unit in _SIZE_UNITS:
+        if abs(value) < _SIZE_STEP or unit == _SIZE_UNITS[-1]:
+            return f"{size_bytes} B" if unit == _SIZE_UNITS[0] else f"{value:.1f} {unit}"
+        value /= _SIZE_STEP
+    raise AssertionError("unreachable: the last unit always returns")
 
 
 def print_json(value: Any) -> None:
@@ -56,10 +72,20 @@ def warn(message: str) -> None:
     err_console.print(f"[yellow]warning:[/] {escape(message)}", soft_wrap=True, markup=True, emoji=False)
 
 
+def note(message: str) -> None:
+    """Print ``note: message`` on stderr as one line: something worth knowing, nothing wrong."""
+    err_console.print(f"note: {escape(message)}", soft_wrap=True, markup=True, emoji=False)
+
+
 def fail(message: str, code: int = 1) -> NoReturn:
     """Print ``error: message`` on stderr as one line and exit non-zero."""
     err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True, markup=True, emoji=False)
     raise typer.Exit(code)
+
+
+def usage_error(message: str) -> NoReturn:
+    """The command line itself is wrong: ``error: message`` as one line, exit 2 (click's convention)."""
+    fail(message, USAGE_ERROR)
 
 
 def closed_pipe() -> NoReturn:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import queue
+import re
 import signal
 import subprocess
 import threading
@@ -11,7 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from cluster_support import module_cluster, run_waltz_cli, waltz_cli_command
+from cluster_support import CLI_TIMEOUT_S, module_cluster, run_waltz_cli, waltz_cli_command
 from testkit import free_tcp_port
 
 from waltz_engine.ops.devcluster import LocalCluster
@@ -23,6 +24,7 @@ CLI_WAIT_S = 120.0
 FAST_TIMEOUT_MS = "3000"
 MOUNT_TIMEOUT_MS = "2000"
 BLOCKER_TIMEOUT_MS = "60000"
+NEVER_MS = str(int(CLI_TIMEOUT_S * 1000 * 10))  # longer than run_waltz_cli waits for a command
 METRICS_WAIT_S = 30.0
 POLL_S = 0.1
 # Partition 0 is kept for validation data (data == transaction id); the feed tests use the others.
@@ -41,26 +43,33 @@ def ok(result: subprocess.CompletedProcess[str]) -> str:
     return result.stdout
 
 
+def committed(out: str) -> list[int]:
+    """The transaction ids `waltz append` printed ("partition P: committed transaction T" lines)."""
+    lines = out.splitlines()
+    assert all(re.fullmatch(r"partition \d+: committed transaction \d+", line) for line in lines), out
+    return [int(line.split()[-1]) for line in lines]
+
+
 def tail_json(cluster: LocalCluster, partitions: int | str, *extra: str) -> list[dict[str, object]]:
     out = ok(waltz(cluster, "tail", "-p", str(partitions), "--no-follow", "--json", "--data", *extra))
     return [json.loads(line) for line in out.splitlines()]
 
 
 def test_append_then_tail_round_trip(cluster: LocalCluster) -> None:
-    first = int(ok(waltz(cluster, "append", "-p", "1", "--header", "7", "--lock", "acct:42", "hello")))
-    lines = ok(waltz(cluster, "append", "-p", "1", "-", stdin="one\ntwo\n")).split()
-    assert [int(t) for t in lines] == [first + 1, first + 2]
+    [first] = committed(ok(waltz(cluster, "append", "-p", "1", "--header", "7", "--lock", "acct:42", "hi")))
+    more = committed(ok(waltz(cluster, "append", "-p", "1", "-", stdin="one\ntwo\n")))
+    assert more == [first + 1, first + 2]
 
     records = tail_json(cluster, 1)
     assert [(r["transaction_id"], r["header"], bytes.fromhex(str(r["data_hex"]))) for r in records] == [
-        (first, 7, b"hello"),
+        (first, 7, b"hi"),
         (first + 1, 0, b"one"),
         (first + 2, 0, b"two"),
     ]
     assert set(records[0]) == {
         "partition", "transaction_id", "header", "client_id", "generation", "seq_num", "data", "data_hex",
     }  # fmt: skip
-    assert [(r["partition"], r["data"]) for r in records] == [(1, "hello"), (1, "one"), (1, "two")]
+    assert [(r["partition"], r["data"]) for r in records] == [(1, "hi"), (1, "one"), (1, "two")]
     assert records[1]["client_id"] == records[2]["client_id"] != records[0]["client_id"]
 
     assert tail_json(cluster, 1, "--from", str(first + 2)) == records[2:]
@@ -81,26 +90,55 @@ def test_tail_decoder(cluster: LocalCluster, tmp_path: Path) -> None:
     assert ok(result).rstrip().endswith("data=SHOUT")
 
 
+def test_a_record_the_tail_decoder_cannot_read_shows_its_error_and_the_tail_goes_on(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    (tmp_path / "json_decoder.py").write_text(
+        "import json\n\ndef decode(data):\n    return json.loads(data)\n"
+    )
+    first, bad, last = committed(
+        ok(waltz(cluster, "append", "-p", "3", "-", stdin='{"a": 1}\nnot json\n[2]\n'))
+    )
+    common = ("--no-follow", "--from", str(first), "--decoder", "json_decoder:decode")
+    where = ("--config", str(cluster.client_config_path))
+    text = run_waltz_cli("tail", "-p", "3", *common, *where, cwd=tmp_path)
+    lines = ok(text).splitlines()
+    assert [line.split("\t")[0] for line in lines] == [str(first), str(bad), str(last)]
+    assert lines[1].endswith(
+        '\tdecode_error=JSONDecodeError: Expecting value: line 1 column 1 (char 0)\tdata="not json"'
+    )
+    assert lines[2].endswith("\tdata=[2]") and text.stderr == ""
+    documents = [json.loads(line) for line in ok(run_waltz_cli("tail", "-p", "3", *common, "--json", *where,
+                                                               cwd=tmp_path)).splitlines()]  # fmt: skip
+    assert [d.get("decoded") for d in documents] == [{"a": 1}, None, [2]]
+    assert documents[1]["decode_error"].startswith("JSONDecodeError: ") and "decoded" not in documents[1]
+
+
 def _read_lines(stream: object, lines: queue.Queue[str]) -> None:
     for line in stream:  # type: ignore[attr-defined]
         lines.put(line)
 
 
-def test_tail_from_latest_sees_only_new_transactions(cluster: LocalCluster) -> None:
-    old = int(ok(waltz(cluster, "append", "-p", "2", "old")))
+def _following_tail(cluster: LocalCluster, *args: str) -> tuple[subprocess.Popen[str], queue.Queue[str]]:
+    """A `waltz tail ARGS` process and the queue its output lines arrive in."""
     tail = subprocess.Popen(
-        waltz_cli_command("tail", "-p", "2", "--from-latest", "--json",
-         "--config", str(cluster.client_config_path)),
+        waltz_cli_command("tail", *args, "--config", str(cluster.client_config_path)),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=_read_lines, args=(tail.stdout, lines), daemon=True).start()
+    return tail, lines
+
+
+def test_tail_from_latest_sees_only_new_transactions(cluster: LocalCluster) -> None:
+    [old] = committed(ok(waltz(cluster, "append", "-p", "2", "old")))
+    tail, lines = _following_tail(cluster, "-p", "2", "--from-latest", "--json")
     try:
         # The tail may start before or after an append: append until it shows one.
         appended: list[int] = []
         seen = None
         for _ in range(MAX_APPENDS_UNTIL_SEEN):
-            appended.append(int(ok(waltz(cluster, "append", "-p", "2", "new"))))
+            appended += committed(ok(waltz(cluster, "append", "-p", "2", "new")))
             try:
                 seen = json.loads(lines.get(timeout=TAIL_LINE_WAIT_S))
                 break
@@ -140,23 +178,27 @@ def test_validate_producer_consumer_and_a_broken_log(cluster: LocalCluster) -> N
 def test_clear_errors(cluster: LocalCluster, tmp_path: Path) -> None:
     bad_partition = waltz(cluster, "append", "-p", "9", "x")
     assert bad_partition.returncode == 1
-    assert "Partition 9 is not valid" in bad_partition.stderr
+    assert "Partition 9 does not belong to the cluster (it has partitions 0-3)" in bad_partition.stderr
     no_config = run_waltz_cli("tail", "-p", "0", cwd=tmp_path)
     assert no_config.returncode == 1
     assert no_config.stderr.startswith("error: no zookeeper.connectString given: pass --zookeeper")
     assert no_config.stderr.count("\n") == 1 and "waltz dev up" in no_config.stderr
     no_partition = waltz(cluster, "tail", "--no-follow")
-    assert no_partition.returncode == 1
+    assert no_partition.returncode == 2
     assert (
         no_partition.stderr
         == "error: which partitions? give -p/--partition (e.g. -p 0 or -p 0,2-3) or --all\n"
     )
     both = waltz(cluster, "tail", "-p", "0", "--all")
-    assert both.returncode == 1 and both.stderr == "error: give -p/--partition or --all, not both\n"
+    assert both.returncode == 2 and both.stderr == "error: give -p/--partition or --all, not both\n"
     bad_range = waltz(cluster, "tail", "-p", "3-1", "--no-follow")
-    assert bad_range.returncode == 1 and bad_range.stderr == "error: range '3-1' in '3-1' goes backwards\n"
+    assert bad_range.returncode == 2
+    assert bad_range.stderr == (
+        "error: Invalid value for '--partition' / '-p': range '3-1' in '3-1' goes backwards "
+        "(see 'waltz tail -h')\n"
+    )
     backwards = waltz(cluster, "tail", "-p", "1", "--from", "5", "--to", "4")
-    assert backwards.returncode == 1 and backwards.stderr == "error: --to 4 is before --from 5\n"
+    assert backwards.returncode == 2 and backwards.stderr == "error: --to 4 is before --from 5\n"
     bad_lock = waltz(cluster, "append", "-p", "1", "--lock", "nolockid", "x")
     assert "lock must be NAME:ID" in bad_lock.stderr
 
@@ -173,7 +215,7 @@ def test_server_down_gives_one_line_errors_within_the_timeout(cluster: LocalClus
     finally:
         server.start()
         cluster.wait_verified()
-    assert int(ok(waltz(cluster, "append", "-p", "1", "back")).strip()) >= 0
+    assert committed(ok(waltz(cluster, "append", "-p", "1", "back")))
 
 
 def test_tail_shows_printable_data_as_text_and_the_rest_as_hex() -> None:
@@ -224,7 +266,7 @@ def test_tail_several_partitions_to_and_max(cluster: LocalCluster) -> None:
 
 def test_tail_output_to_a_pipe_is_not_cut_at_80_columns(cluster: LocalCluster) -> None:
     long_text = "w" * 300
-    txid = int(ok(waltz(cluster, "append", "-p", "3", long_text)))
+    [txid] = committed(ok(waltz(cluster, "append", "-p", "3", long_text)))
     lines = ok(waltz(cluster, "tail", "-p", "3", "--from", str(txid), "--no-follow", "--data")).splitlines()
     assert len(lines) == 1 and lines[0].endswith(f'data="{long_text}"')
 
@@ -251,7 +293,7 @@ def test_zookeeper_and_root_flags_and_environment_find_the_cluster(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
     where = ["-z", cluster.zookeeper, "-r", cluster.cluster_root]
-    txid = int(ok(run_waltz_cli("append", "-p", "1", "by flags", *where, cwd=tmp_path)))
+    [txid] = committed(ok(run_waltz_cli("append", "-p", "1", "by flags", *where, cwd=tmp_path)))
     shown = ok(
         run_waltz_cli("tail", "-p", "1", "--from", str(txid), "--no-follow", "--data", *where, cwd=tmp_path)
     )
@@ -295,19 +337,22 @@ def test_a_closed_pipe_ends_tail_quietly(cluster: LocalCluster) -> None:
 
 
 def test_zookeeper_down_gives_one_line_errors(cluster: LocalCluster, tmp_path: Path) -> None:
+    """Nothing listens at the address: every command fails at once, not after its timeout (which
+    is longer than the test waits for a command)."""
     nobody = f"127.0.0.1:{free_tcp_port()}"
     for command in (
         ["append", "-p", "1", "x"],
         ["tail", "-p", "1"],
         ["tail", "--all", "--no-follow"],
         ["client", "high-water-mark", "-p", "1"],
+        ["zk", "list", "--connect-timeout-ms", NEVER_MS],
     ):
-        result = run_waltz_cli(
-            *command, "-z", nobody, "-r", cluster.cluster_root, "--timeout-ms", MOUNT_TIMEOUT_MS, cwd=tmp_path
-        )
+        timeout = [] if "zk" in command else ["--timeout-ms", NEVER_MS]
+        result = run_waltz_cli(*command, "-z", nobody, "-r", cluster.cluster_root, *timeout, cwd=tmp_path)
         assert result.returncode == 1, result
         assert result.stderr == (
-            f"error: cannot connect to ZooKeeper at {nobody} (no answer within {MOUNT_TIMEOUT_MS} ms)\n"
+            f"error: cannot connect to ZooKeeper at {nobody} ({nobody} refused the connection): "
+            "is it running there? (`waltz dev up` starts a local cluster)\n"
         ), command
         assert result.stdout == ""
 
@@ -351,8 +396,71 @@ def test_a_mount_time_out_is_one_line(cluster: LocalCluster) -> None:
         if blocker is not None:
             out, err = blocker.communicate(timeout=CLI_WAIT_S)
     assert blocker is not None and blocker.returncode == 0, err
-    assert int(out) >= 0
+    assert committed(out)
     cluster.wait_verified()
+
+
+def test_partition_flag_takes_one_id_where_a_command_acts_on_one(cluster: LocalCluster) -> None:
+    for command in (["append", "-p", "0-3", "x"], ["append", "-p", "abc", "x"]):
+        result = waltz(cluster, *command)
+        assert result.returncode == 2 and result.stderr.count("\n") == 1, result
+        assert "is not one partition id: this command acts on one partition (e.g. -p 3)" in result.stderr
+    for command in (["tail", "-p", "abc"], ["client", "high-water-mark", "-p", "1,x"]):
+        result = waltz(cluster, *command)
+        assert result.returncode == 2 and result.stderr.count("\n") == 1, result
+        assert "is not a partition id or a range like 0-6" in result.stderr
+
+
+def test_high_water_mark_of_a_list_and_of_every_partition(cluster: LocalCluster) -> None:
+    every = [json.loads(line) for line in ok(waltz(cluster, "client", "high-water-mark", "--all", "--json"))
+             .splitlines()]  # fmt: skip
+    assert [m["partition"] for m in every] == [0, 1, 2, 3]
+    some = ok(waltz(cluster, "client", "high-water-mark", "-p", "1,3")).splitlines()
+    assert some == [f"Partition {p} current high watermark: {every[p]['high_water_mark']}" for p in (1, 3)]
+
+
+def _marks(cluster: LocalCluster) -> dict[int, int]:
+    out = ok(waltz(cluster, "client", "high-water-mark", "--all", "--json"))
+    return {m["partition"]: m["high_water_mark"] for m in map(json.loads, out.splitlines())}
+
+
+def test_tail_no_follow_skips_partitions_short_of_from_with_a_note(cluster: LocalCluster) -> None:
+    ok(waltz(cluster, "append", "-p", "3", "-", stdin="long-1\nlong-2\n"))
+    marks = _marks(cluster)
+    start = marks[3]
+    shorter = [p for p in (1, 2, 3) if marks[p] < start]
+    assert shorter, marks  # partition 3 leads after the two appends (their order is by test)
+    result = waltz(cluster, "tail", "-p", "1-3", "--from", str(start), "--no-follow", "--json")
+    assert result.returncode == 0, result.stderr
+    printed = [(r["partition"], r["transaction_id"]) for r in map(json.loads, result.stdout.splitlines())]
+    assert (3, start) in printed and all(p not in shorter for p, _ in printed)
+    assert result.stderr.splitlines() == [
+        f"note: partition {p} skipped: its transactions are 0..{marks[p]}, none at or after --from {start}"
+        for p in shorter
+    ]
+
+
+def test_tail_follow_waits_for_a_from_beyond_the_end(cluster: LocalCluster) -> None:
+    """Partition 1 reaches --from, partition 2 is two short: once partition 1's line is out the
+    tail has read both marks, and partition 2's transaction --from is printed when it comes."""
+    marks = _marks(cluster)
+    missing = marks[2] + 2 - marks[1]
+    if missing > 0:
+        ok(waltz(cluster, "append", "-p", "1", "-", stdin="lead\n" * missing))
+    wanted = marks[2] + 2
+    tail, lines = _following_tail(cluster, "-p", "1,2", "--from", str(wanted), "--json", "--data")
+    try:
+        first = json.loads(lines.get(timeout=CLI_WAIT_S))
+        assert (first["partition"], first["transaction_id"]) == (1, wanted)
+        assert committed(ok(waltz(cluster, "append", "-p", "2", "-", stdin="w1\nw2\n")))[-1] == wanted
+        later = json.loads(lines.get(timeout=CLI_WAIT_S))
+        while later["partition"] == 1:  # the rest of partition 1 (bounded by its length)
+            later = json.loads(lines.get(timeout=CLI_WAIT_S))
+        assert (later["partition"], later["transaction_id"], later["data"]) == (2, wanted, "w2")
+    finally:
+        tail.send_signal(signal.SIGINT)
+        code = tail.wait(PROCESS_EXIT_TIMEOUT_S)
+    assert code == 130, tail.stderr.read() if tail.stderr else ""
 
 
 def test_tail_json_carries_utf8_data_as_text_and_always_hex() -> None:

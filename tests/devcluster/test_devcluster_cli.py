@@ -8,6 +8,7 @@ import queue
 import signal
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import yaml
@@ -16,11 +17,14 @@ from cluster_support import run_waltz_cli, waltz_cli_command
 from waltz_engine.net.tls import TlsConfig, client_context
 from waltz_engine.ops.cluster_ops import read_cluster_view, verify
 from waltz_engine.ops.devcluster import LocalCluster
+from waltz_engine.ops.devcluster.nodes import ZOOKEEPER_DIR_NAME
 from waltz_engine.zk import store_metadata
 from waltz_engine.zk.connection import connect
+from waltz_engine.zk.server import PID_FILE_NAME
 
 READY_LINE_WAIT_S = 120.0
 PROCESS_EXIT_TIMEOUT_S = 60.0
+POLL_S = 0.05
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:
@@ -50,7 +54,7 @@ def test_up_detach_status_down_and_up_again_reuses_data(tmp_path: Path) -> None:
         ]
 
         config = ["--config", str(directory / "client.yml")]
-        txid = ok(run_waltz_cli("append", "-p", "1", "kept", *config)).strip()
+        txid = ok(run_waltz_cli("append", "-p", "1", "kept", *config)).split()[-1]
         ok(run_waltz_cli("dev", "down", "--dir", str(directory)))
         stopped = run_waltz_cli("dev", "status", "--json", "--dir", str(directory))
         assert stopped.returncode == 1
@@ -74,6 +78,14 @@ def test_up_detach_status_down_and_up_again_reuses_data(tmp_path: Path) -> None:
 def _read_lines(stream: object, lines: queue.Queue[str]) -> None:
     for line in stream:  # type: ignore[attr-defined]
         lines.put(line)
+
+
+def _stop(up: subprocess.Popen[str], directory: Path) -> None:
+    """Whatever the test's end: no `dev up` left running, nor anything it started."""
+    if up.poll() is None:
+        up.kill()
+        up.wait(PROCESS_EXIT_TIMEOUT_S)
+    LocalCluster.open(directory).down()
 
 
 def test_foreground_up_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
@@ -103,10 +115,7 @@ def test_foreground_up_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
         assert code == 0, up.stderr.read() if up.stderr else ""
         assert not LocalCluster.open(directory).is_running()
     finally:
-        if up.poll() is None:
-            up.kill()
-            up.wait(PROCESS_EXIT_TIMEOUT_S)
-        LocalCluster.open(directory).down()
+        _stop(up, directory)
 
 
 SEGMENT_BYTES = 4096
@@ -165,3 +174,56 @@ def test_set_refuses_what_dev_up_chooses_and_what_is_not_key_value(tmp_path: Pat
         assert result.returncode == 2 and reason in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "dev").exists()
+
+
+def test_commands_find_the_dev_cluster_and_its_storage_directories(tmp_path: Path) -> None:
+    """Next to `dev up` (its default directory name): `server list` needs no --http, `spark
+    export` no -c, `dev status` names each storage directory and `inspect control` on a storage
+    node's directory says where its storage directory is."""
+    directory = tmp_path / ".waltz-dev"
+    topology = ["--storages", "1", "--servers", "1", "--partitions", "1"]
+    try:
+        ok(run_waltz_cli("dev", "up", "--detach", *topology, cwd=tmp_path))
+        status = ok(run_waltz_cli("dev", "status", cwd=tmp_path))
+        storage_line = next(line for line in status.splitlines() if line.startswith("storage-0"))
+        assert storage_line.endswith(f" data={directory.resolve() / 'storage-0' / 'data'}"), status
+        servers = json.loads(ok(run_waltz_cli("server", "list", "--json", cwd=tmp_path)))
+        assert servers["num_partitions"] == 1 and [p["partition"] for p in servers["partitions"]] == [0]
+
+        control = run_waltz_cli("inspect", "control", str(directory / "storage-0"), cwd=tmp_path)
+        assert control.returncode == 1 and control.stderr.count("\n") == 1
+        assert control.stderr.rstrip().endswith(
+            f"; the storage directory is {directory / 'storage-0' / 'data'}"
+        )
+
+        ok(run_waltz_cli("append", "-p", "0", "found", cwd=tmp_path))
+        export = run_waltz_cli("spark", "export", "-o", str(tmp_path / "out"), "--json", cwd=tmp_path)
+        assert json.loads(ok(export))["rows"] == 1
+    finally:
+        run_waltz_cli("dev", "down", "--clean", cwd=tmp_path)
+    assert not directory.exists()
+    nothing = run_waltz_cli("dev", "down", "--clean", cwd=tmp_path)
+    assert nothing.returncode == 0 and nothing.stderr == ""
+    assert nothing.stdout == "no dev cluster in .waltz-dev: nothing to stop\n"
+
+
+def test_ctrl_c_while_a_detached_up_starts_stops_zookeeper(tmp_path: Path) -> None:
+    directory = tmp_path / "early"
+    up = subprocess.Popen(
+        waltz_cli_command("dev", "up", "--detach", "--dir", str(directory),
+                          "--storages", "1", "--servers", "1", "--partitions", "1"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        # ZooKeeper's pid file is written as it is launched; the JVM then takes seconds to answer.
+        deadline = time.monotonic() + READY_LINE_WAIT_S
+        pid_file = directory / ZOOKEEPER_DIR_NAME / PID_FILE_NAME
+        while not pid_file.exists():
+            assert up.poll() is None and time.monotonic() < deadline, up.communicate()
+            time.sleep(POLL_S)
+        up.send_signal(signal.SIGINT)
+        _, err = up.communicate(timeout=PROCESS_EXIT_TIMEOUT_S)
+        assert (up.returncode, err) == (130, "error: interrupted\n")
+        assert not LocalCluster.open(directory).is_running()
+    finally:
+        _stop(up, directory)

@@ -10,6 +10,7 @@ import pytest
 from inspect_helpers import run, run_json, write_segment
 from testkit import read_jsonl
 
+from waltz_cli.output import human_size
 from waltz_engine.ops.inspect import inspect_segment
 
 RECORD_FIELDS = (
@@ -120,6 +121,16 @@ def test_table_output_names_records_and_problems(vectors: Path) -> None:
     assert result.exit_code == 0
     assert "p2-t24" in result.output
     assert "torn-record: txid 25" in result.output
+    # The size for people, the exact bytes in --json.
+    path = vectors / "disk" / "damaged" / "storage" / "2" / "0000000000000000000.seg"
+    size_bytes = run_json("segment", path)["data_size_bytes"]
+    assert f"Data {human_size(size_bytes)}, index " in result.output
+
+
+def test_sizes_for_people_are_rounded_with_binary_units() -> None:
+    assert [human_size(n) for n in (0, 1023, 1024, 137_801, 5 * 1024**3)] == [
+        "0 B", "1023 B", "1.0 KiB", "134.6 KiB", "5.0 GiB",
+    ]  # fmt: skip
 
 
 def test_decoder_output_is_shown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

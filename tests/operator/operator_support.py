@@ -48,8 +48,9 @@ def ok_json(*args: str) -> Any:
     return json.loads(result.stdout)
 
 
-def one_line_error(result: Result, *fragments: str) -> str:
-    assert result.exit_code == 1, (result.stdout, result.stderr)
+def one_line_error(result: Result, *fragments: str, exit_code: int = 1) -> str:
+    """A failure (exit 1), or with ``exit_code=2`` a usage error, as one line holding ``fragments``."""
+    assert result.exit_code == exit_code, (result.stdout, result.stderr)
     assert "Traceback" not in result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr

@@ -97,7 +97,9 @@ def test_verify_without_server_fails_assignment_and_server_validations(cluster: 
     assert text.exit_code == 1
     assert "Error: Partition 0 not handled by any server" in text.stdout
     assert text.stdout.strip().splitlines()[-1] == "Failed"
-    one_line_error(invoke("cluster", "verify", *cluster.where, "-p", "9"), "Partition 9 is not valid.")
+    one_line_error(
+        invoke("cluster", "verify", *cluster.where, "-p", "9"), "Partition 9 does not belong to the cluster"
+    )
 
 
 def test_verify_quorum_and_storage_assignment_failures(cluster: StorageCluster) -> None:
@@ -284,6 +286,10 @@ def test_server_commands_one_line_errors(tmp_path: Path) -> None:
     one_line_error(
         invoke("server", "remove-preferred-partition", "--server", "bad", "-p", "0"), "host:server_port"
     )
-    one_line_error(invoke("server", "add-preferred-partition", "--server", closed, "-p", "x"))
+    one_line_error(
+        invoke("server", "add-preferred-partition", "--server", closed, "-p", "x"),
+        "'x' in 'x' is not a partition id",
+        exit_code=2,
+    )
     # -s is a storage node everywhere: the server commands do not take it.
     assert invoke("server", "list", "-s", closed).exit_code == 2

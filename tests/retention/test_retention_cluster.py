@@ -139,6 +139,41 @@ def _cli(cluster: LocalCluster, *args: str) -> str:
     return result.output
 
 
+def _check_refusal_and_dry_run(
+    cluster: LocalCluster, firsts: dict[str, list[int]], last: int, bound: int, watermark: int
+) -> None:
+    """A bound above the high-water mark + 1 is refused without --force; --dry-run changes nothing
+    and lists, per storage directory, the segments below the export's watermark + 1."""
+    where = ["-z", cluster.zookeeper, "-r", cluster.cluster_root]
+    too_high = CliRunner().invoke(
+        retention_cli.app, ["set", "-p", str(PARTITION), "--before", "999999", *where]
+    )
+    assert too_high.exit_code == 1
+    assert too_high.stderr == (
+        f"error: --before 999999 is above partition {PARTITION}'s committed high-water mark {last}: "
+        f"records {last + 1}..999998 would go as soon as they are written "
+        f"(give --before {last + 1} at most, or --force)\n"
+    )
+    directories = [
+        arg for node in cluster.storages for arg in ("--storage-dir", str(node.directory / "data"))
+    ]
+    for before in (str(bound), "999999"):
+        dry = _cli(
+            cluster, "set", "-p", str(PARTITION), "--before", before, "--dry-run", "--force", *directories
+        )
+        lines = dry.splitlines()
+        assert lines[0] == (
+            f"dry run, nothing changed: partition {PARTITION}: records below {before} could be removed "
+            f"(exports keep what they have not read: below {watermark + 1} only)"
+        )
+        for node, line in zip(cluster.storages, lines[1:], strict=True):
+            kept = _expected_firsts(firsts[node.name], last, watermark + 1)
+            going = [f for f in firsts[node.name] if f < kept[0]]
+            ranges = ", ".join(f"{f}..{n - 1}" for f, n in zip(going, [*going[1:], kept[0]], strict=True))
+            assert line == f"{node.directory / 'data'}: segments that may go: {ranges}"
+    assert '"bound": null' in _cli(cluster, "show", "--json")  # nothing was set
+
+
 def test_retention_end_to_end(cluster: LocalCluster) -> None:
     context = _context(cluster)
     asyncio.run(_commit_many(cluster, NUM_TRANSACTIONS))
@@ -160,6 +195,7 @@ def test_retention_end_to_end(cluster: LocalCluster) -> None:
     with connect(cluster.zookeeper_settings()) as zk:
         payload = DataWriter().write_int8(1).write_int32(1).write_int32(PARTITION).write_int64(watermark)
         zk.create(f"{exports_path(cluster.cluster_root)}/{EXPORT_ID}", payload.to_bytes(), makepath=True)
+    _check_refusal_and_dry_run(cluster, firsts, last, bound, watermark)
     _cli(cluster, "set", "--partition", str(PARTITION), "--before", str(bound))
     for node in cluster.storages:
         expected = _expected_firsts(firsts[node.name], last, watermark + 1)

@@ -51,7 +51,7 @@ def test_top_once_json_shows_servers_partitions_and_replicas(cluster: LocalClust
 
     servers = after["servers"]
     assert isinstance(servers, list) and len(servers) == 1
-    assert servers[0]["healthy"] is True and sorted(servers[0]["partitions"]) == list(range(NUM_PARTITIONS))
+    assert servers[0]["healthy"] is True and servers[0]["partitions"] == list(range(NUM_PARTITIONS))
     partitions = {p["partition"]: p for p in after["partitions"]}  # type: ignore[attr-defined]
     hwm_before = {p["partition"]: p["high_water_mark"] for p in before["partitions"]}  # type: ignore[attr-defined]
     assert partitions[0]["high_water_mark"] == hwm_before[0] + NUM_APPENDS
@@ -60,6 +60,11 @@ def test_top_once_json_shows_servers_partitions_and_replicas(cluster: LocalClust
     assert {r["storage"] for r in partitions[0]["replicas"]} == {n.connect_string for n in cluster.storages}
     storages = after["storages"]
     assert isinstance(storages, list) and len(storages) == len(cluster.storages)
+    # Storage nodes are named as the cluster knows them (their data address), in port order.
+    names = sorted((n.connect_string for n in cluster.storages), key=lambda a: int(a.rpartition(":")[2]))
+    assert [node["storage"] for node in storages] == names
+    text = run_waltz_cli("top", "--config", str(cluster.client_config_path), "--once")
+    assert text.returncode == 0 and all(name in text.stdout for name in names), text.stderr
     # Every replica acknowledged the appends (no fault here), so none lags.
     lags = [r["lag"] for node in storages for r in node["replicas"] if r["partition"] == 0]
     assert lags and all(lag is not None and lag >= 0 for lag in lags)

@@ -35,10 +35,10 @@ from spark_support import (
 )
 
 from spark.datasource import DATA_SOURCE_NAME, SlicePartition, WaltzStreamReader
-from spark.export import ExportConfig, ExportSummary, run_export
+from spark.export import ExportConfig, ExportError, ExportSummary, run_export
 from spark.layout import NO_TRANSACTION
 from spark.plan import OPTION_CLUSTER_ROOT, OPTION_PATHS, OPTION_ZOOKEEPER, ReadOptions
-from spark.schema import COLUMN_DATA, COLUMN_DECODED, SPARK_SCHEMA
+from spark.schema import COLUMN_DATA, COLUMN_DECODED, COLUMN_PARTITION, COLUMN_TRANSACTION_ID, SPARK_SCHEMA
 from spark.watermarks import STATE_DIR_NAME
 from waltz_engine.ops.devcluster import LocalCluster
 
@@ -148,6 +148,30 @@ def test_decoder_adds_the_decoded_text(
     assert summary.rows == len(rows) > 0
     assert all(r[COLUMN_DECODED] == bytes(r[COLUMN_DATA]).decode() for r in rows)
     assert "décodé-1" in {r[COLUMN_DECODED] for r in rows}
+
+
+def test_a_record_the_decoder_cannot_read_is_named_or_skipped_or_kept_raw(
+    cluster: LocalCluster, session: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    append(cluster, {1: ["readable-1", "unreadable-2", "readable-3"]})
+    bad = next(r for r in tailed(cluster) if bytes.fromhex(r[6]) == b"unreadable-2")
+    monkeypatch.chdir(TESTS_DIR)
+    decoder = "spark_test_decoder:picky"
+    with pytest.raises(ExportError) as failed:
+        export_in_process(session, cluster, tmp_path / "fail", decoder=decoder)
+    assert (
+        f"cannot read partition 1 transaction {bad[1]} (ValueError: not a record this decoder knows)"
+        in str(failed.value)
+    )
+    assert "--on-decode-error skip or raw" in str(failed.value)
+
+    export_in_process(session, cluster, tmp_path / "skip", decoder=decoder, on_decode_error="skip")
+    skipped = {(r[COLUMN_PARTITION], r[COLUMN_TRANSACTION_ID]) for r in exported_rows(tmp_path / "skip")}
+    export_in_process(session, cluster, tmp_path / "raw", decoder=decoder, on_decode_error="raw")
+    raw = {(r[COLUMN_PARTITION], r[COLUMN_TRANSACTION_ID]): r for r in exported_rows(tmp_path / "raw")}
+    assert skipped == set(raw) - {(1, bad[1])}
+    assert raw[(1, bad[1])][COLUMN_DECODED] is None
+    assert bytes(raw[(1, bad[1])][COLUMN_DATA]) == b"unreadable-2"
 
 
 def test_killed_export_rerun_loses_and_duplicates_nothing(
@@ -285,7 +309,7 @@ def test_partitions_and_output_are_checked_before_spark_starts(cluster: LocalClu
     result = run_spark_cli("export", "-o", str(tmp_path / "out"), "-c", config, "--partitions", "99")
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
-        "error: partition(s) 99 are not in the cluster (it has partitions 0-1); choose among those"
+        "error: Partition 99 does not belong to the cluster (it has partitions 0-1)"
     ]
     a_file = tmp_path / "a-file"
     a_file.write_text("")

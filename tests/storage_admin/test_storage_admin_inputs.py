@@ -29,8 +29,8 @@ def _run(*args: str) -> Result:
     return runner.invoke(app, ["storage", *args])
 
 
-def _assert_one_line_error(result: Result, *fragments: str) -> str:
-    assert result.exit_code == 1, result.output
+def _assert_one_line_error(result: Result, *fragments: str, exit_code: int = 1) -> str:
+    assert result.exit_code == exit_code, result.output
     assert "Traceback" not in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     lines = result.stderr.strip().splitlines()
@@ -159,8 +159,10 @@ def test_malformed_storage_is_one_line(where: tuple[str, ...], storage: str) -> 
 
 def test_bad_ranges_and_partitions_out_of_range(where: tuple[str, ...]) -> None:
     storage = f"{LOCALHOST}:{free_tcp_port()}"
-    _assert_one_line_error(_run("add-partition", "-s", storage, "-p", "3-1", *where), "goes backwards")
-    _assert_one_line_error(_run("add-partition", "-s", storage, "-p", "0,x", *where), "'x'")
+    # A malformed list is a usage error (exit 2), caught by the parser.
+    add = ("add-partition", "-s", storage)
+    _assert_one_line_error(_run(*add, "-p", "3-1", *where), "goes backwards", exit_code=2)
+    _assert_one_line_error(_run(*add, "-p", "0,x", *where), "'x'", exit_code=2)
     _assert_one_line_error(
         _run("add-partition", "-s", storage, "-p", "2-9", *where), "does not belong to the cluster: 4-9"
     )

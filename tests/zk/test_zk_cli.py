@@ -30,8 +30,8 @@ def _ok(*args: str) -> Result:
     return result
 
 
-def _assert_one_line_error(result: Result, fragment: str) -> None:
-    assert result.exit_code == 1, result.output
+def _assert_one_line_error(result: Result, fragment: str, exit_code: int = 1) -> None:
+    assert result.exit_code == exit_code, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("error: ") and fragment in lines[0], lines[0]
@@ -137,7 +137,10 @@ def test_cli_error_paths_are_one_line(where: tuple[str, ...]) -> None:
         "[3, 5] does not belong to the cluster",
     )
     for bad in ("0-", "a", "2-1", ""):
-        _assert_one_line_error(_run("zk", "assign-partition", *where, "-s", "h:1", "-p", bad), bad)
+        # A malformed list is a usage error (exit 2), caught by the parser.
+        _assert_one_line_error(
+            _run("zk", "assign-partition", *where, "-s", "h:1", "-p", bad), bad, exit_code=2
+        )
     _assert_one_line_error(_run("zk", "delete", *where, "-n", "other"), "does not match")
     _assert_one_line_error(_run("zk", "auto-assign", *where, "-g", "7"), "No storage node found in group 7")
 

@@ -99,7 +99,10 @@ def test_unknown_keys_are_reported_through_the_hook() -> None:
     warnings: list[str] = []
     unknown = config.warn_unknown_keys(KNOWN_KEYS, warnings.append, known_prefixes=("ssl.",))
     assert unknown == ["zookeeper.conectTimeout"]
-    assert warnings == ["<config>: unknown config key 'zookeeper.conectTimeout' (ignored)"]
+    assert warnings == [
+        "<config>: unknown config key 'zookeeper.conectTimeout' "
+        "(ignored; did you mean 'zookeeper.connectTimeout'?)"
+    ]
 
 
 def test_flags_override_the_config_file(tmp_path: Path) -> None:

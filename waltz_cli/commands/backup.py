@@ -12,8 +12,13 @@ import typer
 from rich.table import Table
 
 from waltz_cli import options
-from waltz_cli.options import ConfigOption, JsonOption, RootOption, ZooKeeperOption
-from waltz_cli.output import console, counting_progress, one_line_errors, print_json
+from waltz_cli.options import (
+    FROM_OPTIONS,
+    Cluster,
+    JsonOption,
+    cluster_command,
+)
+from waltz_cli.output import console, counting_progress, human_size, one_line_errors, print_json
 from waltz_engine.net.tls import TlsConfig
 from waltz_engine.ops.backup import (
     DEFAULT_SEGMENT_SIZE_BYTES,
@@ -23,7 +28,7 @@ from waltz_engine.ops.backup import (
     restore_backup,
     verify_backup,
 )
-from waltz_engine.ops.tool_config import load_settings, load_tool_config
+from waltz_engine.ops.tool_config import load_tool_config
 from waltz_engine.storage.network_reader import ClusterAccess
 from waltz_engine.zk.partition_ranges import parse_partition_ranges
 
@@ -53,6 +58,7 @@ def _client_tls(config: Path | None) -> TlsConfig:
 
 @app.command("create")
 @one_line_errors
+@cluster_command
 def create(
     to: Annotated[str, typer.Option("--to", help="Where the backup goes: a local path or a URL.")],
     partitions: BackupPartitionsOption = None,
@@ -60,9 +66,7 @@ def create(
         int,
         typer.Option("--segment-size-bytes", min=1, help="The backup's segments roll over past this size."),
     ] = DEFAULT_SEGMENT_SIZE_BYTES,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
+    cluster: Cluster = FROM_OPTIONS,
     as_json: JsonOption = False,
 ) -> None:
     """Back up the committed log, or add to a backup what was committed since its last run.
@@ -73,8 +77,8 @@ def create(
     Example: waltz backup create -c client.yml --to s3://bucket/waltz-backup
     """
     wanted = parse_partition_ranges(partitions) if partitions is not None else None
-    settings = load_settings(config, zookeeper, cluster_root)
-    tls = _client_tls(config)
+    settings = cluster.settings()
+    tls = _client_tls(cluster.config)
     with counting_progress("backing up (records)", as_json) as progress:
         summary = create_backup(
             ClusterAccess(settings, tls),
@@ -117,6 +121,7 @@ def verify(url: UrlArgument, as_json: JsonOption = False) -> None:
 
 @app.command("restore")
 @one_line_errors
+@cluster_command
 def restore(
     url: UrlArgument,
     to: Annotated[Path, typer.Option("--to", help="A new (or empty) storage directory.")],
@@ -133,9 +138,7 @@ def restore(
             "log resumes at the backup's end (needs the cluster: -c/-z/-r). Stop the servers first.",
         ),
     ] = False,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
+    cluster: Cluster = FROM_OPTIONS,
     as_json: JsonOption = False,
 ) -> None:
     """Restore a backup into a storage directory a storage node starts on (ours or the original's).
@@ -149,8 +152,8 @@ def restore(
     wanted = parse_partition_ranges(partitions) if partitions is not None else None
     session_ids = None
     if all_replicas_lost:
-        settings = load_settings(config, zookeeper, cluster_root)
-        session_ids = issued_sessions(url, settings, _client_tls(config))
+        settings = cluster.settings()
+        session_ids = issued_sessions(url, settings, _client_tls(cluster.config))
     with counting_progress("restoring (files)", as_json) as progress:
         summary = restore_backup(
             url, to, to_txid=to_txid, partitions=wanted, session_ids=session_ids, progress=progress
@@ -159,9 +162,11 @@ def restore(
         print_json(summary.to_json())
         return
     for p, span in sorted(summary.partitions.items()):
-        console.print(f"partition {p}: transactions {span['first_txid']}..{span['last_txid']}")
+        first, last = span["first_txid"], span["last_txid"]
+        held = f"transactions {first}..{last}" if last >= first else "no transactions (empty partition)"
+        console.print(f"partition {p}: {held}")
     console.print(
-        f"restored backup {summary.sequence} into {to}: {summary.files} file(s), {summary.bytes} bytes"
+        f"restored backup {summary.sequence} into {to}: {summary.files} file(s), {human_size(summary.bytes)}"
     )
 
 
@@ -176,7 +181,7 @@ def list_(url: UrlArgument, as_json: JsonOption = False) -> None:
     if as_json:
         print_json(described)
         return
-    table = Table("partition", "first txid", "last txid", "records", "segments", "bytes")
+    table = Table("partition", "first txid", "last txid", "records", "segments", "size")
     for p in described["partitions"]:
         table.add_row(
             str(p["partition"]),
@@ -184,11 +189,11 @@ def list_(url: UrlArgument, as_json: JsonOption = False) -> None:
             str(p["last_txid"]),
             str(p["records"]),
             str(p["segments"]),
-            str(p["bytes"]),
+            human_size(p["bytes"]),
         )
     table.caption = (
         f"backup {described['sequence']} of cluster {described['cluster_key']} "
         f"({described['cluster_root']}), "
-        f"made {_when(described['created_ms'])}; {described['runs']} run(s), {described['bytes']} bytes"
+        f"made {_when(described['created_ms'])}; {described['runs']} run(s), {human_size(described['bytes'])}"
     )
     console.print(table)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -15,11 +15,11 @@ from waltz_cli.options import (
     ENV_CLUSTER_ROOT,
     ENV_CONFIG,
     ENV_ZOOKEEPER,
-    ConfigOption,
+    FROM_OPTIONS,
+    Cluster,
     JsonOption,
-    RootOption,
     SslConfigOption,
-    ZooKeeperOption,
+    cluster_command,
 )
 from waltz_cli.output import console, err_console, fail, one_line_errors, print_json
 from waltz_engine.bench import crc_bench, engine_bench, floor
@@ -178,6 +178,7 @@ def floor_command(
 
 @app.command("storage")
 @one_line_errors
+@cluster_command
 def storage(
     directory: Annotated[
         Path,
@@ -212,9 +213,7 @@ def storage(
     partition: Annotated[
         int, typer.Option("--partition", "-p", min=0, help="Partition of --storage to append to.")
     ] = 0,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
+    cluster: Cluster = FROM_OPTIONS,
     ssl_config: SslConfigOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -229,7 +228,6 @@ def storage(
     import tempfile
 
     from waltz_engine.bench import storage_node
-    from waltz_engine.ops.tool_config import load_settings
     from waltz_engine.storage import admin_ops
     from waltz_engine.zk.connection import connect
 
@@ -254,10 +252,12 @@ def storage(
         if admin_port is None:
             fail("--storage needs --admin-port")
         address = parse_host_port(storage_address, "Storage", "host:data_port")
-        settings = load_settings(config, zookeeper, cluster_root)
+        settings = cluster.settings()
         with connect(settings) as client:
             layout = admin_ops.read_store_layout(client, settings.cluster_root)
-        target = storage_node.NodeTarget(address, admin_port, layout.context(ssl_context), partition)
+        target = storage_node.NodeTarget(
+            address, admin_port, layout.context(ssl_context, cluster.timeout_ms), partition
+        )
         result = measure(target, False)
     else:
         with tempfile.TemporaryDirectory(prefix="waltz-bench-storage-", dir=directory) as work:
@@ -437,19 +437,20 @@ def producers_command(
     # The floor of the same run, on the disk the bench cluster wrote to: its latencies read
     # against it are comparable across machines and loads.
     _progress("measuring the commit floor (waltz bench floor)")
-    run_floor = floor.measure(directory)
+    _report(result, storages, as_json, floor.measure(directory))
+
+
+def _report(result: Any, storages: int, as_json: bool, run_floor: floor.Floor | None = None) -> None:
+    """A producers or consumers run: JSON with the machine, or the original's report lines; with
+    the commit floor measured in the same run, when there is one."""
     if as_json:
-        print_json(
-            {
-                "machine": _machine(),
-                "storages": storages,
-                "floor": run_floor.to_json(),
-                "result": result.to_json(),
-            }
-        )
+        floor_json = {"floor": run_floor.to_json()} if run_floor is not None else {}
+        print_json({"machine": _machine(), "storages": storages, **floor_json, "result": result.to_json()})
         return
     for line in result.report_lines():
         console.print(line, markup=False, highlight=False)
+    if run_floor is None:
+        return
     console.print(
         f"floor: commit {run_floor.commit_floor_ms:.2f} ms = 2 x TLS round trip "
         f"{run_floor.tls_round_trip_p50_ms:.2f} + quorum fsync {run_floor.quorum_fsync_p50_ms:.2f} "
@@ -485,11 +486,7 @@ def consumers_command(
     running = producers.RunningCluster(config, zookeeper, cluster_root)
     with producers.bench_cluster(running, directory, storages, partitions, _progress) as cluster:
         result = consumers.run(cluster, txn_size=txn_size, txns=txns, partitions=partitions)
-    if as_json:
-        print_json({"machine": _machine(), "storages": storages, "result": result.to_json()})
-        return
-    for line in result.report_lines():
-        console.print(line, markup=False, highlight=False)
+    _report(result, storages, as_json)
 
 
 @app.command("export")

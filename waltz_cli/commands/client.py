@@ -6,24 +6,23 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
-from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
 
 from waltz_cli.options import (
-    ClientTimeoutOption,
-    ConfigOption,
+    FROM_OPTIONS,
+    AllPartitionsOption,
+    Cluster,
     JsonOption,
-    PartitionOption,
-    RootOption,
-    ZooKeeperOption,
+    OptionalPartitionsOption,
+    chosen_partitions,
+    cluster_command,
     group,
 )
 from waltz_cli.output import one_line_errors, print_json
-from waltz_engine.client import WaltzClientConfig
 from waltz_engine.ops import client_tools
-from waltz_engine.ops.client_tools import DEFAULT_CONSUMER_IDLE_TIMEOUT_MS, DEFAULT_TIMEOUT_MS, ProducerSpec
+from waltz_engine.ops.client_tools import DEFAULT_CONSUMER_IDLE_TIMEOUT_MS, ProducerSpec
 
 T = TypeVar("T")
 INTERRUPTED = 130
@@ -53,25 +52,15 @@ def _run(coroutine: Coroutine[Any, Any, T]) -> T:
         raise typer.Exit(INTERRUPTED) from None
 
 
-def _config(
-    config: Path | None, zookeeper: str | None, cluster_root: str | None, timeout_ms: int
-) -> WaltzClientConfig:
-    return client_tools.load_client_config(
-        config, zookeeper=zookeeper, cluster_root=cluster_root, timeout_ms=timeout_ms
-    )
-
-
 @app.command("validate")
 @one_line_errors
+@cluster_command
 def validate(
     txn_per_client: TxnPerClientOption,
     num_clients: Annotated[int, typer.Option("--num-clients", help="Producer clients.", min=1)],
     interval_ms: IntervalOption,
     num_active_partitions: ActivePartitionsOption = 1,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    timeout_ms: ClientTimeoutOption = DEFAULT_TIMEOUT_MS,
+    cluster: Cluster = FROM_OPTIONS,
 ) -> None:
     """Submit transactions for validation: every committed transaction must carry its own id.
 
@@ -79,72 +68,71 @@ def validate(
 
     Example: waltz client validate --txn-per-client 5 --num-clients 2 -i 0 -z localhost:2181 -r /waltz
     """
-    client_config = _config(config, zookeeper, cluster_root, timeout_ms)
+    client_config = cluster.client_config()
     _run(
         client_tools.validate(
-            client_config, txn_per_client, num_clients, interval_ms, num_active_partitions, timeout_ms
+            client_config, txn_per_client, num_clients, interval_ms, num_active_partitions, cluster.timeout_ms
         )
     )
 
 
 @app.command("high-water-mark")
 @one_line_errors
+@cluster_command
 def high_water_mark(
-    partition: PartitionOption,
+    partition: OptionalPartitionsOption = None,
+    every: AllPartitionsOption = False,
     as_json: JsonOption = False,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    timeout_ms: ClientTimeoutOption = DEFAULT_TIMEOUT_MS,
+    cluster: Cluster = FROM_OPTIONS,
 ) -> None:
-    """Display the high-water mark of a partition (the server's; -1: no transaction yet).
+    """Display the high-water marks of partitions (the server's; -1: no transaction yet).
 
-    With --json: {"partition": P, "high_water_mark": N}.
+    With --json: one {"partition": P, "high_water_mark": N} per partition (JSON lines).
 
     Example: waltz client high-water-mark -p 0 --json
+
+    Example: waltz client high-water-mark --all
     """
-    client_config = _config(config, zookeeper, cluster_root, timeout_ms)
-    mark = _run(client_tools.high_water_mark(client_config, partition))
-    if as_json:
-        print_json({"partition": partition, "high_water_mark": mark})
-    else:
-        typer.echo(f"Partition {partition} current high watermark: {mark}")
+    wanted = chosen_partitions(partition, every)
+    client_config = cluster.client_config()
+    marks = _run(client_tools.high_water_marks(client_config, wanted))
+    for partition_id, mark in marks.items():
+        if as_json:
+            print_json({"partition": partition_id, "high_water_mark": mark})
+        else:
+            typer.echo(f"Partition {partition_id} current high watermark: {mark}")
 
 
 @app.command("create-producer")
 @one_line_errors
+@cluster_command
 def create_producer(
     txn_per_client: TxnPerClientOption,
     interval_ms: IntervalOption,
     num_active_partitions: ActivePartitionsOption = 1,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    timeout_ms: ClientTimeoutOption = DEFAULT_TIMEOUT_MS,
+    cluster: Cluster = FROM_OPTIONS,
 ) -> None:
     """Run one producer of validated transactions (data == its transaction id).
 
     Example: waltz client create-producer --txn-per-client 10 -i 5
     """
-    client_config = _config(config, zookeeper, cluster_root, timeout_ms)
+    client_config = cluster.client_config()
     spec = ProducerSpec(txn_per_client, interval_ms, num_active_partitions)
-    _run(client_tools.produce(client_config, spec, timeout_ms))
+    _run(client_tools.produce(client_config, spec, cluster.timeout_ms))
 
 
 @app.command("create-consumer")
 @one_line_errors
+@cluster_command
 def create_consumer(
     txn_per_client: Annotated[int, typer.Option("--txn-per-client", help="Transactions to consume.", min=0)],
     num_active_partitions: ActivePartitionsOption = 1,
     idle_timeout_ms: IdleTimeoutOption = DEFAULT_CONSUMER_IDLE_TIMEOUT_MS,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    timeout_ms: ClientTimeoutOption = DEFAULT_TIMEOUT_MS,
+    cluster: Cluster = FROM_OPTIONS,
 ) -> None:
     """Run one consumer that checks the order and that data == transaction id.
 
     Example: waltz client create-consumer --txn-per-client 100
     """
-    client_config = _config(config, zookeeper, cluster_root, timeout_ms)
+    client_config = cluster.client_config()
     _run(client_tools.consume(client_config, txn_per_client, num_active_partitions, idle_timeout_ms))

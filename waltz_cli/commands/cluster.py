@@ -8,7 +8,6 @@ in the ``--config`` YAML, as the original's tools do.
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -16,31 +15,27 @@ from rich.table import Table
 from rich.text import Text
 
 from waltz_cli import options
-from waltz_cli.options import ConfigOption, ConnectTimeoutOption, JsonOption, RootOption, ZooKeeperOption
+from waltz_cli.options import (
+    FROM_OPTIONS,
+    Cluster,
+    JsonOption,
+    cluster_command,
+)
 from waltz_cli.output import console, one_line_errors, print_json
 from waltz_engine.ops import cluster_ops
 from waltz_engine.ops.cluster_ops import ClusterView, VerifyReport
-from waltz_engine.ops.tool_config import load_settings
 from waltz_engine.zk.connection import connect
 
 app = options.group(help="Check and verify a whole cluster (servers, storage nodes, ZooKeeper).")
 
-RpcTimeoutOption = Annotated[
-    int,
-    typer.Option(
-        "--timeout-ms", min=1, help="Give up on a server that does not connect or answer in this long."
-    ),
-]
 MS_PER_S = 1000
 PASSED = "Passed"
 FAILED = "Failed"
 EXIT_VERIFY_FAILED = 1
 
 
-def read_view(
-    config: Path | None, zookeeper: str | None, cluster_root: str | None, connect_timeout_ms: int | None
-) -> ClusterView:
-    settings = load_settings(config, zookeeper, cluster_root, connect_timeout_ms)
+def read_view(cluster: Cluster) -> ClusterView:
+    settings = cluster.settings()
     with connect(settings) as client:
         return cluster_ops.read_cluster_view(client, settings.cluster_root)
 
@@ -52,12 +47,9 @@ def say(message: str) -> None:
 
 @app.command("check-connectivity")
 @one_line_errors
+@cluster_command
 def check_connectivity(
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
-    timeout_ms: RpcTimeoutOption = cluster_ops.DEFAULT_TIMEOUT_MS,
+    cluster: Cluster = FROM_OPTIONS,
     as_json: JsonOption = False,
 ) -> None:
     """Checks the connectivity of the cluster: each live server (from ZooKeeper) is asked to open
@@ -65,9 +57,9 @@ def check_connectivity(
 
     Example: waltz cluster check-connectivity -c tools.yml
     """
-    view = read_view(config, zookeeper, cluster_root, connect_timeout_ms)
-    ssl_context = cluster_ops.tools_ssl_context(config)
-    statuses = asyncio.run(cluster_ops.check_connectivity(view, ssl_context, timeout_ms))
+    view = read_view(cluster)
+    ssl_context = cluster_ops.tools_ssl_context(cluster.config)
+    statuses = asyncio.run(cluster_ops.check_connectivity(view, ssl_context, cluster.timeout_ms))
     if as_json:
         print_json({"servers": [s.to_json() for s in statuses]})
         return
@@ -79,19 +71,13 @@ def check_connectivity(
 
 @app.command("verify")
 @one_line_errors
+@cluster_command(default_timeout_ms=cluster_ops.DEFAULT_VERIFY_TIMEOUT_S * MS_PER_S)
 def verify(
     partition: Annotated[
         int | None,
         typer.Option("--partition", "-p", help="Only this partition (default: every partition)."),
     ] = None,
-    timeout_ms: Annotated[
-        int,
-        typer.Option("--timeout-ms", min=1, help="How long to wait for each server or storage node answer."),
-    ] = cluster_ops.DEFAULT_VERIFY_TIMEOUT_S * MS_PER_S,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
+    cluster: Cluster = FROM_OPTIONS,
     as_json: JsonOption = False,
 ) -> None:
     """Validates if partition(s) is handled by some server: the original's seven validations
@@ -100,10 +86,10 @@ def verify(
 
     Example: waltz cluster verify -c tools.yml -p 3 --timeout-ms 10000
     """
-    view = read_view(config, zookeeper, cluster_root, connect_timeout_ms)
+    view = read_view(cluster)
     cluster_ops.check_verify_partition(view, partition)
-    ssl_context = cluster_ops.tools_ssl_context(config)
-    report = asyncio.run(cluster_ops.verify(view, ssl_context, timeout_ms / MS_PER_S))
+    ssl_context = cluster_ops.tools_ssl_context(cluster.config)
+    report = asyncio.run(cluster_ops.verify(view, ssl_context, cluster.timeout_ms / MS_PER_S))
     if partition is not None:
         report = report._replace(partitions=(report.partitions[partition],))
     if as_json:
@@ -116,16 +102,13 @@ def verify(
 
 @app.command("under-replicated")
 @one_line_errors
+@cluster_command
 def under_replicated(
     partitions: Annotated[
         str | None,
         typer.Option("--partition", "-p", help="Partition ids and ranges (default: every partition)."),
     ] = None,
-    timeout_ms: RpcTimeoutOption = cluster_ops.DEFAULT_TIMEOUT_MS,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
+    cluster: Cluster = FROM_OPTIONS,
     as_json: JsonOption = False,
 ) -> None:
     """Partitions whose caught-up, reachable replicas are fewer than their assigned count, with
@@ -138,16 +121,15 @@ def under_replicated(
     from waltz_engine.storage.network_reader import ClusterAccess, check_partition_ids
     from waltz_engine.zk.partition_ranges import parse_partition_ranges
 
-    settings = load_settings(config, zookeeper, cluster_root, connect_timeout_ms)
-    view = read_view(config, zookeeper, cluster_root, connect_timeout_ms)
+    view = read_view(cluster)
     wanted = (
         None
         if partitions is None
         else check_partition_ids(parse_partition_ranges(partitions), view.num_partitions)
     )
-    tls = cluster_ops.tools_tls_config(config)
-    context = view.storage_context(cluster_ops.tools_ssl_context(config), timeout_ms)
-    report = asyncio.run(replication_report(view, context, ClusterAccess(settings, tls), wanted))
+    context = view.storage_context(cluster.tls_context(), cluster.timeout_ms)
+    access = ClusterAccess(cluster.settings(), cluster.tls_config())
+    report = asyncio.run(replication_report(view, context, access, wanted))
     if as_json:
         print_json(report.to_json())
         return

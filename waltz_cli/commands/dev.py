@@ -17,6 +17,7 @@ from waltz_engine.ops.devcluster import (
     DEFAULT_SERVERS,
     DEFAULT_STORAGES,
     DEFAULT_WAIT_TIMEOUT_MS,
+    STATE_FILE_NAME,
     ClusterStatus,
     DevClusterError,
     LocalCluster,
@@ -51,7 +52,8 @@ def _summary(status: ClusterStatus) -> list[str]:
     for node in status.nodes:
         ports = " ".join(f"{name}={port}" for name, port in node.ports.items())
         state = "healthy" if node.healthy else ("running" if node.running else "down")
-        lines.append(f"{node.name:<11} {state:<8} pid={node.pid or '-'} {ports}")
+        data = f" data={node.data_dir}" if node.data_dir is not None else ""
+        lines.append(f"{node.name:<11} {state:<8} pid={node.pid or '-'} {ports}{data}")
     lines += [f"cluster     {status.cluster_root}", f"client      {status.client_config}"]
     return lines
 
@@ -207,10 +209,14 @@ def down(
         ),
     ] = False,
 ) -> None:
-    """Stop servers, storage nodes and ZooKeeper (in that order).
+    """Stop servers, storage nodes and ZooKeeper (in that order); no cluster there is no error.
 
     Example: waltz dev down --dir .waltz-dev --clean
     """
+    if not (directory / STATE_FILE_NAME).exists():
+        # Nothing to stop is what a teardown script wants: exit 0, saying so.
+        console.print(f"no dev cluster in {directory}: nothing to stop", markup=False)
+        return
     LocalCluster.open(directory).down(clean)
     if not clean:
         console.print("stopped", markup=False)

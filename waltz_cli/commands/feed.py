@@ -15,18 +15,19 @@ from typing import Annotated, Any
 import typer
 
 from waltz_cli.options import (
-    ClientTimeoutOption,
-    ConfigOption,
+    FROM_OPTIONS,
+    AllPartitionsOption,
+    Cluster,
     JsonOption,
+    OptionalPartitionsOption,
     PartitionOption,
-    RootOption,
-    ZooKeeperOption,
+    chosen_partitions,
+    cluster_command,
 )
-from waltz_cli.output import fail, one_line_errors, print_json
-from waltz_engine.common.decoder import Decoder, load_decoder
+from waltz_cli.output import note, one_line_errors, print_json, usage_error
+from waltz_engine.common.decoder import Decoder, load_decoder, try_decode
 from waltz_engine.ops import client_tools
-from waltz_engine.ops.client_tools import DEFAULT_TIMEOUT_MS, AppendItem, TailedTransaction, TailRange
-from waltz_engine.zk.partition_ranges import parse_partition_ranges
+from waltz_engine.ops.client_tools import AppendItem, ClientToolError, TailedTransaction, TailRange
 
 STDIN = "-"
 INTERRUPTED = 130
@@ -64,10 +65,14 @@ def _render(
     decoder: Decoder | None, as_json: bool, with_partition: bool
 ) -> Callable[[TailedTransaction], None]:
     def show(item: TailedTransaction) -> None:
-        decoded = decoder(item.data) if decoder is not None and item.data is not None else None
+        decoded, error = (
+            try_decode(decoder, item.data) if decoder is not None and item.data is not None else (None, None)
+        )
         if as_json:
             value = item.to_json()
-            if decoder is not None:
+            if error is not None:
+                value["decode_error"] = error
+            elif decoder is not None:
                 value["decoded"] = (
                     decoded if isinstance(decoded, (dict, list, int, float, bool)) else str(decoded)
                 )
@@ -76,33 +81,28 @@ def _render(
         line = f"{item.transaction_id}\theader={item.header}\treqId={item.req_id}"
         if with_partition:
             line = f"partition={item.partition_id}\t{line}"
-        if item.data is not None:
+        if error is not None:
+            line += f"\tdecode_error={error}\tdata={_readable(item.data or b'')}"
+        elif item.data is not None:
             line += f"\tdata={decoded if decoder is not None else _readable(item.data)}"
         typer.echo(line)
 
     return show
 
 
-def _partitions(partition: str | None, every: bool) -> list[int] | None:
-    """The partitions asked for; None for --all."""
-    if every and partition is not None:
-        fail("give -p/--partition or --all, not both")
-    if every:
-        return None
-    if partition is None:
-        fail("which partitions? give -p/--partition (e.g. -p 0 or -p 0,2-3) or --all")
-    return parse_partition_ranges(partition)
-
-
 @one_line_errors
+@cluster_command
 def tail(
-    partition: Annotated[
-        str | None,
-        typer.Option("--partition", "-p", help="Partition ids and ranges, e.g. 0 or 0,2-3."),
-    ] = None,
-    every: Annotated[bool, typer.Option("--all", help="Every partition of the cluster.")] = False,
+    partition: OptionalPartitionsOption = None,
+    every: AllPartitionsOption = False,
     from_transaction: Annotated[
-        int, typer.Option("--from", min=0, help="First transaction id to print (default: the beginning).")
+        int,
+        typer.Option(
+            "--from",
+            min=0,
+            help="First transaction id to print; waited for when following, a partition that does not "
+            "reach it is skipped with --no-follow.",
+        ),
     ] = 0,
     from_latest: Annotated[
         bool, typer.Option("--from-latest", help="Print only transactions appended from now on.")
@@ -128,10 +128,7 @@ def tail(
         ),
     ] = None,
     as_json: JsonOption = False,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    timeout_ms: ClientTimeoutOption = DEFAULT_TIMEOUT_MS,
+    cluster: Cluster = FROM_OPTIONS,
 ) -> None:
     """Print transactions (id, header, reqId, data) of one or more partitions as they are committed.
 
@@ -144,19 +141,21 @@ def tail(
 
     Example: waltz tail --all --max 10 -z localhost:2181 -r /waltz
     """
-    partitions = _partitions(partition, every)
+    partitions = chosen_partitions(partition, every)
     decode = load_decoder(decoder) if decoder is not None else None
-    span = TailRange(None if from_latest else from_transaction, to_transaction, max_transactions)
-    client_config = client_tools.load_client_config(
-        config, zookeeper=zookeeper, cluster_root=cluster_root, timeout_ms=timeout_ms
-    )
+    try:
+        span = TailRange(None if from_latest else from_transaction, to_transaction, max_transactions)
+    except ClientToolError as e:  # flags that contradict each other: a usage error
+        usage_error(str(e))
+    client_config = cluster.client_config()
     stream = client_tools.tail(
         client_config,
         partitions,
         span=span,
         follow=follow,
         with_data=data or decode is not None,
-        timeout_ms=timeout_ms,
+        timeout_ms=cluster.timeout_ms,
+        note=note,
     )
     run_async(stream, _render(decode, as_json, with_partition=partitions is None or len(partitions) > 1))
 
@@ -170,6 +169,7 @@ def _items(data: str | None, header: int, locks: tuple[Any, ...]) -> Iterator[Ap
 
 
 @one_line_errors
+@cluster_command
 def append(
     partition: PartitionOption,
     data: Annotated[
@@ -178,12 +178,10 @@ def append(
     header: Annotated[int, typer.Option("--header", help="The transaction header (int32).")] = 0,
     lock: Annotated[list[str] | None, typer.Option("--lock", help="Write lock NAME:ID (repeatable).")] = None,
     as_json: JsonOption = False,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    timeout_ms: ClientTimeoutOption = DEFAULT_TIMEOUT_MS,
+    cluster: Cluster = FROM_OPTIONS,
 ) -> None:
-    """Append one transaction (or one per stdin line) and print each committed transaction id.
+    """Append one transaction (or one per stdin line) to one partition and print each committed
+    transaction id ("partition 1: committed transaction 42").
 
     With --json: one object per committed transaction, {"partition": P, "transaction_id": T}.
 
@@ -192,17 +190,17 @@ def append(
     Example: waltz append -p 1 --json - < lines.txt
     """
     if not -(2**31) <= header < 2**31:
-        fail(f"--header must be an int32, got {header}")
+        usage_error(f"--header must be an int32, got {header}")
     locks = tuple(client_tools.parse_lock(text) for text in lock or [])
-    client_config = client_tools.load_client_config(
-        config, zookeeper=zookeeper, cluster_root=cluster_root, timeout_ms=timeout_ms
+    client_config = cluster.client_config()
+    stream = client_tools.append(
+        client_config, partition, _items(data, header, locks), timeout_ms=cluster.timeout_ms
     )
-    stream = client_tools.append(client_config, partition, _items(data, header, locks), timeout_ms=timeout_ms)
 
     def show(transaction_id: int) -> None:
         if as_json:
             print_json({"partition": partition, "transaction_id": transaction_id})
         else:
-            typer.echo(str(transaction_id))
+            typer.echo(f"partition {partition}: committed transaction {transaction_id}")
 
     run_async(stream, show)

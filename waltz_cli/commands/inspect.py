@@ -18,7 +18,7 @@ from rich.table import Table
 from waltz_cli import options
 from waltz_cli.commands import frame as frame_command
 from waltz_cli.options import JsonOption, TransactionOption
-from waltz_cli.output import console, fail, one_line_errors, print_json
+from waltz_cli.output import console, fail, human_size, one_line_errors, print_json
 from waltz_engine.common.decoder import load_decoder
 from waltz_engine.ops.inspect import inspect_control, inspect_segment, segment_stats, verify
 
@@ -117,7 +117,7 @@ def segment(
         f"Partition {header['partition_id']}, first txid {header['first_transaction_id']}, "
         f"key {header['key']}, version {header['version']}, created {_time(header['creation_time'])}"
     )
-    console.print(f"Data {result['data_size_bytes']} bytes, index {result['index_entries']} entries")
+    console.print(f"Data {human_size(result['data_size_bytes'])}, index {result['index_entries']} entries")
     table = Table("TxID", "Offset", "ReqId c/g/p/s", "Header", "Checksum", "Data (hex)", "Text")
     if decode:
         table.add_column("Decoded")

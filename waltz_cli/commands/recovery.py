@@ -14,21 +14,19 @@ from rich.table import Table
 from rich.text import Text
 
 from waltz_cli.commands.cluster import say
-from waltz_cli.commands.storage_admin import StoragePortOption, TimeoutOption, storage_node
+from waltz_cli.commands.storage_admin import StoragePortOption, storage_node
 from waltz_cli.options import (
-    ConfigOption,
-    ConnectTimeoutOption,
+    FROM_OPTIONS,
+    Cluster,
     JsonOption,
     PartitionOption,
-    RootOption,
     SslConfigOption,
     StorageOption,
-    ZooKeeperOption,
+    cluster_command,
 )
 from waltz_cli.output import console, one_line_errors, print_json
 from waltz_engine.ops import cluster_ops
 from waltz_engine.ops.cluster_ops import RecoverResult
-from waltz_engine.ops.tool_config import load_settings
 from waltz_engine.storage import admin_ops
 from waltz_engine.zk.connection import connect
 
@@ -36,15 +34,10 @@ MS_PER_S = 1000
 
 
 @one_line_errors
+@cluster_command(default_timeout_ms=int(cluster_ops.DEFAULT_RECOVER_TIMEOUT_S * MS_PER_S))
 def recover(
     partition: PartitionOption,
-    timeout_ms: Annotated[
-        int, typer.Option("--timeout-ms", min=1, help="How long to wait for the recovery to finish.")
-    ] = int(cluster_ops.DEFAULT_RECOVER_TIMEOUT_S * MS_PER_S),
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
+    cluster: Cluster = FROM_OPTIONS,
     ssl_config: SslConfigOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -57,12 +50,12 @@ def recover(
 
     Example: waltz recover -c tools.yml -p 0
     """
-    settings = load_settings(config, zookeeper, cluster_root, connect_timeout_ms)
+    settings = cluster.settings()
     ssl_context = admin_ops.client_ssl_context(ssl_config)
     with connect(settings) as client:
         result = asyncio.run(
             cluster_ops.recover_partition(
-                client, settings.cluster_root, partition, ssl_context, timeout_s=timeout_ms / MS_PER_S
+                client, settings.cluster_root, partition, ssl_context, timeout_s=cluster.timeout_ms / MS_PER_S
             )
         )
     if as_json:
@@ -90,6 +83,7 @@ def _render_recovery(result: RecoverResult) -> None:
 
 
 @one_line_errors
+@cluster_command
 def truncate(
     storage: StorageOption,
     partition: PartitionOption,
@@ -98,12 +92,8 @@ def truncate(
     force: Annotated[
         bool, typer.Option("--force", help="Cut below the replica's low-water mark (committed data).")
     ] = False,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
+    cluster: Cluster = FROM_OPTIONS,
     ssl_config: SslConfigOption = None,
-    timeout_ms: TimeoutOption = admin_ops.DEFAULT_TIMEOUT_MS,
     as_json: JsonOption = False,
 ) -> None:
     """Remove a replica's transactions after --to, offline.
@@ -113,9 +103,7 @@ def truncate(
 
     Example: waltz truncate -c tools.yml -s localhost:55280 -p 0 --to 41
     """
-    with storage_node(
-        storage, config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms
-    ) as (
+    with storage_node(storage, cluster, ssl_config) as (
         context,
         node,
     ):

@@ -7,6 +7,7 @@ ZooKeeper, and each storage node's cleaner removes whole segments below the effe
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -14,69 +15,123 @@ from rich.table import Table
 
 from waltz_cli import options
 from waltz_cli.options import (
-    ConfigOption,
-    ConnectTimeoutOption,
+    FROM_OPTIONS,
+    Cluster,
     JsonOption,
     PartitionOption,
-    RootOption,
     SslConfigOption,
-    ZooKeeperOption,
+    cluster_command,
 )
 from waltz_cli.output import console, fail, one_line_errors, print_json
-from waltz_engine.ops.retention_report import RetentionReport, read_retentions, replica_starts
-from waltz_engine.ops.tool_config import load_settings
+from waltz_engine.common.config import DEV_CLUSTER_DIRECTORY
+from waltz_engine.ops.retention_report import RetentionReport, read_retentions, replica_starts, segments_below
 from waltz_engine.storage import admin_ops
+from waltz_engine.storage.network_reader import ClusterAccess, committed_high_water_marks
 from waltz_engine.zk import retention
 from waltz_engine.zk.connection import connect
+from waltz_engine.zk.partition_ranges import not_in_cluster
+from waltz_engine.zk.retention import effective_bound
 
 app = options.group(help="Log retention: which records the storage nodes may remove.")
 
 DEFAULT_TIMEOUT_MS = 10_000
 NONE_TEXT = "-"
+DEV_STORAGE_DATA_GLOB = "storage-*/data"  # a dev cluster's storage nodes' data directories
+
+
+def say(message: str) -> None:
+    """One line, never wrapped or read as markup (paths)."""
+    console.print(message, soft_wrap=True, markup=False, highlight=False)
 
 
 def _check_partition(partition: int, num_partitions: int) -> None:
     if not 0 <= partition < num_partitions:
-        fail(f"partition {partition} does not exist (the cluster has {num_partitions} partitions)")
+        fail(not_in_cluster([partition], num_partitions))
 
 
 @app.command("set")
 @one_line_errors
+@cluster_command
 def set_(
     partition: PartitionOption,
     before: Annotated[int, typer.Option("--before", help="Records below this txid may be removed.")],
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", "-f", help="Set a bound above the committed high-water mark + 1 (not checked then)."
+        ),
+    ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run", help="Change nothing; list the segments the bound would let the cleaners remove."
+        ),
+    ] = False,
+    storage_dirs: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--storage-dir",
+            help="A storage node's data directory for --dry-run (repeat; default: the dev cluster's).",
+        ),
+    ] = None,
+    cluster: Cluster = FROM_OPTIONS,
 ) -> None:
     """Let the storage nodes remove records of a partition below --before (unexported ones stay).
+
+    A bound above the partition's committed high-water mark + 1 is refused without --force: it
+    would let records go as soon as they are written.
+
+    Example: waltz retention set -p 0 --before 100000 --dry-run
 
     Example: waltz retention set -z 127.0.0.1:2181 -r /waltz --partition 0 --before 100000
     """
     if before < 0:
         fail(f"--before must not be negative, got {before}")
-    settings = load_settings(config, zookeeper, cluster_root, connect_timeout_ms)
+    settings = cluster.settings()
     with connect(settings) as client:
-        _check_partition(partition, admin_ops.read_store_layout(client, settings.cluster_root).num_partitions)
-        retention.set_retention_bound(client, settings.cluster_root, partition, before)
-    console.print(f"partition {partition}: records below {before} may be removed")
+        layout = admin_ops.read_store_layout(client, settings.cluster_root)
+        _check_partition(partition, layout.num_partitions)
+        watermarks = read_retentions(client, settings.cluster_root, layout)[partition].watermarks
+        if not force:
+            mark = committed_high_water_marks(ClusterAccess(settings), [partition])[partition]
+            if before > mark + 1:
+                fail(
+                    f"--before {before} is above partition {partition}'s committed high-water mark {mark}: "
+                    f"records {mark + 1}..{before - 1} would go as soon as they are written "
+                    f"(give --before {mark + 1} at most, or --force)"
+                )
+        if not dry_run:
+            retention.set_retention_bound(client, settings.cluster_root, partition, before)
+    if not dry_run:
+        console.print(f"partition {partition}: records below {before} may be removed")
+        return
+    _dry_run(partition, effective_bound(before, list(watermarks.values())) or 0, before, storage_dirs)
+
+
+def _dry_run(partition: int, limit: int, before: int, storage_dirs: list[Path] | None) -> None:
+    kept = f" (exports keep what they have not read: below {limit} only)" if limit < before else ""
+    say(f"dry run, nothing changed: partition {partition}: records below {before} could be removed{kept}")
+    directories = storage_dirs or sorted(Path(DEV_CLUSTER_DIRECTORY).glob(DEV_STORAGE_DATA_GLOB))
+    if not directories:
+        fail("no storage directory to list segments from: give --storage-dir (a storage node's data dir)")
+    for directory in directories:
+        going = segments_below(directory, partition, limit)
+        listed = ", ".join(f"{first}..{last}" for first, last in going) or "none"
+        say(f"{directory}: segments that may go: {listed}")
 
 
 @app.command("clear")
 @one_line_errors
+@cluster_command
 def clear(
     partition: PartitionOption,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
+    cluster: Cluster = FROM_OPTIONS,
 ) -> None:
     """Remove the bound of a partition: nothing more is removed (removed records do not come back).
 
     Example: waltz retention clear -z 127.0.0.1:2181 -r /waltz --partition 0
     """
-    settings = load_settings(config, zookeeper, cluster_root, connect_timeout_ms)
+    settings = cluster.settings()
     with connect(settings) as client:
         existed = retention.clear_retention_bound(client, settings.cluster_root, partition)
     console.print(f"partition {partition}: " + ("bound cleared" if existed else "had no bound"))
@@ -84,29 +139,21 @@ def clear(
 
 @app.command("show")
 @one_line_errors
+@cluster_command
 def show(
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
+    cluster: Cluster = FROM_OPTIONS,
     ssl_config: SslConfigOption = None,
-    timeout_ms: Annotated[
-        int,
-        typer.Option(
-            "--timeout-ms", min=1, help="Give up on a storage node that does not answer in this long."
-        ),
-    ] = DEFAULT_TIMEOUT_MS,
     as_json: JsonOption = False,
 ) -> None:
     """Per partition: the bound, export watermarks, the effective bound and each replica's first txid.
 
     Example: waltz retention show -z 127.0.0.1:2181 -r /waltz
     """
-    settings = load_settings(config, zookeeper, cluster_root, connect_timeout_ms)
+    settings = cluster.settings()
     with connect(settings) as client:
         layout = admin_ops.read_store_layout(client, settings.cluster_root)
         partitions = read_retentions(client, settings.cluster_root, layout)
-    replicas = asyncio.run(replica_starts(layout, admin_ops.client_ssl_context(ssl_config), timeout_ms))
+    replicas = asyncio.run(replica_starts(layout, cluster.tls_context(ssl_config), cluster.timeout_ms))
     report = RetentionReport(partitions, replicas)
     if as_json:
         print_json(report.to_json())

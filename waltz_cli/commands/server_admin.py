@@ -8,26 +8,24 @@ to the `waltz server` group with :func:`register`.
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from waltz_cli.commands.cluster import say
 from waltz_cli.options import (
-    ConfigOption,
-    ConnectTimeoutOption,
+    FROM_OPTIONS,
+    Cluster,
     JsonOption,
     PartitionOption,
     PartitionsOption,
-    RootOption,
-    ZooKeeperOption,
+    cluster_command,
 )
-from waltz_cli.output import one_line_errors, print_json
+from waltz_cli.output import one_line_errors, print_json, usage_error
 from waltz_engine.common.address import HostPort, parse_host_port
 from waltz_engine.ops import cluster_ops
 from waltz_engine.ops.cluster_ops import ForcedAssignment
-from waltz_engine.ops.tool_config import load_settings
+from waltz_engine.ops.top import dev_cluster_http
 from waltz_engine.zk.connection import connect
 from waltz_engine.zk.partition_ranges import parse_partition_ranges
 
@@ -61,33 +59,40 @@ def register(app: typer.Typer) -> None:
 @one_line_errors
 def list_(
     http: Annotated[
-        str, typer.Option("--http", help="The server's HTTP address HOST:PORT (server.jetty.port).")
-    ],
+        str | None,
+        typer.Option(
+            "--http",
+            help="The server's HTTP address HOST:PORT (server.jetty.port); default: every server of "
+            "the local dev cluster.",
+        ),
+    ] = None,
     timeout_ms: TimeoutOption = cluster_ops.DEFAULT_TIMEOUT_MS,
     as_json: JsonOption = False,
 ) -> None:
     """List Waltz server partition information (its partitions and their storage nodes, from /metrics).
 
+    With --json and no --http: one document per server of the dev cluster (JSON lines).
+
+    Example: waltz server list
+
     Example: waltz server list --http localhost:55282
     """
-    found = cluster_ops.server_list(parse_host_port(http, "Http"), timeout_ms)
-    if as_json:
-        print_json(found.to_json())
-        return
-    for line in found.lines():
-        say(line)
+    addresses = [http] if http is not None else list(dev_cluster_http(None, ("servers",)))
+    if not addresses:
+        usage_error("which server? give --http HOST:PORT (its server.jetty.port); no dev cluster here")
+    for address in addresses:
+        found = cluster_ops.server_list(parse_host_port(address, "Http"), timeout_ms)
+        if as_json:
+            print_json(found.to_json())
+            continue
+        for line in found.lines():
+            say(line)
 
 
-def _server_endpoint(
-    server: str,
-    config: Path | None,
-    zookeeper: str | None,
-    cluster_root: str | None,
-    connect_timeout_ms: int | None,
-) -> HostPort:
+def _server_endpoint(server: str, cluster: Cluster) -> HostPort:
     """``--server``: HOST:PORT as given, or a live server's id looked up in ZooKeeper."""
     if server.strip().isdigit():
-        settings = load_settings(config, zookeeper, cluster_root, connect_timeout_ms)
+        settings = cluster.settings()
         with connect(settings) as client:
             return cluster_ops.server_endpoint(client, settings.cluster_root, int(server))
     return parse_host_port(server, "Server", "host:server_port (or a server id)")
@@ -97,15 +102,13 @@ def _preferred(
     add: bool,
     server: str,
     partition: str,
-    where: tuple[Path | None, str | None, str | None, int | None],
-    timeout_ms: int,
+    cluster: Cluster,
     as_json: bool,
 ) -> None:
     ids = parse_partition_ranges(partition)
-    endpoint = _server_endpoint(server, *where)
-    ssl_context = cluster_ops.tools_ssl_context(where[0])
+    endpoint = _server_endpoint(server, cluster)
     change = cluster_ops.add_preferred_partitions if add else cluster_ops.remove_preferred_partitions
-    asyncio.run(change(endpoint, ids, ssl_context, timeout_ms))
+    asyncio.run(change(endpoint, ids, cluster.tls_context(), cluster.timeout_ms))
     if as_json:
         print_json({"server": str(endpoint), "partitions": ids, "preferred": add})
     else:
@@ -114,14 +117,11 @@ def _preferred(
 
 
 @one_line_errors
+@cluster_command
 def add_preferred_partition(
     server: ServerOption,
     partition: PartitionsOption,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
-    timeout_ms: TimeoutOption = cluster_ops.DEFAULT_TIMEOUT_MS,
+    cluster: Cluster = FROM_OPTIONS,
     as_json: JsonOption = False,
 ) -> None:
     """Add a preferred partition or multiple partitions to the server (it takes them over).
@@ -131,19 +131,15 @@ def add_preferred_partition(
 
     Example: waltz server add-preferred-partition --server localhost:55280 -p 0-3
     """
-    where = (config, zookeeper, cluster_root, connect_timeout_ms)
-    _preferred(True, server, partition, where, timeout_ms, as_json)
+    _preferred(True, server, partition, cluster, as_json)
 
 
 @one_line_errors
+@cluster_command
 def remove_preferred_partition(
     server: ServerOption,
     partition: PartitionsOption,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
-    timeout_ms: TimeoutOption = cluster_ops.DEFAULT_TIMEOUT_MS,
+    cluster: Cluster = FROM_OPTIONS,
     as_json: JsonOption = False,
 ) -> None:
     """Remove a preferred partition or multiple partitions from the server.
@@ -152,8 +148,7 @@ def remove_preferred_partition(
 
     Example: waltz server remove-preferred-partition --server localhost:55280 -p 0-3
     """
-    where = (config, zookeeper, cluster_root, connect_timeout_ms)
-    _preferred(False, server, partition, where, timeout_ms, as_json)
+    _preferred(False, server, partition, cluster, as_json)
 
 
 def _show(result: ForcedAssignment, as_json: bool) -> None:
@@ -169,13 +164,11 @@ def _show(result: ForcedAssignment, as_json: bool) -> None:
 
 
 @one_line_errors
+@cluster_command
 def assign(
     partition: PartitionOption,
     server: Annotated[int, typer.Option("--server", help="Id of a live server (see `waltz zk list`).")],
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
+    cluster: Cluster = FROM_OPTIONS,
     as_json: JsonOption = False,
 ) -> None:
     """Force a partition onto a server (kept there while the server lives, until unassign).
@@ -184,26 +177,24 @@ def assign(
 
     Example: waltz server assign -c tools.yml --partition 3 --server 2
     """
-    settings = load_settings(config, zookeeper, cluster_root, connect_timeout_ms)
+    settings = cluster.settings()
     with connect(settings) as client:
         result = cluster_ops.assign_partition(client, settings.cluster_root, partition, server)
     _show(result, as_json)
 
 
 @one_line_errors
+@cluster_command
 def unassign(
     partition: PartitionOption,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
+    cluster: Cluster = FROM_OPTIONS,
     as_json: JsonOption = False,
 ) -> None:
     """Hand a forced partition back to the assignment policy.
 
     Example: waltz server unassign -c tools.yml --partition 3
     """
-    settings = load_settings(config, zookeeper, cluster_root, connect_timeout_ms)
+    settings = cluster.settings()
     with connect(settings) as client:
         result = cluster_ops.unassign_partition(client, settings.cluster_root, partition)
     _show(result, as_json)

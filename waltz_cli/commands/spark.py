@@ -16,7 +16,7 @@ from rich.text import Text
 from waltz_cli import options
 from waltz_cli.options import ENV_CONFIG, JsonOption, RootOption, ZooKeeperOption
 from waltz_cli.output import console, fail, one_line_errors, print_json, progress_bar
-from waltz_engine.common.config import Config
+from waltz_engine.common.config import Config, resolve_config_path
 from waltz_engine.ops.tool_config import load_tool_config
 from waltz_engine.zk.connection import KEY_CLUSTER_ROOT, KEY_CONNECT_STRING
 
@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 
 app = options.group(help="Spark jobs over a Waltz log (export to Parquet).")
 
-# The cluster is named explicitly (or by the environment): unlike other commands the export does
-# not fall back to a local dev cluster, since directories alone are a valid (offline) source too.
+# Without -c/-z the export reads the local dev cluster, as every command does, unless it is given
+# storage directories: those alone are a valid (offline) source.
 ExportConfigOption = Annotated[
     Path | None,
     typer.Option(
@@ -35,7 +35,7 @@ ExportConfigOption = Annotated[
         "-c",
         envvar=ENV_CONFIG,
         help="Client YAML: zookeeper.connectString, cluster.root and the TLS keys (ssl.*) to reach "
-        "the storage nodes.",
+        "the storage nodes; default (without storage directories): the local dev cluster's.",
     ),
 ]
 # Exit status of a run stopped by Ctrl-C (128 + SIGINT), as shells report it.
@@ -115,6 +115,8 @@ def _read_options(
     )
 
     options = {OPTION_ON_CORRUPT: on_corrupt}
+    if config is None and zookeeper is None and not directories:
+        config = resolve_config_path(None)
     if config is not None:
         loaded = load_tool_config(config) or Config({}, str(config))
         zookeeper = zookeeper or loaded.optional_str(KEY_CONNECT_STRING)
@@ -179,6 +181,14 @@ def export(
     decoder: Annotated[
         str | None, typer.Option("--decoder", help="module:function; adds a 'decoded' text column.")
     ] = None,
+    on_decode_error: Annotated[
+        str,
+        typer.Option(
+            "--on-decode-error",
+            help="A record the --decoder cannot read: fail (naming partition and transaction), "
+            "skip it, or raw (kept with an empty 'decoded').",
+        ),
+    ] = "fail",
     master: Annotated[
         str, typer.Option("--master", "-m", help="local[*], or spark://HOST:PORT to spark-submit the job.")
     ] = "local[*]",
@@ -227,6 +237,7 @@ def export(
         ),
         format=output_format,
         decoder=decoder,
+        on_decode_error=on_decode_error,
         incremental=incremental,
         export_id=export_id,
     )

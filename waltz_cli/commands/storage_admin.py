@@ -22,18 +22,16 @@ from rich.table import Table
 from rich.text import Text
 
 from waltz_cli.options import (
-    ConfigOption,
-    ConnectTimeoutOption,
+    FROM_OPTIONS,
+    Cluster,
     JsonOption,
     PartitionOption,
     PartitionsOption,
-    RootOption,
     SslConfigOption,
     StorageOption,
-    ZooKeeperOption,
+    cluster_command,
 )
 from waltz_cli.output import console, err_console, fail, one_line_errors, print_json
-from waltz_engine.ops.tool_config import load_settings
 from waltz_engine.storage import admin_ops
 from waltz_engine.storage.admin_ops import (
     NodePartitions,
@@ -42,19 +40,11 @@ from waltz_engine.storage.admin_ops import (
     StorageNode,
     StoreLayout,
 )
-from waltz_engine.zk.connection import ZooKeeperSettings, connect
+from waltz_engine.zk.connection import connect
 from waltz_engine.zk.partition_ranges import format_partition_ranges, parse_partition_ranges
 
 T = TypeVar("T")
 
-TimeoutOption = Annotated[
-    int,
-    typer.Option(
-        "--timeout-ms",
-        min=1,
-        help="Give up on a storage node that does not connect or answer in this long.",
-    ),
-]
 StoragePortOption = Annotated[
     int | None,
     typer.Option(
@@ -83,44 +73,26 @@ def register(app: typer.Typer) -> None:
 # --- plumbing -------------------------------------------------------------------------------
 
 
-def _read_layout(
-    config: Path | None, zookeeper: str | None, cluster_root: str | None, connect_timeout_ms: int | None
-) -> StoreLayout:
-    settings = load_settings(config, zookeeper, cluster_root, connect_timeout_ms)
+def _read_layout(cluster: Cluster) -> StoreLayout:
+    settings = cluster.settings()
     with connect(settings) as client:
         return admin_ops.read_store_layout(client, settings.cluster_root)
 
 
 @contextmanager
-def _storage(
-    config: Path | None,
-    zookeeper: str | None,
-    cluster_root: str | None,
-    connect_timeout_ms: int | None,
-    ssl_config: Path | None,
-    timeout_ms: int,
-) -> Iterator[tuple[StorageContext, StoreLayout]]:
-    layout = _read_layout(config, zookeeper, cluster_root, connect_timeout_ms)
-    yield layout.context(admin_ops.client_ssl_context(ssl_config), timeout_ms), layout
+def _storage(cluster: Cluster, ssl_config: Path | None) -> Iterator[tuple[StorageContext, StoreLayout]]:
+    layout = _read_layout(cluster)
+    yield layout.context(cluster.tls_context(ssl_config), cluster.timeout_ms), layout
 
 
 @contextmanager
 def storage_node(
-    storage: str,
-    config: Path | None,
-    zookeeper: str | None,
-    cluster_root: str | None,
-    connect_timeout_ms: int | None,
-    ssl_config: Path | None,
-    timeout_ms: int,
+    storage: str, cluster: Cluster, ssl_config: Path | None
 ) -> Iterator[tuple[StorageContext, StorageNode]]:
     """The admin context and the node ``storage`` names (its data or admin address); a
     malformed address fails before ZooKeeper is asked."""
     admin_ops.parse_storage_address(storage)
-    with _storage(config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms) as (
-        ctx,
-        layout,
-    ):
+    with _storage(cluster, ssl_config) as (ctx, layout):
         yield ctx, layout.resolve_node(storage)
 
 
@@ -153,6 +125,7 @@ def _name(node: StorageNode) -> str:
 
 
 @one_line_errors
+@cluster_command
 def list_(
     storage: Annotated[
         str | None,
@@ -163,12 +136,8 @@ def list_(
             "default: every node.",
         ),
     ] = None,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
+    cluster: Cluster = FROM_OPTIONS,
     ssl_config: SslConfigOption = None,
-    timeout_ms: TimeoutOption = admin_ops.DEFAULT_TIMEOUT_MS,
     as_json: JsonOption = False,
 ) -> None:
     """List partition ownership data of storage nodes (session, watermarks, assigned, available, damaged).
@@ -179,7 +148,7 @@ def list_(
     """
     if storage is not None:
         admin_ops.parse_storage_address(storage)
-    with _storage(config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms) as (
+    with _storage(cluster, ssl_config) as (
         ctx,
         layout,
     ):
@@ -230,24 +199,19 @@ def _render_node(node: NodePartitions) -> None:
 
 
 @one_line_errors
+@cluster_command
 def add_partition(
     storage: StorageOption,
     partition: PartitionsOption,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
+    cluster: Cluster = FROM_OPTIONS,
     ssl_config: SslConfigOption = None,
-    timeout_ms: TimeoutOption = admin_ops.DEFAULT_TIMEOUT_MS,
 ) -> None:
     """Add a partition ownership to a storage node (creates its directory and first segment).
 
     Example: waltz storage add-partition -c tools.yml -s localhost:55280 -p 0-3
     """
     ids = parse_partition_ranges(partition)
-    with storage_node(
-        storage, config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms
-    ) as (
+    with storage_node(storage, cluster, ssl_config) as (
         ctx,
         node,
     ):
@@ -256,18 +220,15 @@ def add_partition(
 
 
 @one_line_errors
+@cluster_command
 def remove_partition(
     storage: StorageOption,
     partition: PartitionsOption,
     delete_storage_files: Annotated[
         bool, typer.Option("--delete-storage-files", help="Also delete the partitions' segment files.")
     ] = False,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
+    cluster: Cluster = FROM_OPTIONS,
     ssl_config: SslConfigOption = None,
-    timeout_ms: TimeoutOption = admin_ops.DEFAULT_TIMEOUT_MS,
 ) -> None:
     """Remove a partition ownership from a storage node; its files are kept unless
     --delete-storage-files is given.
@@ -275,9 +236,7 @@ def remove_partition(
     Example: waltz storage remove-partition -c tools.yml -s localhost:55280 -p 3 --delete-storage-files
     """
     ids = parse_partition_ranges(partition)
-    with storage_node(
-        storage, config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms
-    ) as (
+    with storage_node(storage, cluster, ssl_config) as (
         ctx,
         node,
     ):
@@ -289,6 +248,7 @@ def remove_partition(
 
 
 @one_line_errors
+@cluster_command
 def availability(
     storage: StorageOption,
     partition: PartitionsOption,
@@ -300,12 +260,8 @@ def availability(
             show_default=False,
         ),
     ] = None,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
+    cluster: Cluster = FROM_OPTIONS,
     ssl_config: SslConfigOption = None,
-    timeout_ms: TimeoutOption = admin_ops.DEFAULT_TIMEOUT_MS,
 ) -> None:
     """Set the read/write availability of partitions in a storage node (--online or --offline).
 
@@ -314,9 +270,7 @@ def availability(
     if online is None:
         fail("give --online or --offline")
     ids = parse_partition_ranges(partition)
-    with storage_node(
-        storage, config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms
-    ) as (
+    with storage_node(storage, cluster, ssl_config) as (
         ctx,
         node,
     ):
@@ -326,13 +280,10 @@ def availability(
 
 
 @one_line_errors
+@cluster_command
 def sync_partitions(
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
+    cluster: Cluster = FROM_OPTIONS,
     ssl_config: SslConfigOption = None,
-    timeout_ms: TimeoutOption = admin_ops.DEFAULT_TIMEOUT_MS,
     as_json: JsonOption = False,
 ) -> None:
     """Sync partition ownership to storage nodes based on the assignment in ZooKeeper.
@@ -342,7 +293,7 @@ def sync_partitions(
 
     Example: waltz storage sync-partitions -c tools.yml
     """
-    with _storage(config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms) as (
+    with _storage(cluster, ssl_config) as (
         ctx,
         layout,
     ):
@@ -359,13 +310,10 @@ def sync_partitions(
 
 
 @one_line_errors
+@cluster_command
 def validate(
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
+    cluster: Cluster = FROM_OPTIONS,
     ssl_config: SslConfigOption = None,
-    timeout_ms: TimeoutOption = admin_ops.DEFAULT_TIMEOUT_MS,
     as_json: JsonOption = False,
 ) -> None:
     """Validate Waltz storage node connectivity: open every node's data and admin port.
@@ -374,7 +322,7 @@ def validate(
 
     Example: waltz storage validate -c tools.yml
     """
-    with _storage(config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms) as (
+    with _storage(cluster, ssl_config) as (
         ctx,
         layout,
     ):
@@ -395,6 +343,7 @@ def validate(
 
 
 @one_line_errors
+@cluster_command
 def max_transaction_id(
     storage: StorageOption,
     partition: PartitionOption,
@@ -403,21 +352,15 @@ def max_transaction_id(
         bool,
         typer.Option("--offline", help="Ask in offline-recovery mode (the partition must be unavailable)."),
     ] = False,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
+    cluster: Cluster = FROM_OPTIONS,
     ssl_config: SslConfigOption = None,
-    timeout_ms: TimeoutOption = admin_ops.DEFAULT_TIMEOUT_MS,
     as_json: JsonOption = False,
 ) -> None:
     """Display the max transaction ID of a partition on a storage node.
 
     Example: waltz storage max-transaction-id -c tools.yml -s localhost:55280 -p 0
     """
-    with storage_node(
-        storage, config, zookeeper, cluster_root, connect_timeout_ms, ssl_config, timeout_ms
-    ) as (
+    with storage_node(storage, cluster, ssl_config) as (
         ctx,
         node,
     ):
@@ -440,6 +383,7 @@ def max_transaction_id(
 
 
 @one_line_errors
+@cluster_command
 def recover_partition(
     source_storage: Annotated[
         str,
@@ -469,18 +413,14 @@ def recover_partition(
     ] = admin_ops.DEFAULT_RECOVERY_BATCH_SIZE,
     source_ssl_config: Annotated[
         Path | None,
-        typer.Option("--source-ssl-config-path", help="server.ssl.* YAML for the source node."),
+        typer.Option("--source-ssl-config", help="server.ssl.* YAML for the source node."),
     ] = None,
     destination_ssl_config: Annotated[
         Path | None,
-        typer.Option("--destination-ssl-config-path", help="server.ssl.* YAML for the destination node."),
+        typer.Option("--destination-ssl-config", help="server.ssl.* YAML for the destination node."),
     ] = None,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
+    cluster: Cluster = FROM_OPTIONS,
     ssl_config: SslConfigOption = None,
-    timeout_ms: TimeoutOption = admin_ops.DEFAULT_TIMEOUT_MS,
     as_json: JsonOption = False,
 ) -> None:
     """Copy records of a partition from one storage node (-s) to another (--destination-storage).
@@ -495,13 +435,13 @@ def recover_partition(
     admin_ops.parse_storage_address(source_storage)
     admin_ops.parse_storage_address(destination_storage)
     admin_ops.check_batch_size(batch_size)
-    source_ssl = admin_ops.client_ssl_context(source_ssl_config or ssl_config)
-    destination_ssl = admin_ops.client_ssl_context(destination_ssl_config or ssl_config)
-    layout = _read_layout(config, zookeeper, cluster_root, connect_timeout_ms)
+    source_ssl = cluster.tls_context(source_ssl_config or ssl_config)
+    destination_ssl = cluster.tls_context(destination_ssl_config or ssl_config)
+    layout = _read_layout(cluster)
     source = layout.resolve_node(source_storage)
     destination = layout.resolve_node(destination_storage)
     data_port = destination.data_port(destination_storage_port)
-    ctx = layout.context(source_ssl, timeout_ms)
+    ctx = layout.context(source_ssl, cluster.timeout_ms)
     with _recovery_progress(partition) as progress:
         result = _run(
             admin_ops.recover_partition(
@@ -568,6 +508,7 @@ def _recovery_progress(partition_id: int) -> Iterator[Callable[[RecoveryProgress
 
 
 @one_line_errors
+@cluster_command
 def checksum(
     directory: Annotated[
         Path | None,
@@ -585,11 +526,8 @@ def checksum(
         int | None,
         typer.Option("--to", min=0, help="With --online: the last txid (default: the committed mark now)."),
     ] = None,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
     ssl_config: SslConfigOption = None,
+    cluster: Cluster = FROM_OPTIONS,
     as_json: JsonOption = False,
 ) -> None:
     """Per partition, CRC-32 over all segment bytes after the headers: equal on equal replicas.
@@ -606,12 +544,11 @@ def checksum(
     if online:
         if directory is not None:
             fail("--online reads the running nodes: give no storage directory")
-        settings = load_settings(config, zookeeper, cluster_root, connect_timeout_ms)
-        _online_checksum(ids, from_txid, to_txid, settings, ssl_config, as_json)
+        _online_checksum(ids, from_txid, to_txid, cluster, ssl_config, as_json)
         return
     if directory is None:
         fail("give the storage directory of a stopped node, or --online for running nodes")
-    layout = _read_layout(config, zookeeper, cluster_root, connect_timeout_ms)
+    layout = _read_layout(cluster)
     if ids is not None:
         admin_ops.check_partitions(ids, layout.num_partitions)
     sums = admin_ops.replica_checksums(directory, layout.key, layout.num_partitions, ids)
@@ -629,14 +566,14 @@ def _online_checksum(
     ids: list[int] | None,
     from_txid: int,
     to_txid: int | None,
-    settings: ZooKeeperSettings,
+    cluster: Cluster,
     ssl_config: Path | None,
     as_json: bool,
 ) -> None:
     from waltz_engine.ops.online_checksum import compare_partitions
     from waltz_engine.storage.network_reader import ClusterAccess
 
-    access = ClusterAccess(settings, admin_ops.client_tls_config(ssl_config))
+    access = ClusterAccess(cluster.settings(), cluster.tls_config(ssl_config))
     results = compare_partitions(access, ids, from_txid, to_txid)
     if as_json:
         print_json({"partitions": [r.to_json() for r in results]})

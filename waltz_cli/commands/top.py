@@ -12,9 +12,12 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from waltz_cli.options import ConfigOption, RootOption, ZooKeeperOption
+from waltz_cli.options import (
+    FROM_OPTIONS,
+    Cluster,
+    cluster_command,
+)
 from waltz_cli.output import console, one_line_errors, print_json
-from waltz_engine.ops.tool_config import load_settings
 from waltz_engine.ops.top import Snapshot, dev_cluster_http, render, run_live, take_snapshot, watch
 
 DEFAULT_INTERVAL_MS = 1000
@@ -24,10 +27,9 @@ INTERRUPTED = 130
 
 
 @one_line_errors
+@cluster_command
 def top(
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
+    cluster: Cluster = FROM_OPTIONS,
     http: Annotated[
         list[str] | None,
         typer.Option(
@@ -54,8 +56,9 @@ def top(
 
     Example: waltz top -i 5000 --json > cluster.jsonl
     """
-    settings = load_settings(config, zookeeper, cluster_root)
-    addresses = list(http or []) or dev_cluster_http(config)
+    settings = cluster.settings()
+    # A node given by --http is named by it; a dev cluster's by their data (or client) address.
+    addresses = {address: address for address in http or []} or dev_cluster_http(cluster.config)
     interval_s = interval_ms / MS_PER_S
     try:
         if once:

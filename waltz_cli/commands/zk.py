@@ -23,15 +23,13 @@ from rich.text import Text
 
 from waltz_cli import options
 from waltz_cli.options import (
-    ConfigOption,
-    ConnectTimeoutOption,
+    FROM_OPTIONS,
+    Cluster,
     JsonOption,
     PartitionsOption,
-    RootOption,
-    ZooKeeperOption,
+    cluster_command,
 )
 from waltz_cli.output import console, one_line_errors, print_json
-from waltz_engine.ops.tool_config import load_settings
 from waltz_engine.zk import store_metadata
 from waltz_engine.zk.cluster import ClusterSnapshot, delete_cluster, read_snapshot
 from waltz_engine.zk.cluster import create_cluster as create_cluster_znodes
@@ -69,9 +67,9 @@ StorageOption = Annotated[
 
 @contextmanager
 def _cluster(
-    config: Path | None, zookeeper: str | None, root: str | None, connect_timeout_ms: int | None
+    cluster: Cluster,
 ) -> Iterator[tuple[KazooClient, ZooKeeperSettings]]:
-    settings = load_settings(config, zookeeper, root, connect_timeout_ms)
+    settings = cluster.settings()
     with connect(settings) as client:
         yield client, settings
 
@@ -89,7 +87,7 @@ def start(
         bool, typer.Option("--daemon", help="Run in the background; return once it answers.")
     ] = False,
     wait_timeout_ms: Annotated[
-        int, typer.Option("--wait-timeout-ms", min=1, help="How long to wait for it to answer.")
+        int, typer.Option("--timeout-ms", min=1, help="How long to wait for it to answer.")
     ] = START_TIMEOUT_MS,
 ) -> None:
     """Start a standalone ZooKeeper (needs Java 17; jars from pyspark, else from libzookeeper-java).
@@ -165,6 +163,7 @@ def status(data_dir: DataDirOption = None, as_json: JsonOption = False) -> None:
 
 
 @one_line_errors
+@cluster_command
 def create_cluster(
     name: Annotated[str, typer.Option("--name", "-n", help="Name of the Waltz cluster.")],
     partitions: Annotated[int, typer.Option("--partitions", help="Number of partitions (a count).")],
@@ -176,10 +175,7 @@ def create_cluster(
             "or backups have it (`waltz backup list` shows a backup's).",
         ),
     ] = None,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
+    cluster: Cluster = FROM_OPTIONS,
     as_json: JsonOption = False,
 ) -> None:
     """Create a new Waltz cluster in ZooKeeper (the original's `ZooKeeperCli create`).
@@ -190,7 +186,7 @@ def create_cluster(
     Example: waltz create-cluster -z 127.0.0.1:2181 -r /waltz --name demo --partitions 4
     """
     key = _parse_key(cluster_key) if cluster_key is not None else None
-    with _cluster(config, zookeeper, cluster_root, connect_timeout_ms) as (client, settings):
+    with _cluster(cluster) as (client, settings):
         params = create_cluster_znodes(client, settings.cluster_root, name, partitions, key)
     if as_json:
         print_json(
@@ -217,32 +213,28 @@ def _parse_key(text: str) -> uuid.UUID:
 
 @app.command("delete")
 @one_line_errors
+@cluster_command
 def delete(
     name: Annotated[str, typer.Option("--name", "-n", help="Name of the cluster, as a safety check.")],
     force: Annotated[
         bool, typer.Option("--force", "-f", help="Delete even if the names do not match.")
     ] = False,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
+    cluster: Cluster = FROM_OPTIONS,
 ) -> None:
     """Delete all metadata of a cluster (recursively), if its stored name is --name.
 
     Example: waltz zk delete -z 127.0.0.1:2181 -r /waltz --name demo
     """
-    with _cluster(config, zookeeper, cluster_root, connect_timeout_ms) as (client, settings):
+    with _cluster(cluster) as (client, settings):
         delete_cluster(client, settings.cluster_root, name, force)
     _say(f"deleted cluster [{name}] at {settings.cluster_root}")
 
 
 @app.command("list")
 @one_line_errors
+@cluster_command
 def list_(
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
+    cluster: Cluster = FROM_OPTIONS,
     as_json: JsonOption = False,
 ) -> None:
     """Show the cluster's metadata: servers, assignments, store, storage nodes, replica states.
@@ -251,7 +243,7 @@ def list_(
 
     Example: waltz zk list -z 127.0.0.1:2181 -r /waltz
     """
-    with _cluster(config, zookeeper, cluster_root, connect_timeout_ms) as (client, settings):
+    with _cluster(cluster) as (client, settings):
         if as_json:
             records = dump_znodes(client, settings.cluster_root)
         else:
@@ -265,18 +257,16 @@ def list_(
 
 @app.command("show-cluster-key")
 @one_line_errors
+@cluster_command
 def show_cluster_key(
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
+    cluster: Cluster = FROM_OPTIONS,
     as_json: JsonOption = False,
 ) -> None:
     """Print the cluster key (the UUID every storage file of this cluster carries).
 
     Example: waltz zk show-cluster-key -z 127.0.0.1:2181 -r /waltz
     """
-    with _cluster(config, zookeeper, cluster_root, connect_timeout_ms) as (client, settings):
+    with _cluster(cluster) as (client, settings):
         params = store_metadata.read_store_params(client, settings.cluster_root)
     if as_json:
         print_json({"key": str(params.key), "num_partitions": params.num_partitions})
@@ -286,94 +276,84 @@ def show_cluster_key(
 
 @app.command("add-storage-node")
 @one_line_errors
+@cluster_command
 def add_storage_node(
     storage: StorageOption,
     admin_port: Annotated[
         int, typer.Option("--admin-port", "-a", help="Admin port of the storage node (storage.admin.port).")
     ],
     group: Annotated[int, typer.Option("--group", "-g", help="Storage group to add it to.")],
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
+    cluster: Cluster = FROM_OPTIONS,
 ) -> None:
     """Add a storage node to a group (with no partitions yet).
 
     Example: waltz zk add-storage-node -c tools.yml -s localhost:57280 -a 57281 -g 0
     """
-    with _cluster(config, zookeeper, cluster_root, connect_timeout_ms) as (client, settings):
+    with _cluster(cluster) as (client, settings):
         store_metadata.add_storage_node(client, settings.cluster_root, storage, group, admin_port)
     _say(f"added storage node {storage} (admin port {admin_port}) to group {group}")
 
 
 @app.command("remove-storage-node")
 @one_line_errors
+@cluster_command
 def remove_storage_node(
     storage: StorageOption,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
+    cluster: Cluster = FROM_OPTIONS,
 ) -> None:
     """Remove a storage node from the cluster (it must hold no partitions).
 
     Example: waltz zk remove-storage-node -c tools.yml -s localhost:57280
     """
-    with _cluster(config, zookeeper, cluster_root, connect_timeout_ms) as (client, settings):
+    with _cluster(cluster) as (client, settings):
         store_metadata.remove_storage_node(client, settings.cluster_root, storage)
     _say(f"removed storage node {storage}")
 
 
 @app.command("assign-partition")
 @one_line_errors
+@cluster_command
 def assign_partition(
     storage: StorageOption,
     partition: PartitionsOption,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
+    cluster: Cluster = FROM_OPTIONS,
 ) -> None:
     """Assign partitions to a storage node.
 
     Example: waltz zk assign-partition -c tools.yml -s localhost:57280 -p 0-3
     """
     partitions = parse_partition_ranges(partition)
-    with _cluster(config, zookeeper, cluster_root, connect_timeout_ms) as (client, settings):
+    with _cluster(cluster) as (client, settings):
         store_metadata.assign_partitions(client, settings.cluster_root, storage, partitions)
     _say(f"assigned partitions {format_partition_ranges(partitions)} to {storage}")
 
 
 @app.command("unassign-partition")
 @one_line_errors
+@cluster_command
 def unassign_partition(
     storage: StorageOption,
     partition: PartitionsOption,
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
+    cluster: Cluster = FROM_OPTIONS,
 ) -> None:
     """Un-assign partitions from a storage node (its group must keep another copy of each).
 
     Example: waltz zk unassign-partition -c tools.yml -s localhost:57280 -p 2-3
     """
     partitions = parse_partition_ranges(partition)
-    with _cluster(config, zookeeper, cluster_root, connect_timeout_ms) as (client, settings):
+    with _cluster(cluster) as (client, settings):
         store_metadata.unassign_partitions(client, settings.cluster_root, storage, partitions)
     _say(f"un-assigned partitions {format_partition_ranges(partitions)} from {storage}")
 
 
 @app.command("auto-assign")
 @one_line_errors
+@cluster_command
 def auto_assign(
     group: Annotated[
         int, typer.Option("--group", "-g", help="Storage group whose nodes get the partitions.")
     ],
-    config: ConfigOption = None,
-    zookeeper: ZooKeeperOption = None,
-    cluster_root: RootOption = None,
-    connect_timeout_ms: ConnectTimeoutOption = None,
+    cluster: Cluster = FROM_OPTIONS,
     as_json: JsonOption = False,
 ) -> None:
     """Spread all partitions round-robin over the storage nodes of a group (none may hold any yet).
@@ -382,7 +362,7 @@ def auto_assign(
 
     Example: waltz zk auto-assign -c tools.yml -g 0
     """
-    with _cluster(config, zookeeper, cluster_root, connect_timeout_ms) as (client, settings):
+    with _cluster(cluster) as (client, settings):
         store_metadata.auto_assign(client, settings.cluster_root, group)
         assignments = store_metadata.read_replica_assignments(client, settings.cluster_root)
         groups = store_metadata.read_group_descriptor(client, settings.cluster_root).as_dict()

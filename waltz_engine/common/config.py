@@ -9,6 +9,7 @@ key and the file.
 
 from __future__ import annotations
 
+import difflib
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -30,6 +31,8 @@ T = TypeVar("T")
 # config every cluster command falls back to when given none.
 DEV_CLUSTER_DIRECTORY = ".waltz-dev"
 DEV_CLIENT_CONFIG_NAME = "client.yml"
+# How alike (difflib's ratio) an unknown key must be to a known one to be suggested for it.
+SUGGESTION_CUTOFF = 0.8
 
 
 def dev_client_config_path() -> Path:
@@ -219,10 +222,14 @@ class Config:
     def warn_unknown_keys(
         self, known: Iterable[str], warn: Callable[[str], None], known_prefixes: Iterable[str] = ()
     ) -> list[str]:
-        """Call ``warn`` with one line per unknown key (they are still ignored) and return them."""
-        unknown = self.unknown_keys(known, known_prefixes)
+        """Call ``warn`` with one line per unknown key (they are still ignored) and return them;
+        a key close to a known one (a misspelling, most often) gets "did you mean ...?"."""
+        known_list = list(known)
+        unknown = self.unknown_keys(known_list, known_prefixes)
         for key in unknown:
-            warn(f"{self.source}: unknown config key '{key}' (ignored)")
+            close = difflib.get_close_matches(key, known_list, n=1, cutoff=SUGGESTION_CUTOFF)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            warn(f"{self.source}: unknown config key '{key}' (ignored{hint})")
         return unknown
 
 

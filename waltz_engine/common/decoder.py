@@ -58,3 +58,12 @@ def _import(module_name: str, spec: str) -> object:
     finally:
         if added:
             sys.path.remove(cwd)
+
+
+def try_decode(decoder: Decoder, data: bytes) -> tuple[object, str | None]:
+    """``(decoder(data), None)``, or ``(None, "TypeName: message")`` when the decoder raises: a
+    record it cannot read is shown with its error (one line), not the end of the command."""
+    try:
+        return decoder(data), None
+    except Exception as e:  # noqa: BLE001 - a user's decoder may fail in any way; shown per record
+        return None, f"{type(e).__name__}: {' '.join(str(e).split())}"

@@ -67,7 +67,9 @@ def locate_control_file(path: Path) -> Path:
     if path.is_dir():
         candidate = path / CONTROL_FILE_NAME
         if not candidate.is_file():
-            raise FormatError(f"{path}: not a storage directory (it has no {CONTROL_FILE_NAME})")
+            inside = sorted(str(c.parent) for c in path.glob(f"*/{CONTROL_FILE_NAME}"))
+            where = f"; the storage directory is {', '.join(inside)}" if inside else ""
+            raise FormatError(f"{path}: not a storage directory (it has no {CONTROL_FILE_NAME}){where}")
         return candidate
     if path.suffix in SEGMENT_FILE_SUFFIXES:
         raise FormatError(f"{path}: this is a segment file, not a control file (see `waltz inspect segment`)")

@@ -19,7 +19,7 @@ import asyncio
 import math
 import random
 import struct
-from collections.abc import AsyncGenerator, Iterable, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -42,7 +42,9 @@ from waltz_engine.zk.connection import (
     KEY_CONNECT_STRING,
     KEY_CONNECT_TIMEOUT,
     NO_CONFIG_SOURCE,
+    refuse_unreachable,
 )
+from waltz_engine.zk.partition_ranges import not_in_cluster
 
 NO_TRANSACTION = -1
 DEFAULT_TIMEOUT_MS = 10_000
@@ -96,12 +98,16 @@ def load_client_config(
     )
 
 
+async def _started(callbacks: WaltzClientCallbacks, config: WaltzClientConfig) -> WaltzClient:
+    """A started client; a ZooKeeper that refuses connections fails at once, not after the timeout."""
+    if config.zookeeper is not None:
+        await asyncio.to_thread(refuse_unreachable, config.zookeeper)
+    return await WaltzClient.create(callbacks, config)
+
+
 def _check_partition(client: WaltzClient, partition_id: int) -> None:
     if not 0 <= partition_id < client.num_partitions:
-        raise ClientToolError(
-            f"Partition {partition_id} is not valid "
-            f"(the cluster has partitions 0-{client.num_partitions - 1})"
-        )
+        raise ClientToolError(not_in_cluster([partition_id], client.num_partitions))
 
 
 # --- callbacks -----------------------------------------------------------------------------------
@@ -133,7 +139,7 @@ async def _client_from(
     callbacks: HighWaterMarks, config: WaltzClientConfig, partitions: Sequence[int], from_latest: bool
 ) -> WaltzClient:
     """A started client mounted on ``partitions``; ``from_latest`` starts at the servers' marks."""
-    client = await WaltzClient.create(callbacks, config)
+    client = await _started(callbacks, config)
     try:
         for partition_id in partitions:
             _check_partition(client, partition_id)
@@ -149,12 +155,15 @@ async def _client_from(
 # --- high-water-mark -----------------------------------------------------------------------------
 
 
-async def high_water_mark(config: WaltzClientConfig, partition_id: int) -> int:
-    """The server's high-water mark of ``partition_id`` (HIGH_WATER_MARK_REQUEST)."""
-    client = await WaltzClient.create(HighWaterMarks(), replace(config, auto_mount=False))
+async def high_water_marks(config: WaltzClientConfig, partitions: Sequence[int] | None) -> dict[int, int]:
+    """The servers' high-water marks of ``partitions`` (None: every partition), in partition order
+    (HIGH_WATER_MARK_REQUEST each)."""
+    client = await _started(HighWaterMarks(), replace(config, auto_mount=False))
     try:
-        _check_partition(client, partition_id)
-        return await client.high_water_mark(partition_id)
+        wanted = range(client.num_partitions) if partitions is None else sorted(set(partitions))
+        for partition_id in wanted:
+            _check_partition(client, partition_id)
+        return {partition_id: await client.high_water_mark(partition_id) for partition_id in wanted}
     finally:
         await client.close()
 
@@ -244,16 +253,19 @@ async def tail(
     follow: bool = True,
     with_data: bool = False,
     timeout_ms: int = DEFAULT_TIMEOUT_MS,
+    note: Callable[[str], None] = lambda _: None,
 ) -> AsyncGenerator[TailedTransaction, None]:
     """The transactions of ``partitions`` (None: every partition of the cluster) in ``span``, as
     they arrive (in order within a partition, interleaved across partitions).
 
     It ends when every partition reached ``span.to_transaction`` or, without ``follow``, the
     high-water mark read when it started (a feed then silent for ``timeout_ms`` is an error: the
-    server went away), or after ``span.max_transactions``; otherwise it waits for ever.
+    server went away), or after ``span.max_transactions``; otherwise it waits for ever. A
+    ``span.from_transaction`` beyond a partition's high-water mark is waited for when following
+    (as Kafka's consumer does); without ``follow`` that partition is skipped with a ``note``.
     """
     callbacks = _TailCallbacks(with_data)
-    client = await WaltzClient.create(callbacks, replace(config, auto_mount=False))
+    client = await _started(callbacks, replace(config, auto_mount=False))
     try:
         partition_ids = list(range(client.num_partitions)) if partitions is None else list(partitions)
         for partition_id in partition_ids:
@@ -263,14 +275,16 @@ async def tail(
         for partition_id in partition_ids:
             server_mark = await client.high_water_mark(partition_id)
             start = server_mark if span.from_transaction is None else span.from_transaction - 1
-            if start > server_mark:
-                raise ClientToolError(
-                    f"--from {span.from_transaction} is outside partition {partition_id}: its transactions "
-                    f"are 0..{server_mark} (the next one is {server_mark + 1})"
+            if span.from_transaction is not None and span.from_transaction > server_mark and not follow:
+                note(
+                    f"partition {partition_id} skipped: its transactions are 0..{server_mark}, "
+                    f"none at or after --from {span.from_transaction}"
                 )
-            last[partition_id] = start
+            # Mounted at most at the server's mark; what lies below --from is read and not printed.
+            last[partition_id] = min(start, server_mark)
             ends[partition_id] = _tail_end(server_mark, span.to_transaction, follow)
-        waiting = {p for p in partition_ids if last[p] < ends[p]}
+        first = span.from_transaction or 0
+        waiting = {p for p in partition_ids if max(last[p], first - 1) < ends[p]}
         if not waiting:
             return
         callbacks.marks.update({p: last[p] for p in waiting})
@@ -279,8 +293,8 @@ async def tail(
         while waiting and (span.max_transactions is None or printed < span.max_transactions):
             item = await _next_tailed(callbacks.queue, None if follow else timeout_ms, last, waiting)
             last[item.partition_id] = item.transaction_id
-            if item.transaction_id > ends[item.partition_id]:
-                continue  # a partition past its end still feeds while others catch up
+            if not first <= item.transaction_id <= ends[item.partition_id]:
+                continue  # below --from, or past its end while others catch up
             if item.transaction_id == ends[item.partition_id]:
                 waiting.discard(item.partition_id)
             printed += 1
@@ -557,9 +571,8 @@ async def validate(
     every problem found, prefixed "Transaction validation failed: "."""
     if num_clients < 1:
         raise ClientToolError("num-clients must be at least 1")
-    existing = 0
-    for partition_id in range(num_active_partitions):
-        existing += await high_water_mark(config, partition_id) + 1
+    marks = await high_water_marks(config, range(num_active_partitions))
+    existing = sum(mark + 1 for mark in marks.values())
     results = await asyncio.gather(
         *(
             produce(config, ProducerSpec(txn_per_client, interval_ms, num_active_partitions), timeout_ms)

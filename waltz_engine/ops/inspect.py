@@ -13,11 +13,12 @@ import json
 import statistics
 import uuid
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from waltz_engine.common.decoder import Decoder, try_decode
 from waltz_engine.common.errors import FormatError, WaltzError
 from waltz_engine.disk.control_reader import (
     CONTROL_FILE_NAME,
@@ -36,8 +37,6 @@ from waltz_engine.disk.segment_reader import (
     SegmentReader,
     SegmentRecord,
 )
-
-Decoder = Callable[[bytes], object]
 
 _PRINTABLE_FIRST, _PRINTABLE_LAST = 0x20, 0x7E
 # Problem kinds found above the level of one segment.
@@ -183,10 +182,11 @@ def _record_json(item: SegmentRecord, decoder: Decoder | None) -> dict[str, Any]
         "index_ok": item.index_ok,
     }
     if decoder is not None:
-        try:
-            result["decoded"] = _json_ready(decoder(record.data))
-        except Exception as e:  # noqa: BLE001 - a user's decoder may fail in any way; show it per record
-            result["decode_error"] = f"{type(e).__name__}: {e}"
+        decoded, error = try_decode(decoder, record.data)
+        if error is None:
+            result["decoded"] = _json_ready(decoded)
+        else:
+            result["decode_error"] = error
     return result
 
 

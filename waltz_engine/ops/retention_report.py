@@ -9,6 +9,7 @@ engine itself imports that module.
 from __future__ import annotations
 
 import ssl
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from kazoo.client import KazooClient
@@ -16,12 +17,14 @@ from kazoo.client import KazooClient
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.storage import admin_ops
 from waltz_engine.storage.admin_ops import StoreLayout
+from waltz_engine.storage.constants import SEGMENT_NAME_DIGITS, SEGMENT_SUFFIX
 from waltz_engine.storage.node.partition_worker import metric_group
 from waltz_engine.zk.export_watermarks import read_export_watermarks
 from waltz_engine.zk.retention import (
     PartitionRetention,
     partition_retentions,
     read_retention_bounds,
+    removable_head_segments,
 )
 
 FIRST_TRANSACTION_ID_GAUGE = "first-transaction-id"
@@ -81,3 +84,17 @@ async def replica_starts(
             missing = None if first is not None or error else "no first-transaction-id metric"
             result.setdefault(partition_id, []).append(ReplicaStart(storage, first, error or missing))
     return result
+
+
+def segments_below(data_directory: Path, partition_id: int, limit: int) -> list[tuple[int, int]]:
+    """(first, last) txids of the segments of ``partition_id`` in a storage data directory that a
+    cleaner may remove below ``limit``: those wholly below it, never the newest (the writable
+    one). A replica also keeps what lies above its own low-water mark, which a directory alone
+    does not tell: this is what the bound allows, at most."""
+    names = (data_directory / str(partition_id)).glob(f"*{SEGMENT_SUFFIX}")
+    firsts = sorted(int(p.stem) for p in names if len(p.stem) == SEGMENT_NAME_DIGITS and p.stem.isdigit())
+    if not firsts:
+        return []
+    sealed = [(first, following - 1) for first, following in zip(firsts, firsts[1:], strict=False)]
+    newest = (firsts[-1], max(firsts[-1], limit))  # its end is unknown here; it never goes anyway
+    return sealed[: removable_head_segments([*sealed, newest], limit, limit - 1)]

@@ -12,8 +12,9 @@ from waltz_engine.zk.connection import KNOWN_KEYS as ZOOKEEPER_KEYS
 from waltz_engine.zk.connection import ZooKeeperSettings
 
 # Keys a tool's config may hold beside ZooKeeper's: the client's (a client YAML serves every
-# command) and TLS for the tool's own connections (``ssl.``) or to storage nodes (``server.ssl.``).
-TOOL_KNOWN_PREFIXES = ("ssl.", "server.ssl.")
+# command) and TLS for the tool's own connections (``ssl.``), to storage nodes (``server.ssl.``) or
+# the client's to servers (``client.ssl.``, read by `append` and `tail`).
+TOOL_KNOWN_PREFIXES = ("ssl.", "server.ssl.", "client.ssl.")
 _warned_sources: set[str] = set()
 _CONFIG_LOGGER = logging.getLogger("waltz_engine.common.config")
 

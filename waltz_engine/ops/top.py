@@ -20,7 +20,7 @@ import time
 import tty
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,20 +42,25 @@ NO_VALUE = -1
 MS_PER_S = 1000
 
 
-def dev_cluster_http(client_config: Path | None) -> list[str]:
-    """The HTTP addresses of a dev cluster's nodes, when ``client_config`` is one's client.yml
-    (None: the config a command falls back to, the local dev cluster's when there is one)."""
+def dev_cluster_http(
+    client_config: Path | None, kinds: tuple[str, ...] = ("servers", "storages")
+) -> dict[str, str]:
+    """The HTTP addresses of a dev cluster's nodes of ``kinds``, each with the node's name as
+    the cluster knows it (its data or client address, HOST:PORT), when ``client_config`` is one's
+    client.yml (None: the config a command falls back to, the local dev cluster's when there is one)."""
     client_config = resolve_config_path(client_config)
     if client_config is None:
-        return []
+        return {}
     state_path = client_config.resolve().parent / STATE_FILE_NAME
     try:
         state = json.loads(state_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return []
-    return [
-        f"{HOST}:{n['ports']['jetty_port']}" for kind in ("servers", "storages") for n in state.get(kind, [])
-    ]
+        return {}
+    return {
+        f"{HOST}:{n['ports']['jetty_port']}": f"{HOST}:{n['ports']['port']}"
+        for kind in kinds
+        for n in state.get(kind, [])
+    }
 
 
 def _get(url: str) -> tuple[int, Any] | None:
@@ -136,8 +141,10 @@ class Snapshot:
 
 
 def take_snapshot(
-    settings: ZooKeeperSettings, http: Sequence[str], previous: Snapshot | None = None
+    settings: ZooKeeperSettings, http: Mapping[str, str], previous: Snapshot | None = None
 ) -> Snapshot:
+    """One look at the cluster; ``http`` maps each node's HTTP address to its name (HOST:PORT of
+    its data port for a storage node), the name the tables show."""
     now = time.monotonic()
     interval_s = now - previous.taken_at if previous is not None else 0.0
     with connect(settings) as zk:
@@ -158,7 +165,7 @@ def take_snapshot(
                 "endpoint": f"{descriptor.host}:{descriptor.port}",
                 "http": metrics.http if metrics else None,
                 "healthy": metrics.healthy if metrics else None,
-                "partitions": view.partitions_of(descriptor.server_id),
+                "partitions": sorted(view.partitions_of(descriptor.server_id)),
             }
         )
     partitions = []
@@ -197,7 +204,7 @@ def take_snapshot(
                 "feeds": _active_feeds(metrics, group) if metrics else 0,
             }
         )
-    storages = [_storage_row(n, partitions) for n in storage_nodes]
+    storages = sorted((_storage_row(n, http[n.http], partitions) for n in storage_nodes), key=_by_storage)
     cluster = {
         "root": settings.cluster_root,
         "partitions": view.num_partitions,
@@ -212,7 +219,12 @@ def _active_feeds(metrics: NodeMetrics, group: str) -> int:
     return int(added) - int(removed)
 
 
-def _storage_row(node: NodeMetrics, partitions: Iterable[dict[str, Any]]) -> dict[str, Any]:
+def _by_storage(row: dict[str, Any]) -> tuple[str, int]:
+    host, _, port = str(row["storage"]).rpartition(":")
+    return host, int(port) if port.isdigit() else 0
+
+
+def _storage_row(node: NodeMetrics, name: str, partitions: Iterable[dict[str, Any]]) -> dict[str, Any]:
     replicas = []
     for row in partitions:
         group = f"{STORAGE_PREFIX}partition-{row['partition']}."
@@ -228,7 +240,7 @@ def _storage_row(node: NodeMetrics, partitions: Iterable[dict[str, Any]]) -> dic
                 "lag": lag,
             }
         )
-    return {"http": node.http, "healthy": node.healthy, "replicas": replicas}
+    return {"storage": name, "http": node.http, "healthy": node.healthy, "replicas": replicas}
 
 
 # --- the live view ---------------------------------------------------------------------------------
@@ -272,12 +284,12 @@ def render(snapshot: Snapshot, live: bool = True) -> RenderableType:
             str(p["feeds"]),
         )
     storages = Table(title="storage replicas", expand=live)
-    for column in ("http", "health", "partition", "session", "max txid", "lag"):
+    for column in ("storage", "health", "partition", "session", "max txid", "lag"):
         storages.add_column(column)
     for node in snapshot.storages:
         for r in node["replicas"]:
             storages.add_row(
-                node["http"],
+                node["storage"],
                 "ok" if node["healthy"] else "UNHEALTHY",
                 str(r["partition"]),
                 str(r["session_id"]),
@@ -317,7 +329,7 @@ def _keys() -> Iterator[Callable[[float], str]]:
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
-def watch(settings: ZooKeeperSettings, http: Sequence[str], interval_s: float) -> Iterator[Snapshot]:
+def watch(settings: ZooKeeperSettings, http: Mapping[str, str], interval_s: float) -> Iterator[Snapshot]:
     """A snapshot now, then one every ``interval_s``, for ever (rates over each interval)."""
     snapshot = take_snapshot(settings, http)
     while True:
@@ -326,7 +338,9 @@ def watch(settings: ZooKeeperSettings, http: Sequence[str], interval_s: float) -
         snapshot = take_snapshot(settings, http, snapshot)
 
 
-def run_live(settings: ZooKeeperSettings, http: Sequence[str], interval_s: float, console: Console) -> None:
+def run_live(
+    settings: ZooKeeperSettings, http: Mapping[str, str], interval_s: float, console: Console
+) -> None:
     """Refresh every ``interval_s`` until ``q`` (or Ctrl-C, which the caller handles)."""
     snapshot = take_snapshot(settings, http)
     with _keys() as wait_key, Live(render(snapshot), console=console, auto_refresh=False) as live:

@@ -239,7 +239,8 @@ class _RpcConnection:
             reason = f"bad data from the node: {e}"
             log.warning("%s %s: %s", self.name, self.endpoint, reason)
         except (ConnectionClosedError, ConnectionError, ssl.SSLError, asyncio.IncompleteReadError) as e:
-            reason = f"connection lost: {e or type(e).__name__}"
+            # str() of a reset or of some TLS alerts is empty: the type then says what happened.
+            reason = f"connection lost: {' '.join(str(e).split()) or type(e).__name__}"
         except asyncio.CancelledError:
             reason = "client closed"
             raise

@@ -51,6 +51,7 @@ from waltz_engine.wire.primitives import read_records
 from waltz_engine.zk import store_metadata
 from waltz_engine.zk.cluster import read_cluster_params
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
+from waltz_engine.zk.partition_ranges import not_in_cluster
 from waltz_engine.zk.paths import ClusterPaths
 
 log = logging.getLogger(__name__)
@@ -226,12 +227,7 @@ def committed_high_water_marks(
 def check_partition_ids(partitions: Sequence[int], num_partitions: int) -> list[int]:
     outside = sorted(p for p in set(partitions) if not 0 <= p < num_partitions)
     if outside:
-        raise NetworkReadError(
-            f"partition(s) {', '.join(map(str, outside))} are not in the cluster "
-            f"(it has partitions 0-{num_partitions - 1}); choose among those"
-            if num_partitions
-            else "the cluster has no partitions"
-        )
+        raise NetworkReadError(not_in_cluster(outside, num_partitions))
     return sorted(set(partitions))
 
 

@@ -9,6 +9,7 @@ embedded one.
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
@@ -31,6 +32,9 @@ KNOWN_KEYS = (KEY_CONNECT_STRING, KEY_SESSION_TIMEOUT, KEY_CONNECT_TIMEOUT, KEY_
 DEFAULT_SESSION_TIMEOUT_MS = 30_000  # the original tools' default (TL/CliConfig.java)
 DEFAULT_CONNECT_TIMEOUT_MS = 10_000
 MIN_TIMEOUT_MS = 1
+# How long the probe of :func:`refuse_unreachable` waits for one address to accept.
+PROBE_TIMEOUT_MS = 2_000
+MS_PER_S = 1000
 NO_CONFIG_SOURCE = "<none>"  # the source of an empty Config: no file was given or found
 
 # kazoo reports every failed connection attempt through logging; without a handler Python's
@@ -107,6 +111,30 @@ def new_client(settings: ZooKeeperSettings) -> KazooClient:
     )
 
 
+def refuse_unreachable(settings: ZooKeeperSettings) -> None:
+    """A one-line :class:`ZooKeeperError` at once when no ZooKeeper address can be reached for
+    certain (each refuses the connection or has no such host), where kazoo would retry for the
+    whole connect timeout. An address that is slow to answer is left to kazoo's own wait."""
+    hosts = [h.strip() for h in settings.connect_string.partition("/")[0].split(",")]
+    probe_s = min(PROBE_TIMEOUT_MS, settings.connect_timeout_ms) / MS_PER_S
+    reasons = []
+    for host in hosts:
+        name, _, port = host.rpartition(":")
+        try:
+            with socket.create_connection((name, int(port)), timeout=probe_s):
+                return
+        except ConnectionRefusedError:
+            reasons.append(f"{host} refused the connection")
+        except socket.gaierror:
+            reasons.append(f"{host} is not a known host")
+        except OSError:  # a timeout or an unreachable network: kazoo may still get through
+            return
+    raise ZooKeeperError(
+        f"cannot connect to ZooKeeper at {settings.connect_string} ({'; '.join(reasons)}): "
+        "is it running there? (`waltz dev up` starts a local cluster)"
+    )
+
+
 # How a process obtains its ZooKeeper clients (not started): production passes ``new_client``,
 # the simulator its in-memory ensemble's (waltz_engine/sim/zk_model.py).
 ZooKeeperConnector = Callable[[ZooKeeperSettings], KazooClient]
@@ -119,6 +147,8 @@ def connect(settings: ZooKeeperSettings, connector: ZooKeeperConnector = new_cli
     Any kazoo failure escaping the block (lost connection, expired session, refused call that
     the caller did not handle) becomes a one-line :class:`ZooKeeperError`.
     """
+    if connector is new_client:  # a simulated ensemble has no socket to probe
+        refuse_unreachable(settings)
     client = connector(settings)
     try:
         client.start(timeout=settings.connect_timeout_ms / 1000)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.zk.java_io import INT32_MAX
@@ -40,7 +41,7 @@ def parse_partition_ranges(text: str) -> list[int]:
     return sorted(partitions)
 
 
-def format_partition_ranges(partitions: list[int] | tuple[int, ...]) -> str:
+def format_partition_ranges(partitions: Iterable[int]) -> str:
     """The inverse, compacted: [0, 1, 2, 3, 7] → ``0-3,7``."""
     parts: list[str] = []
     ordered = sorted(set(partitions))
@@ -52,3 +53,12 @@ def format_partition_ranges(partitions: list[int] | tuple[int, ...]) -> str:
         parts.append(str(ordered[index]) if end == index else f"{ordered[index]}-{ordered[end]}")
         index = end + 1
     return ",".join(parts)
+
+
+def not_in_cluster(partitions: Iterable[int], num_partitions: int) -> str:
+    """How every command words partitions the cluster does not have (the original's "does not
+    belong to the cluster"), naming the ones it has."""
+    outside = format_partition_ranges(sorted(set(partitions)))
+    has = f"partitions 0-{num_partitions - 1}" if num_partitions > 0 else "no partitions"
+    which = f"Partition {outside} does" if outside.isdigit() else f"Partitions {outside} do"
+    return f"{which} not belong to the cluster (it has {has})"

@@ -24,6 +24,7 @@ from waltz_engine.ops.cluster_ops.view import (
 from waltz_engine.server.rpc_client import ServerRpcClient
 from waltz_engine.zk.cluster import read_cluster_params, read_server_descriptors
 from waltz_engine.zk.cluster_manager import force_assign, force_unassign, read_forced_assignments
+from waltz_engine.zk.partition_ranges import not_in_cluster
 from waltz_engine.zk.payloads import ServerDescriptor
 
 # --- server list (HTTP /metrics) -----------------------------------------------------------------
@@ -128,9 +129,7 @@ class ForcedAssignment(NamedTuple):
 def check_partition_in_cluster(client: KazooClient, root: str, partition_id: int) -> None:
     num_partitions = read_cluster_params(client, root).num_partitions
     if not 0 <= partition_id < num_partitions:
-        raise ClusterOpsError(
-            f"Partition {partition_id} does not belong to the cluster (partitions 0-{num_partitions - 1})"
-        )
+        raise ClusterOpsError(not_in_cluster([partition_id], num_partitions))
 
 
 def live_server(client: KazooClient, root: str, server_id: int) -> ServerDescriptor:

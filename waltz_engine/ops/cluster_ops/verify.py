@@ -21,6 +21,7 @@ from waltz_engine.ops.cluster_ops.view import (
 from waltz_engine.server.rpc_client import ServerRpcClient, ServerRpcError
 from waltz_engine.storage import admin_ops
 from waltz_engine.storage.admin_ops import StorageAdminError, StorageContext
+from waltz_engine.zk.partition_ranges import not_in_cluster
 from waltz_engine.zk.payloads import ServerDescriptor
 
 # --- verify -----------------------------------------------------------------------------------
@@ -354,4 +355,6 @@ async def verify(
 
 def check_verify_partition(view: ClusterView, partition_id: int | None) -> None:
     if partition_id is not None and not 0 <= partition_id < view.num_partitions:
-        raise ClusterOpsError(f"Failed to verify cluster. Partition {partition_id} is not valid.")
+        raise ClusterOpsError(
+            f"Failed to verify cluster. {not_in_cluster([partition_id], view.num_partitions)}"
+        )

@@ -316,11 +316,11 @@ class LocalCluster:
         self._check_ports_free()
         started: list[LocalNode] = []
         embedded = self.embedded_zookeeper
-        zookeeper_started = False
+        # Ours to stop on failure once it runs, even when a Ctrl-C comes while it starts.
+        zookeeper_started = embedded is not None and not embedded.is_running()
         try:
-            if embedded is not None and not embedded.is_running():
+            if embedded is not None and zookeeper_started:
                 embedded.start(wait_timeout_ms)
-                zookeeper_started = True
             # `ruok` answers as soon as ZooKeeper's process listens; its first session can take
             # longer on a loaded machine (the transaction log's first preallocation and fsync),
             # so the connect may use what is left of up's own bound, not a shorter one.
@@ -442,7 +442,7 @@ class LocalCluster:
                 "storage.port": node.port,
                 "storage.admin.port": node.admin_port,
                 "storage.jetty.port": node.jetty_port,
-                "storage.directory": str(node.directory / "data"),
+                "storage.directory": str(node.data_directory),
                 **self.settings,
                 **self.storage_config,
             }

@@ -58,6 +58,7 @@ ENOUGH_LISTEN_PORTS = 1_000
 LISTEN_PORT_TRIES = 100
 EPHEMERAL_PORT_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 _port_pick = random.SystemRandom()  # not the seedable module RNG: parallel runs must not agree
+STORAGE_DATA_DIR_NAME = "data"  # under the node's directory
 PORTS_PER_STORAGE = 3  # data, admin, http
 PORTS_PER_SERVER = 2  # client, http
 # What each port of a node is, in words (for "port N (storage-0 admin port) is in use").
@@ -189,6 +190,7 @@ class NodeStatus(NamedTuple):
     healthy: bool
     ports: dict[str, int]
     log: str
+    data_dir: str | None = None  # a storage node's storage directory (storage.directory)
 
     def to_json(self) -> dict[str, Any]:
         return self._asdict()
@@ -256,7 +258,13 @@ class LocalNode:
             healthy,
             dict(self.ports),
             str(self.log_path),
+            str(self.data_directory) if self.kind == "storage" else None,
         )
+
+    @property
+    def data_directory(self) -> Path:
+        """Where a storage node keeps its control file and partitions (its storage.directory)."""
+        return self.directory / STORAGE_DATA_DIR_NAME
 
     def log_text(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace") if self.log_path.exists() else ""
