@@ -1,4 +1,5 @@
-"""Fixtures shared by every test: the golden vectors and one real ZooKeeper per session.
+"""Fixtures shared by every test: the golden vectors and one real ZooKeeper per session (per
+pytest-xdist worker under `-n`, each with temporary directories of its own).
 
 Plain helpers are in testkit.py; they are re-exported here only for older imports.
 """
@@ -29,7 +30,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Connect string (127.0.0.1:PORT) of a real ZooKeeper started for this test session."""
+    """Connect string (127.0.0.1:PORT) of a real ZooKeeper started for this test session (worker)."""
     from waltz_engine.zk.server import EmbeddedZooKeeper
 
     server = EmbeddedZooKeeper(tmp_path_factory.mktemp("zookeeper"), free_tcp_port())
