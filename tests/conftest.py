@@ -7,6 +7,7 @@ Plain helpers are in testkit.py; they are re-exported here only for older import
 from __future__ import annotations
 
 import signal
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,25 @@ def pytest_configure(config: pytest.Config) -> None:
     # A run stopped with SIGTERM (a CI timeout, `timeout`, `kill`) unwinds like Ctrl-C, so the
     # session's fixtures stop what they started (ZooKeeper, nodes) instead of leaving it running.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
+# The fixtures of tests on real processes: every cluster takes the session's ZooKeeper, and
+# `session` is the Spark tests' SparkSession. A file's count of such tests stands for its cost.
+PROCESS_FIXTURES = frozenset({"zookeeper", "session"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Under `-n`, pytest-xdist hands whole files to workers in this order (with
+    # --no-loadscope-reorder): the files with the most tests on real processes first (the longest
+    # jobs first), unit files after, so a run ends on short work spread over the workers rather
+    # than one worker alone on a long file while the others idle.
+    if not hasattr(config, "workerinput"):  # not an xdist worker: the order is the files'
+        return
+    tests = Counter(item.path for item in items)
+    on_processes = Counter(
+        item.path for item in items if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+    )
+    items.sort(key=lambda item: (-on_processes[item.path], -tests[item.path]))
 
 
 @pytest.fixture(scope="session")
