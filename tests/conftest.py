@@ -30,22 +30,23 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 # The fixtures of tests on real processes: every cluster takes the session's ZooKeeper, and
-# `session` is the Spark tests' SparkSession. A file's count of such tests stands for its cost.
+# `session` is the Spark tests' SparkSession.
 PROCESS_FIXTURES = frozenset({"zookeeper", "session"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Under `-n`, pytest-xdist hands whole files to workers in this order (with
-    # --no-loadscope-reorder): the files with the most tests on real processes first (the longest
-    # jobs first), unit files after, so a run ends on short work spread over the workers rather
-    # than one worker alone on a long file while the others idle.
+    # --no-loadscope-reorder), so the longest go first: files with `slow` tests (minutes each),
+    # then by their count of tests on real processes, then unit files by size. The run then ends
+    # on short work spread over the workers, not one worker alone on a long file.
     if not hasattr(config, "workerinput"):  # not an xdist worker: the order is the files'
         return
     tests = Counter(item.path for item in items)
+    slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
     on_processes = Counter(
         item.path for item in items if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ()))
     )
-    items.sort(key=lambda item: (-on_processes[item.path], -tests[item.path]))
+    items.sort(key=lambda item: (-slow[item.path], -on_processes[item.path], -tests[item.path]))
 
 
 @pytest.fixture(scope="session")
