@@ -26,6 +26,9 @@ def vectors() -> Path:
 def pytest_configure(config: pytest.Config) -> None:
     # A run stopped with SIGTERM (a CI timeout, `timeout`, `kill`) unwinds like Ctrl-C, so the
     # session's fixtures stop what they started (ZooKeeper, nodes) instead of leaving it running.
+    # Under `-n`, signal the process group, as Ctrl-C, `timeout` and `kill -- -PGID` do: a
+    # controller signalled alone ends its xdist workers within seconds, too soon under load for
+    # them to stop their clusters, which are then left running.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
