@@ -1,4 +1,5 @@
-"""Fixtures shared by every test: the golden vectors and one real ZooKeeper per session.
+"""Fixtures shared by every test: the golden vectors and one real ZooKeeper per session (per
+pytest-xdist worker under `-n`, each with temporary directories of its own).
 
 Plain helpers are in testkit.py; they are re-exported here only for older imports.
 """
@@ -6,6 +7,7 @@ Plain helpers are in testkit.py; they are re-exported here only for older import
 from __future__ import annotations
 
 import signal
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,12 +26,35 @@ def vectors() -> Path:
 def pytest_configure(config: pytest.Config) -> None:
     # A run stopped with SIGTERM (a CI timeout, `timeout`, `kill`) unwinds like Ctrl-C, so the
     # session's fixtures stop what they started (ZooKeeper, nodes) instead of leaving it running.
+    # Under `-n`, signal the process group, as Ctrl-C, `timeout` and `kill -- -PGID` do: a
+    # controller signalled alone ends its xdist workers within seconds, too soon under load for
+    # them to stop their clusters, which are then left running.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
+# The fixtures of tests on real processes: every cluster takes the session's ZooKeeper, and
+# `session` is the Spark tests' SparkSession.
+PROCESS_FIXTURES = frozenset({"zookeeper", "session"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Under `-n`, pytest-xdist hands whole files to workers in this order (with
+    # --no-loadscope-reorder), so the longest go first: files with `slow` tests (minutes each),
+    # then by their count of tests on real processes, then unit files by size. The run then ends
+    # on short work spread over the workers, not one worker alone on a long file.
+    if not hasattr(config, "workerinput"):  # not an xdist worker: the order is the files'
+        return
+    tests = Counter(item.path for item in items)
+    slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
+    on_processes = Counter(
+        item.path for item in items if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+    )
+    items.sort(key=lambda item: (-slow[item.path], -on_processes[item.path], -tests[item.path]))
 
 
 @pytest.fixture(scope="session")
 def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Connect string (127.0.0.1:PORT) of a real ZooKeeper started for this test session."""
+    """Connect string (127.0.0.1:PORT) of a real ZooKeeper started for this test session (worker)."""
     from waltz_engine.zk.server import EmbeddedZooKeeper
 
     server = EmbeddedZooKeeper(tmp_path_factory.mktemp("zookeeper"), free_tcp_port())
