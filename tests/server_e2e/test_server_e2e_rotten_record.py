@@ -23,7 +23,7 @@ from waltz_engine.common.address import HostPort
 from waltz_engine.disk.control_reader import read_control_file
 from waltz_engine.net.tls import TlsConfig, client_context
 from waltz_engine.ops.devcluster.nodes import LocalNode
-from waltz_engine.storage.admin_ops import StorageContext, admin_client, max_transaction_id
+from waltz_engine.storage.admin_ops import StorageAdminError, StorageContext, admin_client, max_transaction_id
 from waltz_engine.storage.client import StorageClient, StorageRpcError
 from waltz_engine.zk.connection import connect
 from waltz_engine.zk.store_metadata import read_partition_metadata, read_store_params
@@ -41,9 +41,18 @@ def _data(txid: int) -> str:
 async def _wait_max_transaction_id(node: LocalNode, context: StorageContext, txid: int) -> None:
     deadline = time.monotonic() + COMMIT_TIMEOUT_S
     address = HostPort("127.0.0.1", node.admin_port)
-    while (seen := await max_transaction_id(context, address, node.port, 0, offline=False)) < txid:
+    seen = -1
+    while seen < txid:
+        try:
+            seen = await max_transaction_id(context, address, node.port, 0, offline=False)
+        except StorageAdminError as e:
+            # The server's recovery may open session after session while the node catches up:
+            # the question is asked again (the admin op retries only a few changes itself).
+            if "session id" not in str(e):
+                raise
         assert time.monotonic() < deadline, f"the restarted node is stuck at {seen}, expected {txid}"
-        await asyncio.sleep(0.2)
+        if seen < txid:
+            await asyncio.sleep(0.2)
 
 
 async def _wait_low_water_mark(node: LocalNode, context: StorageContext, txid: int) -> None:

@@ -31,7 +31,7 @@ TICK_TIME_MS = 2000
 JVM_MAX_HEAP = "512m"
 START_TIMEOUT_MS = 30_000
 STOP_TIMEOUT_MS = 10_000
-PROBE_TIMEOUT_MS = 1_000
+PROBE_TIMEOUT_MS = 3_000  # a JVM on a busy machine can take seconds to answer `srvr`
 POLL_INTERVAL_MS = 100
 PROBE_REPLY_MAX_SIZE_BYTES = 4096
 # Debian's libzookeeper-java (and libslf4j-java, which it depends on): the server, its
