@@ -11,13 +11,16 @@ has applied each, and checks what it saw: every transaction committed once, txid
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+from kazoo.client import KazooClient
 
 from waltz_engine.client import Transaction, TransactionBuilder, TransactionContext, WaltzClientCallbacks
 from waltz_engine.client.client import WaltzClient
@@ -31,11 +34,13 @@ from waltz_engine.sim.disk import SimDisk
 from waltz_engine.sim.faults import inject_faults
 from waltz_engine.sim.loop import START_MONOTONIC_S, SimLoop
 from waltz_engine.sim.network import SimNetwork
-from waltz_engine.sim.zk_model import SimZooKeeper
+from waltz_engine.sim.node_faults import NodeFaults
+from waltz_engine.sim.zk_model import SimZkClient, SimZooKeeper
 from waltz_engine.storage.client import StorageAdminClient
 from waltz_engine.storage.node.config import StorageConfig
 from waltz_engine.storage.node.node import StorageNode
 from waltz_engine.zk.cluster import create_cluster
+from waltz_engine.zk.cluster_manager import force_assign, force_unassign
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
 from waltz_engine.zk.store_metadata import add_storage_node, assign_partitions
 
@@ -52,6 +57,10 @@ MAX_TRANSACTIONS = 1_000_000
 MAX_FAULTS = 100_000
 # A seed whose transactions are not all applied within this much virtual time has failed.
 RUN_LIMIT_S = 600.0
+# Every node fault is healed within this much virtual time of the workload's end.
+HEAL_LIMIT_S = 120.0
+# A node that failed to start (ZooKeeper out) is started again this much later.
+RESTART_RETRY_S = 1.0
 # The mean time between two submits of a workload under faults, and an application's pause
 # before it submits again a transaction whose submit failed.
 SUBMIT_INTERVAL_S = 0.05
@@ -61,11 +70,13 @@ LAST_EVENTS_SHOWN = 20
 # The simulator's nodes log only what goes wrong.
 NODE_LOG_LEVEL = logging.ERROR
 
+_Node = TypeVar("_Node", StorageNode, WaltzServer)
+
 
 @dataclass(frozen=True)
 class WorldShape:
     storage_nodes: int = 3
-    servers: int = 1
+    servers: int = 2
     partitions: int = 1
     transactions: int = DEFAULT_TRANSACTIONS
     # Network faults during the workload; with any, transactions are submitted one by one
@@ -163,6 +174,8 @@ class SimWorld:
         self.client: WaltzClient | None = None
         self.application = _Applied()
         self.contexts: list[_Append] = []
+        self.key = uuid.UUID(int=0)
+        self.paused: set[int] = set()  # servers cut off by a pause or a crash
 
     def _zookeeper_keys(self) -> dict[str, Any]:
         return {
@@ -201,35 +214,41 @@ class SimWorld:
         return {"network": self.network.node(host), "zk_connector": self.zookeeper.connector()}
 
     async def start(self) -> None:
-        key = await asyncio.to_thread(self._create_cluster)
+        self.key = await asyncio.to_thread(self._create_cluster)
         for number in range(self.shape.storage_nodes):
-            host = f"storage-{number}"
-            storage_keys = {
-                "storage.host": host,
-                "storage.port": STORAGE_PORT,
-                "storage.admin.port": STORAGE_ADMIN_PORT,
-                "storage.directory": f"/{host}",
-            }
-            storage_config = StorageConfig.from_config(self._config(host, storage_keys))
-            node = StorageNode(storage_config, **self._seams(host), disk=self.disks[host])
-            await node.start()
-            await self._assign_partitions(host, key)
-            self.storage.append(node)
+            self.storage.append(await self._start_storage(number))
+            await self._assign_partitions(f"storage-{number}", self.key)
         for number in range(self.shape.servers):
-            host = f"server-{number}"
-            server_keys = {"server.host": host, "server.advertisedHost": host, "server.port": SERVER_PORT}
-            server = WaltzServer(
-                ServerConfig.from_config(self._config(host, server_keys)), **self._seams(host)
-            )
-            await server.start()
-            self.servers.append(server)
+            self.servers.append(await self._start_server(number))
         config = WaltzClientConfig.from_config(self._zookeeper_keys())
         self.client = await WaltzClient.create(self.application, config, **self._seams(CLIENT_HOST))
+
+    async def _start_storage(self, number: int) -> StorageNode:
+        host = f"storage-{number}"
+        storage_keys = {
+            "storage.host": host,
+            "storage.port": STORAGE_PORT,
+            "storage.admin.port": STORAGE_ADMIN_PORT,
+            "storage.directory": f"/{host}",
+        }
+        storage_config = StorageConfig.from_config(self._config(host, storage_keys))
+        node = StorageNode(storage_config, **self._seams(host), disk=self.disks[host])
+        await node.start()
+        return node
+
+    async def _start_server(self, number: int) -> WaltzServer:
+        host = f"server-{number}"
+        server_keys = {"server.host": host, "server.advertisedHost": host, "server.port": SERVER_PORT}
+        server = WaltzServer(ServerConfig.from_config(self._config(host, server_keys)), **self._seams(host))
+        await server.start()
+        return server
 
     def heal(self) -> None:
         """Every fault ends: links whole, ZooKeeper reachable (nodes stop in a healthy world)."""
         for a, b in self.fault_pairs():
             self.network.heal(a, b)
+        for number in sorted(self.paused):
+            self.resume_server(number)
         if self.zookeeper.in_outage:
             self.zookeeper.end_outage()
 
@@ -246,6 +265,85 @@ class SimWorld:
         servers = [f"server-{n}" for n in range(self.shape.servers)]
         storage = [f"storage-{n}" for n in range(self.shape.storage_nodes)]
         return [(s, t) for s in servers for t in storage] + [(CLIENT_HOST, s) for s in servers]
+
+    # --- node faults (waltz_engine.sim.node_faults) --------------------------------------------
+
+    @property
+    def num_servers(self) -> int:
+        return self.shape.servers
+
+    @property
+    def num_storage_nodes(self) -> int:
+        return self.shape.storage_nodes
+
+    @property
+    def num_partitions(self) -> int:
+        return self.shape.partitions
+
+    def _links_of(self, host: str) -> list[tuple[str, str]]:
+        return [(a, b) for a, b in self.fault_pairs() if host in (a, b)]
+
+    def _server_zookeeper(self, number: int) -> SimZkClient | None:
+        zk = self.servers[number]._zk
+        return zk if isinstance(zk, SimZkClient) else None
+
+    def pause_server(self, number: int) -> None:
+        """Nothing the server sends or is sent crosses; ZooKeeper stops hearing it."""
+        self.paused.add(number)
+        for a, b in self._links_of(f"server-{number}"):
+            self.network.partition(a, b)
+        zk = self._server_zookeeper(number)
+        if zk is not None:
+            self.zookeeper.isolate(zk)
+
+    def resume_server(self, number: int) -> None:
+        self.paused.discard(number)
+        for a, b in self._links_of(f"server-{number}"):
+            self.network.heal(a, b)
+        zk = self._server_zookeeper(number)
+        if zk is not None:
+            self.zookeeper.heal(zk)
+
+    def expire_server_session(self, number: int) -> None:
+        zk = self._server_zookeeper(number)
+        if zk is not None and zk.client_id is not None:
+            self.zookeeper.expire(zk.client_id[0])
+
+    async def _change_forced(self, change: Callable[[KazooClient], object]) -> None:
+        def run() -> None:
+            with connect(self.settings, self.zookeeper.connector()) as zk:
+                change(zk)
+
+        with contextlib.suppress(WaltzError):  # ZooKeeper is out: the operator's call fails
+            await asyncio.to_thread(run)
+
+    async def force_assign(self, partition_id: int, number: int) -> None:
+        server_id = self.servers[number].server_id
+        if server_id is not None:
+            await self._change_forced(lambda zk: force_assign(zk, CLUSTER_ROOT, partition_id, server_id))
+
+    async def force_unassign(self, partition_id: int) -> None:
+        await self._change_forced(lambda zk: force_unassign(zk, CLUSTER_ROOT, partition_id))
+
+    async def crash_storage(self, number: int) -> None:
+        host = f"storage-{number}"
+        for a, b in self._links_of(host):
+            self.network.partition(a, b)  # nothing it says on the way out crosses
+        await self.storage[number].stop()
+        self.disks[host].crash()
+
+    async def restart_storage(self, number: int) -> None:
+        for a, b in self._links_of(f"storage-{number}"):
+            self.network.heal(a, b)
+        self.storage[number] = await _until_started(lambda: self._start_storage(number))
+
+    async def crash_server(self, number: int) -> None:
+        self.pause_server(number)
+        await self.servers[number].stop()
+
+    async def restart_server(self, number: int) -> None:
+        self.resume_server(number)
+        self.servers[number] = await _until_started(lambda: self._start_server(number))
 
     async def append_all(self) -> None:
         """Submit the workload's transactions and wait until the client has applied as many."""
@@ -297,6 +395,15 @@ class SimWorld:
         return violations
 
 
+async def _until_started(start: Callable[[], Awaitable[_Node]]) -> _Node:
+    """A supervisor restarts a node until it starts (it cannot while ZooKeeper is out)."""
+    while True:
+        try:
+            return await start()
+        except WaltzError:
+            await asyncio.sleep(RESTART_RETRY_S)
+
+
 @contextmanager
 def _quiet_logs() -> Iterator[None]:
     root = logging.getLogger("waltz_engine")
@@ -316,6 +423,7 @@ def run_seed(seed: int, shape: WorldShape | None = None) -> SeedResult:
     with _quiet_logs():
         world = SimWorld(loop, shape)
         injected: dict[str, int] = {}
+        nodes = NodeFaults(loop, world)
 
         async def main() -> list[str]:
             await world.start()
@@ -327,6 +435,7 @@ def run_seed(seed: int, shape: WorldShape | None = None) -> SeedResult:
                     world.fault_pairs(),
                     shape.faults,
                     shape.transactions * SUBMIT_INTERVAL_S,
+                    nodes,
                 )
             )
             late = []
@@ -338,6 +447,8 @@ def run_seed(seed: int, shape: WorldShape | None = None) -> SeedResult:
                 late = [f"not every transaction was applied within {RUN_LIMIT_S:.0f} s of virtual time"]
             finally:
                 faults.cancel()
+                async with asyncio.timeout(HEAL_LIMIT_S):
+                    await nodes.finish()  # every crashed node restarted, every pause over
                 world.heal()
                 await world.stop()
             return world.check() + late
