@@ -6,6 +6,9 @@
 - ``zookeeper_expiry``: ZooKeeper expires a server's session now (its partitions move).
 - ``forced_assignment``: an operator pins a partition to a server for a while (the partition
   moves there, then back to the policy's choice).
+- ``partition_bounce``: a server pauses (shorter than its session timeout, so it stays a member)
+  while a partition is pinned to another server and then back to it: on resuming it sees only the
+  newest assignment of a partition another server wrote to meanwhile (the path of issue 21 item 1).
 - ``storage_crash`` / ``server_crash``: the node dies (it is cut off first, so nothing it says on
   the way out crosses), a storage node loses its unsynced writes (``SimDisk.crash``), and a new
   process starts on what stayed.
@@ -22,10 +25,20 @@ from typing import Protocol
 
 from waltz_engine.sim.loop import SimLoop
 
-NODE_FAULT_KINDS = ("server_pause", "zookeeper_expiry", "forced_assignment", "storage_crash", "server_crash")
+NODE_FAULT_KINDS = (
+    "server_pause",
+    "zookeeper_expiry",
+    "forced_assignment",
+    "partition_bounce",
+    "storage_crash",
+    "server_crash",
+)
+# Moving a partition needs a second server.
+MOVING_KINDS = ("forced_assignment", "partition_bounce")
 MIN_PAUSE_S = 0.5
 MAX_PAUSE_S = 25.0  # beyond the simulated session timeout: some pauses expire the session
 MAX_FORCED_S = 30.0
+MAX_BOUNCE_PAUSE_S = 4.0  # a bounce's pause stays within the session timeout
 MAX_DOWN_S = 5.0  # a crashed node's restart comes this long after at most
 
 
@@ -64,7 +77,7 @@ def node_fault_kinds(world: NodeWorld) -> tuple[str, ...]:
     """The kinds that make sense in ``world``: moving a partition needs a second server."""
     if world.num_servers > 1:
         return NODE_FAULT_KINDS
-    return tuple(kind for kind in NODE_FAULT_KINDS if kind != "forced_assignment")
+    return tuple(kind for kind in NODE_FAULT_KINDS if kind not in MOVING_KINDS)
 
 
 class NodeFaults:
@@ -78,9 +91,9 @@ class NodeFaults:
 
     def inject(self, kind: str, rng: random.Random) -> None:
         world = self.world
-        if kind in ("storage_crash",):
+        if kind == "storage_crash":
             node = f"storage-{rng.randrange(world.num_storage_nodes)}"
-        elif kind == "forced_assignment":
+        elif kind in MOVING_KINDS:
             node = f"partition-{rng.randrange(world.num_partitions)}"
         else:
             node = f"server-{rng.randrange(world.num_servers)}"
@@ -104,6 +117,8 @@ class NodeFaults:
                 await world.force_assign(index, rng.randrange(world.num_servers))
                 await asyncio.sleep(rng.uniform(MIN_PAUSE_S, MAX_FORCED_S))
                 await world.force_unassign(index)
+            elif kind == "partition_bounce":
+                await self._bounce(index, rng)
             elif kind == "storage_crash":
                 await world.crash_storage(index)
                 await asyncio.sleep(rng.uniform(MIN_PAUSE_S, MAX_DOWN_S))
@@ -114,6 +129,20 @@ class NodeFaults:
                 await world.restart_server(index)
         finally:
             self._busy.discard(node)
+
+    async def _bounce(self, partition_id: int, rng: random.Random) -> None:
+        world = self.world
+        paused = rng.randrange(world.num_servers)
+        other = (paused + 1 + rng.randrange(world.num_servers - 1)) % world.num_servers
+        pause_s = rng.uniform(MIN_PAUSE_S, MAX_BOUNCE_PAUSE_S)
+        world.pause_server(paused)
+        await world.force_assign(partition_id, other)
+        await asyncio.sleep(rng.uniform(0, pause_s))
+        await world.force_assign(partition_id, paused)
+        await asyncio.sleep(pause_s)
+        world.resume_server(paused)
+        await asyncio.sleep(rng.uniform(MIN_PAUSE_S, MAX_FORCED_S))
+        await world.force_unassign(partition_id)
 
     async def finish(self) -> None:
         """Every fault healed: the nodes restarted, resumed, the partitions back to the policy."""

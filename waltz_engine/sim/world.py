@@ -61,6 +61,8 @@ RUN_LIMIT_S = 600.0
 HEAL_LIMIT_S = 120.0
 # A node that failed to start (ZooKeeper out) is started again this much later.
 RESTART_RETRY_S = 1.0
+# The share of transactions that raise an application error when executed again (a retry).
+REFUSES_RETRY_PROBABILITY = 0.1
 # The mean time between two submits of a workload under faults, and an application's pause
 # before it submits again a transaction whose submit failed.
 SUBMIT_INTERVAL_S = 0.05
@@ -94,22 +96,31 @@ class SeedResult:
     cpu_s: float
     faults: dict[str, int] = field(default_factory=dict)
     last_events: list[str] = field(default_factory=list)
+    refused: int = 0  # transactions that ended in their own application error on a retry
+
+
+class ApplicationError(Exception):
+    """The workload's own failure: a transaction that refuses to be executed again."""
 
 
 class _Append(TransactionContext):
-    """One transaction of the workload; its outcome is a future on the loop."""
+    """One transaction of the workload; its outcome is a future on the loop. One that
+    ``refuses_retry`` raises :class:`ApplicationError` when the client executes it again."""
 
-    def __init__(self, number: int, outcome: asyncio.Future[bool]) -> None:
+    def __init__(self, number: int, outcome: asyncio.Future[bool], refuses_retry: bool = False) -> None:
         super().__init__()
         self.number = number
         self.outcome = outcome
         self.executions = 0
+        self.refuses_retry = refuses_retry
 
     def partition_id(self, num_partitions: int) -> int:
         return self.number % num_partitions
 
     def execute(self, builder: TransactionBuilder) -> bool:
         self.executions += 1
+        if self.refuses_retry and self.executions > 1:
+            raise ApplicationError(f"transaction {self.number} refuses to run again")
         builder.set_header(self.number)
         builder.set_transaction_data(self.number.to_bytes(8, "big"), _RAW)
         return True
@@ -121,6 +132,12 @@ class _Append(TransactionContext):
     def on_exception(self, exception: BaseException) -> None:
         if not self.outcome.done():
             self.outcome.set_exception(exception)
+
+    @property
+    def refused(self) -> bool:
+        """It ended in its own application error: it must not be in the log."""
+        done = self.outcome.done() and not self.outcome.cancelled()
+        return done and isinstance(self.outcome.exception(), ApplicationError)
 
 
 class _RawBytes:
@@ -349,7 +366,11 @@ class SimWorld:
         """Submit the workload's transactions and wait until the client has applied as many."""
         client = self.client
         assert client is not None
-        self.contexts = [_Append(n, self.loop.create_future()) for n in range(self.shape.transactions)]
+        rng = self.loop.rng
+        self.contexts = [
+            _Append(n, self.loop.create_future(), rng.random() < REFUSES_RETRY_PROBABILITY)
+            for n in range(self.shape.transactions)
+        ]
         spaced = self.shape.faults > 0
         for context in self.contexts:
             if spaced:
@@ -358,6 +379,8 @@ class SimWorld:
                 try:
                     await client.submit(context)
                     break
+                except ApplicationError:
+                    break  # its own error on a resubmit: on_exception has it
                 except WaltzError:
                     # The submit failed (the partition was not mounted in time), after telling the
                     # context: the application submits it again, and that attempt's outcome counts.
@@ -366,7 +389,8 @@ class SimWorld:
                     context.outcome = self.loop.create_future()
                     await asyncio.sleep(RESUBMIT_DELAY_S)
         await asyncio.gather(*(context.outcome for context in self.contexts), return_exceptions=True)
-        while self.application.count() < self.shape.transactions:
+        expected = sum(1 for context in self.contexts if not context.refused)
+        while self.application.count() < expected:
             self.application.changed.clear()
             await self.application.changed.wait()
 
@@ -382,7 +406,11 @@ class SimWorld:
                 seen[header] = seen.get(header, 0) + 1
         for context in self.contexts:
             in_log = f"(in the log {seen.get(context.number, 0)} times)"
-            if not context.outcome.done():
+            if context.refused:
+                if seen.get(context.number, 0) != 0:
+                    violations.append(f"transaction {context.number} refused to run again yet is {in_log}")
+                continue
+            if not context.outcome.done() or context.outcome.cancelled():  # (the run's time limit)
                 violations.append(f"transaction {context.number} ended without an outcome {in_log}")
             elif context.outcome.exception() is not None:
                 error = context.outcome.exception()
@@ -390,7 +418,7 @@ class SimWorld:
             elif not context.outcome.result():
                 violations.append(f"transaction {context.number} was reported not committed {in_log}")
         for number in range(self.shape.transactions):
-            if seen.get(number, 0) != 1:
+            if seen.get(number, 0) != 1 and not self.contexts[number].refused:
                 violations.append(f"transaction {number} is in the log {seen.get(number, 0)} times")
         return violations
 
@@ -450,7 +478,10 @@ def run_seed(seed: int, shape: WorldShape | None = None) -> SeedResult:
                 async with asyncio.timeout(HEAL_LIMIT_S):
                     await nodes.finish()  # every crashed node restarted, every pause over
                 world.heal()
-                await world.stop()
+                try:
+                    await world.stop()
+                except Exception as e:  # a node that cannot stop cleanly is a finding too
+                    late.append(f"stopping the nodes raised {e!r}")
             return world.check() + late
 
         asyncio.set_event_loop(loop)
@@ -468,4 +499,5 @@ def run_seed(seed: int, shape: WorldShape | None = None) -> SeedResult:
         time.process_time() - started_s,
         injected,
         [str(event) for event in loop.tail][-LAST_EVENTS_SHOWN:] if violations else [],
+        sum(1 for context in world.contexts if context.refused),
     )
