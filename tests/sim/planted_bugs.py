@@ -94,6 +94,7 @@ def recovery_cuts_committed(monkeypatch: pytest.MonkeyPatch) -> None:
 
 PLANTS: dict[str, Plant] = {
     "barrier_hole": barrier_hole,
+    "forged_fence": forged_fence,
     "retry_worker_dies": retry_worker_dies,
     "recovery_cuts_committed": recovery_cuts_committed,
 }

@@ -78,3 +78,10 @@ def test_nodes_pause_crash_restart_and_partitions_move_and_the_seed_replays() ->
     assert first.violations == [] and first.transactions + first.refused == 60
     assert set(NODE_FAULT_KINDS) <= set(first.faults)
     assert first.trace_hash == again.trace_hash and first.faults == again.faults
+
+
+def test_regression_seed_a_server_stops_while_its_assignment_task_waits_for_a_store_session() -> None:
+    # Seed 33 found it: a server's stop cancelled its assignment task while that waited for a
+    # store session to close; the wait swallowed the cancellation and the stop waited forever.
+    result = run_seed(33, WorldShape(transactions=100, faults=20))
+    assert result.violations == []

@@ -9,6 +9,8 @@
 - ``partition_bounce``: a server pauses (shorter than its session timeout, so it stays a member)
   while a partition is pinned to another server and then back to it: on resuming it sees only the
   newest assignment of a partition another server wrote to meanwhile (the path of issue 21 item 1).
+- ``forged_read``: a rogue client with the cluster key reads every partition of every storage
+  node with a session id ZooKeeper never issued (it must be refused, never fence a replica).
 - ``storage_crash`` / ``server_crash``: the node dies (it is cut off first, so nothing it says on
   the way out crosses), a storage node loses its unsynced writes (``SimDisk.crash``), and a new
   process starts on what stayed.
@@ -32,6 +34,7 @@ NODE_FAULT_KINDS = (
     "partition_bounce",
     "storage_crash",
     "server_crash",
+    "forged_read",
 )
 # Moving a partition needs a second server.
 MOVING_KINDS = ("forced_assignment", "partition_bounce")
@@ -70,6 +73,8 @@ class NodeWorld(Protocol):
 
     async def crash_server(self, index: int) -> None: ...
 
+    async def forge_reads(self) -> None: ...
+
     async def restart_server(self, index: int) -> None: ...
 
 
@@ -91,7 +96,9 @@ class NodeFaults:
 
     def inject(self, kind: str, rng: random.Random) -> None:
         world = self.world
-        if kind == "storage_crash":
+        if kind == "forged_read":
+            node = "rogue-0"
+        elif kind == "storage_crash":
             node = f"storage-{rng.randrange(world.num_storage_nodes)}"
         elif kind in MOVING_KINDS:
             node = f"partition-{rng.randrange(world.num_partitions)}"
@@ -117,6 +124,8 @@ class NodeFaults:
                 await world.force_assign(index, rng.randrange(world.num_servers))
                 await asyncio.sleep(rng.uniform(MIN_PAUSE_S, MAX_FORCED_S))
                 await world.force_unassign(index)
+            elif kind == "forged_read":
+                await world.forge_reads()
             elif kind == "partition_bounce":
                 await self._bounce(index, rng)
             elif kind == "storage_crash":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import time
 import uuid
@@ -36,7 +37,7 @@ from waltz_engine.sim.loop import START_MONOTONIC_S, SimLoop
 from waltz_engine.sim.network import SimNetwork
 from waltz_engine.sim.node_faults import NodeFaults
 from waltz_engine.sim.zk_model import SimZkClient, SimZooKeeper
-from waltz_engine.storage.client import StorageAdminClient
+from waltz_engine.storage.client import StorageAdminClient, StorageClient, StorageRpcError
 from waltz_engine.storage.node.config import StorageConfig
 from waltz_engine.storage.node.node import StorageNode
 from waltz_engine.zk.cluster import create_cluster
@@ -51,6 +52,8 @@ STORAGE_PORT = 7000
 STORAGE_ADMIN_PORT = 7001
 SERVER_PORT = 6000
 CLIENT_HOST = "client-0"
+ROGUE_HOST = "rogue-0"
+FORGED_SESSION_ID = 1 << 62  # a session id ZooKeeper never issues in a seed's time
 SESSION_TIMEOUT_MS = 10_000
 DEFAULT_TRANSACTIONS = 100
 MAX_TRANSACTIONS = 1_000_000
@@ -59,6 +62,10 @@ MAX_FAULTS = 100_000
 RUN_LIMIT_S = 600.0
 # Every node fault is healed within this much virtual time of the workload's end.
 HEAL_LIMIT_S = 120.0
+# Tasks left by nodes that did not stop get this much virtual time to end once cancelled.
+LEFTOVER_LIMIT_S = 10.0
+# A healthy world's nodes stop within this much virtual time.
+STOP_LIMIT_S = 120.0
 # A node that failed to start (ZooKeeper out) is started again this much later.
 RESTART_RETRY_S = 1.0
 # The share of transactions that raise an application error when executed again (a retry).
@@ -193,6 +200,7 @@ class SimWorld:
         self.contexts: list[_Append] = []
         self.key = uuid.UUID(int=0)
         self.paused: set[int] = set()  # servers cut off by a pause or a crash
+        self.forged_served: list[str] = []
 
     def _zookeeper_keys(self) -> dict[str, Any]:
         return {
@@ -354,6 +362,31 @@ class SimWorld:
             self.network.heal(a, b)
         self.storage[number] = await _until_started(lambda: self._start_storage(number))
 
+    async def forge_reads(self) -> None:
+        """A rogue client that knows the cluster key reads with a session id nobody issued."""
+        for number in range(self.shape.storage_nodes):
+            rogue = StorageClient(
+                f"storage-{number}",
+                STORAGE_PORT,
+                None,
+                self.key,
+                self.shape.partitions,
+                network=self.network.node(ROGUE_HOST),
+            )
+            try:
+                await rogue.open()
+                for partition_id in range(self.shape.partitions):
+                    with contextlib.suppress(StorageRpcError):  # refused: as it must be
+                        await rogue.max_transaction_id(FORGED_SESSION_ID, partition_id)
+                        self.forged_served.append(
+                            f"storage-{number} served a read of partition {partition_id} with the "
+                            f"forged session id {FORGED_SESSION_ID}"
+                        )
+            except (OSError, TimeoutError, WaltzError):
+                pass  # the node is down or cut off
+            finally:
+                await rogue.close()
+
     async def crash_server(self, number: int) -> None:
         self.pause_server(number)
         await self.servers[number].stop()
@@ -397,6 +430,7 @@ class SimWorld:
     def check(self) -> list[str]:
         """What the run must show: each transaction committed once, applied in dense txid order."""
         violations = [f"the application failed: {failure}" for failure in self.application.uncaught]
+        violations += self.forged_served
         seen: dict[int, int] = {}
         for partition_id, applied in sorted(self.application.applied.items()):
             txids = [txid for txid, _, _ in applied]
@@ -430,6 +464,18 @@ async def _until_started(start: Callable[[], Awaitable[_Node]]) -> _Node:
             return await start()
         except WaltzError:
             await asyncio.sleep(RESTART_RETRY_S)
+
+
+def _end_leftovers(loop: SimLoop) -> None:
+    """What a node that did not stop cleanly left running ends on its own loop (not in a later
+    seed's, or in the garbage collector at an arbitrary moment after the loop closed)."""
+    leftovers = asyncio.all_tasks(loop)
+    for task in leftovers:
+        task.cancel()
+    if leftovers:
+        loop.run_until_complete(asyncio.wait(leftovers, timeout=LEFTOVER_LIMIT_S))
+    gc.collect()  # coroutines never scheduled close while their loop still runs callbacks
+    loop.run_until_complete(asyncio.sleep(0))
 
 
 @contextmanager
@@ -475,11 +521,17 @@ def run_seed(seed: int, shape: WorldShape | None = None) -> SeedResult:
                 late = [f"not every transaction was applied within {RUN_LIMIT_S:.0f} s of virtual time"]
             finally:
                 faults.cancel()
-                async with asyncio.timeout(HEAL_LIMIT_S):
-                    await nodes.finish()  # every crashed node restarted, every pause over
+                try:
+                    async with asyncio.timeout(HEAL_LIMIT_S):
+                        await nodes.finish()  # every crashed node restarted, every pause over
+                except TimeoutError:
+                    late.append(f"a crashed node did not restart within {HEAL_LIMIT_S:.0f} s")
                 world.heal()
                 try:
-                    await world.stop()
+                    async with asyncio.timeout(STOP_LIMIT_S):
+                        await world.stop()
+                except TimeoutError:
+                    late.append(f"the nodes did not stop within {STOP_LIMIT_S:.0f} s of virtual time")
                 except Exception as e:  # a node that cannot stop cleanly is a finding too
                     late.append(f"stopping the nodes raised {e!r}")
             return world.check() + late
@@ -487,15 +539,17 @@ def run_seed(seed: int, shape: WorldShape | None = None) -> SeedResult:
         asyncio.set_event_loop(loop)
         try:
             violations = loop.run_until_complete(main())
+            trace_hash, virtual_s = loop.trace_hash, loop.time() - START_MONOTONIC_S
         finally:
+            _end_leftovers(loop)
             asyncio.set_event_loop(None)
             loop.close()
     return SeedResult(
         seed,
         world.application.count(),
         violations,
-        loop.trace_hash,
-        loop.time() - START_MONOTONIC_S,
+        trace_hash,
+        virtual_s,
         time.process_time() - started_s,
         injected,
         [str(event) for event in loop.tail][-LAST_EVENTS_SHOWN:] if violations else [],
