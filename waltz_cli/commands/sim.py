@@ -25,11 +25,16 @@ def sim(
     ] = DEFAULT_TRANSACTIONS,
     faults: Annotated[
         int,
-        typer.Option("--faults", help="Faults per seed (network, ZooKeeper).", min=0, max=MAX_FAULTS),
+        typer.Option(
+            "--faults",
+            help="Faults per seed (network, ZooKeeper, node pauses and crashes, partition moves).",
+            min=0,
+            max=MAX_FAULTS,
+        ),
     ] = 0,
     as_json: JsonOption = False,
 ) -> None:
-    """Run real storage nodes, a server and a client in the simulator, one seeded world per seed.
+    """Run real storage nodes, two servers and a client in the simulator, one seeded world per seed.
 
     Each seed runs on a virtual clock, an in-memory network and ZooKeeper, and is checked.
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import KazooException
 from kazoo.protocol.states import KazooState
 
 from waltz_engine import __version__
@@ -360,7 +361,8 @@ class WaltzServer:
             return
         self.closed = True
         if self.cluster_manager is not None:
-            with contextlib.suppress(WaltzError):
+            # Leaving is best effort: with ZooKeeper unreachable the session's expiry removes us.
+            with contextlib.suppress(WaltzError, KazooException):
                 if self.cluster_manager.server_id is not None:
                     await self.cluster_manager.unmanage()
             await self.cluster_manager.close()

@@ -2,10 +2,11 @@
 
 Network faults between pairs of hosts (see :class:`waltz_engine.sim.network.SimNetwork`): a
 reset of their connections, a partition, one-way loss, a slow link, a link of spiky latency;
-and a ZooKeeper outage (:class:`waltz_engine.sim.zk_model.SimZooKeeper`: every client loses
-its connection, sessions expire after their timeout). Each but the reset is healed after a
-while; by ``window_s + MAX_FAULT_S`` all is whole again, so a correct cluster always finishes
-its workload.
+a ZooKeeper outage (:class:`waltz_engine.sim.zk_model.SimZooKeeper`: every client loses
+its connection, sessions expire after their timeout); and, given ``nodes``, the faults of whole
+nodes (:mod:`waltz_engine.sim.node_faults`: pauses, crashes, session expiry, partitions moved).
+Each but the reset is healed after a while; by ``window_s + MAX_FAULT_S`` all is whole again, so
+a correct cluster always finishes its workload.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 
 from waltz_engine.sim.loop import SimLoop
 from waltz_engine.sim.network import Latency, SimNetwork
+from waltz_engine.sim.node_faults import NODE_FAULT_KINDS, NodeFaults, node_fault_kinds
 from waltz_engine.sim.zk_model import SimZooKeeper
 
 FAULT_KINDS = ("reset", "partition", "drop", "slow", "latency", "zookeeper_outage")
@@ -33,16 +35,21 @@ async def inject_faults(
     pairs: Sequence[tuple[str, str]],
     count: int,
     window_s: float,
+    nodes: NodeFaults | None = None,
 ) -> collections.Counter[str]:
     """``count`` faults at random times within ``window_s``; returns how many of each kind."""
     rng = loop.rng
     started_s = loop.time()
     injected: collections.Counter[str] = collections.Counter()
+    kinds = FAULT_KINDS + (node_fault_kinds(nodes.world) if nodes is not None else ())
     for at_s in sorted(rng.uniform(0, window_s) for _ in range(count)):
         await asyncio.sleep(max(0.0, started_s + at_s - loop.time()))
         a, b = rng.choice(pairs)
-        kind = rng.choice(FAULT_KINDS)
+        kind = rng.choice(kinds)
         injected[kind] += 1
+        if nodes is not None and kind in NODE_FAULT_KINDS:
+            nodes.inject(kind, rng)
+            continue
         if kind == "reset":
             network.reset(a, b)
             continue

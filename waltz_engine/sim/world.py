@@ -11,13 +11,17 @@ has applied each, and checks what it saw: every transaction committed once, txid
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+from kazoo.client import KazooClient
 
 from waltz_engine.client import Transaction, TransactionBuilder, TransactionContext, WaltzClientCallbacks
 from waltz_engine.client.client import WaltzClient
@@ -31,11 +35,13 @@ from waltz_engine.sim.disk import SimDisk
 from waltz_engine.sim.faults import inject_faults
 from waltz_engine.sim.loop import START_MONOTONIC_S, SimLoop
 from waltz_engine.sim.network import SimNetwork
-from waltz_engine.sim.zk_model import SimZooKeeper
-from waltz_engine.storage.client import StorageAdminClient
+from waltz_engine.sim.node_faults import NodeFaults
+from waltz_engine.sim.zk_model import SimZkClient, SimZooKeeper
+from waltz_engine.storage.client import StorageAdminClient, StorageClient, StorageRpcError
 from waltz_engine.storage.node.config import StorageConfig
 from waltz_engine.storage.node.node import StorageNode
 from waltz_engine.zk.cluster import create_cluster
+from waltz_engine.zk.cluster_manager import force_assign, force_unassign
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
 from waltz_engine.zk.store_metadata import add_storage_node, assign_partitions
 
@@ -46,12 +52,24 @@ STORAGE_PORT = 7000
 STORAGE_ADMIN_PORT = 7001
 SERVER_PORT = 6000
 CLIENT_HOST = "client-0"
+ROGUE_HOST = "rogue-0"
+FORGED_SESSION_ID = 1 << 62  # a session id ZooKeeper never issues in a seed's time
 SESSION_TIMEOUT_MS = 10_000
 DEFAULT_TRANSACTIONS = 100
 MAX_TRANSACTIONS = 1_000_000
 MAX_FAULTS = 100_000
 # A seed whose transactions are not all applied within this much virtual time has failed.
 RUN_LIMIT_S = 600.0
+# Every node fault is healed within this much virtual time of the workload's end.
+HEAL_LIMIT_S = 120.0
+# Tasks left by nodes that did not stop get this much virtual time to end once cancelled.
+LEFTOVER_LIMIT_S = 10.0
+# A healthy world's nodes stop within this much virtual time.
+STOP_LIMIT_S = 120.0
+# A node that failed to start (ZooKeeper out) is started again this much later.
+RESTART_RETRY_S = 1.0
+# The share of transactions that raise an application error when executed again (a retry).
+REFUSES_RETRY_PROBABILITY = 0.1
 # The mean time between two submits of a workload under faults, and an application's pause
 # before it submits again a transaction whose submit failed.
 SUBMIT_INTERVAL_S = 0.05
@@ -61,11 +79,13 @@ LAST_EVENTS_SHOWN = 20
 # The simulator's nodes log only what goes wrong.
 NODE_LOG_LEVEL = logging.ERROR
 
+_Node = TypeVar("_Node", StorageNode, WaltzServer)
+
 
 @dataclass(frozen=True)
 class WorldShape:
     storage_nodes: int = 3
-    servers: int = 1
+    servers: int = 2
     partitions: int = 1
     transactions: int = DEFAULT_TRANSACTIONS
     # Network faults during the workload; with any, transactions are submitted one by one
@@ -83,22 +103,31 @@ class SeedResult:
     cpu_s: float
     faults: dict[str, int] = field(default_factory=dict)
     last_events: list[str] = field(default_factory=list)
+    refused: int = 0  # transactions that ended in their own application error on a retry
+
+
+class ApplicationError(Exception):
+    """The workload's own failure: a transaction that refuses to be executed again."""
 
 
 class _Append(TransactionContext):
-    """One transaction of the workload; its outcome is a future on the loop."""
+    """One transaction of the workload; its outcome is a future on the loop. One that
+    ``refuses_retry`` raises :class:`ApplicationError` when the client executes it again."""
 
-    def __init__(self, number: int, outcome: asyncio.Future[bool]) -> None:
+    def __init__(self, number: int, outcome: asyncio.Future[bool], refuses_retry: bool = False) -> None:
         super().__init__()
         self.number = number
         self.outcome = outcome
         self.executions = 0
+        self.refuses_retry = refuses_retry
 
     def partition_id(self, num_partitions: int) -> int:
         return self.number % num_partitions
 
     def execute(self, builder: TransactionBuilder) -> bool:
         self.executions += 1
+        if self.refuses_retry and self.executions > 1:
+            raise ApplicationError(f"transaction {self.number} refuses to run again")
         builder.set_header(self.number)
         builder.set_transaction_data(self.number.to_bytes(8, "big"), _RAW)
         return True
@@ -110,6 +139,12 @@ class _Append(TransactionContext):
     def on_exception(self, exception: BaseException) -> None:
         if not self.outcome.done():
             self.outcome.set_exception(exception)
+
+    @property
+    def refused(self) -> bool:
+        """It ended in its own application error: it must not be in the log."""
+        done = self.outcome.done() and not self.outcome.cancelled()
+        return done and isinstance(self.outcome.exception(), ApplicationError)
 
 
 class _RawBytes:
@@ -163,6 +198,9 @@ class SimWorld:
         self.client: WaltzClient | None = None
         self.application = _Applied()
         self.contexts: list[_Append] = []
+        self.key = uuid.UUID(int=0)
+        self.paused: set[int] = set()  # servers cut off by a pause or a crash
+        self.forged_served: list[str] = []
 
     def _zookeeper_keys(self) -> dict[str, Any]:
         return {
@@ -201,35 +239,41 @@ class SimWorld:
         return {"network": self.network.node(host), "zk_connector": self.zookeeper.connector()}
 
     async def start(self) -> None:
-        key = await asyncio.to_thread(self._create_cluster)
+        self.key = await asyncio.to_thread(self._create_cluster)
         for number in range(self.shape.storage_nodes):
-            host = f"storage-{number}"
-            storage_keys = {
-                "storage.host": host,
-                "storage.port": STORAGE_PORT,
-                "storage.admin.port": STORAGE_ADMIN_PORT,
-                "storage.directory": f"/{host}",
-            }
-            storage_config = StorageConfig.from_config(self._config(host, storage_keys))
-            node = StorageNode(storage_config, **self._seams(host), disk=self.disks[host])
-            await node.start()
-            await self._assign_partitions(host, key)
-            self.storage.append(node)
+            self.storage.append(await self._start_storage(number))
+            await self._assign_partitions(f"storage-{number}", self.key)
         for number in range(self.shape.servers):
-            host = f"server-{number}"
-            server_keys = {"server.host": host, "server.advertisedHost": host, "server.port": SERVER_PORT}
-            server = WaltzServer(
-                ServerConfig.from_config(self._config(host, server_keys)), **self._seams(host)
-            )
-            await server.start()
-            self.servers.append(server)
+            self.servers.append(await self._start_server(number))
         config = WaltzClientConfig.from_config(self._zookeeper_keys())
         self.client = await WaltzClient.create(self.application, config, **self._seams(CLIENT_HOST))
+
+    async def _start_storage(self, number: int) -> StorageNode:
+        host = f"storage-{number}"
+        storage_keys = {
+            "storage.host": host,
+            "storage.port": STORAGE_PORT,
+            "storage.admin.port": STORAGE_ADMIN_PORT,
+            "storage.directory": f"/{host}",
+        }
+        storage_config = StorageConfig.from_config(self._config(host, storage_keys))
+        node = StorageNode(storage_config, **self._seams(host), disk=self.disks[host])
+        await node.start()
+        return node
+
+    async def _start_server(self, number: int) -> WaltzServer:
+        host = f"server-{number}"
+        server_keys = {"server.host": host, "server.advertisedHost": host, "server.port": SERVER_PORT}
+        server = WaltzServer(ServerConfig.from_config(self._config(host, server_keys)), **self._seams(host))
+        await server.start()
+        return server
 
     def heal(self) -> None:
         """Every fault ends: links whole, ZooKeeper reachable (nodes stop in a healthy world)."""
         for a, b in self.fault_pairs():
             self.network.heal(a, b)
+        for number in sorted(self.paused):
+            self.resume_server(number)
         if self.zookeeper.in_outage:
             self.zookeeper.end_outage()
 
@@ -247,11 +291,119 @@ class SimWorld:
         storage = [f"storage-{n}" for n in range(self.shape.storage_nodes)]
         return [(s, t) for s in servers for t in storage] + [(CLIENT_HOST, s) for s in servers]
 
+    # --- node faults (waltz_engine.sim.node_faults) --------------------------------------------
+
+    @property
+    def num_servers(self) -> int:
+        return self.shape.servers
+
+    @property
+    def num_storage_nodes(self) -> int:
+        return self.shape.storage_nodes
+
+    @property
+    def num_partitions(self) -> int:
+        return self.shape.partitions
+
+    def _links_of(self, host: str) -> list[tuple[str, str]]:
+        return [(a, b) for a, b in self.fault_pairs() if host in (a, b)]
+
+    def _server_zookeeper(self, number: int) -> SimZkClient | None:
+        zk = self.servers[number]._zk
+        return zk if isinstance(zk, SimZkClient) else None
+
+    def pause_server(self, number: int) -> None:
+        """Nothing the server sends or is sent crosses; ZooKeeper stops hearing it."""
+        self.paused.add(number)
+        for a, b in self._links_of(f"server-{number}"):
+            self.network.partition(a, b)
+        zk = self._server_zookeeper(number)
+        if zk is not None:
+            self.zookeeper.isolate(zk)
+
+    def resume_server(self, number: int) -> None:
+        self.paused.discard(number)
+        for a, b in self._links_of(f"server-{number}"):
+            self.network.heal(a, b)
+        zk = self._server_zookeeper(number)
+        if zk is not None:
+            self.zookeeper.heal(zk)
+
+    def expire_server_session(self, number: int) -> None:
+        zk = self._server_zookeeper(number)
+        if zk is not None and zk.client_id is not None:
+            self.zookeeper.expire(zk.client_id[0])
+
+    async def _change_forced(self, change: Callable[[KazooClient], object]) -> None:
+        def run() -> None:
+            with connect(self.settings, self.zookeeper.connector()) as zk:
+                change(zk)
+
+        with contextlib.suppress(WaltzError):  # ZooKeeper is out: the operator's call fails
+            await asyncio.to_thread(run)
+
+    async def force_assign(self, partition_id: int, number: int) -> None:
+        server_id = self.servers[number].server_id
+        if server_id is not None:
+            await self._change_forced(lambda zk: force_assign(zk, CLUSTER_ROOT, partition_id, server_id))
+
+    async def force_unassign(self, partition_id: int) -> None:
+        await self._change_forced(lambda zk: force_unassign(zk, CLUSTER_ROOT, partition_id))
+
+    async def crash_storage(self, number: int) -> None:
+        host = f"storage-{number}"
+        for a, b in self._links_of(host):
+            self.network.partition(a, b)  # nothing it says on the way out crosses
+        await self.storage[number].stop()
+        self.disks[host].crash()
+
+    async def restart_storage(self, number: int) -> None:
+        for a, b in self._links_of(f"storage-{number}"):
+            self.network.heal(a, b)
+        self.storage[number] = await _until_started(lambda: self._start_storage(number))
+
+    async def forge_reads(self) -> None:
+        """A rogue client that knows the cluster key reads with a session id nobody issued."""
+        for number in range(self.shape.storage_nodes):
+            rogue = StorageClient(
+                f"storage-{number}",
+                STORAGE_PORT,
+                None,
+                self.key,
+                self.shape.partitions,
+                network=self.network.node(ROGUE_HOST),
+            )
+            try:
+                await rogue.open()
+                for partition_id in range(self.shape.partitions):
+                    with contextlib.suppress(StorageRpcError):  # refused: as it must be
+                        await rogue.max_transaction_id(FORGED_SESSION_ID, partition_id)
+                        self.forged_served.append(
+                            f"storage-{number} served a read of partition {partition_id} with the "
+                            f"forged session id {FORGED_SESSION_ID}"
+                        )
+            except (OSError, TimeoutError, WaltzError):
+                pass  # the node is down or cut off
+            finally:
+                await rogue.close()
+
+    async def crash_server(self, number: int) -> None:
+        self.pause_server(number)
+        await self.servers[number].stop()
+
+    async def restart_server(self, number: int) -> None:
+        self.resume_server(number)
+        self.servers[number] = await _until_started(lambda: self._start_server(number))
+
     async def append_all(self) -> None:
         """Submit the workload's transactions and wait until the client has applied as many."""
         client = self.client
         assert client is not None
-        self.contexts = [_Append(n, self.loop.create_future()) for n in range(self.shape.transactions)]
+        rng = self.loop.rng
+        self.contexts = [
+            _Append(n, self.loop.create_future(), rng.random() < REFUSES_RETRY_PROBABILITY)
+            for n in range(self.shape.transactions)
+        ]
         spaced = self.shape.faults > 0
         for context in self.contexts:
             if spaced:
@@ -260,6 +412,8 @@ class SimWorld:
                 try:
                     await client.submit(context)
                     break
+                except ApplicationError:
+                    break  # its own error on a resubmit: on_exception has it
                 except WaltzError:
                     # The submit failed (the partition was not mounted in time), after telling the
                     # context: the application submits it again, and that attempt's outcome counts.
@@ -268,13 +422,15 @@ class SimWorld:
                     context.outcome = self.loop.create_future()
                     await asyncio.sleep(RESUBMIT_DELAY_S)
         await asyncio.gather(*(context.outcome for context in self.contexts), return_exceptions=True)
-        while self.application.count() < self.shape.transactions:
+        expected = sum(1 for context in self.contexts if not context.refused)
+        while self.application.count() < expected:
             self.application.changed.clear()
             await self.application.changed.wait()
 
     def check(self) -> list[str]:
         """What the run must show: each transaction committed once, applied in dense txid order."""
         violations = [f"the application failed: {failure}" for failure in self.application.uncaught]
+        violations += self.forged_served
         seen: dict[int, int] = {}
         for partition_id, applied in sorted(self.application.applied.items()):
             txids = [txid for txid, _, _ in applied]
@@ -284,7 +440,11 @@ class SimWorld:
                 seen[header] = seen.get(header, 0) + 1
         for context in self.contexts:
             in_log = f"(in the log {seen.get(context.number, 0)} times)"
-            if not context.outcome.done():
+            if context.refused:
+                if seen.get(context.number, 0) != 0:
+                    violations.append(f"transaction {context.number} refused to run again yet is {in_log}")
+                continue
+            if not context.outcome.done() or context.outcome.cancelled():  # (the run's time limit)
                 violations.append(f"transaction {context.number} ended without an outcome {in_log}")
             elif context.outcome.exception() is not None:
                 error = context.outcome.exception()
@@ -292,9 +452,30 @@ class SimWorld:
             elif not context.outcome.result():
                 violations.append(f"transaction {context.number} was reported not committed {in_log}")
         for number in range(self.shape.transactions):
-            if seen.get(number, 0) != 1:
+            if seen.get(number, 0) != 1 and not self.contexts[number].refused:
                 violations.append(f"transaction {number} is in the log {seen.get(number, 0)} times")
         return violations
+
+
+async def _until_started(start: Callable[[], Awaitable[_Node]]) -> _Node:
+    """A supervisor restarts a node until it starts (it cannot while ZooKeeper is out)."""
+    while True:
+        try:
+            return await start()
+        except WaltzError:
+            await asyncio.sleep(RESTART_RETRY_S)
+
+
+def _end_leftovers(loop: SimLoop) -> None:
+    """What a node that did not stop cleanly left running ends on its own loop (not in a later
+    seed's, or in the garbage collector at an arbitrary moment after the loop closed)."""
+    leftovers = asyncio.all_tasks(loop)
+    for task in leftovers:
+        task.cancel()
+    if leftovers:
+        loop.run_until_complete(asyncio.wait(leftovers, timeout=LEFTOVER_LIMIT_S))
+    gc.collect()  # coroutines never scheduled close while their loop still runs callbacks
+    loop.run_until_complete(asyncio.sleep(0))
 
 
 @contextmanager
@@ -316,6 +497,7 @@ def run_seed(seed: int, shape: WorldShape | None = None) -> SeedResult:
     with _quiet_logs():
         world = SimWorld(loop, shape)
         injected: dict[str, int] = {}
+        nodes = NodeFaults(loop, world)
 
         async def main() -> list[str]:
             await world.start()
@@ -327,6 +509,7 @@ def run_seed(seed: int, shape: WorldShape | None = None) -> SeedResult:
                     world.fault_pairs(),
                     shape.faults,
                     shape.transactions * SUBMIT_INTERVAL_S,
+                    nodes,
                 )
             )
             late = []
@@ -338,23 +521,37 @@ def run_seed(seed: int, shape: WorldShape | None = None) -> SeedResult:
                 late = [f"not every transaction was applied within {RUN_LIMIT_S:.0f} s of virtual time"]
             finally:
                 faults.cancel()
+                try:
+                    async with asyncio.timeout(HEAL_LIMIT_S):
+                        await nodes.finish()  # every crashed node restarted, every pause over
+                except TimeoutError:
+                    late.append(f"a crashed node did not restart within {HEAL_LIMIT_S:.0f} s")
                 world.heal()
-                await world.stop()
+                try:
+                    async with asyncio.timeout(STOP_LIMIT_S):
+                        await world.stop()
+                except TimeoutError:
+                    late.append(f"the nodes did not stop within {STOP_LIMIT_S:.0f} s of virtual time")
+                except Exception as e:  # a node that cannot stop cleanly is a finding too
+                    late.append(f"stopping the nodes raised {e!r}")
             return world.check() + late
 
         asyncio.set_event_loop(loop)
         try:
             violations = loop.run_until_complete(main())
+            trace_hash, virtual_s = loop.trace_hash, loop.time() - START_MONOTONIC_S
         finally:
+            _end_leftovers(loop)
             asyncio.set_event_loop(None)
             loop.close()
     return SeedResult(
         seed,
         world.application.count(),
         violations,
-        loop.trace_hash,
-        loop.time() - START_MONOTONIC_S,
+        trace_hash,
+        virtual_s,
         time.process_time() - started_s,
         injected,
         [str(event) for event in loop.tail][-LAST_EVENTS_SHOWN:] if violations else [],
+        sum(1 for context in world.contexts if context.refused),
     )

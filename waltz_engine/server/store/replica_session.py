@@ -9,13 +9,13 @@ session: its current and future votes become abstentions, which makes the store 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import NamedTuple, Protocol
 
 from waltz_engine.common.backoff import Backoff
 from waltz_engine.common.limited_log import LimitedLog
 from waltz_engine.common.record import Record
+from waltz_engine.common.tasks import wait_ended
 from waltz_engine.server.store.config import CATCH_UP_BATCH_SIZE, StoreConfig
 from waltz_engine.server.store.errors import RecoveryFailedError, RetainedStartError, StoreError
 from waltz_engine.server.store.latency_router import LatencyWeightedRoute
@@ -148,8 +148,7 @@ class ReplicaSession(LatencyWeightedRoute):
     async def wait_closed(self) -> None:
         task = self._task
         if task is not None and task is not asyncio.current_task():
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await wait_ended(task)
 
     def append(self, first_transaction_id: int, encoded: bytes, count: int, voting: Voting) -> None:
         """Hand over the store session's next batch (the previous one, if never taken, abstains)."""

@@ -10,7 +10,6 @@ session could not decide are resolved by the next session against its resolved h
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -22,6 +21,7 @@ from waltz_engine.common import clock
 from waltz_engine.common.backoff import Backoff
 from waltz_engine.common.record import Record, RecordHeader
 from waltz_engine.common.reqid import ReqId
+from waltz_engine.common.tasks import wait_ended
 from waltz_engine.server.store.config import QUEUE_CAPACITY_BATCHES, StoreConfig
 from waltz_engine.server.store.errors import (
     GenerationMismatchError,
@@ -153,8 +153,7 @@ class StoreSession:
     async def wait_closed(self) -> None:
         task = self._task
         if task is not None and task is not asyncio.current_task():
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await wait_ended(task)
         for replica_session in self.replica_sessions:
             await replica_session.wait_closed()
 
