@@ -152,7 +152,8 @@ async def _tls_round_trips(samples: int) -> list[float]:
     )
     try:
         assert echo.stdout is not None
-        port_line = await asyncio.wait_for(asyncio.to_thread(echo.stdout.readline), ECHO_START_TIMEOUT_S)
+        async with asyncio.timeout(ECHO_START_TIMEOUT_S):
+            port_line = await asyncio.to_thread(echo.stdout.readline)
         if not port_line.strip().isdigit():
             raise FloorError("the TLS echo process did not start (no port on its first line)")
         reader, writer = await asyncio.open_connection(
