@@ -186,3 +186,26 @@ def tailed(cluster: LocalCluster, partitions: Iterable[int]) -> list[TailRow]:
                 )
             )
     return rows
+
+
+# Waits for the coordinator's assignment: every POLL_S, ASSIGNMENT_POLLS times at most (60 s).
+ASSIGNMENT_POLL_S = 0.05
+ASSIGNMENT_POLLS = 1200
+
+
+def wait_assigned(settings: Any, server_id: int, partition_id: int | None = None) -> int:
+    """Waits (bounded) until the assignment gives ``server_id`` ``partition_id`` (or any partition);
+    that partition's generation."""
+    import time
+
+    from waltz_engine.zk.cluster import read_partition_assignment
+    from waltz_engine.zk.connection import connect
+
+    with connect(settings) as zk:
+        for _ in range(ASSIGNMENT_POLLS):
+            for server in read_partition_assignment(zk, settings.cluster_root).servers:
+                for info in server.partitions if server.server_id == server_id else ():
+                    if partition_id is None or info.partition_id == partition_id:
+                        return int(info.generation)
+            time.sleep(ASSIGNMENT_POLL_S)
+    raise AssertionError(f"server {server_id} was not assigned partition {partition_id} (or any)")

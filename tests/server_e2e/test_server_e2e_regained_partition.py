@@ -17,11 +17,10 @@ smoke run hit by chance.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import pytest
-from cluster_support import local_cluster
+from cluster_support import local_cluster, wait_assigned
 
 from waltz_engine.common.crc import crc32
 from waltz_engine.common.reqid import ReqId
@@ -40,7 +39,7 @@ from waltz_engine.wire.client_messages import (
     MountResponse,
 )
 from waltz_engine.wire.hello import CLIENT_HELLO_TEXT
-from waltz_engine.zk.cluster import read_partition_assignment, read_server_descriptors
+from waltz_engine.zk.cluster import read_server_descriptors
 from waltz_engine.zk.cluster_manager import force_assign
 from waltz_engine.zk.connection import ZooKeeperSettings
 from waltz_engine.zk.connection import connect as zk_connect
@@ -48,7 +47,6 @@ from waltz_engine.zk.connection import connect as zk_connect
 CLIENT_ID = 4242
 PARTITION = 0
 RECEIVE_TIMEOUT_S = 30.0
-ASSIGNMENT_TIMEOUT_S = 60.0
 POLL_S = 0.05
 MOUNT_ATTEMPTS = 600  # NOT_READY answers, POLL_S apart: 30 s
 FIRST_APPENDS = 3
@@ -110,23 +108,10 @@ class RawClient:
         await self.connection.close()
 
 
-def _owner_generation(settings: ZooKeeperSettings, server_id: int) -> int:
-    """Waits until the coordinator has given the partition to ``server_id``; its generation."""
-    deadline = time.monotonic() + ASSIGNMENT_TIMEOUT_S
-    with zk_connect(settings) as zk:
-        while time.monotonic() < deadline:
-            for server in read_partition_assignment(zk, settings.cluster_root).servers:
-                for info in server.partitions:
-                    if server.server_id == server_id and info.partition_id == PARTITION:
-                        return int(info.generation)
-            time.sleep(POLL_S)
-    raise AssertionError(f"partition {PARTITION} was not assigned to server {server_id}")
-
-
 def _force(settings: ZooKeeperSettings, server_id: int) -> int:
     with zk_connect(settings) as zk:
         force_assign(zk, settings.cluster_root, PARTITION, server_id)
-    return _owner_generation(settings, server_id)
+    return wait_assigned(settings, server_id, PARTITION)
 
 
 @pytest.mark.slow

@@ -12,26 +12,13 @@ from __future__ import annotations
 import time
 
 import pytest
-from cluster_support import local_cluster, run_waltz_cli
+from cluster_support import local_cluster, run_waltz_cli, wait_assigned
 
-from waltz_engine.zk.cluster import read_partition_assignment, read_server_descriptors
+from waltz_engine.zk.cluster import read_server_descriptors
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
 from waltz_engine.zk.stale_registrations import is_local_host
 
-POLL_S = 0.05
-ASSIGNMENT_POLLS = 1200  # 60 s
 DOCUMENTATION_ADDRESS = "192.0.2.1"  # TEST-NET-1: never an address of this machine
-
-
-def _wait_assigned(settings: ZooKeeperSettings, server_id: int) -> float:
-    """Waits (bounded) until ``server_id`` is assigned some partition; when it was seen."""
-    with connect(settings) as zk:
-        for _ in range(ASSIGNMENT_POLLS):
-            servers = read_partition_assignment(zk, settings.cluster_root).servers
-            if any(s.server_id == server_id and s.partitions for s in servers):
-                return time.monotonic()
-            time.sleep(POLL_S)
-    raise AssertionError(f"server {server_id} was never assigned a partition")
 
 
 def test_only_this_machines_addresses_are_local() -> None:
@@ -63,7 +50,8 @@ def test_a_server_restarted_on_its_endpoint_ends_its_dead_registration(
         assert sorted(after.values()) == sorted(before.values())  # the live server's stays
         assert f"removed the registration of server {old_id}" in restarted.log_text()
         new_id = next(i for i, port in after.items() if port == restarted.port)
-        moved_s = _wait_assigned(settings, new_id)
+        wait_assigned(settings, new_id)
+        moved_s = time.monotonic()
         for partition in (0, 1):
             done = run_waltz_cli(
                 "append", "-p", str(partition), "-c", str(cluster.client_config_path), "-", stdin="after\n"
