@@ -104,6 +104,11 @@ def _tear_in_flight_append(partition_dir: Path, acknowledged: list[Record], rng:
         by_first[later].with_suffix(".idx").unlink()
     seg_path, idx_path = by_first[first], by_first[first].with_suffix(".idx")
     acknowledged_end = HEADER_SIZE_BYTES + sum(40 + len(r.data) for r in acknowledged[first:])
+    if seg_path.stat().st_size < acknowledged_end:
+        # Killed as it rolled over, before the new segment's header was written: it holds no
+        # acknowledged record (those were fsynced) and nothing is in flight to tear.
+        assert first == len(acknowledged), (first, len(acknowledged))
+        return
     with seg_path.open("r+b") as f:
         f.truncate(rng.randint(acknowledged_end, seg_path.stat().st_size))
         f.seek(0, os.SEEK_END)

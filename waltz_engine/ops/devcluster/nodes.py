@@ -4,6 +4,7 @@ stop, kill, pause, status, and the ports and probes they share.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import random
@@ -58,6 +59,9 @@ ENOUGH_LISTEN_PORTS = 1_000
 LISTEN_PORT_TRIES = 100
 EPHEMERAL_PORT_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 _port_pick = random.SystemRandom()  # not the seedable module RNG: parallel runs must not agree
+# The ports this process handed out lately (bounded): never handed out twice in a row.
+HANDED_OUT_PORTS_KEPT = 4096
+_handed_out: collections.deque[int] = collections.deque(maxlen=HANDED_OUT_PORTS_KEPT)
 STORAGE_DATA_DIR_NAME = "data"  # under the node's directory
 PORTS_PER_STORAGE = 3  # data, admin, http
 PORTS_PER_SERVER = 2  # client, http
@@ -95,12 +99,22 @@ def free_port() -> int:
     if floor is not None and floor - LISTEN_PORTS_FLOOR >= ENOUGH_LISTEN_PORTS:
         for _ in range(LISTEN_PORT_TRIES):
             port = _port_pick.randrange(LISTEN_PORTS_FLOOR, floor)
-            if _port_free(port):
-                return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        picked: int = sock.getsockname()[1]
-        return picked
+            if port not in _handed_out and _port_free(port):
+                return _hand_out(port)
+    for _ in range(LISTEN_PORT_TRIES):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((HOST, 0))
+            picked: int = sock.getsockname()[1]
+        if picked not in _handed_out:
+            return _hand_out(picked)
+    raise DevClusterError(f"no free port found in {LISTEN_PORT_TRIES} tries")
+
+
+def _hand_out(port: int) -> int:
+    """Nothing listens on a port just picked: the same process must not pick it again before its
+    node binds it (two ports of one node's config came out equal once)."""
+    _handed_out.append(port)
+    return port
 
 
 def _ephemeral_floor() -> int | None:
