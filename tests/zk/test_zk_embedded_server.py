@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,10 @@ EXIT_NOT_RUNNING = 3
 ZK_TIMEOUT_MS = 10_000
 
 
+STATUS_ATTEMPTS = 100
+STATUS_PAUSE_S = 0.1
+
+
 def _start_daemon(port: int, data_dir: Path) -> Result:
     return runner.invoke(app, ["zk", "start", "--port", str(port), "--dir", str(data_dir), "--daemon"])
 
@@ -34,9 +39,14 @@ def test_daemon_start_status_stop_round_trip(tmp_path: Path) -> None:
         assert four_letter_word("127.0.0.1", port, "ruok") == "imok"
         assert (data_dir / "zoo.cfg").is_file() and (data_dir / "zookeeper.log").is_file()
 
-        status = runner.invoke(app, ["zk", "status", "--dir", str(data_dir), "--json"])
-        assert status.exit_code == 0, status.output
-        state = json.loads(status.stdout)
+        # `ruok` answers before `srvr` knows the mode: asked again (bounded) until it does.
+        for _ in range(STATUS_ATTEMPTS):
+            status = runner.invoke(app, ["zk", "status", "--dir", str(data_dir), "--json"])
+            assert status.exit_code == 0, status.output
+            state = json.loads(status.stdout)
+            if state["mode"] is not None:
+                break
+            time.sleep(STATUS_PAUSE_S)
         assert state["running"] and state["mode"] == "standalone"
         assert state["connect_string"] == f"127.0.0.1:{port}"
         assert state["data_dir"] == str(data_dir.resolve())
