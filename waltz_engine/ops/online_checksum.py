@@ -139,7 +139,6 @@ def compare_sources(
     to_txid: int | None,
     read: ReadRange,
     chunk_records: int = CHUNK_RECORDS,
-    on_chunk: Callable[[int, int], None] | None = None,
 ) -> RangeComparison:
     if not 1 <= chunk_records <= MAX_CHUNK_RECORDS:
         raise NetworkReadError(f"chunk size must be 1..{MAX_CHUNK_RECORDS}, not {chunk_records}")
@@ -169,8 +168,6 @@ def compare_sources(
             return result
         for storage, value in chunk.items():
             crcs[storage] = zlib.crc32(value.to_bytes(4, "big"), crcs[storage])
-        if on_chunk is not None:
-            on_chunk(end - from_txid + 1, last - from_txid + 1)
     for summary in result.replicas:
         if summary.storage in crcs:
             summary.checksum = crcs[summary.storage]

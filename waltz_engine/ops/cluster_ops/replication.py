@@ -133,9 +133,9 @@ async def replication_report(
     """Every (wanted) partition's assigned replicas and whether each is caught up."""
     wanted = list(range(view.num_partitions)) if partitions is None else list(partitions)
     committed = await asyncio.to_thread(committed_high_water_marks, access, wanted)  # first the bound
+    report = {p: PartitionReplication(p, committed.get(p, -1)) for p in wanted}
     by_node = {
-        storage: [p for p in ids if p in set(wanted)]
-        for storage, ids in sorted(view.replica_assignments.items())
+        storage: [p for p in ids if p in report] for storage, ids in sorted(view.replica_assignments.items())
     }
     answers = await asyncio.gather(
         *(
@@ -145,11 +145,10 @@ async def replication_report(
             for storage, ids in by_node.items()
         )
     )
-    report = [PartitionReplication(p, committed.get(p, -1)) for p in wanted]
     for states in answers:
         for p, state in states.items():
-            report[wanted.index(p)].replicas.append(state)
-    return ReplicationReport(report)
+            report[p].replicas.append(state)
+    return ReplicationReport(list(report.values()))
 
 
 async def _no_admin_port(storage: str, partitions: Sequence[int]) -> dict[int, ReplicaState]:
