@@ -228,6 +228,8 @@ class SimZooKeeper:
 
     def deliver(self, callback: Callable[..., Any], *args: Any) -> None:
         loop = self.loop()
+        if loop.is_closed():
+            return  # a session ended after its loop: nobody is left to watch
         if asyncio._get_running_loop() is loop:
             loop.call_soon(callback, *args)
         else:  # a worker thread of a real loop (the tests that compare with a real ZooKeeper)
