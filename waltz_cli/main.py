@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import signal
+import sys
+from typing import Any
 
 import typer
 
@@ -11,7 +14,7 @@ from waltz_cli.options import CONTEXT_SETTINGS, WaltzGroup
 from waltz_cli.output import warn
 from waltz_engine import __version__
 
-app = typer.Typer(
+_app = typer.Typer(
     name="waltz",
     cls=WaltzGroup,
     help="Waltz: a distributed, replicated write-ahead log (byte-compatible with Waltz 0.13.2).",
@@ -39,7 +42,7 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
+@_app.callback()
 def _root(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
@@ -48,55 +51,61 @@ def _root(
     """Waltz: a distributed, replicated write-ahead log."""
 
 
-def _register() -> None:
-    # Imported here so that `waltz --help` stays one place that lists every group.
-    from waltz_cli.commands import (
-        backup,
-        bench,
-        client,
-        cluster,
-        dev,
-        feed,
-        inspect,
-        recovery,
-        retention,
-        server,
-        sim,
-        smoke,
-        spark,
-        storage,
-        top,
-        zk,
-    )
-
-    app.command("tail")(feed.tail)
-    app.command("append")(feed.append)
-    app.command("create-cluster")(zk.create_cluster)
-    app.command("recover")(recovery.recover)
-    app.command("truncate")(recovery.truncate)
-    app.command("top")(top.top)
-    app.command("smoke")(smoke.smoke)
-    app.command("sim")(sim.sim)
-    app.add_typer(inspect.app, name="inspect")
-    app.add_typer(zk.app, name="zk")
-    app.add_typer(storage.app, name="storage")
-    app.add_typer(server.app, name="server")
-    app.add_typer(cluster.app, name="cluster")
-    app.add_typer(client.app, name="client")
-    app.add_typer(dev.app, name="dev")
-    app.add_typer(retention.app, name="retention")
-    app.add_typer(spark.app, name="spark")
-    app.add_typer(bench.app, name="bench")
-    app.add_typer(backup.app, name="backup")
+# Where each command lives: `waltz storage start` imports only the storage group's module (a
+# command's start costs what it uses, not every group's engine code); help and unknown names
+# register them all.
+_COMMANDS = {
+    "tail": ("feed", "tail"),
+    "append": ("feed", "append"),
+    "create-cluster": ("zk", "create_cluster"),
+    "recover": ("recovery", "recover"),
+    "truncate": ("recovery", "truncate"),
+    "top": ("top", "top"),
+    "smoke": ("smoke", "smoke"),
+    "sim": ("sim", "sim"),
+}
+_GROUPS = (
+    "inspect", "zk", "storage", "server", "cluster", "client", "dev",
+    "retention", "spark", "bench", "backup",
+)  # fmt: skip
+_registered: set[str] = set()
 
 
-_register()
+def _register(only: str | None = None) -> None:
+    for name, (module, function) in _COMMANDS.items():
+        if only in (None, name) and name not in _registered:
+            _registered.add(name)
+            _app.command(name)(getattr(_commands(module), function))
+    for name in _GROUPS:
+        if only in (None, name) and name not in _registered:
+            _registered.add(name)
+            _app.add_typer(_commands(name).app, name=name)
+
+
+def _commands(module: str) -> Any:
+    return importlib.import_module(f"waltz_cli.commands.{module}")
+
+
+def _command_named(args: list[str]) -> str | None:
+    """The command that ``args`` run, if it is one name of ours; None to register every command."""
+    if args and (args[0] in _COMMANDS or args[0] in _GROUPS):
+        return args[0]
+    return None
+
+
+def __getattr__(name: str) -> Any:
+    # `from waltz_cli.main import app` (tests, embedders) gets the app with every command.
+    if name == "app":
+        _register()
+        return _app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main() -> None:
     # From here on a Ctrl-C is Python's KeyboardInterrupt again: WaltzGroup turns it into one line.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    app(prog_name="waltz")
+    _register(_command_named(sys.argv[1:]))
+    _app(prog_name="waltz")
 
 
 if __name__ == "__main__":

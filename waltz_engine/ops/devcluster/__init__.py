@@ -17,26 +17,55 @@ removes only the names above (and the directory when ``up`` made it and it is le
 a file of someone else's in that directory survives. Every wait is bounded.
 """
 
-from waltz_engine.ops.devcluster.cluster import ClusterStatus, LocalCluster
-from waltz_engine.ops.devcluster.nodes import (
-    DEFAULT_CLUSTER_ROOT,
-    DEFAULT_DIRECTORY,
-    DEFAULT_PARTITIONS,
-    DEFAULT_SERVERS,
-    DEFAULT_STORAGES,
-    DEFAULT_WAIT_TIMEOUT_MS,
-    HOST,
-    PORTS_PER_SERVER,
-    PORTS_PER_STORAGE,
-    SERVER,
-    STATE_FILE_NAME,
-    STORAGE,
-    ZOOKEEPER_DIR_NAME,
-    DevClusterError,
-    LocalNode,
-    NodeStatus,
-    free_port,
-)
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from waltz_engine.common.lazy_exports import lazy_exports
+
+if TYPE_CHECKING:
+    from waltz_engine.ops.devcluster.cluster import ClusterStatus, LocalCluster
+    from waltz_engine.ops.devcluster.nodes import (
+        DEFAULT_CLUSTER_ROOT,
+        DEFAULT_DIRECTORY,
+        DEFAULT_PARTITIONS,
+        DEFAULT_SERVERS,
+        DEFAULT_STORAGES,
+        DEFAULT_WAIT_TIMEOUT_MS,
+        HOST,
+        PORTS_PER_SERVER,
+        PORTS_PER_STORAGE,
+        SERVER,
+        STATE_FILE_NAME,
+        STORAGE,
+        ZOOKEEPER_DIR_NAME,
+        DevClusterError,
+        LocalNode,
+        NodeStatus,
+        free_port,
+    )
+
+_EXPORTS = {
+    "ClusterStatus": "cluster",
+    "LocalCluster": "cluster",
+    "DEFAULT_CLUSTER_ROOT": "nodes",
+    "DEFAULT_DIRECTORY": "nodes",
+    "DEFAULT_PARTITIONS": "nodes",
+    "DEFAULT_SERVERS": "nodes",
+    "DEFAULT_STORAGES": "nodes",
+    "DEFAULT_WAIT_TIMEOUT_MS": "nodes",
+    "HOST": "nodes",
+    "PORTS_PER_SERVER": "nodes",
+    "PORTS_PER_STORAGE": "nodes",
+    "SERVER": "nodes",
+    "STATE_FILE_NAME": "nodes",
+    "STORAGE": "nodes",
+    "ZOOKEEPER_DIR_NAME": "nodes",
+    "DevClusterError": "nodes",
+    "LocalNode": "nodes",
+    "NodeStatus": "nodes",
+    "free_port": "nodes",
+}
 
 __all__ = [
     "ClusterStatus",
@@ -59,3 +88,5 @@ __all__ = [
     "ZOOKEEPER_DIR_NAME",
     "free_port",
 ]
+
+__getattr__ = lazy_exports(__name__, globals(), _EXPORTS)

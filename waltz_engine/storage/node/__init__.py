@@ -4,7 +4,22 @@ Built on the on-disk engine (:class:`waltz_engine.storage.StorageManager`); star
 ``waltz storage start --config FILE`` (:func:`run`) or in-process with :class:`StorageNode`.
 """
 
-from waltz_engine.storage.node.config import StorageConfig
-from waltz_engine.storage.node.node import StorageNode, run
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from waltz_engine.common.lazy_exports import lazy_exports
+
+if TYPE_CHECKING:
+    from waltz_engine.storage.node.config import StorageConfig
+    from waltz_engine.storage.node.node import StorageNode, run
+
+_EXPORTS = {
+    "StorageConfig": "config",
+    "StorageNode": "node",
+    "run": "node",
+}
 
 __all__ = ["StorageConfig", "StorageNode", "run"]
+
+__getattr__ = lazy_exports(__name__, globals(), _EXPORTS)
