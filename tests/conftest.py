@@ -6,6 +6,7 @@ Plain helpers are in testkit.py; they are re-exported here only for older import
 
 from __future__ import annotations
 
+import os
 import signal
 from collections import Counter
 from collections.abc import Iterator
@@ -21,6 +22,19 @@ __all__ = ["free_tcp_port", "read_jsonl", "unique_cluster_root", "vectors_dir"]
 @pytest.fixture(scope="session")
 def vectors() -> Path:
     return vectors_dir()
+
+
+# Every JVM a test starts is short-lived: the client compiler alone and the serial collector cut a
+# local Spark session's CPU by ~45% (26 s to 14 s, measured), and the suite is CPU-bound on 2
+# cores. `default` options go before the product's own (`waltz spark export` sets the driver's
+# log configuration); the standalone cluster's master and worker read SPARK_DAEMON_JAVA_OPTS.
+TEST_JVM_FLAGS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+os.environ.setdefault(
+    "PYSPARK_SUBMIT_ARGS",
+    f'--conf "spark.driver.defaultJavaOptions={TEST_JVM_FLAGS}" '
+    f'--conf "spark.executor.defaultJavaOptions={TEST_JVM_FLAGS}" pyspark-shell',
+)
+os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", TEST_JVM_FLAGS)
 
 
 def pytest_configure(config: pytest.Config) -> None:
