@@ -29,6 +29,8 @@ from waltz_engine.storage.storage_manager import StorageManager
 from waltz_engine.zk.connection import ZooKeeperSettings
 
 PARTITIONS = (0, 1)
+EMPTY_PARTITION = 2  # never appended to: a backup holds it, and a restore says it is empty
+NUM_PARTITIONS = len(PARTITIONS) + 1
 # Small segments: every run seals some, so "sealed segments are written once" is exercised.
 SEGMENT_BYTES = "2048"
 KILL_POINTS_AT_LEAST = 20
@@ -37,7 +39,7 @@ KILL_POINTS_AT_LEAST = 20
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: str) -> Iterator[LocalCluster]:
     with local_cluster(
-        tmp_path_factory, storages=3, servers=1, partitions=len(PARTITIONS), zookeeper=zookeeper
+        tmp_path_factory, storages=3, servers=1, partitions=NUM_PARTITIONS, zookeeper=zookeeper
     ) as c:
         append_lines(c, {p: [f"first-{p}-{i}" for i in range(60 + 40 * p)] for p in PARTITIONS})
         yield c
@@ -111,13 +113,18 @@ def test_create_under_appends_then_incremental_verify_list_restore(
     whole = tmp_path / "whole"
     cli_json("backup", "restore", url, "--to", str(whole))
     assert inspect_verify(whole).ok
-    assert restored_rows(whole, key, len(PARTITIONS)) == rows
+    assert restored_rows(whole, key, NUM_PARTITIONS) == rows
 
     cut = tmp_path / "cut"
     restored = cli_json("backup", "restore", url, "--to", str(cut), "--to-txid", "41", "-p", "1")
     assert restored["partitions"] == {"1": {"first_txid": 0, "last_txid": 41}}
     assert inspect_verify(cut).ok
-    assert restored_rows(cut, key, len(PARTITIONS)) == [r for r in rows if r[0] == 1 and r[1] <= 41]
+    assert restored_rows(cut, key, NUM_PARTITIONS) == [r for r in rows if r[0] == 1 and r[1] <= 41]
+    empty = run_waltz_cli(
+        "backup", "restore", url, "--to", str(tmp_path / "empty"), "-p", str(EMPTY_PARTITION)
+    )
+    assert empty.returncode == 0, empty.stderr
+    assert f"partition {EMPTY_PARTITION}: no transactions (empty partition)" in empty.stdout
 
     # Damage is named, exit 1; a restore refuses a damaged backup and a non-empty directory.
     segment = sorted((tmp_path / "backup" / "0").glob("*.seg"))[0]
@@ -155,7 +162,7 @@ def test_a_storage_node_restored_from_a_backup_catches_up(cluster: LocalCluster,
     try:
         key = cli_json("backup", "list", url)["cluster_key"]
         sums = [
-            replica_checksums(s.directory / "data", uuid.UUID(key), len(PARTITIONS)) for s in cluster.storages
+            replica_checksums(s.directory / "data", uuid.UUID(key), NUM_PARTITIONS) for s in cluster.storages
         ]
         assert sums[0] == sums[1] == sums[2]
     finally:
@@ -239,4 +246,4 @@ def test_backup_to_s3_and_back(cluster: LocalCluster, s3_url: str, tmp_path: Pat
     cli_json("backup", "restore", s3_url, "--to", str(target))
     assert inspect_verify(target).ok
     key = cli_json("backup", "list", s3_url)["cluster_key"]
-    assert restored_rows(target, key, len(PARTITIONS)) == rows
+    assert restored_rows(target, key, NUM_PARTITIONS) == rows
