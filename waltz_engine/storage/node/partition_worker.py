@@ -198,7 +198,7 @@ class PartitionWorker:
         self.partition = partition
         self.session_id = partition.info.current.session_id
         self.max_transaction_id = max_transaction_id
-        self.first_transaction_id = partition.segments[0][0]
+        self.first_transaction_id = partition.first_transaction_id()
         self._metrics = _PartitionMetrics(self._registry, self)
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=f"Storage-P{self.partition_id}")

@@ -1,0 +1,112 @@
+"""Issue 25 with one real storage node: sealed, committed segments go to a `file://` tier, the
+oldest leave the local disk, reads of them come back from the tier checked record by record (a
+bit flipped in a tier object is refused, naming the record), and a restarted node finds its
+evicted range again from its manifest."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from storage_node_support import (
+    StorageNodeProcess,
+    create_test_cluster,
+    directory_digest,
+    flip_data_bits,
+    make_records,
+)
+
+from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
+from waltz_engine.disk.record_format import RECORD_OVERHEAD_BYTES
+from waltz_engine.storage.client import StorageRpcError
+from waltz_engine.storage.tier.offload import replica_name
+
+SESSION_ID = 7
+NEXT_SESSION_ID = 8
+RECORDS = 40
+DATA_BYTES = 32
+PER_SEGMENT = 10  # the threshold below rolls over after every 10th record
+THRESHOLD_BYTES = HEADER_SIZE_BYTES + (PER_SEGMENT - 1) * (RECORD_OVERHEAD_BYTES + DATA_BYTES)
+ROTTEN = 3
+# Waits for the node's tier rounds (every 50 ms): POLL_S at most POLLS times (30 s).
+POLL_S = 0.05
+POLLS = 600
+
+
+async def _write(node: StorageNodeProcess) -> None:
+    client = node.data_client()
+    await client.open()
+    try:
+        await client.set_low_water_mark(SESSION_ID, 0, -1)
+        await client.append(SESSION_ID, 0, make_records(0, RECORDS, size_bytes=DATA_BYTES))
+        # The next session's start: every record is committed, below the local low-water mark.
+        await client.set_low_water_mark(NEXT_SESSION_ID, 0, RECORDS - 1)
+    finally:
+        await client.close()
+
+
+async def _read(node: StorageNodeProcess, first: int, count: int) -> list:
+    client = node.data_client()
+    await client.open()
+    try:
+        return await client.records(NEXT_SESSION_ID, 0, first, count)
+    finally:
+        await client.close()
+
+
+async def _refusal(node: StorageNodeProcess, transaction_id: int) -> str:
+    client = node.data_client()
+    await client.open()
+    try:
+        await client.record(NEXT_SESSION_ID, 0, transaction_id)
+    except StorageRpcError as e:
+        return str(e)
+    finally:
+        await client.close()
+    raise AssertionError(f"the node served transaction {transaction_id} from a damaged tier object")
+
+
+def _local_segments(node: StorageNodeProcess) -> list[str]:
+    return sorted(p.name for p in (node.directory / "0").glob("*.seg"))
+
+
+def test_offload_evict_read_back_refuse_a_flipped_bit_and_restart(zookeeper: str, tmp_path: Path) -> None:
+    root, key = create_test_cluster(zookeeper, 1)
+    tier = tmp_path / "tier"
+    config = {
+        "storage.segment.size.threshold": THRESHOLD_BYTES,
+        "storage.tier.url": tier.as_uri(),
+        "storage.tier.local.bytes": 1,  # evict all it may: the last two segments stay
+        "storage.tier.cache.bytes": 1,  # only the segment being read stays cached
+        "storage.tier.check.interval.ms": 50,
+    }
+    node = StorageNodeProcess(zookeeper, root, key, 1, tmp_path / "node", extra_config=config)
+    with node:
+        node.start()
+        node.assign()
+        node.run(_write(node))
+        kept = [f"{first:019d}.seg" for first in (20, 30)]
+        for _ in range(POLLS):
+            if _local_segments(node) == kept:
+                break
+            time.sleep(POLL_S)
+        assert _local_segments(node) == kept, node.log_text()
+        prefix = tier / str(key) / "0" / replica_name(node.host, node.port)
+        manifest = json.loads((prefix / "manifest.json").read_text())
+        assert [s["first_txid"] for s in manifest["segments"]] == [0, 10, 20]
+        local = directory_digest(node.directory / "0")
+
+        expected = make_records(0, RECORDS, size_bytes=DATA_BYTES)
+        assert node.run(_read(node, 0, RECORDS)) == expected
+
+        flip_data_bits(prefix, [ROTTEN])
+        assert node.run(_read(node, 0, ROTTEN)) == expected[:ROTTEN]
+        refusal = node.run(_refusal(node, ROTTEN))
+        assert f"corrupt record: partition 0 transaction {ROTTEN}" in refusal, refusal
+        assert "differs from what was uploaded" in node.log_text()
+
+        node.kill()
+        node.start()
+        assert node.run(_read(node, PER_SEGMENT, RECORDS - PER_SEGMENT)) == expected[PER_SEGMENT:]
+        assert directory_digest(node.directory / "0") == local  # whole local files, untouched

@@ -1,0 +1,134 @@
+"""A partition's segments evicted to the tier, read back on demand into a bounded local cache.
+
+A read of an evicted transaction downloads its segment's data and index objects into the
+cache directory and opens them as any sealed segment: every record read is checked (CRC and
+data checksum) exactly as from local files, so a flipped bit in the tier is refused as a
+damaged local record is, and the server reads that record from another replica. The
+partition holds its lock around these calls, as around any read of its segments.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import shutil
+import uuid
+from collections import OrderedDict
+from pathlib import Path
+
+from waltz_engine.common.object_store import ObjectStore
+from waltz_engine.storage.segment import Segment
+from waltz_engine.storage.tier.manifest import TierSegment, object_names
+
+log = logging.getLogger(__name__)
+
+DOWNLOAD_SUFFIX = ".part"
+
+
+class TierSegments:
+    """The evicted head of one partition (oldest first, contiguous up to its first local
+    segment) and the segments of it read back, least recently read first."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        prefix: str,
+        key: uuid.UUID,
+        partition_id: int,
+        cache_directory: Path,
+        cache_bytes: int,
+        evicted: list[TierSegment],
+    ) -> None:
+        assert cache_bytes > 0
+        self._store = store
+        self._prefix = prefix
+        self._key = key
+        self._partition_id = partition_id
+        self._cache_directory = cache_directory
+        self._cache_bytes = cache_bytes
+        self.evicted = list(evicted)
+        # first txid → (segment, bytes of its two files)
+        self._cached: OrderedDict[int, tuple[Segment, int]] = OrderedDict()
+        # A cache, nothing more: what an earlier run left is not trusted.
+        shutil.rmtree(cache_directory, ignore_errors=True)
+        cache_directory.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def first_transaction_id(self) -> int | None:
+        return self.evicted[0].first_transaction_id if self.evicted else None
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size_bytes for s in self.evicted)
+
+    @property
+    def cached_bytes(self) -> int:
+        return sum(size for _, size in self._cached.values())
+
+    def add_evicted(self, segment: TierSegment) -> None:
+        """``segment`` (the first local one until now) was removed locally."""
+        assert not self.evicted or self.evicted[-1].max_transaction_id + 1 == segment.first_transaction_id
+        self.evicted.append(segment)
+
+    def segment_for(self, transaction_id: int) -> Segment | None:
+        """The evicted segment holding ``transaction_id``, read back if it is not cached."""
+        position = bisect.bisect_right(self.evicted, transaction_id, key=lambda s: s.first_transaction_id) - 1
+        if position < 0 or transaction_id > self.evicted[position].max_transaction_id:
+            return None
+        entry = self.evicted[position]
+        cached = self._cached.get(entry.first_transaction_id)
+        if cached is None:
+            cached = self._cached[entry.first_transaction_id] = (self._read_back(entry), entry.size_bytes)
+            self._trim(keep=entry.first_transaction_id)
+        self._cached.move_to_end(entry.first_transaction_id)
+        cached[0].ensure_open()
+        return cached[0]
+
+    def _read_back(self, entry: TierSegment) -> Segment:
+        paths: list[Path] = []
+        for name, expected in zip(
+            object_names(self._prefix, entry.first_transaction_id), (entry.seg, entry.idx), strict=True
+        ):
+            path = self._cache_directory / name.rsplit("/", 1)[1]
+            partial = path.with_name(path.name + DOWNLOAD_SUFFIX)
+            digest = self._store.download(name, expected.size_bytes, partial)
+            if digest != expected.sha256:
+                # Served all the same: each record is checked when read, and only those that
+                # fail are refused (the server reads them from another replica).
+                log.warning(
+                    "partition %d: tier object %s/%s differs from what was uploaded (sha256 %s, "
+                    "expected %s); its damaged records are refused",
+                    self._partition_id,
+                    self._store.url,
+                    name,
+                    digest,
+                    expected.sha256,
+                )
+            partial.rename(path)
+            paths.append(path)
+        return Segment.open(
+            self._key,
+            self._partition_id,
+            paths[0],
+            paths[1],
+            entry.max_transaction_id,
+            entry.size_bytes,
+            sealed_end=entry.max_transaction_id + 1,
+        )
+
+    def _trim(self, keep: int) -> None:
+        """Least recently read first, down to the cache's bytes; never ``keep`` (being read)."""
+        total = self.cached_bytes
+        for first in list(self._cached):
+            if total <= self._cache_bytes:
+                break
+            if first != keep:
+                segment, size = self._cached.pop(first)
+                segment.delete()
+                total -= size
+
+    def close(self) -> None:
+        for segment, _ in self._cached.values():
+            segment.close()
+        self._cached.clear()
+        shutil.rmtree(self._cache_directory, ignore_errors=True)
