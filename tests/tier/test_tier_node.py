@@ -1,14 +1,17 @@
-"""Issue 25 with one real storage node: sealed, committed segments go to a `file://` tier, the
-oldest leave the local disk, reads of them come back from the tier checked record by record (a
-bit flipped in a tier object is refused, naming the record), and a restarted node finds its
-evicted range again from its manifest."""
+"""Issue 25 with one real storage node: sealed, committed segments go to a `file://` tier (and
+to S3 through a local moto server), the oldest leave the local disk, reads of them come back
+from the tier checked record by record (a bit flipped in a tier object is refused, naming the
+record), and a restarted node finds its evicted range again from its manifest."""
 
 from __future__ import annotations
 
 import json
 import time
 from pathlib import Path
+from typing import Any
 
+import pytest
+from moto_support import moto_s3_url
 from storage_node_support import (
     StorageNodeProcess,
     create_test_cluster,
@@ -71,27 +74,35 @@ def _local_segments(node: StorageNodeProcess) -> list[str]:
     return sorted(p.name for p in (node.directory / "0").glob("*.seg"))
 
 
-def test_offload_evict_read_back_refuse_a_flipped_bit_and_restart(zookeeper: str, tmp_path: Path) -> None:
+def _node(zookeeper: str, work_dir: Path, url: str) -> StorageNodeProcess:
     root, key = create_test_cluster(zookeeper, 1)
-    tier = tmp_path / "tier"
-    config = {
+    config: dict[str, Any] = {
         "storage.segment.size.threshold": THRESHOLD_BYTES,
-        "storage.tier.url": tier.as_uri(),
+        "storage.tier.url": url,
         "storage.tier.local.bytes": 1,  # evict all it may: the last two segments stay
         "storage.tier.cache.bytes": 1,  # only the segment being read stays cached
         "storage.tier.check.interval.ms": 50,
     }
-    node = StorageNodeProcess(zookeeper, root, key, 1, tmp_path / "node", extra_config=config)
-    with node:
-        node.start()
-        node.assign()
-        node.run(_write(node))
-        kept = [f"{first:019d}.seg" for first in (20, 30)]
-        for _ in range(POLLS):
-            if _local_segments(node) == kept:
-                break
-            time.sleep(POLL_S)
-        assert _local_segments(node) == kept, node.log_text()
+    return StorageNodeProcess(zookeeper, root, key, 1, work_dir, extra_config=config)
+
+
+def _write_and_evict(node: StorageNodeProcess) -> None:
+    node.start()
+    node.assign()
+    node.run(_write(node))
+    kept = [f"{first:019d}.seg" for first in (20, 30)]
+    for _ in range(POLLS):
+        if _local_segments(node) == kept:
+            break
+        time.sleep(POLL_S)
+    assert _local_segments(node) == kept, node.log_text()
+
+
+def test_offload_evict_read_back_refuse_a_flipped_bit_and_restart(zookeeper: str, tmp_path: Path) -> None:
+    tier = tmp_path / "tier"
+    with _node(zookeeper, tmp_path / "node", tier.as_uri()) as node:
+        _write_and_evict(node)
+        key = node.key
         prefix = tier / str(key) / "0" / replica_name(node.host, node.port)
         manifest = json.loads((prefix / "manifest.json").read_text())
         assert [s["first_txid"] for s in manifest["segments"]] == [0, 10, 20]
@@ -110,3 +121,15 @@ def test_offload_evict_read_back_refuse_a_flipped_bit_and_restart(zookeeper: str
         node.start()
         assert node.run(_read(node, PER_SEGMENT, RECORDS - PER_SEGMENT)) == expected[PER_SEGMENT:]
         assert directory_digest(node.directory / "0") == local  # whole local files, untouched
+
+
+def test_offload_evict_and_read_back_over_s3(
+    zookeeper: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    expected = make_records(0, RECORDS, size_bytes=DATA_BYTES)
+    with moto_s3_url("tier", "waltz", monkeypatch) as url, _node(zookeeper, tmp_path / "node", url) as node:
+        _write_and_evict(node)
+        assert node.run(_read(node, 0, RECORDS)) == expected
+        node.kill()
+        node.start()
+        assert node.run(_read(node, 0, RECORDS)) == expected
