@@ -2,7 +2,8 @@
 storage nodes keep a bounded local disk over a `file://` tier. 2 000 records of 100 B go in;
 each node's local files of partition 0 then take at most 100 000 bytes, its tier prefix holds
 the rest, and `waltz tail -p 0 --no-follow` returns all 2 000 as appended, also once a bit is
-flipped in two of the three replicas' tier copies of a segment (the whole copy serves it)."""
+flipped in two of the three replicas' tier copies of a segment (the whole copy serves it, the
+others refuse the record by name). `waltz storage list` shows local and tier bytes."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 from client_support.app import MockCallbacks, MockContext
 from client_support.harness import outcomes
-from cluster_support import local_cluster, tailed, waltz_client_config
+from cluster_support import local_cluster, run_waltz_cli, tailed, waltz_client_config
 from storage_node_support import flip_data_bits
 
 from waltz_engine.client import WaltzClient
@@ -117,6 +118,13 @@ def test_bounded_local_disk_and_reads_through_the_tier(cluster: LocalCluster, ti
         assert all(a["max_txid"] + 1 == b["first_txid"] for a, b in zip(evicted, evicted[1:], strict=False))
         assert not any(prefix.glob("*.part"))
 
+    listed = run_waltz_cli("storage", "list", "-c", str(cluster.client_config_path), "--json")
+    assert listed.returncode == 0, listed.stderr
+    for node in json.loads(listed.stdout)["nodes"]:
+        (usage,) = [p["usage"] for p in node["partitions"]]
+        assert usage["local_bytes"] <= LOCAL_LIMIT_BYTES and usage["evicted_segments"] > 0, usage
+        assert usage["tier_bytes"] >= usage["evicted_bytes"] > 0, usage
+
     for prefix in prefixes[:2]:
         flip_data_bits(prefix, [ROTTEN])
     # A restarted server has nothing cached: every record comes from the storage nodes.
@@ -125,6 +133,6 @@ def test_bounded_local_disk_and_reads_through_the_tier(cluster: LocalCluster, ti
     assert [r[1] for r in rows] == list(range(RECORDS))
     # One client's appends in flight commit in the order submitted, unless one is retried.
     assert sorted(bytes.fromhex(r[6]).decode() for r in rows) == lines
-    for node in (0, 1):
-        refusal = asyncio.run(_refusal(cluster, node, key))
+    for rotten in (0, 1):
+        refusal = asyncio.run(_refusal(cluster, rotten, key))
         assert f"corrupt record: partition 0 transaction {ROTTEN}" in refusal, refusal

@@ -5,12 +5,14 @@ record), and a restarted node finds its evicted range again from its manifest.""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from moto_support import moto_s3_url
 from storage_node_support import (
     StorageNodeProcess,
@@ -20,6 +22,7 @@ from storage_node_support import (
     make_records,
 )
 
+from waltz_engine.common.record import Record
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
 from waltz_engine.disk.record_format import RECORD_OVERHEAD_BYTES
 from waltz_engine.storage.client import StorageRpcError
@@ -49,7 +52,7 @@ async def _write(node: StorageNodeProcess) -> None:
         await client.close()
 
 
-async def _read(node: StorageNodeProcess, first: int, count: int) -> list:
+async def _read(node: StorageNodeProcess, first: int, count: int) -> list[Record]:
     client = node.data_client()
     await client.open()
     try:
@@ -90,6 +93,11 @@ def _write_and_evict(node: StorageNodeProcess) -> None:
     node.start()
     node.assign()
     node.run(_write(node))
+    _wait_evicted(node)
+
+
+def _wait_evicted(node: StorageNodeProcess) -> None:
+    """Until the node keeps only its last two segments (bounded)."""
     kept = [f"{first:019d}.seg" for first in (20, 30)]
     for _ in range(POLLS):
         if _local_segments(node) == kept:
@@ -133,3 +141,38 @@ def test_offload_evict_and_read_back_over_s3(
         node.kill()
         node.start()
         assert node.run(_read(node, 0, RECORDS)) == expected
+
+
+def test_a_node_killed_during_an_upload_loses_nothing_and_finishes_after_restart(
+    zookeeper: str, tmp_path: Path
+) -> None:
+    tier = tmp_path / "tier"
+    with _node(zookeeper, tmp_path / "node", tier.as_uri()) as node:
+        fast = yaml.safe_load(node.config_path.read_text())
+        node.config_path.write_text(yaml.safe_dump({**fast, "storage.tier.bytes.per.second": 100}))
+        node.start()
+        node.assign()
+        node.run(_write(node))
+        debris = tier / str(node.key) / ".tmp" / replica_name(node.host, node.port)
+        for _ in range(POLLS):  # an object written, its upload waiting on the rate limit
+            if debris.is_dir() and any(debris.iterdir()):
+                break
+            time.sleep(POLL_S)
+        assert debris.is_dir() and any(debris.iterdir()), node.log_text()
+        node.kill()
+
+        prefix = tier / str(node.key) / "0" / replica_name(node.host, node.port)
+        manifest = prefix / "manifest.json"
+        named = json.loads(manifest.read_text())["segments"] if manifest.exists() else []
+        for segment in named:  # never an incomplete object
+            for suffix in ("seg", "idx"):
+                data = (prefix / f"{segment['first_txid']:019d}.{suffix}").read_bytes()
+                assert len(data) == segment[suffix]["size"]
+                assert hashlib.sha256(data).hexdigest() == segment[suffix]["sha256"]
+        assert len(_local_segments(node)) == RECORDS // PER_SEGMENT  # nothing removed locally
+
+        node.config_path.write_text(yaml.safe_dump(fast))
+        node.start()
+        _wait_evicted(node)
+        assert not any(debris.iterdir())
+        assert node.run(_read(node, 0, RECORDS)) == make_records(0, RECORDS, size_bytes=DATA_BYTES)

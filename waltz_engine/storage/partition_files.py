@@ -4,6 +4,7 @@ a file's header bytes."""
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 from waltz_engine.common.fileio import pread_upto
@@ -13,6 +14,18 @@ from waltz_engine.storage.file_system import Disk
 from waltz_engine.storage.refill import clean_interrupted_refills
 
 log = logging.getLogger(__name__)
+
+
+def local_usage(directory: Path) -> tuple[int, int]:
+    """(segments, bytes of their data and index files) in a partition directory, read without
+    the partition's lock (a gauge must not wait for an fsync)."""
+    segments = size_bytes = 0
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if entry.name.endswith((SEGMENT_SUFFIX, INDEX_SUFFIX)):
+                segments += entry.name.endswith(SEGMENT_SUFFIX)
+                size_bytes += entry.stat().st_size
+    return segments, size_bytes
 
 
 def file_head(disk: Disk, path: Path) -> bytes:

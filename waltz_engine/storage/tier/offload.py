@@ -119,7 +119,7 @@ class TierOffloader:
             return
         manifest = self._manifest(partition.partition_id)
         local_first = partition.segments[0][0]
-        partition.tier = TierSegments(
+        tier = TierSegments(
             self._store,
             manifest.prefix,
             self._key,
@@ -128,6 +128,8 @@ class TierOffloader:
             self.settings.cache_bytes,
             manifest.chain_below(local_first),
         )
+        tier.uploaded_segments, tier.uploaded_bytes = len(manifest.segments), manifest.size_bytes
+        partition.tier = tier
 
     def _manifest(self, partition_id: int) -> TierManifest:
         manifest = self._manifests.get(partition_id)
@@ -136,11 +138,6 @@ class TierOffloader:
             prefix = replica_prefix(self._key, partition_id, self._replica)
             manifest = self._manifests[partition_id] = TierManifest.load(self._store, prefix)
         return manifest
-
-    def tier_bytes(self, partition_id: int) -> tuple[int, int]:
-        """(segments, bytes) this replica holds in the tier for the partition, as last known."""
-        manifest = self._manifests.get(partition_id)
-        return (len(manifest.segments), manifest.size_bytes) if manifest is not None else (0, 0)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="tier-offload")
@@ -186,6 +183,9 @@ class TierOffloader:
             if first not in manifest.segments and self._records_whole(partition, first, last):
                 manifest.add(self._upload(partition, manifest.prefix, first, last))
                 self.uploaded_segments += 1
+                if partition.tier is not None:
+                    partition.tier.uploaded_segments = len(manifest.segments)
+                    partition.tier.uploaded_bytes = manifest.size_bytes
         if self.settings.local_bytes:
 
             def in_tier(first: int, last: int) -> TierSegment | None:

@@ -15,14 +15,18 @@ import shutil
 import uuid
 from collections import OrderedDict
 from pathlib import Path
+from typing import Protocol
 
 from waltz_engine.common.object_store import ObjectStore
+from waltz_engine.storage.partition_files import local_usage
 from waltz_engine.storage.segment import Segment
 from waltz_engine.storage.tier.manifest import TierSegment, object_names
 
 log = logging.getLogger(__name__)
 
 DOWNLOAD_SUFFIX = ".part"
+# The per-partition metrics gauge `waltz storage list` reads the disk usage from.
+USAGE_GAUGE = "disk-usage"
 
 
 class TierSegments:
@@ -47,6 +51,9 @@ class TierSegments:
         self._cache_directory = cache_directory
         self._cache_bytes = cache_bytes
         self.evicted = list(evicted)
+        # What this replica's manifest names (evicted or not), as the offloader last published.
+        self.uploaded_segments = 0
+        self.uploaded_bytes = 0
         # first txid → (segment, bytes of its two files)
         self._cached: OrderedDict[int, tuple[Segment, int]] = OrderedDict()
         # A cache, nothing more: what an earlier run left is not trusted.
@@ -132,3 +139,23 @@ class TierSegments:
             segment.close()
         self._cached.clear()
         shutil.rmtree(self._cache_directory, ignore_errors=True)
+
+
+class _Tiered(Protocol):
+    directory: Path
+    tier: TierSegments | None
+
+
+def disk_usage(partition: _Tiered) -> dict[str, int]:
+    """Where a partition's segments are: on this node's disk, in the tier (uploaded), and in
+    the tier only (evicted), with their bytes."""
+    local_segments, local_bytes = local_usage(partition.directory)
+    tier = partition.tier
+    return {
+        "local_segments": local_segments,
+        "local_bytes": local_bytes,
+        "tier_segments": tier.uploaded_segments if tier is not None else 0,
+        "tier_bytes": tier.uploaded_bytes if tier is not None else 0,
+        "evicted_segments": len(tier.evicted) if tier is not None else 0,
+        "evicted_bytes": tier.size_bytes if tier is not None else 0,
+    }
