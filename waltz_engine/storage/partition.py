@@ -541,11 +541,10 @@ class Partition:
 
     def remove_head_segments(self, bound: int) -> list[tuple[int, int]]:
         """Remove the oldest segments lying wholly below ``bound`` and the local low-water mark + 1
-        (never the current one); return their (first, max) txids.
+        (never the current one), evicted ones too; return their (first, max) txids.
 
-        Oldest first, each ``.seg`` before its ``.idx``, so a crash leaves a contiguous log whose
-        only leftover is an index without data, which :meth:`open` removes. The directory is
-        synced so that a removal, once reported, stays done.
+        Oldest first, each ``.seg`` before its ``.idx`` (see :meth:`_drop_head`). The directory
+        is synced so that a removal, once reported, stays done.
         """
         with self._lock:
             self._check_open()
@@ -557,7 +556,9 @@ class Partition:
                 self._drop_head()
             if count:
                 self._disk.fsync_directory(self.directory)
-            return spans[:count]
+            end = min(bound, self._segments[0].first_transaction_id)
+            evicted = self.tier.forget_below(end) if self.tier is not None else []
+            return evicted + spans[:count]
 
     def _drop_head(self) -> None:
         """Remove the oldest segment's files: ``.seg`` first, so a crash leaves an index without

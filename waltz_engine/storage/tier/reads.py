@@ -74,8 +74,21 @@ class TierSegments:
 
     def add_evicted(self, segment: TierSegment) -> None:
         """``segment`` (the first local one until now) was removed locally."""
-        assert not self.evicted or self.evicted[-1].max_transaction_id + 1 == segment.first_transaction_id
+        if self.evicted and self.evicted[-1].max_transaction_id + 1 != segment.first_transaction_id:
+            # Retention removed the local segments in between: what is below them goes too.
+            self.forget_below(segment.first_transaction_id)
         self.evicted.append(segment)
+
+    def forget_below(self, transaction_id: int) -> list[tuple[int, int]]:
+        """Retention: stop serving the evicted segments that end below ``transaction_id`` (their
+        objects stay in the tier); their (first, max) txids."""
+        gone = [s for s in self.evicted if s.max_transaction_id < transaction_id]
+        self.evicted = self.evicted[len(gone) :]
+        for segment in gone:
+            cached = self._cached.pop(segment.first_transaction_id, None)
+            if cached is not None:
+                cached[0].delete()
+        return [s.span for s in gone]
 
     def segment_for(self, transaction_id: int) -> Segment | None:
         """The evicted segment holding ``transaction_id``, read back if it is not cached."""
