@@ -16,10 +16,12 @@ made the file longer.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import posixpath
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -39,6 +41,14 @@ COPY_CHUNK_BYTES = 8 * 1024 * 1024
 
 class ObjectStoreError(WaltzError):
     """The store cannot be reached or read as needed."""
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """A file as a manifest names it: its size and the SHA-256 of that many first bytes."""
+
+    size: int
+    sha256: str
 
 
 def _import_pyarrow(feature: str) -> tuple[ModuleType, ModuleType]:
@@ -111,11 +121,21 @@ class ObjectStore:
 
     def download(self, name: str, size: int, target: Path) -> str:
         """The file's first ``size`` bytes into ``target``; their SHA-256 (hex)."""
+        return self._read_prefix(name, size, target)
 
-        def copy() -> str:
+    def checksum(self, name: str, size: int) -> str:
+        """SHA-256 (hex) of the file's first ``size`` bytes, read without keeping them."""
+        return self._read_prefix(name, size, None)
+
+    def _read_prefix(self, name: str, size: int, target: Path | None) -> str:
+        def read() -> str:
             digest = hashlib.sha256()
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with self.fs.open_input_stream(self._path(name)) as source, target.open("wb") as out:
+            if target is not None:
+                target.parent.mkdir(parents=True, exist_ok=True)
+            with (
+                self.fs.open_input_stream(self._path(name)) as source,
+                target.open("wb") if target is not None else contextlib.nullcontext() as out,
+            ):
                 left = size
                 while left > 0:
                     chunk = bytes(source.read(min(COPY_CHUNK_BYTES, left)))
@@ -124,30 +144,12 @@ class ObjectStore:
                             f"{self.url}: {name} holds {size - left} bytes, the manifest names {size}"
                         )
                     digest.update(chunk)
-                    out.write(chunk)
+                    if out is not None:
+                        out.write(chunk)
                     left -= len(chunk)
             return digest.hexdigest()
 
-        result = self._call("read", name, copy)
-        assert isinstance(result, str)
-        return result
-
-    def checksum(self, name: str, size: int) -> str:
-        """SHA-256 (hex) of the file's first ``size`` bytes, read without keeping them."""
-
-        def digest_of() -> str:
-            digest = hashlib.sha256()
-            with self.fs.open_input_stream(self._path(name)) as source:
-                left = size
-                while left > 0:
-                    chunk = bytes(source.read(min(COPY_CHUNK_BYTES, left)))
-                    if not chunk:
-                        raise ObjectStoreError(f"{name} holds {size - left} bytes, the manifest names {size}")
-                    digest.update(chunk)
-                    left -= len(chunk)
-            return digest.hexdigest()
-
-        result = self._call("read", name, digest_of)
+        result = self._call("read", name, read)
         assert isinstance(result, str)
         return result
 

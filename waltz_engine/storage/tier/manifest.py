@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from waltz_engine.common.errors import StorageError
-from waltz_engine.common.object_store import ObjectStore
+from waltz_engine.common.object_store import FileEntry, ObjectStore
 from waltz_engine.storage.constants import INDEX_SUFFIX, SEGMENT_NAME_DIGITS, SEGMENT_SUFFIX
 
 FORMAT_NAME = "waltz-tier"
@@ -30,21 +30,15 @@ TMP_PREFIX = ".tmp"
 
 
 @dataclass(frozen=True)
-class TierObject:
-    size_bytes: int
-    sha256: str
-
-
-@dataclass(frozen=True)
 class TierSegment:
     first_transaction_id: int
     max_transaction_id: int
-    seg: TierObject
-    idx: TierObject
+    seg: FileEntry
+    idx: FileEntry
 
     @property
     def size_bytes(self) -> int:
-        return self.seg.size_bytes + self.idx.size_bytes
+        return self.seg.size + self.idx.size
 
     @property
     def span(self) -> tuple[int, int]:
@@ -54,8 +48,8 @@ class TierSegment:
         return {
             "first_txid": self.first_transaction_id,
             "max_txid": self.max_transaction_id,
-            "seg": {"size": self.seg.size_bytes, "sha256": self.seg.sha256},
-            "idx": {"size": self.idx.size_bytes, "sha256": self.idx.sha256},
+            "seg": {"size": self.seg.size, "sha256": self.seg.sha256},
+            "idx": {"size": self.idx.size, "sha256": self.idx.sha256},
         }
 
     @classmethod
@@ -64,8 +58,8 @@ class TierSegment:
         return cls(
             int(value["first_txid"]),
             int(value["max_txid"]),
-            TierObject(int(seg["size"]), str(seg["sha256"])),
-            TierObject(int(idx["size"]), str(idx["sha256"])),
+            FileEntry(int(seg["size"]), str(seg["sha256"])),
+            FileEntry(int(idx["size"]), str(idx["sha256"])),
         )
 
 

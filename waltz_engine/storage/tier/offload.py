@@ -25,14 +25,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from waltz_engine.common.errors import StorageError, WaltzError
-from waltz_engine.common.object_store import ObjectStore, sha256_of_file
+from waltz_engine.common.object_store import FileEntry, ObjectStore, sha256_of_file
 from waltz_engine.common.tasks import cancel_and_wait
 from waltz_engine.storage.constants import segment_paths
 from waltz_engine.storage.partition import Partition
 from waltz_engine.storage.segment import CorruptRecordError
 from waltz_engine.storage.tier.manifest import (
     TierManifest,
-    TierObject,
     TierSegment,
     object_names,
     replica_prefix,
@@ -217,7 +216,7 @@ class TierOffloader:
     def _upload(self, partition: Partition, prefix: str, first: int, last: int) -> TierSegment:
         store = self._store
         assert store is not None
-        uploaded: list[TierObject] = []
+        uploaded: list[FileEntry] = []
         for path, name in zip(
             segment_paths(partition.directory, first), object_names(prefix, first), strict=True
         ):
@@ -227,5 +226,5 @@ class TierOffloader:
                 raise StorageError(
                     f"{store.url}/{name}: the uploaded object differs from {path}; uploading again"
                 )
-            uploaded.append(TierObject(size, digest))
+            uploaded.append(FileEntry(size, digest))
         return TierSegment(first, last, uploaded[0], uploaded[1])

@@ -111,7 +111,7 @@ class TierSegments:
         ):
             path = self._cache_directory / name.rsplit("/", 1)[1]
             partial = path.with_name(path.name + DOWNLOAD_SUFFIX)
-            digest = self._store.download(name, expected.size_bytes, partial)
+            digest = self._store.download(name, expected.size, partial)
             if digest != expected.sha256:
                 # Served all the same: each record is checked when read, and only those that
                 # fail are refused (the server reads them from another replica).
