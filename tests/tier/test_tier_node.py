@@ -1,12 +1,16 @@
 """Issue 25 with one real storage node: sealed, committed segments go to a `file://` tier (and
 to S3 through a local moto server), the oldest leave the local disk, reads of them come back
 from the tier checked record by record (a bit flipped in a tier object is refused, naming the
-record), and a restarted node finds its evicted range again from its manifest."""
+record), and a restarted node finds its evicted range again from its manifest. A node killed
+during an upload (reached with a slow rate), during an eviction and during a read back (reached
+with the tier's kill hook) loses nothing: the manifest names only whole objects, and the reads
+complete after the restart."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -22,11 +26,13 @@ from storage_node_support import (
     make_records,
 )
 
+from waltz_engine.common.errors import WaltzError
 from waltz_engine.common.record import Record
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
 from waltz_engine.disk.record_format import RECORD_OVERHEAD_BYTES
 from waltz_engine.storage.client import StorageRpcError
 from waltz_engine.storage.tier.offload import replica_name
+from waltz_engine.storage.tier.reads import KILL_AT_ENV
 
 SESSION_ID = 7
 NEXT_SESSION_ID = 8
@@ -176,3 +182,32 @@ def test_a_node_killed_during_an_upload_loses_nothing_and_finishes_after_restart
         _wait_evicted(node)
         assert not any(debris.iterdir())
         assert node.run(_read(node, 0, RECORDS)) == make_records(0, RECORDS, size_bytes=DATA_BYTES)
+
+
+def test_a_node_killed_during_an_eviction_and_during_a_tier_read_loses_nothing(
+    zookeeper: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tier = tmp_path / "tier"
+    expected = make_records(0, RECORDS, size_bytes=DATA_BYTES)
+    with _node(zookeeper, tmp_path / "node", tier.as_uri()) as node:
+        monkeypatch.setenv(KILL_AT_ENV, "evict")
+        node.start()
+        node.assign()
+        node.run(_write(node))
+        assert node.wait_exit() == -signal.SIGKILL  # once segment 0's files were removed
+        assert _local_segments(node) == [f"{first:019d}.seg" for first in (10, 20, 30)]
+
+        monkeypatch.setenv(KILL_AT_ENV, "read")
+        node.start()  # finds segment 0 in the tier, evicts segment 10
+        _wait_evicted(node)
+        with pytest.raises(WaltzError):
+            node.run(_read(node, 0, 1))
+        assert node.wait_exit() == -signal.SIGKILL  # once segment 0's data object was read back
+        cache = node.directory / ".tier-cache" / "0"
+        assert sorted(p.name for p in cache.iterdir()) == [f"{0:019d}.seg"]
+        local = directory_digest(node.directory / "0")
+
+        monkeypatch.delenv(KILL_AT_ENV)
+        node.start()
+        assert node.run(_read(node, 0, RECORDS)) == expected
+        assert directory_digest(node.directory / "0") == local

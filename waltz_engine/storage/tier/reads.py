@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
 import shutil
+import signal
 import uuid
 from collections import OrderedDict
 from pathlib import Path
@@ -25,6 +27,10 @@ from waltz_engine.storage.tier.manifest import TierSegment, object_names
 log = logging.getLogger(__name__)
 
 DOWNLOAD_SUFFIX = ".part"
+# Test hook: the node kills itself (SIGKILL) at this point of the tier's work: "evict" once a
+# segment's files are removed (the directory not synced yet), "read" once the data object of a
+# segment being read back is downloaded (its index not yet), so tests reach those windows.
+KILL_AT_ENV = "WALTZ_TIER_KILL_AT"
 # The per-partition metrics gauge `waltz storage list` reads the disk usage from.
 USAGE_GAUGE = "disk-usage"
 
@@ -74,6 +80,7 @@ class TierSegments:
 
     def add_evicted(self, segment: TierSegment) -> None:
         """``segment`` (the first local one until now) was removed locally."""
+        kill_point("evict")
         if self.evicted and self.evicted[-1].max_transaction_id + 1 != segment.first_transaction_id:
             # Retention removed the local segments in between: what is below them goes too.
             self.forget_below(segment.first_transaction_id)
@@ -126,6 +133,7 @@ class TierSegments:
                 )
             partial.rename(path)
             paths.append(path)
+            kill_point("read")
         return Segment.open(
             self._key,
             self._partition_id,
@@ -152,6 +160,11 @@ class TierSegments:
             segment.close()
         self._cached.clear()
         shutil.rmtree(self._cache_directory, ignore_errors=True)
+
+
+def kill_point(name: str) -> None:
+    if os.environ.get(KILL_AT_ENV) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class _Tiered(Protocol):
