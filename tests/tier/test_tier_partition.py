@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 from storage_node_support import make_records
 
+from waltz_engine.common.errors import StorageError
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
 from waltz_engine.disk.record_format import RECORD_OVERHEAD_BYTES
 from waltz_engine.storage.partition import Partition
@@ -59,6 +60,25 @@ def test_only_segments_at_or_below_the_local_low_water_mark_go(partition: Partit
     assert partition.segments == [(20, 29), (30, 39)]  # the last two always stay
     usage = disk_usage(partition)
     assert (usage["local_segments"], usage["tier_segments"], usage["evicted_segments"]) == (2, 2, 2)
+    assert partition.records(0, RECORDS) == make_records(0, RECORDS, size_bytes=DATA_BYTES)
+
+
+def test_before_the_tier_answers_the_evicted_range_is_not_called_removed(
+    partition: Partition, tmp_path: Path
+) -> None:
+    offloader = _offload(partition, tmp_path / "tier", RECORDS - 1)
+    assert partition.tier is not None
+    partition.tier.close()
+    partition.tier = None  # as a node starting with the store unreachable
+    restarted = TierOffloader(offloader.settings, KEY, "r", tmp_path, lambda: {})
+    with pytest.raises(StorageError, match="not reached yet"):
+        restarted.attach(partition)
+    with pytest.raises(StorageError, match="has not answered yet") as raised:
+        partition.records(0, 1)
+    assert not isinstance(raised.value, BelowRetainedStartError)  # a server reads another replica
+    restarted.open_store()
+    restarted.attach(partition)
+    assert partition.first_transaction_id() == 0
     assert partition.records(0, RECORDS) == make_records(0, RECORDS, size_bytes=DATA_BYTES)
 
 

@@ -43,7 +43,7 @@ from waltz_engine.storage.segment import (
 )
 from waltz_engine.storage.segment_finder import find_segment
 from waltz_engine.storage.tier.manifest import TierSegment
-from waltz_engine.storage.tier.reads import TierSegments
+from waltz_engine.storage.tier.reads import TierPending, TierSegments
 from waltz_engine.storage.wire_span import RECORD_LIST_MAX_BYTES, WireRecords, encode_wire_records
 from waltz_engine.wire.primitives import Buffer
 from waltz_engine.zk.retention import BelowRetainedStartError, removable_head_segments
@@ -79,7 +79,7 @@ class Partition:
         # A damaged segment's copy being written from a healthy replica (see ``refill``).
         self._refill: RefillCopy | None = None
         # Head segments evicted to the tier, read back on demand (``waltz_engine.storage.tier``).
-        self.tier: TierSegments | None = None
+        self.tier: TierSegments | TierPending | None = None
 
     @property
     def partition_id(self) -> int:
@@ -175,6 +175,8 @@ class Partition:
     def _check_retained(self, transaction_id: int) -> None:
         start = self._start()
         if 0 <= transaction_id < start:
+            if self.tier is not None:
+                self.tier.check_known()  # evicted transactions are not below the retained start
             raise BelowRetainedStartError(self.partition_id, transaction_id, start)
 
     def last_session_info(self) -> SessionInfo:
@@ -561,8 +563,7 @@ class Partition:
             return evicted + spans[:count]
 
     def _drop_head(self) -> None:
-        """Remove the oldest segment's files: ``.seg`` first, so a crash leaves an index without
-        data, which :meth:`open` removes."""
+        """Remove the oldest segment's files (``.seg`` first: :meth:`open` removes a lone index)."""
         doomed = self._segments.pop(0)
         self._cache.remove(doomed)
         doomed.delete()
@@ -577,7 +578,7 @@ class Partition:
         exceed ``local_bytes`` (the last two stay), as retention removes them; how many went."""
         with self._lock:
             self._check_open()
-            assert self.tier is not None
+            assert isinstance(self.tier, TierSegments)
             removed = 0
             while self._local_bytes() > local_bytes and len(self._segments) > 2:
                 head = self._segments[0]

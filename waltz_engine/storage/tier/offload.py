@@ -37,7 +37,7 @@ from waltz_engine.storage.tier.manifest import (
     replica_prefix,
     tmp_dir,
 )
-from waltz_engine.storage.tier.reads import TierSegments
+from waltz_engine.storage.tier.reads import TierPending, TierSegments
 from waltz_engine.storage.tier.settings import KEY_TIER_URL, TierSettings
 
 if TYPE_CHECKING:  # the node package imports this module
@@ -114,8 +114,11 @@ class TierOffloader:
     def attach(self, partition: Partition) -> None:
         """Give ``partition`` what it evicted to the tier (from its manifest; blocking). A
         partition not attached reads only its local segments."""
-        if partition.tier is not None or self._store is None:
+        if isinstance(partition.tier, TierSegments):
             return
+        partition.tier = TierPending(partition.partition_id)
+        if self._store is None:
+            raise StorageError(f"{self.settings.url}: not reached yet")
         manifest = self._manifest(partition.partition_id)
         local_first = partition.segments[0][0]
         tier = TierSegments(

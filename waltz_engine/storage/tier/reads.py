@@ -19,6 +19,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Protocol
 
+from waltz_engine.common.errors import StorageError
 from waltz_engine.common.object_store import ObjectStore
 from waltz_engine.storage.partition_files import local_usage
 from waltz_engine.storage.segment import Segment
@@ -33,6 +34,37 @@ DOWNLOAD_SUFFIX = ".part"
 KILL_AT_ENV = "WALTZ_TIER_KILL_AT"
 # The per-partition metrics gauge `waltz storage list` reads the disk usage from.
 USAGE_GAUGE = "disk-usage"
+
+
+class TierPending:
+    """A partition's tier before its manifest was read (the store has not answered yet): what
+    lies below the first local segment may be evicted, so it is not called removed."""
+
+    first_transaction_id: int | None = None
+    uploaded_segments = uploaded_bytes = size_bytes = 0
+
+    def __init__(self, partition_id: int) -> None:
+        self._partition_id = partition_id
+
+    @property
+    def evicted(self) -> list[TierSegment]:
+        return []
+
+    def check_known(self) -> None:
+        raise StorageError(
+            f"partition {self._partition_id}: the transactions below its first local segment may be in "
+            "the tier, which has not answered yet; read them from another replica"
+        )
+
+    def segment_for(self, transaction_id: int) -> Segment | None:
+        self.check_known()
+        return None
+
+    def forget_below(self, transaction_id: int) -> list[tuple[int, int]]:
+        return []
+
+    def close(self) -> None:
+        pass
 
 
 class TierSegments:
@@ -77,6 +109,9 @@ class TierSegments:
     @property
     def cached_bytes(self) -> int:
         return sum(size for _, size in self._cached.values())
+
+    def check_known(self) -> None:
+        """Below the evicted range is below the retained start."""
 
     def add_evicted(self, segment: TierSegment) -> None:
         """``segment`` (the first local one until now) was removed locally."""
@@ -169,7 +204,7 @@ def kill_point(name: str) -> None:
 
 class _Tiered(Protocol):
     directory: Path
-    tier: TierSegments | None
+    tier: TierSegments | TierPending | None
 
 
 def disk_usage(partition: _Tiered) -> dict[str, int]:
