@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from waltz_engine.common.errors import StorageError, WaltzError
+from waltz_engine.common.limited_log import LimitedLog
 from waltz_engine.common.object_store import FileEntry, ObjectStore, sha256_of_file
 from waltz_engine.common.tasks import cancel_and_wait
 from waltz_engine.storage.constants import segment_paths
@@ -44,6 +45,8 @@ if TYPE_CHECKING:  # the node package imports this module
     from waltz_engine.storage.node.partition_worker import PartitionWorker
 
 log = logging.getLogger(__name__)
+# A store down or a damaged segment is met again every round.
+_warnings = LimitedLog(log)
 
 # Where evicted segments are read back: a directory of the storage directory, apart from the
 # partitions' (a Java node ignores it).
@@ -59,21 +62,18 @@ class OffloadStopped(WaltzError):
 
 
 class RateLimit:
-    """At most ``bytes_per_second`` on average since the first byte; :meth:`take` sleeps."""
+    """At most ``bytes_per_second``: :meth:`take` sleeps until the bytes taken so far are due.
+    Time spent idle is not saved up for a burst."""
 
     def __init__(self, bytes_per_second: int, stopping: threading.Event) -> None:
         self._bytes_per_second = bytes_per_second
         self._stopping = stopping
-        self._start_s: float | None = None
-        self._taken = 0
+        self._due_s = 0.0
 
     def take(self, size_bytes: int) -> None:
         now = time.monotonic()
-        if self._start_s is None:
-            self._start_s = now
-        self._taken += size_bytes
-        due_s = self._start_s + self._taken / self._bytes_per_second
-        if self._stopping.wait(max(0.0, due_s - now)):
+        self._due_s = max(self._due_s, now) + size_bytes / self._bytes_per_second
+        if self._stopping.wait(self._due_s - now):
             raise OffloadStopped("node stopping")
 
 
@@ -103,7 +103,6 @@ class TierOffloader:
         self._stopping = threading.Event()
         self._rate = RateLimit(settings.bytes_per_second, self._stopping)
         self._task: asyncio.Task[None] | None = None
-        self.uploaded_segments = 0  # for tests and metrics
 
     def open_store(self) -> None:
         """Reach the store and remove this node's temporary debris (blocking)."""
@@ -171,9 +170,12 @@ class TierOffloader:
                 continue
             try:
                 await asyncio.to_thread(self._offload, partition)
-            except (StorageError, OSError) as e:
+            except OffloadStopped:
+                raise
+            except (WaltzError, OSError) as e:
                 # Unassigned or closed meanwhile, the store down, a disk error: next round.
-                log.warning("tier: partition %d: %s; trying again next round", partition_id, e)
+                message = f"tier: partition {partition_id}: {e}; trying again next round"
+                _warnings.warn(str(partition_id), message)
 
     def _offload(self, partition: Partition) -> None:
         self.attach(partition)
@@ -184,7 +186,6 @@ class TierOffloader:
                 break
             if first not in manifest.segments and self._records_whole(partition, first, last):
                 manifest.add(self._upload(partition, manifest.prefix, first, last))
-                self.uploaded_segments += 1
                 if partition.tier is not None:
                     partition.tier.uploaded_segments = len(manifest.segments)
                     partition.tier.uploaded_bytes = manifest.size_bytes
@@ -210,9 +211,8 @@ class TierOffloader:
                     raise StorageError(f"transaction {transaction_id} is not there")
                 transaction_id += read.num_records
         except CorruptRecordError as e:
-            log.warning(
-                "tier: not uploading segment %d of partition %d: %s", first, partition.partition_id, e
-            )
+            where = f"segment {first} of partition {partition.partition_id}"
+            _warnings.warn(where, f"tier: not uploading {where}: {e}")
             return False
         return True
 
