@@ -30,6 +30,7 @@ from waltz_engine.common.errors import WaltzError
 from waltz_engine.common.record import Record
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
 from waltz_engine.disk.record_format import RECORD_OVERHEAD_BYTES
+from waltz_engine.ops.inspect import inspect_control
 from waltz_engine.storage.client import StorageRpcError
 from waltz_engine.storage.tier.offload import replica_name
 from waltz_engine.storage.tier.reads import KILL_AT_ENV
@@ -120,6 +121,12 @@ def test_offload_evict_read_back_refuse_a_flipped_bit_and_restart(zookeeper: str
         prefix = tier / str(key) / "0" / replica_name(node.host, node.port)
         manifest = json.loads((prefix / "manifest.json").read_text())
         assert [s["first_txid"] for s in manifest["segments"]] == [0, 10, 20]
+        (partition,) = inspect_control(node.directory)["partitions"]
+        local_files = list((node.directory / "0").iterdir())
+        assert (partition["local_segments"], partition["local_bytes"]) == (
+            2,
+            sum(f.stat().st_size for f in local_files),
+        )
         local = directory_digest(node.directory / "0")
 
         expected = make_records(0, RECORDS, size_bytes=DATA_BYTES)
