@@ -17,6 +17,7 @@ from storage_node_support import make_records
 from waltz_engine.common.errors import StorageError
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
 from waltz_engine.disk.record_format import RECORD_OVERHEAD_BYTES
+from waltz_engine.ops.inspect import verify
 from waltz_engine.storage.partition import Partition
 from waltz_engine.storage.storage_manager import StorageManager
 from waltz_engine.storage.tier.offload import TierOffloader
@@ -80,6 +81,8 @@ def test_before_the_tier_answers_the_evicted_range_is_not_called_removed(
     restarted.attach(partition)
     assert partition.first_transaction_id() == 0
     assert partition.records(0, RECORDS) == make_records(0, RECORDS, size_bytes=DATA_BYTES)
+    report = verify(partition.directory.parent)  # the local files stay a storage directory
+    assert report.ok, report.problems
 
 
 def test_retention_forgets_the_evicted_range_below_its_bound(partition: Partition, tmp_path: Path) -> None:
