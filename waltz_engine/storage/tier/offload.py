@@ -18,12 +18,12 @@ import asyncio
 import logging
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from waltz_engine.common import clock
 from waltz_engine.common.errors import StorageError, WaltzError
 from waltz_engine.common.limited_log import LimitedLog
 from waltz_engine.common.object_store import FileEntry, ObjectStore, sha256_of_file
@@ -71,7 +71,7 @@ class RateLimit:
         self._due_s = 0.0
 
     def take(self, size_bytes: int) -> None:
-        now = time.monotonic()
+        now = clock.monotonic_s()
         self._due_s = max(self._due_s, now) + size_bytes / self._bytes_per_second
         if self._stopping.wait(self._due_s - now):
             raise OffloadStopped("node stopping")
