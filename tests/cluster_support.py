@@ -81,8 +81,10 @@ def local_cluster(
     zookeeper: str | None = None,
     wait_timeout_ms: int = CLUSTER_UP_TIMEOUT_MS,
     storage_config: dict[str, Any] | None = None,
+    settings: Mapping[str, Any] | None = None,
 ) -> Iterator[LocalCluster]:
-    """A healthy cluster (``cluster verify`` passed) in a fresh directory; stopped on exit."""
+    """A healthy cluster (``cluster verify`` passed) in a fresh directory; stopped on exit.
+    ``settings`` are `dev up --set` keys (every node's YAML)."""
     cluster = LocalCluster(
         tmp_path_factory.mktemp("waltz-cluster"),
         storages,
@@ -91,6 +93,7 @@ def local_cluster(
         zookeeper=zookeeper,
         cluster_root=unique_cluster_root() if zookeeper is not None else DEFAULT_CLUSTER_ROOT,
         storage_config=storage_config,
+        settings=settings,
     )
     try:
         cluster.up(wait_timeout_ms)

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 from cluster_support import append_lines, local_cluster, run_waltz_cli, tailed, waltz_cli_command
+from moto_support import moto_s3_url
 
 from waltz_engine.common.config import Config
 from waltz_engine.ops.backup import KILL_AT_ENV, create_backup, verify_backup
 from waltz_engine.ops.devcluster import LocalCluster
-from waltz_engine.ops.devcluster.nodes import free_port
 from waltz_engine.ops.inspect import verify as inspect_verify
 from waltz_engine.storage.admin_ops.recovery import replica_checksums
 from waltz_engine.storage.network_reader import ClusterAccess
@@ -206,31 +206,9 @@ def test_a_backup_killed_at_every_file_operation_is_never_half_visible(
 
 
 @pytest.fixture
-def s3_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-    from pyarrow.fs import S3FileSystem
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    for name, value in (
-        ("AWS_ACCESS_KEY_ID", "test"),
-        ("AWS_SECRET_ACCESS_KEY", "test"),
-        ("AWS_DEFAULT_REGION", "us-east-1"),
-    ):
-        monkeypatch.setenv(name, value)
-    try:
-        S3FileSystem(
-            access_key="test",
-            secret_key="test",
-            region="us-east-1",
-            scheme="http",
-            endpoint_override=f"127.0.0.1:{port}",
-            allow_bucket_creation=True,
-        ).create_dir("backups")
-        yield f"s3://backups/waltz?endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
-    finally:
-        server.stop()
+def s3_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    with moto_s3_url("backups", "waltz", monkeypatch) as url:
+        yield url
 
 
 def test_backup_to_s3_and_back(cluster: LocalCluster, s3_url: str, tmp_path: Path) -> None:

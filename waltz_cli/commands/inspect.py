@@ -41,7 +41,8 @@ def control(
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Show the control file: cluster key and, per partition, session, low-water marks and flags.
+    """Show the control file: cluster key and, per partition, session, low-water marks, flags and the
+    segments and bytes on this disk (a node with a tier holds its evicted ones in the object store).
 
     Exits 1 when a partition cannot be used (both of its structs fail their checksum); the others are shown.
 
@@ -67,17 +68,19 @@ def _render_control(result: dict[str, Any]) -> None:
     console.print(f"Cluster key   {result['key']}")
     console.print(f"Created       {_time(result['creation_time'])}")
     console.print(f"Version       {result['version']}    Partitions: {result['num_partitions']}")
-    table = Table("Part", "Session", "LWM", "Local LWM", "Assigned", "Avail", "Flags", "Seq", "Struct")
+    columns = ("Part", "Session", "LWM", "Local LWM", "Assigned", "Avail", "Flags", "Seq", "Struct", "Local")
+    table = Table(*columns)
     notes: list[str] = []
     for p in result["partitions"]:
         if p["corrupted"]:
-            table.add_row(str(p["partition_id"]), "[bold red]CORRUPTED[/]", *[MISSING] * 7)
+            table.add_row(str(p["partition_id"]), "[bold red]CORRUPTED[/]", *[MISSING] * 8)
         else:
             other_valid = p["struct2_valid"] if p["current_struct"] == 1 else p["struct1_valid"]
             struct = f"{p['current_struct']}" + ("" if other_valid else " [yellow](other damaged)[/]")
             values = (p["session_id"], p["low_water_mark"], p["local_low_water_mark"])
             flags = (p["assigned"], p["available"], p["flags"], p["sequence_number"])
-            table.add_row(str(p["partition_id"]), *map(str, values), *map(_text, flags), struct)
+            local = f"{p['local_segments']} seg, {p['local_bytes']} B"
+            table.add_row(str(p["partition_id"]), *map(str, values), *map(_text, flags), struct, local)
         notes.extend(f"partition {p['partition_id']}: {message}" for message in p["problems"])
     console.print(table)
     for note in notes:

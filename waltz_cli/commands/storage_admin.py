@@ -140,7 +140,8 @@ def list_(
     ssl_config: SslConfigOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """List partition ownership data of storage nodes (session, watermarks, assigned, available, damaged).
+    """List partition ownership data of storage nodes (session, watermarks, assigned, available, damaged,
+    local and tier segments and bytes).
 
     Without --storage, every node registered in ZooKeeper (store/connection) is asked.
 
@@ -180,6 +181,7 @@ def _render_node(node: NodePartitions) -> None:
             "yes" if p.is_assigned else "no",
             "yes" if p.is_available else "no",
             p.describe_damage(),
+            *p.describe_usage(),
         )
         for p in node.partitions
     ]
@@ -191,6 +193,8 @@ def _render_node(node: NodePartitions) -> None:
         "assigned",
         "available",
         "damaged",
+        "local",
+        "tier",
     )
     console.print(_table(f"partitions at {name}", columns, rows))
 

@@ -37,6 +37,7 @@ from waltz_engine.disk.segment_reader import (
     SegmentReader,
     SegmentRecord,
 )
+from waltz_engine.storage.partition_files import local_usage
 
 _PRINTABLE_FIRST, _PRINTABLE_LAST = 0x20, 0x7E
 # Problem kinds found above the level of one segment.
@@ -73,15 +74,19 @@ def inspect_control(path: Path | str, partition: int | None = None) -> dict[str,
         "creation_time": view.header.creation_time_ms,
         "key": str(view.header.key),
         "num_partitions": view.header.num_partitions,
-        "partitions": [_partition_json(p) for p in partitions],
+        "partitions": [_partition_json(p, view.path.parent / str(p.partition_id)) for p in partitions],
         "problems": list(view.problems),
     }
 
 
-def _partition_json(view: PartitionView) -> dict[str, Any]:
+def _partition_json(view: PartitionView, directory: Path) -> dict[str, Any]:
     current = view.current
+    # The segments on this disk (a node with a tier holds the evicted ones in its object store).
+    local_segments, local_bytes = local_usage(directory) if directory.is_dir() else (0, 0)
     return {
         "partition_id": view.partition_id,
+        "local_segments": local_segments,
+        "local_bytes": local_bytes,
         "session_id": current.session_id if current else None,
         "low_water_mark": current.low_water_mark if current else None,
         "local_low_water_mark": current.local_low_water_mark if current else None,

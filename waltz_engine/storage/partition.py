@@ -20,9 +20,7 @@ from typing import Any, NoReturn
 
 from waltz_engine.common.crc import crc32, to_signed32
 from waltz_engine.common.errors import StorageError
-from waltz_engine.common.fileio import pread_upto
 from waltz_engine.common.record import Record, RecordHeader
-from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
 from waltz_engine.storage.constants import (
     DEFAULT_SEGMENT_CACHE_CAPACITY,
     DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES,
@@ -35,7 +33,8 @@ from waltz_engine.storage.control_file import PartitionInfo, SessionInfo
 from waltz_engine.storage.damage import DamageLog, SegmentDamage
 from waltz_engine.storage.file_system import OS_DISK, Disk
 from waltz_engine.storage.lru import LRUCache
-from waltz_engine.storage.refill import RefillCopy, clean_interrupted_refills
+from waltz_engine.storage.partition_files import clean_interrupted_files, file_head
+from waltz_engine.storage.refill import RefillCopy
 from waltz_engine.storage.segment import (
     CorruptRecordError,
     Segment,
@@ -43,39 +42,13 @@ from waltz_engine.storage.segment import (
     first_transaction_id_of,
 )
 from waltz_engine.storage.segment_finder import find_segment
+from waltz_engine.storage.tier.manifest import TierSegment
+from waltz_engine.storage.tier.reads import TierPending, TierSegments
 from waltz_engine.storage.wire_span import RECORD_LIST_MAX_BYTES, WireRecords, encode_wire_records
 from waltz_engine.wire.primitives import Buffer
 from waltz_engine.zk.retention import BelowRetainedStartError, removable_head_segments
 
 log = logging.getLogger(__name__)
-
-
-def _head(disk: Disk, path: Path) -> bytes:
-    file = disk.open(path)
-    try:
-        return pread_upto(file, HEADER_SIZE_BYTES, 0)
-    finally:
-        file.close()
-
-
-def _clean_interrupted_files(directory: Path, disk: Disk) -> None:
-    """Remove what a crash can leave half made, which the original would refuse to open.
-
-    * an ``.idx`` without its ``.seg``: a truncate died between deleting the two files, or a
-      rollover died between creating them; no data was ever stored under that name;
-    * the newest segment with a ``.seg`` shorter than a header: a rollover died while
-      creating it (records are written only after both headers are synced).
-    """
-    for idx_path in disk.glob(directory, "*" + INDEX_SUFFIX):
-        if not disk.exists(idx_path.with_suffix(SEGMENT_SUFFIX)):
-            log.warning("removing index file without data file (interrupted): %s", idx_path)
-            disk.unlink(idx_path)
-    seg_paths = sorted(disk.glob(directory, "*" + SEGMENT_SUFFIX))
-    if seg_paths and disk.file_size_bytes(seg_paths[-1]) < HEADER_SIZE_BYTES:
-        log.warning("removing segment whose creation was interrupted: %s", seg_paths[-1])
-        disk.unlink(seg_paths[-1].with_suffix(INDEX_SUFFIX), missing_ok=True)
-        disk.unlink(seg_paths[-1])
-    clean_interrupted_refills(directory, disk)
 
 
 class Partition:
@@ -105,6 +78,8 @@ class Partition:
         self.damage = DamageLog()
         # A damaged segment's copy being written from a healthy replica (see ``refill``).
         self._refill: RefillCopy | None = None
+        # Head segments evicted to the tier, read back on demand (``waltz_engine.storage.tier``).
+        self.tier: TierSegments | TierPending | None = None
 
     @property
     def partition_id(self) -> int:
@@ -137,7 +112,7 @@ class Partition:
     def _load(self) -> None:
         directory = self.directory
         self._disk.mkdir(directory)
-        _clean_interrupted_files(directory, self._disk)
+        clean_interrupted_files(directory, self._disk)
         local_low_water_mark = self.info.current.local_low_water_mark
         seg_paths = sorted(self._disk.glob(directory, "*" + SEGMENT_SUFFIX), key=first_transaction_id_of)
         if not seg_paths:
@@ -191,11 +166,17 @@ class Partition:
         """The retained start: the first txid the partition holds (above 0 once retention ran)."""
         with self._lock:
             self._check_open()
-            return self._segments[0].first_transaction_id
+            return self._start()
+
+    def _start(self) -> int:
+        tier_first = self.tier.first_transaction_id if self.tier is not None else None
+        return self._segments[0].first_transaction_id if tier_first is None else tier_first
 
     def _check_retained(self, transaction_id: int) -> None:
-        start = self._segments[0].first_transaction_id
+        start = self._start()
         if 0 <= transaction_id < start:
+            if self.tier is not None:
+                self.tier.check_known()  # evicted transactions are not below the retained start
             raise BelowRetainedStartError(self.partition_id, transaction_id, start)
 
     def last_session_info(self) -> SessionInfo:
@@ -394,6 +375,8 @@ class Partition:
 
     def _segment_for_read(self, transaction_id: int) -> Segment | None:
         self._check_open()
+        if self.tier is not None and transaction_id < self._segments[0].first_transaction_id:
+            return self.tier.segment_for(transaction_id)
         segment = find_segment(self._segments, transaction_id)
         if segment is not None and not segment.writable:
             segment.ensure_open()
@@ -497,7 +480,7 @@ class Partition:
     def _headers_for_copy(self, segment: Segment) -> tuple[bytes, bytes]:
         """The headers the segment was written with (byte for byte), or new ones if they are damaged."""
         if not segment.header_damaged:
-            return _head(self._disk, segment.seg_path), _head(self._disk, segment.idx_path)
+            return file_head(self._disk, segment.seg_path), file_head(self._disk, segment.idx_path)
         fresh = segment.header._replace(creation_time_ms=self._clock_ms()).to_bytes()
         return fresh, fresh
 
@@ -560,11 +543,10 @@ class Partition:
 
     def remove_head_segments(self, bound: int) -> list[tuple[int, int]]:
         """Remove the oldest segments lying wholly below ``bound`` and the local low-water mark + 1
-        (never the current one); return their (first, max) txids.
+        (never the current one), evicted ones too; return their (first, max) txids.
 
-        Oldest first, each ``.seg`` before its ``.idx``, so a crash leaves a contiguous log whose
-        only leftover is an index without data, which :meth:`open` removes. The directory is
-        synced so that a removal, once reported, stays done.
+        Oldest first, each ``.seg`` before its ``.idx`` (see :meth:`_drop_head`). The directory
+        is synced so that a removal, once reported, stays done.
         """
         with self._lock:
             self._check_open()
@@ -573,13 +555,43 @@ class Partition:
             if count:
                 self._abort_refill()
             for _ in range(count):
-                doomed = self._segments.pop(0)
-                self._cache.remove(doomed)
-                doomed.delete()
-                self.damage.forget_segment(doomed.first_transaction_id)
+                self._drop_head()
             if count:
                 self._disk.fsync_directory(self.directory)
-            return spans[:count]
+            end = min(bound, self._segments[0].first_transaction_id)
+            evicted = self.tier.forget_below(end) if self.tier is not None else []
+            return evicted + spans[:count]
+
+    def _drop_head(self) -> None:
+        """Remove the oldest segment's files (``.seg`` first: :meth:`open` removes a lone index)."""
+        doomed = self._segments.pop(0)
+        self._cache.remove(doomed)
+        doomed.delete()
+        self.damage.forget_segment(doomed.first_transaction_id)
+
+    def _local_bytes(self) -> int:
+        size = self._disk.file_size_bytes
+        return sum(size(s.seg_path) + size(s.idx_path) for s in self._segments)
+
+    def evict_to_tier(self, local_bytes: int, in_tier: Callable[[int, int], TierSegment | None]) -> int:
+        """Remove the oldest local segments ``in_tier`` finds verified in the tier while the files
+        exceed ``local_bytes`` (the last two stay), as retention removes them; how many went."""
+        with self._lock:
+            self._check_open()
+            assert isinstance(self.tier, TierSegments)
+            removed = 0
+            while self._local_bytes() > local_bytes and len(self._segments) > 2:
+                head = self._segments[0]
+                uploaded = in_tier(head.first_transaction_id, head.max_transaction_id)
+                if uploaded is None:
+                    break
+                self._abort_refill()
+                self._drop_head()
+                self.tier.add_evicted(uploaded)
+                removed += 1
+            if removed:
+                self._disk.fsync_directory(self.directory)
+            return removed
 
     def is_empty(self) -> bool:
         """Never held a record: one segment, starting at 0, with nothing in it."""
@@ -623,6 +635,8 @@ class Partition:
             for segment in self._segments:
                 self._cache.remove(segment)
                 segment.close()
+            if self.tier is not None:
+                self.tier.close()
 
     def delete_segments(self) -> None:
         """Remove every segment's files (unassignment with deleteStorageFiles)."""

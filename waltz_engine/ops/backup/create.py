@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from waltz_engine.common.object_store import FileEntry
 from waltz_engine.disk.partition_info import FLAG_ASSIGNED
 from waltz_engine.ops.backup.manifest import (
     MANIFEST_DIR,
     NO_TRANSACTION,
     POINTER_NAME,
     BackupError,
-    FileEntry,
     Manifest,
     PartitionEntry,
     publish,

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from waltz_engine.common.errors import WaltzError
+from waltz_engine.common.object_store import FileEntry
 from waltz_engine.ops.backup.store import BackupStore, BackupStoreError
 
 FORMAT_NAME = "waltz-backup"
@@ -27,12 +28,6 @@ NO_TRANSACTION = -1
 
 class BackupError(WaltzError):
     """A backup is missing, damaged or does not fit what was asked."""
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    size: int
-    sha256: str
 
 
 @dataclass(frozen=True)

@@ -1,231 +1,33 @@
-"""Where a backup lives: a local directory or any filesystem ``pyarrow.fs`` knows (``s3://``,
-``gs://``, ``hdfs://``, ``file://``), seen as paths relative to the backup's root.
-
-Every write is atomic per file: the bytes go to a temporary object under :data:`TMP_DIR` first,
-then move to their name (a rename locally; a copy, then a delete, on an object store, where
-the copy appears whole or not at all). A run killed at any point therefore leaves each named
-file either as it was or as the run meant it, plus temporary debris that the next run removes.
-
-Reads take a file's first ``size`` bytes: files of a backup only grow (records are appended,
-never changed), so the prefix a manifest names stays what it was even when a later, unfinished
-run made the file longer.
-"""
+"""Where a backup lives: an :class:`~waltz_engine.common.object_store.ObjectStore` whose writes
+a test hook can stop at any step."""
 
 from __future__ import annotations
 
-import hashlib
 import os
-import posixpath
 import signal
-import uuid
-from collections.abc import Callable
-from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING
 
-from waltz_engine.common.errors import WaltzError
-from waltz_engine.common.extras import BACKUP, require
-from waltz_engine.common.fileio import fsync_directory, fsync_file
+from waltz_engine.common.object_store import TMP_DIR, ObjectStore, ObjectStoreError, sha256_of_file
 
-if TYPE_CHECKING:
-    import pyarrow.fs as pafs
-
-# Temporary objects of a run in progress (debris once a run is killed).
-TMP_DIR = ".tmp"
-# Bytes moved per read or write call when copying a file.
-COPY_CHUNK_BYTES = 8 * 1024 * 1024
 # Test hook: the process kills itself (SIGKILL) just before its N-th file operation that
 # changes the backup (1-based), so that tests can stop a run at every step cheaply.
 KILL_AT_ENV = "WALTZ_BACKUP_KILL_AT_FILE_OP"
 
+BackupStoreError = ObjectStoreError
 
-class BackupStoreError(WaltzError):
-    """The backup's storage cannot be reached or read as needed."""
-
-
-def _import_pyarrow() -> tuple[ModuleType, ModuleType]:
-    """pyarrow and pyarrow.fs, imported when a backup is opened rather than when the CLI starts
-    (they are large, and an extra)."""
-    require(BACKUP, "waltz backup", "pyarrow")
-    import pyarrow
-    import pyarrow.fs
-
-    return pyarrow, pyarrow.fs
+__all__ = ["KILL_AT_ENV", "TMP_DIR", "BackupStore", "BackupStoreError", "sha256_of_file"]
 
 
-def _open_filesystem(url: str, pyarrow: ModuleType, fs_module: ModuleType) -> tuple[pafs.FileSystem, str]:
-    if "://" not in url:
-        return fs_module.LocalFileSystem(), str(Path(url).expanduser().resolve())
-    try:
-        fs, root = fs_module.FileSystem.from_uri(url)
-    except (pyarrow.ArrowException, ValueError, OSError) as e:
-        raise BackupStoreError(
-            f"{url}: not a backup location pyarrow can open ({e}); give a local path or an "
-            "s3://, gs://, hdfs:// or file:// URL"
-        ) from None
-    return fs, root.rstrip("/")
-
-
-class BackupStore:
-    """One backup's root; every ``name`` below is a '/'-separated path relative to it."""
+class BackupStore(ObjectStore):
+    """One backup's root; every ``name`` is a '/'-separated path relative to it."""
 
     def __init__(self, url: str) -> None:
-        self.url = url
-        self._pyarrow, self._pafs = _import_pyarrow()
-        self.fs, self.root = _open_filesystem(url, self._pyarrow, self._pafs)
-        # A local backup is synced like a storage node's files: a published manifest must name
-        # bytes that survive a power loss. Object stores make a completed upload durable.
-        self._local = isinstance(self.fs, self._pafs.LocalFileSystem)
+        super().__init__(url, "waltz backup")
         self._operations = 0
         kill_at = os.environ.get(KILL_AT_ENV)
         self._kill_at = int(kill_at) if kill_at else None
-
-    def _path(self, name: str) -> str:
-        return posixpath.join(self.root, name)
 
     def _step(self) -> None:
         """Count a changing operation; the test hook kills the process at the chosen one."""
         self._operations += 1
         if self._kill_at is not None and self._operations >= self._kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
-
-    def _call(self, what: str, name: str, action: Callable[[], object]) -> object:
-        try:
-            return action()
-        except (self._pyarrow.ArrowException, OSError) as e:
-            raise BackupStoreError(f"{self.url}: cannot {what} {name}: {e}") from None
-
-    # --- reading ---------------------------------------------------------------------------
-
-    def exists(self, name: str) -> bool:
-        info = self._call("look at", name, lambda: self.fs.get_file_info(self._path(name)))
-        assert isinstance(info, self._pafs.FileInfo)
-        return bool(info.type != self._pafs.FileType.NotFound)
-
-    def read_bytes(self, name: str) -> bytes:
-        def read() -> bytes:
-            with self.fs.open_input_stream(self._path(name)) as f:
-                return bytes(f.read())
-
-        data = self._call("read", name, read)
-        assert isinstance(data, bytes)
-        return data
-
-    def download(self, name: str, size: int, target: Path) -> str:
-        """The file's first ``size`` bytes into ``target``; their SHA-256 (hex)."""
-
-        def copy() -> str:
-            digest = hashlib.sha256()
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with self.fs.open_input_stream(self._path(name)) as source, target.open("wb") as out:
-                left = size
-                while left > 0:
-                    chunk = bytes(source.read(min(COPY_CHUNK_BYTES, left)))
-                    if not chunk:
-                        raise BackupStoreError(
-                            f"{self.url}: {name} holds {size - left} bytes, the manifest names {size}"
-                        )
-                    digest.update(chunk)
-                    out.write(chunk)
-                    left -= len(chunk)
-            return digest.hexdigest()
-
-        result = self._call("read", name, copy)
-        assert isinstance(result, str)
-        return result
-
-    def checksum(self, name: str, size: int) -> str:
-        """SHA-256 (hex) of the file's first ``size`` bytes, read without keeping them."""
-
-        def digest_of() -> str:
-            digest = hashlib.sha256()
-            with self.fs.open_input_stream(self._path(name)) as source:
-                left = size
-                while left > 0:
-                    chunk = bytes(source.read(min(COPY_CHUNK_BYTES, left)))
-                    if not chunk:
-                        raise BackupStoreError(f"{name} holds {size - left} bytes, the manifest names {size}")
-                    digest.update(chunk)
-                    left -= len(chunk)
-            return digest.hexdigest()
-
-        result = self._call("read", name, digest_of)
-        assert isinstance(result, str)
-        return result
-
-    def list_names(self, directory: str = "", files_only: bool = True) -> list[str]:
-        """The names directly in ``directory`` (the root by default)."""
-        path = self._path(directory) if directory else self.root
-        selector = self._pafs.FileSelector(path, allow_not_found=True, recursive=False)
-        found = self._call("list", directory or self.url, lambda: self.fs.get_file_info(selector))
-        assert isinstance(found, list)
-        return sorted(
-            posixpath.basename(f.path) for f in found if not files_only or f.type == self._pafs.FileType.File
-        )
-
-    # --- writing (each atomic per file) -----------------------------------------------------
-
-    def _temporary(self) -> str:
-        return posixpath.join(TMP_DIR, uuid.uuid4().hex)
-
-    def _ensure_parent(self, name: str) -> None:
-        parent = posixpath.dirname(self._path(name))
-        self._call("create", parent, lambda: self.fs.create_dir(parent, recursive=True))
-
-    def _move_in(self, temporary: str, name: str) -> None:
-        self._ensure_parent(name)
-        self._step()
-        self._call("write", name, lambda: self.fs.move(self._path(temporary), self._path(name)))
-        if self._local:
-            fsync_directory(Path(self._path(name)).parent)
-
-    def _sync(self, temporary: str) -> None:
-        if self._local:
-            fsync_file(Path(self._path(temporary)))
-
-    def write_bytes(self, name: str, data: bytes) -> None:
-        temporary = self._temporary()
-        self._ensure_parent(temporary)
-        self._step()
-
-        def write() -> None:
-            with self.fs.open_output_stream(self._path(temporary)) as out:
-                out.write(data)
-
-        self._call("write", temporary, write)
-        self._sync(temporary)
-        self._move_in(temporary, name)
-
-    def upload(self, source: Path, name: str) -> int:
-        """Copy a local file to ``name``; the bytes copied."""
-        temporary = self._temporary()
-        self._ensure_parent(temporary)
-        self._step()
-
-        def write() -> int:
-            copied = 0
-            with source.open("rb") as f, self.fs.open_output_stream(self._path(temporary)) as out:
-                while chunk := f.read(COPY_CHUNK_BYTES):
-                    out.write(chunk)
-                    copied += len(chunk)
-            return copied
-
-        copied = self._call("write", temporary, write)
-        assert isinstance(copied, int)
-        self._sync(temporary)
-        self._move_in(temporary, name)
-        return copied
-
-    def remove_debris(self) -> None:
-        """Remove what killed runs left in :data:`TMP_DIR` (nothing a manifest names is there)."""
-        path = self._path(TMP_DIR)
-        self._step()
-        self._call("clean", TMP_DIR, lambda: self.fs.delete_dir_contents(path, missing_dir_ok=True))
-
-
-def sha256_of_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(COPY_CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()

@@ -29,6 +29,7 @@ from waltz_engine.storage.client import (
 )
 from waltz_engine.storage.damage import DAMAGE_GAUGE, SegmentDamage, format_ranges
 from waltz_engine.storage.node.failures import JAVA_CONCURRENT_UPDATE_EXCEPTION
+from waltz_engine.storage.tier.reads import USAGE_GAUGE
 from waltz_engine.zk.partition_ranges import format_partition_ranges
 
 # --- connections -----------------------------------------------------------------------------
@@ -142,6 +143,8 @@ class PartitionStatus(NamedTuple):
     flags: int
     # Segments the node holds damaged (our extension; a node that does not say has none).
     damaged: tuple[SegmentDamage, ...] = ()
+    # Local and tier segments and bytes (issue 25; None from a node that does not say).
+    usage: dict[str, int] | None = None
 
     @property
     def is_assigned(self) -> bool:
@@ -160,7 +163,18 @@ class PartitionStatus(NamedTuple):
             "is_assigned": self.is_assigned,
             "is_available": self.is_available,
             "damaged": [d.to_json() for d in self.damaged],
+            "usage": self.usage,
         }
+
+    def describe_usage(self) -> tuple[str, str]:
+        """(local, tier): segments and bytes on the node's disk, and in the tier (of which evicted)."""
+        u = self.usage
+        if u is None:
+            return "?", "?"
+        return (
+            f"{u['local_segments']} seg, {u['local_bytes']} B",
+            f"{u['tier_segments']} seg, {u['tier_bytes']} B ({u['evicted_segments']} only there)",
+        )
 
     def describe_damage(self) -> str:
         """``none``, or the damaged transactions (a segment whose records are all whole: its name)."""
@@ -227,10 +241,20 @@ def partition_status_from_metrics(metrics: dict[str, Any], address: HostPort) ->
             _int_value(value, name, address) for value, name in zip(raw, names, strict=True)
         )
         damaged = damaged_segments(metrics, partition_id, address)
+        usage = _usage(gauges.get(f"{_GAUGE_PARTITION_PREFIX}{partition_id}.{USAGE_GAUGE}"))
         statuses.append(
-            PartitionStatus(partition_id, session_id, low_water_mark, local_low_water_mark, flags, damaged)
+            PartitionStatus(
+                partition_id, session_id, low_water_mark, local_low_water_mark, flags, damaged, usage
+            )
         )
     return statuses
+
+
+def _usage(entry: Any) -> dict[str, int] | None:
+    value = entry.get("value") if isinstance(entry, dict) else None
+    if not isinstance(value, dict) or not all(isinstance(v, int) for v in value.values()):
+        return None
+    return {str(k): int(v) for k, v in value.items()}
 
 
 def damaged_segments(

@@ -15,6 +15,7 @@ from waltz_engine.storage.constants import (
     DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES,
 )
 from waltz_engine.storage.node.scrubber import DEFAULT_SCRUB_BYTES_PER_SECOND
+from waltz_engine.storage.tier.settings import TIER_KEYS, TierSettings, read_tier_settings
 from waltz_engine.zk.connection import ZOOKEEPER_KEYS, ZooKeeperSettings, node_zookeeper_settings
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ KNOWN_KEYS = (
     KEY_MAX_BUFFERED_BYTES,
     KEY_ZOOKEEPER_START_TIMEOUT,
     KEY_SCRUB_BYTES_PER_SECOND,
+    *TIER_KEYS,
     *ZOOKEEPER_KEYS,
 )
 # TLS keys are read by TlsConfig; Graphite is accepted (as the original) but not reported to.
@@ -77,6 +79,8 @@ class StorageConfig(NamedTuple):
     connection_limits: ConnectionLimits = ConnectionLimits()
     zookeeper_start_timeout_ms: int = DEFAULT_ZOOKEEPER_START_TIMEOUT_MS
     scrub_bytes_per_second: int = DEFAULT_SCRUB_BYTES_PER_SECOND
+    # Our extension: sealed segments in an object store (None: off).
+    tier: TierSettings | None = None
 
     @classmethod
     def load(cls, path: Path | str) -> StorageConfig:
@@ -128,4 +132,5 @@ class StorageConfig(NamedTuple):
             connection_limits=connection_limits,
             zookeeper_start_timeout_ms=zookeeper_start_timeout_ms,
             scrub_bytes_per_second=scrub_bytes_per_second,
+            tier=read_tier_settings(config),
         )

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from waltz_engine import __version__
 from waltz_engine.common import clock
 from waltz_engine.common.backoff import Backoff
-from waltz_engine.common.errors import StorageError
+from waltz_engine.common.errors import StorageError, WaltzError
 from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.common.process import run_service
 from waltz_engine.net.channel import ConnectionGate, ConnectionHandler, FramedConnection, Listener, serve
@@ -41,6 +41,7 @@ from waltz_engine.storage.node.scrubber import Scrubber
 from waltz_engine.storage.node.session_bounds import SessionBounds
 from waltz_engine.storage.partition import Partition
 from waltz_engine.storage.storage_manager import StorageManager
+from waltz_engine.storage.tier.offload import TierOffloader, replica_name
 from waltz_engine.wire.admin_messages import ADMIN_CODEC
 from waltz_engine.wire.codec import MessageCodec
 from waltz_engine.wire.hello import STORAGE_ADMIN_SERVER_HELLO_TEXT, STORAGE_SERVER_HELLO_TEXT
@@ -144,6 +145,7 @@ class StorageNode:
         self.cleaner: RetentionCleaner | None = None
         self.session_bounds = SessionBounds(config.zookeeper, zk_connector)
         self.scrubber: Scrubber | None = None
+        self.tier: TierOffloader | None = None
 
     async def _off_loop(self, work: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._admin_executor, work)
@@ -228,6 +230,19 @@ class StorageNode:
             )
 
         self.manager = manager = await self._off_loop(open_manager)
+        if config.tier is not None:
+            self.tier = TierOffloader(
+                config.tier,
+                key,
+                replica_name(config.host, config.port),
+                config.directory,
+                lambda: self.workers,
+            )
+            try:
+                await self._off_loop(self.tier.open_store)
+            except (WaltzError, OSError) as e:
+                # Offload and reads of evicted ranges wait; the rest is served.
+                log.warning("tier: %s; trying again every %d ms", e, config.tier.check_interval_ms)
         await self.refresh_partitions()
         self.cleaner = RetentionCleaner(
             config.zookeeper,
@@ -240,6 +255,8 @@ class StorageNode:
         if config.scrub_bytes_per_second:
             self.scrubber = Scrubber(lambda: self.workers, config.scrub_bytes_per_second)
             self.scrubber.start()
+        if self.tier is not None:
+            self.tier.start()
         handlers["data"] = DataHandler(manager, self.worker_of)
         handlers["admin"] = AdminHandler(manager, self.metrics, self._admin_executor, self.refresh_partitions)
         self._open.set()
@@ -300,6 +317,8 @@ class StorageNode:
             opened: dict[int, tuple[Partition, int]] = {}
             for partition_id in manager.assigned_partition_ids():
                 partition = manager.partition(partition_id)
+                if self.tier is not None:
+                    self._attach_tier(self.tier, partition)
                 opened[partition_id] = (partition, partition.max_transaction_id())
             return opened
 
@@ -316,6 +335,17 @@ class StorageNode:
         if self.cleaner is not None:
             self.cleaner.apply_bounds()
 
+    @staticmethod
+    def _attach_tier(tier: TierOffloader, partition: Partition) -> None:
+        try:
+            tier.attach(partition)
+        except (WaltzError, OSError) as e:
+            log.warning(
+                "tier: partition %d: %s; its evicted range is read once the tier answers",
+                partition.partition_id,
+                e,
+            )
+
     async def stop(self) -> None:
         """Stop accepting, end connections, finish the batch in hand, close files, release the lock."""
         if self._stopped:
@@ -325,6 +355,8 @@ class StorageNode:
             await self.cleaner.stop()
         if self.scrubber is not None:
             await self.scrubber.stop()
+        if self.tier is not None:
+            await self.tier.stop()
         for server in self._servers:
             server.close()
         for server in self._servers:

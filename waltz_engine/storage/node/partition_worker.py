@@ -32,6 +32,7 @@ from waltz_engine.storage.damage import DAMAGE_GAUGE
 from waltz_engine.storage.node.failures import PartitionNotAssignedError, rpc_exception
 from waltz_engine.storage.node.session_bounds import SessionBounds
 from waltz_engine.storage.partition import Partition
+from waltz_engine.storage.tier.reads import USAGE_GAUGE, disk_usage
 from waltz_engine.wire.primitives import SessionInfo
 from waltz_engine.wire.storage_messages import (
     STORAGE_CODEC,
@@ -154,6 +155,8 @@ class _PartitionMetrics:
         # Damaged segments (issue 13): kept on disk and refused on reads until refilled.
         registry.gauge(group, DAMAGE_GAUGE, lambda: worker.partition and worker.partition.damage_json())
         self.removed_segments: Counter = registry.counter(group, "removed-segments")
+        # Tiered storage (issue 25): local and tier bytes and segments.
+        registry.gauge(group, USAGE_GAUGE, lambda: worker.partition and disk_usage(worker.partition))
         self.counters: dict[type[Any], Counter] = {
             StorageLastSessionInfoRequest: registry.counter(group, "last-session-info-request"),
             StorageSetLowWaterMarkRequest: registry.counter(group, "set-low-water-mark-request"),
@@ -198,7 +201,7 @@ class PartitionWorker:
         self.partition = partition
         self.session_id = partition.info.current.session_id
         self.max_transaction_id = max_transaction_id
-        self.first_transaction_id = partition.segments[0][0]
+        self.first_transaction_id = partition.first_transaction_id()
         self._metrics = _PartitionMetrics(self._registry, self)
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=f"Storage-P{self.partition_id}")

@@ -1,0 +1,98 @@
+"""A partition with a `file://` tier, in this process: what the node's tier round uploads and
+evicts, reads across the evicted and local segments, and retention over both (the evicted
+range is forgotten below the bound, also when it removes the local segments in between)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from storage_node_support import make_records
+
+from waltz_engine.common.errors import StorageError
+from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
+from waltz_engine.disk.record_format import RECORD_OVERHEAD_BYTES
+from waltz_engine.ops.inspect import verify
+from waltz_engine.storage.partition import Partition
+from waltz_engine.storage.storage_manager import StorageManager
+from waltz_engine.storage.tier.offload import TierOffloader
+from waltz_engine.storage.tier.reads import disk_usage
+from waltz_engine.storage.tier.settings import TierSettings
+from waltz_engine.zk.retention import BelowRetainedStartError
+
+RECORDS = 40
+DATA_BYTES = 32
+PER_SEGMENT = 10
+THRESHOLD_BYTES = HEADER_SIZE_BYTES + (PER_SEGMENT - 1) * (RECORD_OVERHEAD_BYTES + DATA_BYTES)
+KEY = uuid.UUID(int=25)
+
+
+@pytest.fixture
+def partition(tmp_path: Path) -> Iterator[Partition]:
+    (tmp_path / "data").mkdir()
+    with StorageManager(tmp_path / "data", KEY, 1, segment_size_threshold_bytes=THRESHOLD_BYTES) as manager:
+        manager.set_partition_assignment([0], True)
+        yield manager.partition(0)
+
+
+def _offload(partition: Partition, tier: Path, local_low_water_mark: int) -> TierOffloader:
+    # A session starts with the node at ``local_low_water_mark``; the rest is appended in it.
+    records = make_records(0, RECORDS, size_bytes=DATA_BYTES)
+    partition.append(records[: local_low_water_mark + 1])
+    partition.set_low_water_mark(1, local_low_water_mark)
+    partition.append(records[local_low_water_mark + 1 :])
+    settings = TierSettings(tier.as_uri(), local_bytes=1, cache_bytes=1)
+    workers = {0: SimpleNamespace(partition=partition)}
+    offloader = TierOffloader(settings, KEY, "r", tier.parent, lambda: workers)  # type: ignore[arg-type, return-value]
+    offloader.open_store()
+    asyncio.run(offloader.run_once())
+    return offloader
+
+
+def test_only_segments_at_or_below_the_local_low_water_mark_go(partition: Partition, tmp_path: Path) -> None:
+    _offload(partition, tmp_path / "tier", 25)
+    manifest = json.loads((tmp_path / "tier" / str(KEY) / "0" / "r" / "manifest.json").read_text())
+    assert [(s["first_txid"], s["max_txid"]) for s in manifest["segments"]] == [(0, 9), (10, 19)]
+    assert partition.segments == [(20, 29), (30, 39)]  # the last two always stay
+    usage = disk_usage(partition)
+    assert (usage["local_segments"], usage["tier_segments"], usage["evicted_segments"]) == (2, 2, 2)
+    assert partition.records(0, RECORDS) == make_records(0, RECORDS, size_bytes=DATA_BYTES)
+
+
+def test_before_the_tier_answers_the_evicted_range_is_not_called_removed(
+    partition: Partition, tmp_path: Path
+) -> None:
+    offloader = _offload(partition, tmp_path / "tier", RECORDS - 1)
+    assert partition.tier is not None
+    partition.tier.close()
+    partition.tier = None  # as a node starting with the store unreachable
+    restarted = TierOffloader(offloader.settings, KEY, "r", tmp_path, lambda: {})
+    with pytest.raises(StorageError, match="not reached yet"):
+        restarted.attach(partition)
+    with pytest.raises(StorageError, match="has not answered yet") as raised:
+        partition.records(0, 1)
+    assert not isinstance(raised.value, BelowRetainedStartError)  # a server reads another replica
+    restarted.open_store()
+    restarted.attach(partition)
+    assert partition.first_transaction_id() == 0
+    assert partition.records(0, RECORDS) == make_records(0, RECORDS, size_bytes=DATA_BYTES)
+    report = verify(partition.directory.parent)  # the local files stay a storage directory
+    assert report.ok, report.problems
+
+
+def test_retention_forgets_the_evicted_range_below_its_bound(partition: Partition, tmp_path: Path) -> None:
+    _offload(partition, tmp_path / "tier", RECORDS - 1)
+    assert partition.segments == [(20, 29), (30, 39)]
+    assert partition.remove_head_segments(15) == [(0, 9)]
+    assert partition.first_transaction_id() == 10
+    with pytest.raises(BelowRetainedStartError):
+        partition.records(5, 1)
+    assert partition.records(10, 1) == make_records(10, 1, size_bytes=DATA_BYTES)
+    assert partition.remove_head_segments(35) == [(10, 19), (20, 29)]
+    assert partition.first_transaction_id() == 30
+    assert partition.records(30, RECORDS) == make_records(30, 10, size_bytes=DATA_BYTES)

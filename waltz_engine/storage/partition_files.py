@@ -1,0 +1,56 @@
+"""The files of a partition directory as a crash can leave them: what an open cleans up, and
+a file's header bytes."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from waltz_engine.common.fileio import pread_upto
+from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
+from waltz_engine.storage.constants import INDEX_SUFFIX, SEGMENT_SUFFIX
+from waltz_engine.storage.file_system import Disk
+from waltz_engine.storage.refill import clean_interrupted_refills
+
+log = logging.getLogger(__name__)
+
+
+def local_usage(directory: Path) -> tuple[int, int]:
+    """(segments, bytes of their data and index files) in a partition directory, read without
+    the partition's lock (a gauge must not wait for an fsync)."""
+    segments = size_bytes = 0
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if entry.name.endswith((SEGMENT_SUFFIX, INDEX_SUFFIX)):
+                segments += entry.name.endswith(SEGMENT_SUFFIX)
+                size_bytes += entry.stat().st_size
+    return segments, size_bytes
+
+
+def file_head(disk: Disk, path: Path) -> bytes:
+    file = disk.open(path)
+    try:
+        return pread_upto(file, HEADER_SIZE_BYTES, 0)
+    finally:
+        file.close()
+
+
+def clean_interrupted_files(directory: Path, disk: Disk) -> None:
+    """Remove what a crash can leave half made, which the original would refuse to open.
+
+    * an ``.idx`` without its ``.seg``: a truncate died between deleting the two files, or a
+      rollover died between creating them; no data was ever stored under that name;
+    * the newest segment with a ``.seg`` shorter than a header: a rollover died while
+      creating it (records are written only after both headers are synced).
+    """
+    for idx_path in disk.glob(directory, "*" + INDEX_SUFFIX):
+        if not disk.exists(idx_path.with_suffix(SEGMENT_SUFFIX)):
+            log.warning("removing index file without data file (interrupted): %s", idx_path)
+            disk.unlink(idx_path)
+    seg_paths = sorted(disk.glob(directory, "*" + SEGMENT_SUFFIX))
+    if seg_paths and disk.file_size_bytes(seg_paths[-1]) < HEADER_SIZE_BYTES:
+        log.warning("removing segment whose creation was interrupted: %s", seg_paths[-1])
+        disk.unlink(seg_paths[-1].with_suffix(INDEX_SUFFIX), missing_ok=True)
+        disk.unlink(seg_paths[-1])
+    clean_interrupted_refills(directory, disk)

@@ -1,0 +1,233 @@
+"""The storage node's tier task: every ``storage.tier.check.interval.ms``, for each partition
+it holds, upload the sealed segments that lie wholly at or below the local low-water mark and
+are not in the tier yet, then evict the oldest uploaded ones while the partition's local files
+exceed ``storage.tier.local.bytes``.
+
+A segment rolls in the middle of a batch, so a sealed segment can hold records that never
+reached a quorum and that recovery will truncate: only what a store session found on this node
+when it started (the local low-water mark) is known committed. Before an upload the segment's
+records are read and checked (a damaged segment is not uploaded, and so never evicted); after
+it, the object's SHA-256 is read back and compared; then the manifest names it. A node killed
+anywhere leaves the previous manifest, temporary objects it removes when it starts again, and
+its local files (nothing is removed locally before the manifest names it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from waltz_engine.common import clock
+from waltz_engine.common.errors import StorageError, WaltzError
+from waltz_engine.common.limited_log import LimitedLog
+from waltz_engine.common.object_store import FileEntry, ObjectStore, sha256_of_file
+from waltz_engine.common.tasks import cancel_and_wait
+from waltz_engine.storage.constants import segment_paths
+from waltz_engine.storage.partition import Partition
+from waltz_engine.storage.segment import CorruptRecordError
+from waltz_engine.storage.tier.manifest import (
+    TierManifest,
+    TierSegment,
+    object_names,
+    replica_prefix,
+    tmp_dir,
+)
+from waltz_engine.storage.tier.reads import TierPending, TierSegments
+from waltz_engine.storage.tier.settings import KEY_TIER_URL, TierSettings
+
+if TYPE_CHECKING:  # the node package imports this module
+    from waltz_engine.storage.node.partition_worker import PartitionWorker
+
+log = logging.getLogger(__name__)
+# A store down or a damaged segment is met again every round.
+_warnings = LimitedLog(log)
+
+# Where evicted segments are read back: a directory of the storage directory, apart from the
+# partitions' (a Java node ignores it).
+CACHE_DIRECTORY = ".tier-cache"
+# Records per read when a segment's records are checked before its upload.
+CHECK_BATCH_RECORDS = 4096
+# Bytes per write of an upload: the rate limit sleeps between them.
+UPLOAD_CHUNK_BYTES = 256 * 1024
+
+
+class OffloadStopped(WaltzError):
+    """The node is stopping: the upload in progress is abandoned (its debris removed at start)."""
+
+
+class RateLimit:
+    """At most ``bytes_per_second``: :meth:`take` sleeps until the bytes taken so far are due.
+    Time spent idle is not saved up for a burst."""
+
+    def __init__(self, bytes_per_second: int, stopping: threading.Event) -> None:
+        self._bytes_per_second = bytes_per_second
+        self._stopping = stopping
+        self._due_s = 0.0
+
+    def take(self, size_bytes: int) -> None:
+        now = clock.monotonic_s()
+        self._due_s = max(self._due_s, now) + size_bytes / self._bytes_per_second
+        if self._stopping.wait(self._due_s - now):
+            raise OffloadStopped("node stopping")
+
+
+def replica_name(host: str, port: int) -> str:
+    """This node's prefix in the tier: its host (the machine's name when it listens on every
+    address) and data port."""
+    name = host if host not in ("", "0.0.0.0", "::") else socket.gethostname()
+    return f"{name}_{port}"
+
+
+class TierOffloader:
+    def __init__(
+        self,
+        settings: TierSettings,
+        key: uuid.UUID,
+        replica: str,
+        storage_directory: Path,
+        workers: Callable[[], Mapping[int, PartitionWorker]],
+    ) -> None:
+        self.settings = settings
+        self._key = key
+        self._replica = replica
+        self._cache_root = storage_directory / CACHE_DIRECTORY
+        self._workers = workers
+        self._store: ObjectStore | None = None
+        self._manifests: dict[int, TierManifest] = {}
+        self._stopping = threading.Event()
+        self._rate = RateLimit(settings.bytes_per_second, self._stopping)
+        self._task: asyncio.Task[None] | None = None
+
+    def open_store(self) -> None:
+        """Reach the store and remove this node's temporary debris (blocking)."""
+        store = ObjectStore(self.settings.url, f"'{KEY_TIER_URL}'", tmp_dir(self._key, self._replica))
+        store.remove_debris()
+        self._store = store
+
+    def attach(self, partition: Partition) -> None:
+        """Give ``partition`` what it evicted to the tier (from its manifest; blocking). A
+        partition not attached reads only its local segments."""
+        if isinstance(partition.tier, TierSegments):
+            return
+        partition.tier = TierPending(partition.partition_id)
+        if self._store is None:
+            raise StorageError(f"{self.settings.url}: not reached yet")
+        manifest = self._manifest(partition.partition_id)
+        local_first = partition.segments[0][0]
+        tier = TierSegments(
+            self._store,
+            manifest.prefix,
+            self._key,
+            partition.partition_id,
+            self._cache_root / str(partition.partition_id),
+            self.settings.cache_bytes,
+            manifest.chain_below(local_first),
+        )
+        tier.uploaded_segments, tier.uploaded_bytes = len(manifest.segments), manifest.size_bytes
+        partition.tier = tier
+
+    def _manifest(self, partition_id: int) -> TierManifest:
+        manifest = self._manifests.get(partition_id)
+        if manifest is None:
+            assert self._store is not None
+            prefix = replica_prefix(self._key, partition_id, self._replica)
+            manifest = self._manifests[partition_id] = TierManifest.load(self._store, prefix)
+        return manifest
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="tier-offload")
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                if self._store is None:
+                    await asyncio.to_thread(self.open_store)
+                await self.run_once()
+            except asyncio.CancelledError:
+                raise
+            except OffloadStopped:
+                return
+            except (WaltzError, OSError) as e:
+                log.warning("tier: %s; trying again in %d ms", e, self.settings.check_interval_ms)
+            await asyncio.sleep(self.settings.check_interval_ms / 1000)
+
+    async def run_once(self) -> None:
+        """One round over every partition held (uploads, then evictions)."""
+        for partition_id, worker in sorted(self._workers().items()):
+            partition = worker.partition
+            if partition is None:
+                continue
+            try:
+                await asyncio.to_thread(self._offload, partition)
+            except OffloadStopped:
+                raise
+            except (WaltzError, OSError) as e:
+                # Unassigned or closed meanwhile, the store down, a disk error: next round.
+                message = f"tier: partition {partition_id}: {e}; trying again next round"
+                _warnings.warn(str(partition_id), message)
+
+    def _offload(self, partition: Partition) -> None:
+        self.attach(partition)
+        manifest = self._manifest(partition.partition_id)
+        local_low_water_mark = partition.info.current.local_low_water_mark
+        for first, last in partition.segments[:-1]:
+            if last > local_low_water_mark:
+                break
+            if first not in manifest.segments and self._records_whole(partition, first, last):
+                manifest.add(self._upload(partition, manifest.prefix, first, last))
+                if partition.tier is not None:
+                    partition.tier.uploaded_segments = len(manifest.segments)
+                    partition.tier.uploaded_bytes = manifest.size_bytes
+        if self.settings.local_bytes:
+
+            def in_tier(first: int, last: int) -> TierSegment | None:
+                return manifest.segments[first] if manifest.holds(first, last) else None
+
+            evicted = partition.evict_to_tier(self.settings.local_bytes, in_tier)
+            if evicted:
+                log.info(
+                    "tier: partition %d: %d segment(s) now only in the tier", partition.partition_id, evicted
+                )
+
+    def _records_whole(self, partition: Partition, first: int, last: int) -> bool:
+        transaction_id = first
+        try:
+            while transaction_id <= last:
+                read = partition.records_wire(
+                    transaction_id, min(CHECK_BATCH_RECORDS, last - transaction_id + 1)
+                )
+                if not read.num_records:
+                    raise StorageError(f"transaction {transaction_id} is not there")
+                transaction_id += read.num_records
+        except CorruptRecordError as e:
+            where = f"segment {first} of partition {partition.partition_id}"
+            _warnings.warn(where, f"tier: not uploading {where}: {e}")
+            return False
+        return True
+
+    def _upload(self, partition: Partition, prefix: str, first: int, last: int) -> TierSegment:
+        store = self._store
+        assert store is not None
+        uploaded: list[FileEntry] = []
+        for path, name in zip(
+            segment_paths(partition.directory, first), object_names(prefix, first), strict=True
+        ):
+            digest = sha256_of_file(path)
+            size = store.upload(path, name, UPLOAD_CHUNK_BYTES, self._rate.take)
+            if store.checksum(name, size) != digest:
+                raise StorageError(
+                    f"{store.url}/{name}: the uploaded object differs from {path}; uploading again"
+                )
+            uploaded.append(FileEntry(size, digest))
+        return TierSegment(first, last, uploaded[0], uploaded[1])
