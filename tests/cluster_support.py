@@ -81,6 +81,8 @@ def local_cluster(
     zookeeper: str | None = None,
     wait_timeout_ms: int = CLUSTER_UP_TIMEOUT_MS,
     storage_config: dict[str, Any] | None = None,
+    replicas: int | None = None,
+    settings: Mapping[str, Any] | None = None,
 ) -> Iterator[LocalCluster]:
     """A healthy cluster (``cluster verify`` passed) in a fresh directory; stopped on exit."""
     cluster = LocalCluster(
@@ -91,6 +93,8 @@ def local_cluster(
         zookeeper=zookeeper,
         cluster_root=unique_cluster_root() if zookeeper is not None else DEFAULT_CLUSTER_ROOT,
         storage_config=storage_config,
+        replicas=replicas,
+        settings=settings,
     )
     try:
         cluster.up(wait_timeout_ms)
