@@ -83,6 +83,7 @@ def local_cluster(
     storage_config: dict[str, Any] | None = None,
     replicas: int | None = None,
     settings: Mapping[str, Any] | None = None,
+    server_config: dict[str, Any] | None = None,
 ) -> Iterator[LocalCluster]:
     """A healthy cluster (``cluster verify`` passed) in a fresh directory; stopped on exit."""
     cluster = LocalCluster(
@@ -95,6 +96,7 @@ def local_cluster(
         storage_config=storage_config,
         replicas=replicas,
         settings=settings,
+        server_config=server_config,
     )
     try:
         cluster.up(wait_timeout_ms)

@@ -3,8 +3,10 @@ acknowledged, and the checks every replica move ends with."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -13,12 +15,15 @@ from cluster_support import run_waltz_cli, tailed
 
 from waltz_engine.client import SyncWaltzClient, TransactionContext, WaltzClientCallbacks
 from waltz_engine.ops.devcluster import LocalCluster
-from waltz_engine.storage.admin_ops import read_store_layout
+from waltz_engine.storage.admin_ops import client_ssl_context, list_partitions, read_store_layout
 from waltz_engine.zk.connection import connect
 
-# The load stops by itself after this many transactions, flushing every FLUSH_EVERY.
+# The load stops by itself after this many transactions, flushing every FLUSH_EVERY, at most
+# LOAD_PER_S a second: enough to keep every partition writing, not enough to take the CPU the
+# nodes need to move replicas.
 MAX_LOAD_TRANSACTIONS = 20_000
 FLUSH_EVERY = 20
+LOAD_PER_S = 50
 
 
 class _Append(TransactionContext):
@@ -58,12 +63,14 @@ def load(cluster: LocalCluster, partitions: int, tag: str) -> Iterator[list[tupl
     def run() -> None:
         try:
             with SyncWaltzClient(_NoFeed(), str(cluster.client_config_path)) as client:
+                started = time.monotonic()
                 for i in range(MAX_LOAD_TRANSACTIONS):
-                    if stop.is_set():
-                        break
                     client.submit(_Append(i % partitions, f"{tag}-{i}".encode(), acknowledged))
                     if i % FLUSH_EVERY == FLUSH_EVERY - 1:
                         client.flush()
+                        # Paced: wait for the next batch's time, or the end of the block.
+                        if stop.wait(max(0.0, started + (i + 1) / LOAD_PER_S - time.monotonic())):
+                            break
                 client.flush()
         except BaseException as e:  # noqa: BLE001 - reported to the test below
             errors.append(e)
@@ -95,6 +102,15 @@ def replica_sets(cluster: LocalCluster) -> dict[int, set[str]]:
         for p in ids:
             sets[p].add(storage)
     return sets
+
+
+def node_holds(cluster: LocalCluster, storage: str) -> list[int]:
+    """The partitions a storage node says it holds assigned (admin METRICS), asked in-process."""
+    with connect(cluster.zookeeper_settings()) as zk:
+        layout = read_store_layout(zk, cluster.cluster_root)
+    context = layout.context(client_ssl_context(None))
+    node = asyncio.run(list_partitions(context, layout.admin_address(storage), storage))
+    return [s.partition_id for s in node.partitions if s.is_assigned]
 
 
 def cli_json(cluster: LocalCluster, *args: str) -> Any:

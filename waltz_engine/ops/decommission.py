@@ -18,8 +18,8 @@ from typing import NamedTuple
 from kazoo.client import KazooClient
 
 from waltz_engine.common.errors import WaltzError
-from waltz_engine.ops.replica_mover import ReplicaMover, plan_moves, registered_name
 from waltz_engine.storage import admin_ops
+from waltz_engine.storage.replica_mover import ReplicaMover, plan_moves, registered_name
 from waltz_engine.zk import replica_moves
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
 from waltz_engine.zk.replica_moves import REASON_DECOMMISSION, ReplicaMove

@@ -125,6 +125,7 @@ class LocalCluster:
         zookeeper: str | None = None,
         cluster_root: str = DEFAULT_CLUSTER_ROOT,
         storage_config: dict[str, Any] | None = None,
+        server_config: dict[str, Any] | None = None,
         replicas: int | None = None,
         settings: Mapping[str, Any] | None = None,
     ) -> None:
@@ -140,6 +141,8 @@ class LocalCluster:
         self.external_zookeeper = zookeeper
         # Extra keys for every storage node's YAML (e.g. a small segment size in tests); not saved.
         self.storage_config = dict(storage_config or {})
+        # Defaults for every server's YAML that --set keys override (`dev up`'s grace); not saved.
+        self.server_config = dict(server_config or {})
         # Whether the directory is ours to remove on down(clean=True) (saved in the state).
         self.created_directory = not self.directory.exists()
         saved = self._load_state()
@@ -457,6 +460,7 @@ class LocalCluster:
                 "server.jetty.port": node.jetty_port,
                 "storage.initialRetryInterval": SERVER_STORAGE_INITIAL_RETRY_MS,
                 "storage.maxRetryInterval": SERVER_STORAGE_MAX_RETRY_MS,
+                **self.server_config,
                 **self.settings,
             }
             self._write_yaml(node.config_path, config)
