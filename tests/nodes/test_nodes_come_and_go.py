@@ -136,13 +136,13 @@ def kill_at(arguments: list[str], line: str) -> None:
     assert any(line in s for s in seen), "".join(seen)
 
 
-def test_decommission_killed_while_copying_then_run_again(cluster: LocalCluster) -> None:
-    leaving = cluster.storages[0].connect_string
+def decommission_killed_at(cluster: LocalCluster, leaving: str, line: str, *options: str) -> None:
+    """Under load: `storage decommission` of ``leaving`` killed at the step that logs ``line``, run
+    again: every replica moved, caught up and equal, nothing acknowledged lost, the node told."""
     before = replica_sets(cluster)
     config = str(cluster.client_config_path)
-    slow = ["--bytes-per-second", str(SLOW_COPY_BYTES_PER_S)]
-    with load(cluster, PARTITIONS, "decommission") as acknowledged:
-        kill_at(["storage", "decommission", "-c", config, "-s", leaving, *slow], "copying from")
+    with load(cluster, PARTITIONS, f"decommission-{leaving}") as acknowledged:
+        kill_at(["storage", "decommission", "-c", config, "-s", leaving, *options], line)
         done = run_waltz_cli("storage", "decommission", "-c", config, "-s", leaving, "--wait", "--json")
         assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
@@ -155,3 +155,13 @@ def test_decommission_killed_while_copying_then_run_again(cluster: LocalCluster)
     assert_nothing_lost(cluster, PARTITIONS, acknowledged)
     assert_replicas_caught_up_and_equal(cluster)
     assert node_holds(cluster, leaving) == [], "the node was told it holds no partition any more"
+
+
+def test_decommission_killed_while_copying_then_run_again(cluster: LocalCluster) -> None:
+    slow = ("--bytes-per-second", str(SLOW_COPY_BYTES_PER_S))
+    decommission_killed_at(cluster, cluster.storages[0].connect_string, "copying from", *slow)
+
+
+def test_decommission_killed_between_its_two_assignment_writes_then_run_again(cluster: LocalCluster) -> None:
+    # The node decommissioned above holds nothing: it takes this node's replicas.
+    decommission_killed_at(cluster, cluster.storages[1].connect_string, "out of the assignment")
