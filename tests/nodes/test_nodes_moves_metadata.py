@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 from kazoo.client import KazooClient
 
-from waltz_engine.storage.admin_ops import StoreLayout, read_store_layout
-from waltz_engine.storage.replica_mover import plan_moves
+from waltz_engine.ops.decommission import DecommissionError, decommission
+from waltz_engine.storage.admin_ops import StoreLayout, client_ssl_context, read_store_layout
+from waltz_engine.storage.replica_mover import MoveError, plan_moves
 from waltz_engine.zk import replica_moves
 from waltz_engine.zk.cluster import create_cluster
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
@@ -101,3 +103,18 @@ def test_a_real_layout_plans_every_partition_of_the_node(zk_client: KazooClient,
     planned = plan_moves(read_store_layout(zk_client, cluster_root), "h:1", set(NODES) - {"h:1"}, reason="t")
     assert [m.partition_id for m in planned] == [0, 1, 2]
     assert all(m.target in ("h:3", "h:4") for m in planned)  # h:2 holds 0 and 1; the empty ones first
+
+
+def test_decommission_refuses_an_unknown_node_and_a_held_lease(
+    zookeeper: str, zk_client: KazooClient, cluster_root: str
+) -> None:
+    make_cluster(zk_client, cluster_root)
+    settings = ZooKeeperSettings(zookeeper, cluster_root)
+    with pytest.raises(MoveError, match="h:9 is not in the replica assignment"):
+        decommission(settings, client_ssl_context(None), "h:9")
+    assert replica_moves.try_lease(zk_client, cluster_root, "server 3 (h:7)")
+    with pytest.raises(
+        DecommissionError, match=r"another process moves replicas now \(server 3 \(h:7\)\); add --wait"
+    ):
+        decommission(settings, client_ssl_context(None), "h:1")
+    assert replica_moves.read_moves(zk_client, cluster_root) == []  # nothing recorded without the lease

@@ -66,6 +66,7 @@ def decommission(
     ``wait``: wait for the mover lease that another process holds (else fail at once, naming
     it). ``delete_files``: the node deletes each moved partition's files (else keeps them).
     """
+    admin_ops.parse_storage_address(storage)
     if bytes_per_second < 0:
         raise DecommissionError(f"bytes per second must be 0 (no bound) or more, got {bytes_per_second}")
     lease_settings = settings._replace(

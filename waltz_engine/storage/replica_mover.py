@@ -247,5 +247,8 @@ def registered_name(layout: StoreLayout, storage: str) -> str:
     """The name the assignment gives the node ``storage`` names (its data or admin address)."""
     node = layout.resolve_node(storage)
     if node.storage is None or node.storage not in layout.assignments:
-        raise MoveError(f"storage node {storage} is not in the replica assignment (store/assignment)")
+        raise MoveError(
+            f"storage node {storage} is not in the replica assignment (store/assignment): name it by "
+            "its data address as registered, or its admin address (see `waltz storage list`)"
+        )
     return node.storage
