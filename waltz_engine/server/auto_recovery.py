@@ -90,11 +90,12 @@ class AutoRecovery:
             self._settings.bytes_per_second,
         )
         while True:
+            # First a pause: the storage nodes of a cluster starting with this server get one.
+            await asyncio.sleep(self.check_interval_ms / 1000)
             try:
                 await self._check()
             except (WaltzError, OSError, TimeoutError, KazooException) as e:
                 log.warning("auto-recovery: %s; trying again in %d ms", e, self.check_interval_ms)
-            await asyncio.sleep(self.check_interval_ms / 1000)
 
     async def _check(self) -> None:
         layout = await asyncio.to_thread(admin_ops.read_store_layout, self._zk, self._root)
