@@ -147,8 +147,9 @@ def decommission_killed_at(cluster: LocalCluster, leaving: str, line: str, *opti
         assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["storage"] == leaving and result["remaining_partitions"] == [], result
-    moved = sorted(m["partition"] for m in result["moves"])
-    assert moved == sorted(p for p, holders in before.items() if leaving in holders), result
+    # The killed run may have finished a move or two before the kill landed: the re-run did the rest.
+    held = {p for p, holders in before.items() if leaving in holders}
+    assert result["moves"] and {m["partition"] for m in result["moves"]} <= held, result
     after = replica_sets(cluster)
     assert all(leaving not in holders and len(holders) == REPLICAS for holders in after.values()), after
     assert all(before[p] - {leaving} <= after[p] for p in before), (before, after)
