@@ -81,7 +81,9 @@ def local_cluster(
     zookeeper: str | None = None,
     wait_timeout_ms: int = CLUSTER_UP_TIMEOUT_MS,
     storage_config: dict[str, Any] | None = None,
+    replicas: int | None = None,
     settings: Mapping[str, Any] | None = None,
+    server_config: dict[str, Any] | None = None,
 ) -> Iterator[LocalCluster]:
     """A healthy cluster (``cluster verify`` passed) in a fresh directory; stopped on exit.
     ``settings`` are `dev up --set` keys (every node's YAML)."""
@@ -93,7 +95,9 @@ def local_cluster(
         zookeeper=zookeeper,
         cluster_root=unique_cluster_root() if zookeeper is not None else DEFAULT_CLUSTER_ROOT,
         storage_config=storage_config,
+        replicas=replicas,
         settings=settings,
+        server_config=server_config,
     )
     try:
         cluster.up(wait_timeout_ms)

@@ -44,6 +44,7 @@ NOT_RUN_HERE = {
     "waltz bench export": "starts Spark: tests/bench/test_bench_export.py",
     "waltz bench compare": "needs two saved reports: tests/bench/test_bench_compare.py",
     "waltz storage recover-partition": "needs an offline replica: tests/storage_admin/",
+    "waltz storage decommission": "moves replicas: tests/nodes/",
     "waltz truncate": "cuts a replica offline: tests/operator/",
     "waltz create-cluster": "creates a cluster: tests/zk/test_zk_cli.py",
     "waltz zk auto-assign": "needs a group with no assignments: tests/zk/test_zk_cli.py",

@@ -139,6 +139,12 @@ def test_up_with_replicas_and_set_places_partitions_and_configures_every_node(tm
         for node in cluster.nodes:
             written = yaml.safe_load(node.config_path.read_text(encoding="utf-8"))
             assert written["storage.segment.size.threshold"] == SEGMENT_BYTES and written["bogus.key"] == "x"
+        # A dev cluster's servers re-replicate a storage node lost for 10 s (issue 24).
+        assert all(
+            yaml.safe_load(node.config_path.read_text(encoding="utf-8"))["server.autoRecovery.graceMs"]
+            == 10_000
+            for node in cluster.servers
+        )
 
         config = ["--config", str(directory / "client.yml")]
         ok(run_waltz_cli("append", "-p", "0", "-", *config, stdin=("x" * RECORD_BYTES + "\n") * 3))

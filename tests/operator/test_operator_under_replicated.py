@@ -41,6 +41,8 @@ def test_a_healthy_cluster_has_no_under_replicated_partition(cluster: LocalClust
     assert result["partitions_checked"] == PARTITIONS and result["under_replicated_count"] == 0, result
     done = run_waltz_cli("cluster", "under-replicated", "-c", str(cluster.client_config_path))
     assert "no partition is under-replicated (2 checked)" in done.stdout
+    verify = run_waltz_cli("cluster", "verify", "-c", str(cluster.client_config_path))
+    assert verify.returncode == 0 and "under-replicated partitions: 0" in verify.stdout, verify.stdout
 
 
 def test_an_offline_replica_and_a_dead_node_are_named(cluster: LocalCluster) -> None:
@@ -58,6 +60,11 @@ def test_an_offline_replica_and_a_dead_node_are_named(cluster: LocalCluster) -> 
         assert (first_name, "offline") not in result[0]
         text = run_waltz_cli("cluster", "under-replicated", "-c", config)
         assert text.returncode == 0 and "down" in text.stdout and "offline" in text.stdout
+        # `cluster verify` and `top` show the count too (verify fails: a node is down).
+        verify = run_waltz_cli("cluster", "verify", "--json", "-c", config)
+        assert verify.returncode == 1 and json.loads(verify.stdout)["under_replicated_count"] == PARTITIONS
+        top = run_waltz_cli("top", "--once", "--json", "-c", config)
+        assert top.returncode == 0 and json.loads(top.stdout)["cluster"]["under_replicated"] == PARTITIONS
     finally:
         last.start()
         run_waltz_cli("storage", "availability", "-c", config, "-s", first_name, "-p", "1", "--online")

@@ -379,3 +379,35 @@ def test_an_idle_partition_whose_session_failed_opens_a_new_one_by_itself(
             )
 
     asyncio.run(go())
+
+
+def test_an_assignment_change_reopens_only_the_sessions_of_partitions_whose_replicas_changed(
+    cluster: StorageCluster, zk: KazooClient
+) -> None:
+    from waltz_engine.zk.store_metadata import change_replicas
+
+    names = [node_connect_string(node) for node in cluster.nodes]
+    for name, node, held in zip(names, cluster.nodes, ([0, 1], [0, 1], [0]), strict=True):
+        register(zk, cluster.root, name, node.admin_port, held)
+
+    async def go() -> None:
+        store = await open_store(zk, cluster.root)
+        try:
+            partitions = [store.partition(p) for p in range(NUM_PARTITIONS)]
+            for partition in partitions:
+                await partition.set_generation(GENERATION)
+                await bounded(partition.ensure_open())
+            unchanged, changed = (current_session_id(p) for p in partitions)
+            await asyncio.to_thread(change_replicas, zk, cluster.root, [(names[2], 1)])
+            await wait_until(
+                lambda: (
+                    partitions[1].status()["session"] is not None
+                    and current_session_id(partitions[1]) > changed
+                ),
+                "partition 1 reopened with its new replica",
+            )
+            assert current_session_id(partitions[0]) == unchanged
+        finally:
+            await store.close()
+
+    asyncio.run(go())

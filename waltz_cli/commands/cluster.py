@@ -8,7 +8,7 @@ in the ``--config`` YAML, as the original's tools do.
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -25,6 +25,9 @@ from waltz_cli.output import console, one_line_errors, print_json
 from waltz_engine.ops import cluster_ops
 from waltz_engine.ops.cluster_ops import ClusterView, VerifyReport
 from waltz_engine.zk.connection import connect
+
+if TYPE_CHECKING:
+    from waltz_engine.ops.cluster_ops.replication import ReplicationReport
 
 app = options.group(help="Check and verify a whole cluster (servers, storage nodes, ZooKeeper).")
 
@@ -92,10 +95,12 @@ def verify(
     report = asyncio.run(cluster_ops.verify(view, ssl_context, cluster.timeout_ms / MS_PER_S))
     if partition is not None:
         report = report._replace(partitions=(report.partitions[partition],))
+    short = _under_replicated_count(cluster, view, None if partition is None else [partition])
     if as_json:
-        print_json(report.to_json())
+        print_json({**report.to_json(), "under_replicated_count": short})
     else:
         _render(report)
+        say(f"under-replicated partitions: {short} (`waltz cluster under-replicated` names them)")
     if not report.passed:
         raise typer.Exit(EXIT_VERIFY_FAILED)
 
@@ -117,8 +122,7 @@ def under_replicated(
 
     Example: waltz cluster under-replicated -c tools.yml --json
     """
-    from waltz_engine.ops.cluster_ops.replication import replication_report
-    from waltz_engine.storage.network_reader import ClusterAccess, check_partition_ids
+    from waltz_engine.storage.network_reader import check_partition_ids
     from waltz_engine.zk.partition_ranges import parse_partition_ranges
 
     view = read_view(cluster)
@@ -127,9 +131,7 @@ def under_replicated(
         if partitions is None
         else check_partition_ids(parse_partition_ranges(partitions), view.num_partitions)
     )
-    context = view.storage_context(cluster.tls_context(), cluster.timeout_ms)
-    access = ClusterAccess(cluster.settings(), cluster.tls_config())
-    report = asyncio.run(replication_report(view, context, access, wanted))
+    report = _replication(cluster, view, wanted)
     if as_json:
         print_json(report.to_json())
         return
@@ -169,3 +171,16 @@ def _render(report: VerifyReport) -> None:
     for storage, reason in sorted(report.unreachable_storages.items()):
         say(f"storage node {storage} did not answer: {reason}")
     say(PASSED if report.passed else FAILED)
+
+
+def _replication(cluster: Cluster, view: ClusterView, wanted: list[int] | None) -> ReplicationReport:
+    from waltz_engine.ops.cluster_ops.replication import replication_report
+    from waltz_engine.storage.network_reader import ClusterAccess
+
+    context = view.storage_context(cluster.tls_context(), cluster.timeout_ms)
+    access = ClusterAccess(cluster.settings(), cluster.tls_config())
+    return asyncio.run(replication_report(view, context, access, wanted))
+
+
+def _under_replicated_count(cluster: Cluster, view: ClusterView, wanted: list[int] | None) -> int:
+    return len(_replication(cluster, view, wanted).under_replicated)

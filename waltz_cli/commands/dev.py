@@ -78,6 +78,10 @@ def _status_line(status: ClusterStatus) -> str:
     return f"{time.strftime('%H:%M:%S')} zookeeper:{zk} {marks}  (Ctrl-C stops the cluster)"
 
 
+# A dev cluster re-replicates a storage node lost for 10 s (a production server waits 10 minutes).
+DEV_SERVER_CONFIG = {"server.autoRecovery.graceMs": 10_000}
+
+
 @app.command("up")
 @one_line_errors
 def up(
@@ -138,7 +142,15 @@ def up(
                 strict=True,
             )
         )
-        cluster = LocalCluster(directory, storages, servers, partitions, replicas=replicas, settings=given)
+        cluster = LocalCluster(
+            directory,
+            storages,
+            servers,
+            partitions,
+            replicas=replicas,
+            settings=given,
+            server_config=DEV_SERVER_CONFIG,
+        )
     else:
         cluster = LocalCluster(
             directory,
@@ -148,6 +160,7 @@ def up(
             base_port,
             replicas=replicas,
             settings=given,
+            server_config=DEV_SERVER_CONFIG,
         )
     for key in unknown_keys(cluster.settings):
         warn(f"--set {key}: no storage node or server knows this key; they will ignore it")

@@ -8,11 +8,12 @@ from typing import Annotated
 import typer
 
 from waltz_cli import options
-from waltz_cli.commands import storage_admin
+from waltz_cli.commands import storage_admin, storage_moves
 
 app = options.group(help="Run a storage node and administer running storage nodes.")
 
 storage_admin.register(app)
+app.command("decommission")(storage_moves.decommission)
 
 
 ConfigFileOption = Annotated[

@@ -209,8 +209,19 @@ def take_snapshot(
         "root": settings.cluster_root,
         "partitions": view.num_partitions,
         "storage_nodes": sorted(view.replica_assignments),
+        "under_replicated": _under_replicated(view.replica_assignments, set(http.values()), storages),
     }
     return Snapshot(now, cluster, servers, storages, partitions, nodes)
+
+
+def _under_replicated(
+    assignments: Mapping[str, Iterable[int]], known: set[str], storages: Iterable[dict[str, Any]]
+) -> int:
+    """Partitions with an assigned replica on a node (of those top watches) that is down or does
+    not hold it: `cluster under-replicated` also finds the replicas behind, and says why."""
+    held = {row["storage"]: {r["partition"] for r in row["replicas"]} for row in storages}
+    short = {p for s, ids in assignments.items() if s in known for p in ids if p not in held.get(s, ())}
+    return len(short)
 
 
 def _active_feeds(metrics: NodeMetrics, group: str) -> int:
@@ -296,7 +307,10 @@ def render(snapshot: Snapshot, live: bool = True) -> RenderableType:
                 str(r["max_transaction_id"]),
                 "-" if r["lag"] is None else str(r["lag"]),
             )
-    title = f"waltz top — {snapshot.cluster['root']} ({snapshot.cluster['partitions']} partitions)"
+    title = (
+        f"waltz top — {snapshot.cluster['root']} ({snapshot.cluster['partitions']} partitions, "
+        f"{snapshot.cluster['under_replicated']} under-replicated)"
+    )
     if live:
         title += " — q quits"
     else:

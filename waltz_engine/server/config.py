@@ -38,6 +38,9 @@ KEY_HANDSHAKE_TIMEOUT = "server.handshakeTimeout"
 KEY_MAX_CONNECTIONS = "server.maxConnections"
 KEY_MAX_CONNECTIONS_PER_PEER = "server.maxConnectionsPerPeer"
 KEY_MAX_BUFFERED_BYTES = "server.maxBufferedBytesPerConnection"
+# Our extension (issue 24): re-replication of a storage node lost for longer than the grace.
+KEY_AUTO_RECOVERY_GRACE = "server.autoRecovery.graceMs"
+KEY_AUTO_RECOVERY_RATE = "server.autoRecovery.bytesPerSecond"
 KNOWN_KEYS = (
     KEY_HOST,
     KEY_ADVERTISED_HOST,
@@ -58,6 +61,8 @@ KNOWN_KEYS = (
     KEY_MAX_CONNECTIONS,
     KEY_MAX_CONNECTIONS_PER_PEER,
     KEY_MAX_BUFFERED_BYTES,
+    KEY_AUTO_RECOVERY_GRACE,
+    KEY_AUTO_RECOVERY_RATE,
     *ZOOKEEPER_KEYS,
 )
 # TLS keys are read by TlsConfig; Graphite is accepted (as the original) but not reported to.
@@ -71,6 +76,11 @@ DEFAULT_MAX_BATCH_SIZE = 100
 DEFAULT_INITIAL_RETRY_INTERVAL_MS = 100
 DEFAULT_MAX_RETRY_INTERVAL_MS = 20_000
 DEFAULT_CHECKPOINT_INTERVAL = 250_000
+# A node unreachable this long has its replicas moved; 0 turns re-replication off.
+DEFAULT_AUTO_RECOVERY_GRACE_MS = 600_000
+# Each copy's bound: a lost node's partitions copy in seconds on a dev cluster, without
+# starving the appends of a production one.
+DEFAULT_AUTO_RECOVERY_BYTES_PER_SECOND = 16 * 1024 * 1024
 CACHE_ALLOCATIONS = ("heap", "direct")  # both mean one bytearray here; validated as the original
 
 
@@ -81,6 +91,13 @@ class StoreSettings(NamedTuple):
     initial_retry_interval_ms: int = DEFAULT_INITIAL_RETRY_INTERVAL_MS
     max_retry_interval_ms: int = DEFAULT_MAX_RETRY_INTERVAL_MS
     checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL
+
+
+class AutoRecoverySettings(NamedTuple):
+    """``server.autoRecovery.*``: when a lost storage node's replicas move, and how fast."""
+
+    grace_ms: int = DEFAULT_AUTO_RECOVERY_GRACE_MS
+    bytes_per_second: int = DEFAULT_AUTO_RECOVERY_BYTES_PER_SECOND
 
 
 class EngineSettings(NamedTuple):
@@ -104,6 +121,7 @@ class ServerConfig(NamedTuple):
     tls: TlsConfig
     source: str
     connection_limits: ConnectionLimits = ConnectionLimits()
+    auto_recovery: AutoRecoverySettings = AutoRecoverySettings()
 
     @classmethod
     def load(cls, path: Path | str) -> ServerConfig:
@@ -174,4 +192,8 @@ class ServerConfig(NamedTuple):
             tls=TlsConfig.from_flat(config.as_dict(), TLS_PREFIX),
             source=src,
             connection_limits=connection_limits,
+            auto_recovery=AutoRecoverySettings(
+                not_negative(KEY_AUTO_RECOVERY_GRACE, DEFAULT_AUTO_RECOVERY_GRACE_MS, long=True),
+                positive(KEY_AUTO_RECOVERY_RATE, DEFAULT_AUTO_RECOVERY_BYTES_PER_SECOND, long=True),
+            ),
         )

@@ -55,6 +55,10 @@ STOP_CONNECTIONS_TIMEOUT_S = 10.0
 SetPreferred = Callable[[tuple[int, ...]], Awaitable[None]]
 
 
+class AutoRecoveryLike(Protocol):
+    async def close(self) -> None: ...
+
+
 class StoreLike(Protocol):
     """The part of the store layer's Store the server uses."""
 
@@ -223,6 +227,7 @@ class WaltzServer:
         self._assigned: list[PartitionInfo] | None = None
         self._assignment_wakeup = asyncio.Event()
         self._assigner: asyncio.Task[None] | None = None
+        self._auto_recovery: AutoRecoveryLike | None = None
 
     @property
     def endpoint(self) -> str:
@@ -267,6 +272,8 @@ class WaltzServer:
         self.server_id = await manager.manage(
             ManagedServer(config.advertised_host, self.port, self._on_partitions, core.preferred_partitions)
         )
+        if config.auto_recovery.grace_ms > 0 and self.network is ASYNCIO_NETWORK:
+            self._auto_recovery = self._start_auto_recovery(zk)
         if config.jetty_port is not None:
             self._http = HttpEndpoints(SERVICE_NAME, self.metrics)
             self._http.add_health_check(HEALTH_CHECK_NAME, self.health)
@@ -282,6 +289,22 @@ class WaltzServer:
             cluster.num_partitions,
             config.jetty_port if config.jetty_port is not None else "none",
         )
+
+    def _start_auto_recovery(self, zk: KazooClient) -> AutoRecoveryLike:
+        # Imported here, as the store: it brings the operators' replica mover.
+        from waltz_engine.server.auto_recovery import AutoRecovery
+
+        holder = f"server {self.server_id} ({self.endpoint})"
+        recovery = AutoRecovery(
+            zk,
+            self.config.zookeeper.cluster_root,
+            client_context(self.config.tls),
+            self.config.auto_recovery,
+            holder,
+            self.metrics,
+        )
+        recovery.start()
+        return recovery
 
     def _read_store_params(self, zk: KazooClient) -> Any:
         root = self.config.zookeeper.cluster_root
@@ -370,6 +393,8 @@ class WaltzServer:
             self._listener.close()
             await self._listener.end_connections(STOP_CONNECTIONS_TIMEOUT_S)
         await cancel_and_wait(self._assigner)
+        if self._auto_recovery is not None:
+            await self._auto_recovery.close()
         if self.core is not None:
             await self.core.close()
         if self._store is not None:

@@ -49,6 +49,16 @@ class ClusterPaths(NamedTuple):
         return f"{self.root}/forcedAssignments"
 
     @property
+    def replica_moves(self) -> str:
+        """Our extension (issue 24): the replica moves under way, JSON; Java nodes never read it."""
+        return f"{self.root}/replicaMoves"
+
+    @property
+    def replica_mover_lease(self) -> str:
+        """Our extension: the ephemeral lease of the one process moving replicas."""
+        return f"{self.replica_moves}/lease"
+
+    @property
     def ids(self) -> str:
         return f"{self.root}/ids"
 

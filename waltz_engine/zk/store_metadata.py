@@ -286,6 +286,35 @@ def unassign_partitions(client: KazooClient, root: str, storage: str, partitions
         write(client, paths.assignment, ReplicaAssignments.of_map(updated).to_bytes(), version)
 
 
+def change_replicas(
+    client: KazooClient,
+    root: str,
+    adds: Sequence[tuple[str, int]] = (),
+    removes: Sequence[tuple[str, int]] = (),
+) -> None:
+    """Give and take (storage, partition) pairs in one assignment write: every server reopens
+    the sessions of what changed once, not once per pair. Adding a pair already there or
+    removing one that is not is a no-op, so a change that was cut short can simply be redone."""
+    paths = ClusterPaths.of(root)
+    with admin_lock(client, paths):
+        assignments, version = read_required(client, paths.assignment, ReplicaAssignments.from_bytes)
+        replicas = assignments.as_map()
+        updated = JavaHashMap.copy_of(replicas)
+        changed = False
+        for storage in sorted({s for s, _ in (*adds, *removes)}):
+            current = replicas.get(storage)
+            if current is None:
+                raise StoreMetadataError(f"Storage node does not exist: {storage}")
+            given = {p for s, p in adds if s == storage}
+            taken = {p for s, p in removes if s == storage}
+            held = (set(current) | given) - taken
+            if held != set(current):
+                updated.put(storage, tuple(sorted(held)))
+                changed = True
+        if changed:
+            write(client, paths.assignment, ReplicaAssignments.of_map(updated).to_bytes(), version)
+
+
 def auto_assign(client: KazooClient, root: str, group_id: int) -> None:
     """Spread all partitions round-robin over the (still empty) storage nodes of a group."""
     paths = ClusterPaths.of(root)

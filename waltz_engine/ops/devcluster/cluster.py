@@ -125,6 +125,7 @@ class LocalCluster:
         zookeeper: str | None = None,
         cluster_root: str = DEFAULT_CLUSTER_ROOT,
         storage_config: dict[str, Any] | None = None,
+        server_config: dict[str, Any] | None = None,
         replicas: int | None = None,
         settings: Mapping[str, Any] | None = None,
     ) -> None:
@@ -140,6 +141,8 @@ class LocalCluster:
         self.external_zookeeper = zookeeper
         # Extra keys for every storage node's YAML (e.g. a small segment size in tests); not saved.
         self.storage_config = dict(storage_config or {})
+        # Defaults for every server's YAML that --set keys override (`dev up`'s grace); not saved.
+        self.server_config = dict(server_config or {})
         # Whether the directory is ours to remove on down(clean=True) (saved in the state).
         self.created_directory = not self.directory.exists()
         saved = self._load_state()
@@ -415,13 +418,14 @@ class LocalCluster:
             )
         for node in self.storages:
             assigned = store_metadata.read_replica_assignments(zk, self.cluster_root).as_dict()
-            if node.connect_string not in assigned:
-                store_metadata.add_storage_node(
-                    zk, self.cluster_root, node.connect_string, STORAGE_GROUP, node.admin_port
-                )
-            missing = sorted(set(self.partitions_of(node)) - set(assigned.get(node.connect_string, ())))
-            if missing:
-                store_metadata.assign_partitions(zk, self.cluster_root, node.connect_string, missing)
+            if node.connect_string in assigned:
+                continue  # its replicas may have moved since (decommission, re-replication)
+            store_metadata.add_storage_node(
+                zk, self.cluster_root, node.connect_string, STORAGE_GROUP, node.admin_port
+            )
+            partitions = self.partitions_of(node)
+            if partitions:
+                store_metadata.assign_partitions(zk, self.cluster_root, node.connect_string, partitions)
 
     def partitions_of(self, node: LocalNode) -> list[int]:
         """The partitions ``node`` (a storage node) holds a replica of."""
@@ -456,6 +460,7 @@ class LocalCluster:
                 "server.jetty.port": node.jetty_port,
                 "storage.initialRetryInterval": SERVER_STORAGE_INITIAL_RETRY_MS,
                 "storage.maxRetryInterval": SERVER_STORAGE_MAX_RETRY_MS,
+                **self.server_config,
                 **self.settings,
             }
             self._write_yaml(node.config_path, config)
@@ -469,11 +474,12 @@ class LocalCluster:
         path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
 
     async def _assign_on_nodes(self, zk: KazooClient) -> None:
-        """``StorageCli add-partition`` on every node (a no-op for partitions it already has)."""
+        """``StorageCli add-partition`` on every node (a no-op for partitions it already has), as
+        ZooKeeper assigns them now: replicas moved since the cluster was made stay moved."""
         layout = read_store_layout(zk, self.cluster_root)
         context = layout.context(client_ssl_context(None), ADMIN_TIMEOUT_MS)
         for node in self.storages:
-            partitions = self.partitions_of(node)
+            partitions = layout.assignments.get(node.connect_string, ())
             if partitions:
                 await add_partitions(context, layout.admin_address(node.connect_string), partitions)
 

@@ -163,9 +163,14 @@ class Store:
             return
         if assignments.as_dict() == self._assignment:
             return
-        log.info("replica assignment changed: new store sessions for every partition")
+        before = {p: set(self.replica_ids(p)) for p in self._managers}
         self._set_assignment(assignments)
-        for partition_id, manager in self._managers.items():
+        changed = [p for p in self._managers if set(self.replica_ids(p)) != before[p]]
+        # The original reopens every partition's session (its PR #93); only a partition whose
+        # replica set changed needs to, and the others keep appending undisturbed.
+        log.info("replica assignment changed: new store sessions for partitions %s", changed)
+        for partition_id in changed:
+            manager = self._managers[partition_id]
             if manager.close_current_session():
                 # Reopen now, as the original: recovery brings new replicas in, and resolves
                 # the appends the closed session left undecided.

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -90,6 +90,8 @@ class _RecoveryState:
     session_id: int = NO_TRANSACTION
     copied: int = 0
     refilled: int = 0
+    # Awaited with each batch's data size in bytes: a caller's bound on the copy rate.
+    throttle: Callable[[int], Awaitable[None]] | None = None
 
 
 async def _recover_once(
@@ -173,6 +175,8 @@ async def _recover_once(
             )
             state.copied += len(records)
             progress(RecoveryProgress(partition_id, state.start, current, target))
+            if state.throttle is not None:
+                await state.throttle(sum(len(r.data) for r in records))
         return current
 
 
@@ -187,6 +191,7 @@ async def recover_partition(
     source_ssl_context: ssl.SSLContext | None = None,
     destination_ssl_context: ssl.SSLContext | None = None,
     progress: Callable[[RecoveryProgress], None] = lambda _: None,
+    throttle: Callable[[int], Awaitable[None]] | None = None,
 ) -> RecoveryResult:
     """Copy a partition from a source node to a destination whose copy is offline (unavailable).
 
@@ -200,7 +205,7 @@ async def recover_partition(
     check_batch_size(batch_size)
     source = replace(context, ssl_context=source_ssl_context or context.ssl_context)
     destination = replace(context, ssl_context=destination_ssl_context or context.ssl_context)
-    state = _RecoveryState()
+    state = _RecoveryState(throttle=throttle)
     backoff_ms = RECOVERY_RETRY_BACKOFF_MS
     for attempt in range(1, RECOVERY_MAX_ATTEMPTS + 1):
         try:

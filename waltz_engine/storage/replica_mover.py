@@ -1,0 +1,254 @@
+"""Moving a partition's replica from one storage node to another while the log stays writable
+(issue 24): what a decommission and a server re-replicating a lost node both do.
+
+A move is a :class:`~waltz_engine.zk.replica_moves.ReplicaMove` recorded in ZooKeeper first,
+then carried out by steps that each look at the cluster before acting, so running a move again
+after a kill at any step finishes it:
+
+1. copy: the target node gets the partition offline, the records are copied from a live
+   replica at a bounded rate (the original's ``recover-partition``), and it goes online;
+2. assign: the target joins the assignment, beside a source that still answers (the servers
+   bring its tail up to date), or in one write in place of a source that does not (it holds
+   nothing caught up, so the partition never has fewer caught-up replicas than before);
+3. catch up: once the target holds every transaction the others held, the source leaves the
+   assignment;
+4. release: the source node is told it no longer holds the partition (``PARTITION_ASSIGNMENT``
+   with assign=false; files kept unless asked). A source that does not answer is told when it
+   does; the move stays recorded until then.
+
+Every step goes through the original's admin messages and znodes, so Java nodes take part.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from functools import partial
+
+from kazoo.client import KazooClient
+
+from waltz_engine.common.errors import WaltzError
+from waltz_engine.storage import admin_ops
+from waltz_engine.storage.admin_ops import NodePartitions, PartitionStatus, StorageContext, StoreLayout
+from waltz_engine.zk import replica_moves
+from waltz_engine.zk.replica_moves import ReplicaMove
+from waltz_engine.zk.store_metadata import change_replicas
+
+log = logging.getLogger(__name__)
+
+CATCH_UP_TIMEOUT_MS = 120_000
+CATCH_UP_POLL_INTERVAL_MS = 200
+# Records per RECORD_LIST request while copying: small enough that the rate bound is smooth.
+COPY_BATCH_SIZE = 200
+
+
+class MoveError(WaltzError):
+    """A replica move cannot go on now (no live source, an unreachable target, a slow catch-up);
+    running it again resumes it."""
+
+
+@dataclass
+class ReplicaMover:
+    """Carries out replica moves of one cluster; ``bytes_per_second`` bounds each copy (0: none)."""
+
+    zk: KazooClient
+    root: str
+    context: StorageContext
+    bytes_per_second: int = 0
+    say: Callable[[str], None] = log.info
+    catch_up_timeout_ms: int = CATCH_UP_TIMEOUT_MS
+    _copied_at: float = field(default=0.0, init=False)
+
+    async def layout(self) -> StoreLayout:
+        return await asyncio.to_thread(admin_ops.read_store_layout, self.zk, self.root)
+
+    async def node(self, layout: StoreLayout, storage: str) -> NodePartitions | None:
+        """The node's partitions as it reports them, or None when it does not answer."""
+        try:
+            return await admin_ops.list_partitions(self.context, layout.admin_address(storage), storage)
+        except (WaltzError, OSError, TimeoutError):
+            return None
+
+    async def live_nodes(self, layout: StoreLayout) -> set[str]:
+        storages = sorted(layout.admin_ports)
+        answers = await asyncio.gather(*(self.node(layout, s) for s in storages))
+        return {s for s, answer in zip(storages, answers, strict=True) if answer is not None}
+
+    async def run(self, move: ReplicaMove) -> bool:
+        """Carry ``move`` as far as it goes: True when finished (and no longer recorded), False
+        when only telling an unreachable source node is left."""
+        p = move.partition_id
+        layout = await self.layout()
+        if move.target not in _holders(layout, p):
+            await self._copy(layout, move)
+            source_node = await self.node(layout, move.source)
+            if source_node is not None and move.source in _holders(layout, p):
+                self.say(f"partition {p}: assigning {move.target} beside {move.source}")
+                await asyncio.to_thread(change_replicas, self.zk, self.root, [(move.target, p)])
+            else:
+                self.say(f"partition {p}: assigning {move.target} in place of unreachable {move.source}")
+                await asyncio.to_thread(
+                    change_replicas, self.zk, self.root, [(move.target, p)], [(move.source, p)]
+                )
+            layout = await self.layout()
+        if move.source in _holders(layout, p):
+            await self._await_caught_up(layout, move)
+            self.say(f"partition {p}: {move.target} caught up; taking {move.source} out of the assignment")
+            await asyncio.to_thread(change_replicas, self.zk, self.root, (), [(move.source, p)])
+        if not await self._release(layout, move):
+            return False
+        await asyncio.to_thread(replica_moves.finish_move, self.zk, self.root, move)
+        self.say(f"partition {p}: moved from {move.source} to {move.target}")
+        return True
+
+    async def _copy(self, layout: StoreLayout, move: ReplicaMove) -> None:
+        p = move.partition_id
+        source = await self._copy_source(layout, move)
+        target_node = await self.node(layout, move.target)
+        if target_node is None:
+            raise MoveError(f"partition {p}: the target {move.target} does not answer; run again later")
+        target = layout.resolve_node(move.target)
+        status = _status(target_node, p)
+        if status is None or not status.is_assigned:
+            await admin_ops.add_partitions(self.context, target.admin, [p])
+        if status is None or not status.is_assigned or status.is_available:
+            await admin_ops.set_availability(self.context, target.admin, [p], online=False)
+        rate = f" at most {self.bytes_per_second} bytes/s" if self.bytes_per_second else ""
+        self.say(f"partition {p}: copying from {source} to {move.target}{rate}")
+        result = await admin_ops.recover_partition(
+            self.context,
+            layout.admin_address(source),
+            target.admin,
+            target.data_port(),
+            p,
+            batch_size=COPY_BATCH_SIZE,
+            throttle=self._throttle if self.bytes_per_second else None,
+        )
+        await admin_ops.set_availability(self.context, target.admin, [p], online=True)
+        self.say(f"partition {p}: {move.target} holds up to {result.final}; online")
+
+    async def _copy_source(self, layout: StoreLayout, move: ReplicaMove) -> str:
+        """A replica that answers, holds the partition available and undamaged: another node
+        than the one leaving when there is one."""
+        p = move.partition_id
+        others = [s for s in _holders(layout, p) if s not in (move.source, move.target)]
+        for storage in [*others, move.source]:
+            node = await self.node(layout, storage)
+            status = _status(node, p) if node is not None else None
+            if status is not None and status.is_assigned and status.is_available and not status.damaged:
+                return storage
+        raise MoveError(f"partition {p}: no replica answers to copy from; run again when one does")
+
+    async def _throttle(self, size_bytes: int) -> None:
+        loop = asyncio.get_running_loop()
+        self._copied_at = max(self._copied_at, loop.time()) + size_bytes / self.bytes_per_second
+        await asyncio.sleep(max(0.0, self._copied_at - loop.time()))
+
+    async def _max_txid(self, layout: StoreLayout, storage: str, p: int) -> int | None:
+        try:
+            node = layout.resolve_node(storage)
+            return await admin_ops.max_transaction_id(
+                self.context, node.admin, node.data_port(), p, offline=False
+            )
+        except (WaltzError, OSError, TimeoutError):
+            return None
+
+    async def _await_caught_up(self, layout: StoreLayout, move: ReplicaMove) -> None:
+        """Until the target holds every transaction any other answering replica held when the
+        wait began (committed ones are on a quorum, so on one of those)."""
+        p = move.partition_id
+        others = [s for s in _holders(layout, p) if s != move.target]
+        held = [await self._max_txid(layout, s, p) for s in others]
+        goal = max((h for h in held if h is not None), default=-1)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.catch_up_timeout_ms / 1000
+        while True:
+            at = await self._max_txid(layout, move.target, p)
+            if at is not None and at >= goal:
+                return
+            if loop.time() >= deadline:
+                raise MoveError(
+                    f"partition {p}: {move.target} holds up to {at}, not {goal}, after "
+                    f"{self.catch_up_timeout_ms} ms; run again to keep waiting"
+                )
+            await asyncio.sleep(CATCH_UP_POLL_INTERVAL_MS / 1000)
+
+    async def _release(self, layout: StoreLayout, move: ReplicaMove) -> bool:
+        p = move.partition_id
+        node = await self.node(layout, move.source)
+        if node is None:
+            self.say(f"partition {p}: {move.source} does not answer; it is told when it does (files kept)")
+            return False
+        status = _status(node, p)
+        if status is not None and status.is_assigned:
+            admin = layout.admin_address(move.source)
+            delete = move.delete_files
+            await admin_ops.remove_partitions(self.context, admin, [p], delete_storage_files=delete)
+            files = "deleted" if move.delete_files else "kept"
+            self.say(f"partition {p}: {move.source} no longer holds it (files {files})")
+        return True
+
+    def release_only(self, layout: StoreLayout, move: ReplicaMove) -> bool:
+        """Whether all that is left of ``move`` is telling its source node."""
+        holders = _holders(layout, move.partition_id)
+        return move.target in holders and move.source not in holders
+
+
+def _holders(layout: StoreLayout, partition_id: int) -> list[str]:
+    return sorted(s for s, ids in layout.assignments.items() if partition_id in ids)
+
+
+def _status(node: NodePartitions, partition_id: int) -> PartitionStatus | None:
+    return next((s for s in node.partitions if s.partition_id == partition_id), None)
+
+
+def plan_moves(
+    layout: StoreLayout,
+    source: str,
+    live: Collection[str],
+    *,
+    reason: str,
+    delete_files: bool = False,
+    skip: Collection[int] = (),
+) -> list[ReplicaMove]:
+    """A target for each partition ``source`` holds (but those in ``skip``): a live node that
+    does not hold it, in a group none of its other replicas is in where one is, else in the
+    source's group, then the least loaded, then by name."""
+    loads = {s: len(ids) for s, ids in layout.assignments.items()}
+    source_group = layout.groups.get(source)
+    moves = []
+    for p in sorted(set(layout.assignments.get(source, ())) - set(skip)):
+        holders = set(_holders(layout, p))
+        groups_used = {layout.groups.get(s) for s in holders - {source}}
+        candidates = [s for s in sorted(live) if s not in holders and s in layout.admin_ports]
+        if not candidates:
+            raise MoveError(f"partition {p}: no live storage node that does not hold it already")
+
+        target = min(candidates, key=partial(_rank, layout, groups_used, source_group, loads))
+        loads[target] += 1
+        moves.append(ReplicaMove(p, source, target, reason, delete_files))
+    return moves
+
+
+def _rank(
+    layout: StoreLayout,
+    groups_used: set[int | None],
+    source_group: int | None,
+    loads: dict[str, int],
+    storage: str,
+) -> tuple[bool, bool, int, str]:
+    group = layout.groups.get(storage)
+    return group in groups_used, group != source_group, loads[storage], storage
+
+
+def registered_name(layout: StoreLayout, storage: str) -> str:
+    """The name the assignment gives the node ``storage`` names (its data or admin address)."""
+    node = layout.resolve_node(storage)
+    if node.storage is None or node.storage not in layout.assignments:
+        raise MoveError(
+            f"storage node {storage} is not in the replica assignment (store/assignment): name it by "
+            "its data address as registered, or its admin address (see `waltz storage list`)"
+        )
+    return node.storage
