@@ -85,3 +85,12 @@ def test_regression_seed_a_server_stops_while_its_assignment_task_waits_for_a_st
     # store session to close; the wait swallowed the cancellation and the stop waited forever.
     result = run_seed(33, WorldShape(transactions=100, faults=20))
     assert result.violations == []
+
+
+def test_regression_seed_a_server_that_left_and_rejoined_is_mounted_again() -> None:
+    # Seed 233 found it: server-0's ZooKeeper session expired during an outage; when it ended the
+    # client dropped its connection and opened a new one with the same seq_num as before, and
+    # server-0, whose old connection was still open (its end delayed on a slowed link), ignored the
+    # new MOUNT for good.
+    result = run_seed(233, WorldShape(transactions=100, faults=20))
+    assert result.violations == []
