@@ -4,8 +4,10 @@ The nodes are the product's own (``StorageNode``, ``WaltzServer``, ``WaltzClient
 the simulator's seams: each host's view of one :class:`SimNetwork`, the clients of one
 :class:`SimZooKeeper`, and for each storage node its own :class:`SimDisk` (files in memory).
 
-:func:`run_seed` starts a cluster, appends transactions from a client, waits until the client
-has applied each, and checks what it saw: every transaction committed once, txids dense.
+:func:`run_seed` starts a cluster, submits the workload's transactions from a client (``append``
+or ``bank``, :mod:`waltz_engine.sim.workload`), waits until the client has applied every committed
+one, and checks each outcome against the log (:func:`~waltz_engine.sim.workload.check_outcomes`)
+and the replicas against the client's log (:func:`~waltz_engine.sim.replicas.check_replicas`).
 """
 
 from __future__ import annotations
