@@ -132,6 +132,31 @@ def test_dropped_connection_reconnects_with_the_next_seq_num() -> None:
     run(go)
 
 
+def test_a_server_that_left_and_came_back_is_mounted_with_a_newer_seq_num() -> None:
+    # The server keeps the mount of the newest (generation, seq_num) of a client; a connection
+    # opened after the server rejoined must outrank the one before it (the simulator's seed 233).
+    async def go() -> None:
+        server = FakeWaltzServer(MockServerPartition.create(1))
+        await server.start()
+        driver = StaticDriver({server.endpoint: [PartitionInfo(0, 0)]}, 1)
+        client = await start_client(driver, MockCallbacks())
+        try:
+            await client.submit(MockContext("before"))
+            await client.flush()
+            driver.move({})  # the server left the cluster: its network client is dropped
+            driver.move({server.endpoint: [PartitionInfo(0, 0)]})
+            context = MockContext("after")
+            await client.submit(context)
+            assert await context.result()
+            seqs = [m.seq_num for m in server.received if isinstance(m, MountRequest)]
+            assert seqs == [1, 2]
+        finally:
+            await client.close()
+            await server.stop()
+
+    run(go)
+
+
 def test_client_ahead_of_the_server_is_a_clear_error() -> None:
     async def go() -> None:
         server = FakeWaltzServer(MockServerPartition.create(1))

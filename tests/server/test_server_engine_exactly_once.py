@@ -108,6 +108,27 @@ def test_a_mount_from_a_client_that_knows_a_newer_generation_is_not_ready() -> N
     run(test)
 
 
+def test_a_flush_of_an_append_built_for_a_newer_generation_is_not_answered_from_an_older_one() -> None:
+    """Sim seed 844: a server that had not applied the newest assignment answered a flush with its
+    own older high-water mark, below what another owner had committed; the client took its
+    appends for absent and ran one of them again (in the log twice)."""
+
+    async def test(h: Harness) -> None:
+        client = await h.client()
+        assert (await mount(client, 4, -1))[-1].partition_state == PARTITION_STATE_READY
+        newer = req(4, 7, generation=GENERATION + 1)
+        await client.send(FlushRequest(newer))
+        await client.send(FlushRequest(req(4, 8)))
+        # Answers leave in order: the first one answers the second flush, so the first got none.
+        got = await client.receive_until(FlushResponse)
+        assert [m.req_id for m in got if isinstance(m, FlushResponse)] == [req(4, 8)]
+        await h.core.set_partitions([PartitionInfo(0, GENERATION + 1)])
+        await client.send(FlushRequest(newer))
+        assert (await client.receive_until(FlushResponse))[-1].req_id == newer
+
+    run(test)
+
+
 def test_an_idle_partition_answers_a_mount_storm_without_asking_the_store() -> None:
     async def test(h: Harness) -> None:
         store = h.store.partition(0)

@@ -11,7 +11,14 @@ import typer
 from waltz_cli.options import JsonOption
 from waltz_cli.output import one_line_errors, print_json
 from waltz_engine.sim.runner import MAX_JOBS, MAX_SEEDS, run_seeds
-from waltz_engine.sim.world import DEFAULT_TRANSACTIONS, MAX_FAULTS, MAX_TRANSACTIONS, SeedResult, WorldShape
+from waltz_engine.sim.world import (
+    DEFAULT_TRANSACTIONS,
+    MAX_FAULTS,
+    MAX_TRANSACTIONS,
+    WORKLOADS,
+    SeedResult,
+    WorldShape,
+)
 
 
 @one_line_errors
@@ -32,6 +39,14 @@ def sim(
             max=MAX_FAULTS,
         ),
     ] = 0,
+    workload: Annotated[
+        str,
+        typer.Option(
+            "--workload",
+            help="append: numbered transactions; bank: transfers under optimistic locks (no overdraft, "
+            "no lost update).",
+        ),
+    ] = "append",
     as_json: JsonOption = False,
 ) -> None:
     """Run real storage nodes, two servers and a client in the simulator, one seeded world per seed.
@@ -45,11 +60,15 @@ def sim(
     Example: waltz sim --seeds 200 --faults 20 --json
     """
 
+    if workload not in WORKLOADS:
+        raise typer.BadParameter(f"--workload must be one of {', '.join(WORKLOADS)}, got {workload!r}")
+
     def progress(result: SeedResult) -> None:
         if not as_json and result.violations:
             print(f"seed {result.seed}: {len(result.violations)} violations", file=sys.stderr, flush=True)
 
-    report = run_seeds(seeds, seed_base, jobs, progress, WorldShape(transactions=transactions, faults=faults))
+    shape = WorldShape(transactions=transactions, faults=faults, workload=workload)
+    report = run_seeds(seeds, seed_base, jobs, progress, shape)
     if as_json:
         print_json(report.to_json())
     else:

@@ -5,6 +5,12 @@ manager; a partition is *mounted* on the network client of the server that owns 
 client's connection is up, and moved when the assignment changes or the connection drops.
 Reconnects to one endpoint share one backoff (:mod:`waltz_engine.client.backoff`), reset by
 :meth:`BaseClient.connection_proved` once a connection did what it was opened for.
+
+Every network client of one client takes the next ``seq_num``, never one used before: a server
+keeps the MOUNT of the newest (generation, seq_num) and ignores the others (PR #167), so a
+connection opened after its server left the cluster and came back must outrank the one before,
+whose end the server may not have read yet. The original starts such a client at 0 again, and its
+mounts went unanswered for good (the simulator's seed 233).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ class BaseClient(ABC):
         self._backoffs: dict[Endpoint, Backoff] = {}
         self.reconnects = 0  # connections replaced after a drop (metrics, tests)
         self._network_clients: dict[Endpoint, NetworkClient] = {}
+        self._last_seq_num = FIRST_SEQ_NUM - 1
         self._assigned: dict[int, NetworkClient] = {}
         self._generations: dict[int, int] = {}
         self._closing: set[asyncio.Task[None]] = set()  # the loop keeps only weak references
@@ -122,13 +129,18 @@ class BaseClient(ABC):
         if network_client.ready:
             self._on_mountable(network_client, partition_id)
 
-    def _network_client_for(self, endpoint: Endpoint, seq_num: int = FIRST_SEQ_NUM) -> NetworkClient:
+    def _new_network_client(self, endpoint: Endpoint) -> NetworkClient:
+        self._last_seq_num += 1
+        network_client = NetworkClient(
+            endpoint, self._last_seq_num, self._open_channel, self, self._backoff(endpoint)
+        )
+        self._network_clients[endpoint] = network_client
+        return network_client
+
+    def _network_client_for(self, endpoint: Endpoint) -> NetworkClient:
         network_client = self._network_clients.get(endpoint)
         if network_client is None:
-            network_client = NetworkClient(
-                endpoint, seq_num, self._open_channel, self, self._backoff(endpoint)
-            )
-            self._network_clients[endpoint] = network_client
+            network_client = self._new_network_client(endpoint)
             network_client.start()
         return network_client
 
@@ -150,12 +162,9 @@ class BaseClient(ABC):
         endpoint = network_client.endpoint
         if self._closed or self._network_clients.get(endpoint) is not network_client:
             return
-        replacement = NetworkClient(
-            endpoint, network_client.seq_num + 1, self._open_channel, self, self._backoff(endpoint)
-        )
+        replacement = self._new_network_client(endpoint)
         self.reconnects += 1
         log.info("reconnecting to %s (seq %d)", endpoint, replacement.seq_num)
-        self._network_clients[endpoint] = replacement
         for partition_id, owner in list(self._assigned.items()):
             if owner is network_client:
                 self._assign(partition_id, replacement)

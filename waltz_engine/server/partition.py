@@ -321,6 +321,12 @@ class Partition:
             await self._queue.put((_APPEND, client, request))
 
     async def flush(self, client: FeedClient, request: FlushRequest) -> None:
+        if request.req_id.generation > self.generation:
+            # The append it asks about was built for an assignment this server has not applied:
+            # another owner may have committed it after all this server knows, and an answer
+            # below it would prove it absent (the client would run it again). FLUSH has no
+            # NOT_READY: no answer; the client asks again once mounted where the generation is.
+            return
         await self._queue.put((_FLUSH, client, request))
 
     async def feed(self, client: FeedClient, request: FeedRequest) -> None:

@@ -11,6 +11,8 @@
   newest assignment of a partition another server wrote to meanwhile (the path of issue 21 item 1).
 - ``forged_read``: a rogue client with the cluster key reads every partition of every storage
   node with a session id ZooKeeper never issued (it must be refused, never fence a replica).
+- ``client_restart``: the application's process restarts; a new client resumes from the
+  high-water mark the application stored with its state (contexts in flight end unknown).
 - ``storage_crash`` / ``server_crash``: the node dies (it is cut off first, so nothing it says on
   the way out crosses), a storage node loses its unsynced writes (``SimDisk.crash``), and a new
   process starts on what stayed.
@@ -35,9 +37,11 @@ NODE_FAULT_KINDS = (
     "storage_crash",
     "server_crash",
     "forged_read",
+    "client_restart",
 )
 # Moving a partition needs a second server.
 MOVING_KINDS = ("forced_assignment", "partition_bounce")
+CLIENT_KINDS = ("client_restart",)
 MIN_PAUSE_S = 0.5
 MAX_PAUSE_S = 25.0  # beyond the simulated session timeout: some pauses expire the session
 MAX_FORCED_S = 30.0
@@ -56,6 +60,9 @@ class NodeWorld(Protocol):
 
     @property
     def num_partitions(self) -> int: ...
+
+    @property
+    def client_restarts(self) -> bool: ...
 
     def pause_server(self, index: int) -> None: ...
 
@@ -77,12 +84,16 @@ class NodeWorld(Protocol):
 
     async def restart_server(self, index: int) -> None: ...
 
+    async def restart_client(self) -> None: ...
+
 
 def node_fault_kinds(world: NodeWorld) -> tuple[str, ...]:
-    """The kinds that make sense in ``world``: moving a partition needs a second server."""
-    if world.num_servers > 1:
-        return NODE_FAULT_KINDS
-    return tuple(kind for kind in NODE_FAULT_KINDS if kind not in MOVING_KINDS)
+    """The kinds that make sense in ``world``: moving a partition needs a second server; the
+    client restarts unless the world was shaped without (the seeds found before they existed)."""
+    left_out = (MOVING_KINDS if world.num_servers < 2 else ()) + (
+        () if world.client_restarts else CLIENT_KINDS
+    )
+    return tuple(kind for kind in NODE_FAULT_KINDS if kind not in left_out)
 
 
 class NodeFaults:
@@ -98,6 +109,8 @@ class NodeFaults:
         world = self.world
         if kind == "forged_read":
             node = "rogue-0"
+        elif kind == "client_restart":
+            node = "client-0"
         elif kind == "storage_crash":
             node = f"storage-{rng.randrange(world.num_storage_nodes)}"
         elif kind in MOVING_KINDS:
@@ -126,6 +139,8 @@ class NodeFaults:
                 await world.force_unassign(index)
             elif kind == "forged_read":
                 await world.forge_reads()
+            elif kind == "client_restart":
+                await world.restart_client()
             elif kind == "partition_bounce":
                 await self._bounce(index, rng)
             elif kind == "storage_crash":

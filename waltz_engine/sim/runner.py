@@ -65,9 +65,10 @@ class SimReport:
 
 
 def replay_command(seed: int, shape: WorldShape) -> str:
-    return (
+    command = (
         f"waltz sim --seeds 1 --seed-base {seed} --transactions {shape.transactions} --faults {shape.faults}"
     )
+    return command if shape.workload == "append" else f"{command} --workload {shape.workload}"
 
 
 def run_seeds(

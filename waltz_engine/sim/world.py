@@ -4,8 +4,10 @@ The nodes are the product's own (``StorageNode``, ``WaltzServer``, ``WaltzClient
 the simulator's seams: each host's view of one :class:`SimNetwork`, the clients of one
 :class:`SimZooKeeper`, and for each storage node its own :class:`SimDisk` (files in memory).
 
-:func:`run_seed` starts a cluster, appends transactions from a client, waits until the client
-has applied each, and checks what it saw: every transaction committed once, txids dense.
+:func:`run_seed` starts a cluster, submits the workload's transactions from a client (``append``
+or ``bank``, :mod:`waltz_engine.sim.workload`), waits until the client has applied every committed
+one, and checks each outcome against the log (:func:`~waltz_engine.sim.workload.check_outcomes`)
+and the replicas against the client's log (:func:`~waltz_engine.sim.replicas.check_replicas`).
 """
 
 from __future__ import annotations
@@ -23,19 +25,20 @@ from typing import Any, TypeVar
 
 from kazoo.client import KazooClient
 
-from waltz_engine.client import Transaction, TransactionBuilder, TransactionContext, WaltzClientCallbacks
 from waltz_engine.client.client import WaltzClient
 from waltz_engine.client.config import WaltzClientConfig
 from waltz_engine.common.config import Config
 from waltz_engine.common.errors import WaltzError
-from waltz_engine.common.reqid import ReqId
 from waltz_engine.server.config import ServerConfig
 from waltz_engine.server.server import WaltzServer
+from waltz_engine.sim.bank import Ledger, Transfer
 from waltz_engine.sim.disk import SimDisk
 from waltz_engine.sim.faults import inject_faults
 from waltz_engine.sim.loop import START_MONOTONIC_S, SimLoop
 from waltz_engine.sim.network import SimNetwork
 from waltz_engine.sim.node_faults import NodeFaults
+from waltz_engine.sim.replicas import check_replicas
+from waltz_engine.sim.workload import Application, ApplicationError, SimContext, check_outcomes
 from waltz_engine.sim.zk_model import SimZkClient, SimZooKeeper
 from waltz_engine.storage.client import StorageAdminClient, StorageClient, StorageRpcError
 from waltz_engine.storage.node.config import StorageConfig
@@ -79,7 +82,9 @@ LAST_EVENTS_SHOWN = 20
 # The simulator's nodes log only what goes wrong.
 NODE_LOG_LEVEL = logging.ERROR
 
-_Node = TypeVar("_Node", StorageNode, WaltzServer)
+_Node = TypeVar("_Node", StorageNode, WaltzServer, WaltzClient)
+# "append": numbered transactions, no locks; "bank": transfers under optimistic locks (sim/bank.py).
+WORKLOADS = ("append", "bank")
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,10 @@ class WorldShape:
     # Network faults during the workload; with any, transactions are submitted one by one
     # SUBMIT_INTERVAL_S apart on average, so the faults fall among them.
     faults: int = 0
+    workload: str = "append"  # one of WORKLOADS
+    # The client's process restarts among the node faults (False: the world as it was before,
+    # where the regression seeds found then replay).
+    client_restarts: bool = True
 
 
 @dataclass
@@ -104,83 +113,9 @@ class SeedResult:
     faults: dict[str, int] = field(default_factory=dict)
     last_events: list[str] = field(default_factory=list)
     refused: int = 0  # transactions that ended in their own application error on a retry
-
-
-class ApplicationError(Exception):
-    """The workload's own failure: a transaction that refuses to be executed again."""
-
-
-class _Append(TransactionContext):
-    """One transaction of the workload; its outcome is a future on the loop. One that
-    ``refuses_retry`` raises :class:`ApplicationError` when the client executes it again."""
-
-    def __init__(self, number: int, outcome: asyncio.Future[bool], refuses_retry: bool = False) -> None:
-        super().__init__()
-        self.number = number
-        self.outcome = outcome
-        self.executions = 0
-        self.refuses_retry = refuses_retry
-
-    def partition_id(self, num_partitions: int) -> int:
-        return self.number % num_partitions
-
-    def execute(self, builder: TransactionBuilder) -> bool:
-        self.executions += 1
-        if self.refuses_retry and self.executions > 1:
-            raise ApplicationError(f"transaction {self.number} refuses to run again")
-        builder.set_header(self.number)
-        builder.set_transaction_data(self.number.to_bytes(8, "big"), _RAW)
-        return True
-
-    def on_completion(self, result: bool) -> None:
-        if not self.outcome.done():
-            self.outcome.set_result(result)
-
-    def on_exception(self, exception: BaseException) -> None:
-        if not self.outcome.done():
-            self.outcome.set_exception(exception)
-
-    @property
-    def refused(self) -> bool:
-        """It ended in its own application error: it must not be in the log."""
-        done = self.outcome.done() and not self.outcome.cancelled()
-        return done and isinstance(self.outcome.exception(), ApplicationError)
-
-
-class _RawBytes:
-    def serialize(self, value: bytes) -> bytes:
-        return value
-
-    def deserialize(self, data: bytes) -> bytes:
-        return data
-
-
-_RAW = _RawBytes()
-
-
-class _Applied(WaltzClientCallbacks):
-    """The application: remembers every transaction it applied, in order."""
-
-    def __init__(self) -> None:
-        self.applied: dict[int, list[tuple[int, int, ReqId]]] = {}  # partition -> (txid, header, reqId)
-        self.changed = asyncio.Event()
-        self.uncaught: list[str] = []
-
-    def get_client_high_water_mark(self, partition_id: int) -> int:
-        applied = self.applied.get(partition_id)
-        return applied[-1][0] if applied else -1
-
-    def apply_transaction(self, transaction: Transaction) -> None:
-        self.applied.setdefault(transaction.partition_id, []).append(
-            (transaction.transaction_id, transaction.header, transaction.req_id)
-        )
-        self.changed.set()
-
-    def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
-        self.uncaught.append(f"partition {partition_id} txid {transaction_id}: {exception!r}")
-
-    def count(self) -> int:
-        return sum(len(applied) for applied in self.applied.values())
+    # Transactions that ended otherwise, neither committed nor refused: declined (the bank), or
+    # not committed or unknown when a client restart closed the client they went to.
+    not_committed: int = 0
 
 
 class SimWorld:
@@ -196,11 +131,15 @@ class SimWorld:
         self.storage: list[StorageNode] = []
         self.servers: list[WaltzServer] = []
         self.client: WaltzClient | None = None
-        self.application = _Applied()
-        self.contexts: list[_Append] = []
+        self.ledger = Ledger()
+        self.application = Application(self.ledger.apply if shape.workload == "bank" else None)
+        self.contexts: list[SimContext] = []
+        self.incarnation = 0  # client restarts so far
+        self._client_up = asyncio.Event()
         self.key = uuid.UUID(int=0)
         self.paused: set[int] = set()  # servers cut off by a pause or a crash
         self.forged_served: list[str] = []
+        self.close_failures: list[str] = []
 
     def _zookeeper_keys(self) -> dict[str, Any]:
         return {
@@ -245,8 +184,26 @@ class SimWorld:
             await self._assign_partitions(f"storage-{number}", self.key)
         for number in range(self.shape.servers):
             self.servers.append(await self._start_server(number))
+        await self._start_client()
+
+    async def _start_client(self) -> None:
         config = WaltzClientConfig.from_config(self._zookeeper_keys())
-        self.client = await WaltzClient.create(self.application, config, **self._seams(CLIENT_HOST))
+        self.client = await _until_started(
+            lambda: WaltzClient.create(self.application, config, **self._seams(CLIENT_HOST))
+        )
+        self._client_up.set()
+
+    async def restart_client(self) -> None:
+        """The application's process restarts: a new client resumes from its stored high-water mark."""
+        self._client_up.clear()
+        client, self.client = self.client, None
+        self.incarnation += 1
+        if client is not None:
+            try:
+                await client.close()
+            except Exception as e:  # a client that cannot close cleanly is a finding
+                self.close_failures.append(f"closing the client for a restart raised {e!r}")
+        await self._start_client()
 
     async def _start_storage(self, number: int) -> StorageNode:
         host = f"storage-{number}"
@@ -304,6 +261,10 @@ class SimWorld:
     @property
     def num_partitions(self) -> int:
         return self.shape.partitions
+
+    @property
+    def client_restarts(self) -> bool:
+        return self.shape.client_restarts
 
     def _links_of(self, host: str) -> list[tuple[str, str]]:
         return [(a, b) for a, b in self.fault_pairs() if host in (a, b)]
@@ -395,66 +356,68 @@ class SimWorld:
         self.resume_server(number)
         self.servers[number] = await _until_started(lambda: self._start_server(number))
 
-    async def append_all(self) -> None:
-        """Submit the workload's transactions and wait until the client has applied as many."""
-        client = self.client
-        assert client is not None
+    def _contexts(self) -> list[SimContext]:
         rng = self.loop.rng
-        self.contexts = [
-            _Append(n, self.loop.create_future(), rng.random() < REFUSES_RETRY_PROBABILITY)
-            for n in range(self.shape.transactions)
-        ]
-        spaced = self.shape.faults > 0
+        contexts: list[SimContext] = []
+        for number in range(self.shape.transactions):
+            outcome, refuses_retry = self.loop.create_future(), rng.random() < REFUSES_RETRY_PROBABILITY
+            if self.shape.workload == "bank":
+                self.ledger.plan(number, rng)
+                contexts.append(Transfer(number, outcome, refuses_retry, self.ledger))
+            else:
+                contexts.append(SimContext(number, outcome, refuses_retry))
+        return contexts
+
+    async def _submit(self, context: SimContext) -> None:
+        """Until the submit went out: the application tries again after a failed one."""
+        while True:
+            await self._client_up.wait()
+            client = self.client
+            assert client is not None
+            context.incarnation = self.incarnation
+            try:
+                await client.submit(context)
+                return
+            except ApplicationError:
+                return  # its own error on a resubmit: on_exception has it
+            except WaltzError:
+                # The submit failed (the partition was not mounted in time, the client closed),
+                # after telling the context: that attempt's outcome was the submit's error.
+                if context.outcome.done():
+                    context.outcome.exception()  # read
+                context.outcome = self.loop.create_future()
+                await asyncio.sleep(RESUBMIT_DELAY_S)
+
+    async def append_all(self) -> None:
+        """Submit the workload's transactions and wait until the client has applied every committed one."""
+        self.contexts = self._contexts()
         for context in self.contexts:
-            if spaced:
+            if self.shape.faults > 0:
                 await asyncio.sleep(self.loop.rng.expovariate(1 / SUBMIT_INTERVAL_S))
-            while True:
-                try:
-                    await client.submit(context)
-                    break
-                except ApplicationError:
-                    break  # its own error on a resubmit: on_exception has it
-                except WaltzError:
-                    # The submit failed (the partition was not mounted in time), after telling the
-                    # context: the application submits it again, and that attempt's outcome counts.
-                    if context.outcome.done():
-                        context.outcome.exception()  # read: this attempt's error is the submit's
-                    context.outcome = self.loop.create_future()
-                    await asyncio.sleep(RESUBMIT_DELAY_S)
+            await self._submit(context)
         await asyncio.gather(*(context.outcome for context in self.contexts), return_exceptions=True)
-        expected = sum(1 for context in self.contexts if not context.refused)
-        while self.application.count() < expected:
+        committed = {context.number for context in self.contexts if _committed(context)}
+        while not committed <= set(self.application.headers_seen()):
             self.application.changed.clear()
             await self.application.changed.wait()
 
     def check(self) -> list[str]:
-        """What the run must show: each transaction committed once, applied in dense txid order."""
-        violations = [f"the application failed: {failure}" for failure in self.application.uncaught]
-        violations += self.forged_served
-        seen: dict[int, int] = {}
-        for partition_id, applied in sorted(self.application.applied.items()):
-            txids = [txid for txid, _, _ in applied]
-            if txids != list(range(len(txids))):
-                violations.append(f"partition {partition_id}: txids not dense from 0: {txids[:10]}...")
-            for _, header, _ in applied:
-                seen[header] = seen.get(header, 0) + 1
-        for context in self.contexts:
-            in_log = f"(in the log {seen.get(context.number, 0)} times)"
-            if context.refused:
-                if seen.get(context.number, 0) != 0:
-                    violations.append(f"transaction {context.number} refused to run again yet is {in_log}")
-                continue
-            if not context.outcome.done() or context.outcome.cancelled():  # (the run's time limit)
-                violations.append(f"transaction {context.number} ended without an outcome {in_log}")
-            elif context.outcome.exception() is not None:
-                error = context.outcome.exception()
-                violations.append(f"transaction {context.number} was reported failed: {error!r} {in_log}")
-            elif not context.outcome.result():
-                violations.append(f"transaction {context.number} was reported not committed {in_log}")
-        for number in range(self.shape.transactions):
-            if seen.get(number, 0) != 1 and not self.contexts[number].refused:
-                violations.append(f"transaction {number} is in the log {seen.get(number, 0)} times")
+        """Every outcome against the log, and the bank's ledger."""
+        violations = check_outcomes(self.application, self.contexts, self.incarnation)
+        return violations + self.forged_served + self.close_failures + self.ledger.violations
+
+    def check_replicas(self) -> list[str]:
+        """The storage nodes' records against the client's log (while the nodes run)."""
+        violations: list[str] = []
+        for partition_id in range(self.shape.partitions):
+            committed = self.application.applied.get(partition_id, [])
+            violations += check_replicas(self.storage, partition_id, committed)
         return violations
+
+
+def _committed(context: SimContext) -> bool:
+    outcome = context.outcome
+    return outcome.done() and not outcome.cancelled() and outcome.exception() is None and outcome.result()
 
 
 async def _until_started(start: Callable[[], Awaitable[_Node]]) -> _Node:
@@ -527,6 +490,7 @@ def run_seed(seed: int, shape: WorldShape | None = None) -> SeedResult:
                 except TimeoutError:
                     late.append(f"a crashed node did not restart within {HEAL_LIMIT_S:.0f} s")
                 world.heal()
+                late += world.check_replicas()
                 try:
                     async with asyncio.timeout(STOP_LIMIT_S):
                         await world.stop()
@@ -554,4 +518,5 @@ def run_seed(seed: int, shape: WorldShape | None = None) -> SeedResult:
         injected,
         [str(event) for event in loop.tail][-LAST_EVENTS_SHOWN:] if violations else [],
         sum(1 for context in world.contexts if context.refused),
+        sum(1 for context in world.contexts if not (context.refused or _committed(context))),
     )
