@@ -67,6 +67,7 @@ def verify_json(cluster: StorageCluster, *extra: str) -> tuple[int, dict[str, An
 
     result = invoke("cluster", "verify", *cluster.where, "--timeout-ms", "5000", "--json", *extra)
     assert "Traceback" not in result.output
+    assert result.stdout, result.stderr
     return result.exit_code, json.loads(result.stdout)
 
 

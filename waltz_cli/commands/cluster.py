@@ -22,6 +22,7 @@ from waltz_cli.options import (
     cluster_command,
 )
 from waltz_cli.output import console, one_line_errors, print_json
+from waltz_engine.common.errors import WaltzError
 from waltz_engine.ops import cluster_ops
 from waltz_engine.ops.cluster_ops import ClusterView, VerifyReport
 from waltz_engine.zk.connection import connect
@@ -100,7 +101,8 @@ def verify(
         print_json({**report.to_json(), "under_replicated_count": short})
     else:
         _render(report)
-        say(f"under-replicated partitions: {short} (`waltz cluster under-replicated` names them)")
+        counted = "unknown (no server answers for every partition)" if short is None else str(short)
+        say(f"under-replicated partitions: {counted} (`waltz cluster under-replicated` names them)")
     if not report.passed:
         raise typer.Exit(EXIT_VERIFY_FAILED)
 
@@ -182,5 +184,14 @@ def _replication(cluster: Cluster, view: ClusterView, wanted: list[int] | None) 
     return asyncio.run(replication_report(view, context, access, wanted))
 
 
-def _under_replicated_count(cluster: Cluster, view: ClusterView, wanted: list[int] | None) -> int:
-    return len(_replication(cluster, view, wanted).under_replicated)
+def _under_replicated_count(cluster: Cluster, view: ClusterView, wanted: list[int] | None) -> int | None:
+    """None when it cannot be known: the count needs each partition's committed high-water mark,
+    which only a live server assigned the partition gives (verify itself runs without one)."""
+    live = {s.server_id for s in view.servers}
+    served = {p for s in live for p in view.partitions_of(s)}
+    if not set(range(view.num_partitions) if wanted is None else wanted) <= served:
+        return None
+    try:
+        return len(_replication(cluster, view, wanted).under_replicated)
+    except WaltzError:
+        return None
