@@ -119,7 +119,8 @@ def test_a_wrong_reread_names_the_transactions_that_differ_from_what_a_client_ap
     reread[4] = Applied(r.partition_id, r.transaction_id, wrong)
     result = check_reread(committed, reread, _marks(reread), applied=applied["client-1"])
     assert not result.ok
-    assert f"1 differ from what the clients applied, e.g. partition {r.partition_id} " in result.detail
+    assert f"read {len(reread)} transactions, a client applied {len(reread)}" in result.detail
+    assert f"1 differ from what it applied, e.g. partition {r.partition_id} " in result.detail
     assert f"transaction {r.transaction_id}: read {wrong}, applied {r.data}" in result.detail
 
 

@@ -155,9 +155,10 @@ def _differences(reread: Sequence[Applied], applied: Sequence[Applied]) -> str:
         for r in reread
         if (wanted := expected.get((r.partition_id, r.transaction_id))) is not None and wanted != r.data
     ]
-    if not differ:
-        return ""
-    return f"; {len(differ)} differ from what the clients applied, e.g. {_examples(differ)}"
+    tail = f"; read {len(reread)} transactions, a client applied {len(applied)}"
+    if differ:
+        tail += f"; {len(differ)} differ from what it applied, e.g. {_examples(differ)}"
+    return tail
 
 
 def check_not_committed_absent(
