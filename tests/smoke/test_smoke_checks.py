@@ -111,6 +111,19 @@ def test_a_reread_with_different_data_is_detected() -> None:
     assert not check_reread(committed, reread, _marks(reread)).ok
 
 
+def test_a_wrong_reread_names_the_transactions_that_differ_from_what_a_client_applied() -> None:
+    committed, applied = _clean()
+    reread = list(applied["client-0"])
+    r = reread[4]
+    wrong = uuid.uuid4().hex
+    reread[4] = Applied(r.partition_id, r.transaction_id, wrong)
+    result = check_reread(committed, reread, _marks(reread), applied=applied["client-1"])
+    assert not result.ok
+    assert f"read {len(reread)} transactions, a client applied {len(reread)}" in result.detail
+    assert f"1 differ from what it applied, e.g. partition {r.partition_id} " in result.detail
+    assert f"transaction {r.transaction_id}: read {wrong}, applied {r.data}" in result.detail
+
+
 def test_differing_replicas_are_detected() -> None:
     result = check_replicas({"storage-0": {0: 7, 1: 8}, "storage-1": {0: 7, 1: 9}, "storage-2": {0: 7, 1: 8}})
     assert not result.ok and "partition[1]" in result.detail

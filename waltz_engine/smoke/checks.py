@@ -119,9 +119,11 @@ def check_reread(
     reread: Sequence[Applied],
     high_water_marks: Mapping[int, int],
     unknown: Collection[str] = frozenset(),
+    applied: Sequence[Applied] = (),
 ) -> CheckResult:
     """(5) A fresh client reading every partition from the start, after every node restarted,
-    gets 0..high-water mark of each, and exactly the committed data."""
+    gets 0..high-water mark of each, and exactly the committed data. ``applied``: what a client
+    applied (checks 2-4 vouch for it), to name the transactions a wrong re-read differs at."""
     consecutive = check_consecutive({"re-read": reread})
     if not consecutive.ok:
         return CheckResult("re-read", False, consecutive.detail)
@@ -138,10 +140,25 @@ def check_reread(
     produced = additive_checksum(d for uuids in committed.values() for d in uuids)
     found = additive_checksum(_decided(reread, unknown))
     if found != produced:
-        return CheckResult("re-read", False, f"checksum {found:#x} != produced {produced:#x}")
+        where = _differences(reread, applied)
+        return CheckResult("re-read", False, f"checksum {found:#x} != produced {produced:#x}{where}")
     return CheckResult(
         "re-read", True, f"numConsumed={len(reread)} hwmarks={dict(sorted(high_water_marks.items()))}"
     )
+
+
+def _differences(reread: Sequence[Applied], applied: Sequence[Applied]) -> str:
+    """Where the re-read's data differs from a client's applied data, as a detail's tail."""
+    expected = {(r.partition_id, r.transaction_id): r.data for r in applied}
+    differ = [
+        f"partition {r.partition_id} transaction {r.transaction_id}: read {r.data}, applied {wanted}"
+        for r in reread
+        if (wanted := expected.get((r.partition_id, r.transaction_id))) is not None and wanted != r.data
+    ]
+    tail = f"; read {len(reread)} transactions, a client applied {len(applied)}"
+    if differ:
+        tail += f"; {len(differ)} differ from what it applied, e.g. {_examples(differ)}"
+    return tail
 
 
 def check_not_committed_absent(

@@ -42,6 +42,10 @@ class ForgedFrameServed(WaltzError):
     """A node served a request carrying a session id ZooKeeper never issued."""
 
 
+class FlippedRecordServed(WaltzError):
+    """A node served a record whose bit the smoke run flipped on its disk."""
+
+
 async def forge_frames(
     host: str, port: int, ssl_context: ssl.SSLContext, key: uuid.UUID, num_partitions: int, rng: random.Random
 ) -> int:
@@ -154,9 +158,12 @@ def flip_sealed_bit(partition_directories: Sequence[Path], rng: random.Random) -
 
 
 async def refused_on_read(admin: StorageAdminClient, flip: Flip) -> bool:
-    """Whether the node refuses the flipped record (never serves it)."""
+    """Whether the node refuses the flipped record (never serves it); any other failure (the
+    node paused, restarting) raises: it says nothing about the record."""
     try:
         records = await admin.record_list(flip.partition_id, flip.transaction_id, 1)
     except StorageRpcError as e:
-        return CORRUPT_RECORD_MESSAGE in str(e)
+        if CORRUPT_RECORD_MESSAGE in str(e):
+            return True
+        raise
     return not records

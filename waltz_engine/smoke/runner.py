@@ -13,7 +13,7 @@ import contextlib
 import random
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -35,6 +35,7 @@ from waltz_engine.smoke.cluster import ProxiedCluster, backend_port
 from waltz_engine.smoke.hostile import (
     IDLE_FLOOD_HOLD_S,
     Flip,
+    FlippedRecordServed,
     flip_sealed_bit,
     forge_frames,
     idle_flood,
@@ -69,6 +70,10 @@ CLIENTS_DIR_NAME = "clients"
 UP, DOWN = "*", "."
 NODE_HOST = "127.0.0.1"  # where the dev cluster's nodes listen
 REFILL_TIMEOUT_MS = 30_000
+# A flip's refill is retried this long: its node may be paused or restarting under another fault.
+REFILL_DEADLINE_S = 120.0
+REFILL_RETRY_S = 1.0
+REREAD_FILE_NAME = "reread.log"  # the re-read's records, as a client's applied.log
 
 T = TypeVar("T")
 Console = Callable[[str], None]
@@ -144,10 +149,13 @@ class SmokeRun:
             await self.reread()
             await self.compare_replicas()
         except (WaltzError, OSError, TimeoutError) as e:
-            self.report.error = f"{type(e).__name__}: {e}"
+            self._error(f"{type(e).__name__}: {e}")
         finally:
             await self.shut_down()
         return self.report
+
+    def _error(self, *errors: str) -> None:
+        self.report.error = "; ".join(filter(None, [self.report.error, *errors]))
 
     async def start_cluster(self) -> None:
         self.say("starting ZooKeeper, 3 storage nodes, 3 servers and their proxies")
@@ -155,6 +163,8 @@ class SmokeRun:
             proxy = TcpProxy(PROXY_HOST, backend_port(node), listen_port=node.port)
             self.storage_proxies[node.name] = await proxy.start()
         await self.on_nodes(lambda: self.cluster.up(CLUSTER_UP_TIMEOUT_MS))
+        # Read while ZooKeeper is surely up: the faults that need the key may run while it is down.
+        await self._cluster_key()
         overrides = {}
         for node in self.cluster.servers:
             proxy = await TcpProxy(PROXY_HOST, node.port).start()
@@ -186,7 +196,11 @@ class SmokeRun:
         for fault, task in tasks.items():
             if fault not in self.injected:
                 task.cancel()  # not begun yet: it would outlast the workload
-        await asyncio.gather(*tasks.values(), return_exceptions=True)
+        results = await asyncio.gather(*tasks.values(), return_exceptions=True)
+        failures = fault_failures(list(tasks), results)
+        for failure in failures:
+            self.say(failure)
+        self._error(*failures)
         self.report.write_elapsed_s = self.elapsed_s()
         progress.cancel()
         self.report.faults_injected = count_by_kind(self.injected)
@@ -265,6 +279,24 @@ class SmokeRun:
         self.node_state[fault.target] = UP
 
     async def _refill(self, target: str, flip: Flip) -> None:
+        """:meth:`_refill_once`, again while the node does not answer (paused, restarting)."""
+        deadline = time.monotonic() + REFILL_DEADLINE_S
+        while True:
+            try:
+                await self._refill_once(target, flip)
+                return
+            except FlippedRecordServed:
+                raise
+            except (WaltzError, OSError, TimeoutError) as e:
+                if time.monotonic() + REFILL_RETRY_S > deadline:
+                    raise WaltzError(
+                        f"{target}: partition {flip.partition_id} not refilled within "
+                        f"{REFILL_DEADLINE_S:.0f}s: {e}"
+                    ) from None
+                self.say(f"{target}: refill of partition {flip.partition_id} failed, retrying: {e}")
+                await asyncio.sleep(REFILL_RETRY_S)
+
+    async def _refill_once(self, target: str, flip: Flip) -> None:
         """The flipped record must be refused; then the operator's refill from a healthy replica
         (the partition offline on that node meanwhile), after which the node holds no damage."""
         node = self.cluster.node(target)
@@ -273,7 +305,10 @@ class SmokeRun:
         address = HostPort(NODE_HOST, node.admin_port)
         async with admin_client(context, address) as admin:
             if not await refused_on_read(admin, flip):
-                raise WaltzError(f"{target} served transaction {flip.transaction_id} with a flipped bit")
+                raise FlippedRecordServed(
+                    f"{target} served transaction {flip.transaction_id} of partition {flip.partition_id} "
+                    "with a flipped bit"
+                )
             await admin.set_partition_available([flip.partition_id], False)
             try:
                 source = next(n for n in self.cluster.storages if n.name != target)
@@ -362,7 +397,10 @@ class SmokeRun:
             records, marks = await reread_all(self._client_config(), self.options.partitions)
         self.report.verify_elapsed_s = time.monotonic() - started
         self.report.high_water_marks = marks
-        self._record(checks.check_reread(self.committed, records, marks, self.unknown))
+        lines = "".join(f"{r.partition_id} {r.transaction_id} {r.data}\n" for r in records)
+        await asyncio.to_thread((self.options.directory / REREAD_FILE_NAME).write_text, lines)
+        applied = self.clients[0].applied() if self.clients else []
+        self._record(checks.check_reread(self.committed, records, marks, self.unknown, applied))
 
     async def _cluster_key(self) -> uuid.UUID:
         if self._key is None:
@@ -400,6 +438,15 @@ class SmokeRun:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"{what} within {timeout_s:.0f}s")
             await asyncio.sleep(POLL_INTERVAL_S)
+
+
+def fault_failures(faults: Sequence[Fault], results: Sequence[object]) -> list[str]:
+    """What each fault task that raised says, naming its fault (a cancelled one did not begin)."""
+    return [
+        f"fault {fault.describe()} at {fault.at_s:.1f}s failed: {type(result).__name__}: {result}"
+        for fault, result in zip(faults, results, strict=True)
+        if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError)
+    ]
 
 
 async def high_water_marks(config: WaltzClientConfig, partitions: int) -> dict[int, int]:
