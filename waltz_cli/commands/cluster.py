@@ -100,9 +100,7 @@ def verify(
     if as_json:
         print_json({**report.to_json(), "under_replicated_count": short})
     else:
-        _render(report)
-        counted = "unknown (no server answers for every partition)" if short is None else str(short)
-        say(f"under-replicated partitions: {counted} (`waltz cluster under-replicated` names them)")
+        _render(report, short)
     if not report.passed:
         raise typer.Exit(EXIT_VERIFY_FAILED)
 
@@ -158,7 +156,7 @@ def under_replicated(
     console.print(table)
 
 
-def _render(report: VerifyReport) -> None:
+def _render(report: VerifyReport, under_replicated: int | None) -> None:
     """A pass/fail table, then each failure as the original prints it (unwrapped, for grep)."""
     table = Table(title="cluster verification", title_justify="left")
     for column in ("partition", "validation", "result"):
@@ -172,6 +170,9 @@ def _render(report: VerifyReport) -> None:
         say(line)
     for storage, reason in sorted(report.unreachable_storages.items()):
         say(f"storage node {storage} did not answer: {reason}")
+    # Ours, before the original's last line (Passed/Failed), which scripts read.
+    counted = under_replicated if under_replicated is not None else "unknown (no server answers for each)"
+    say(f"under-replicated partitions: {counted} (`waltz cluster under-replicated` names them)")
     say(PASSED if report.passed else FAILED)
 
 
