@@ -92,6 +92,15 @@ def test_no_cluster_anywhere_is_one_line_that_says_what_to_do(tmp_path: Path) ->
 def test_short_help_and_completion_install(tmp_path: Path) -> None:
     short = waltz("zk", "list", "-h", cwd=tmp_path)
     assert short.returncode == 0 and "Usage: " in short.stdout and "Example: waltz zk list" in short.stdout
-    shown = waltz("--show-completion", "bash", cwd=tmp_path, env={"SHELL": "/bin/bash"})
+    # `--show-completion` is a flag: typer finds the shell among the command's ancestors, so it
+    # runs from bash here, as a user's would (a test runner's ancestry may hold no shell at all).
+    shown = subprocess.run(
+        ["bash", "-c", '"$0" -m waltz_cli --show-completion; exit $?', sys.executable],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=CLI_TIMEOUT_S,
+        check=False,
+    )
     assert shown.returncode == 0, shown.stderr
     assert "complete" in shown.stdout and "waltz" in shown.stdout

@@ -38,3 +38,17 @@ def test_picks_that_keep_repeating_end_in_one_line_error(monkeypatch: pytest.Mon
     monkeypatch.setattr(cluster, "free_port", lambda: 20_001)
     with pytest.raises(nodes.DevClusterError, match="free ports of the 3 needed"):
         list(cluster._allocate_ports(None, 3))
+
+
+def test_ports_come_from_the_port_range_and_never_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WALTZ_PORT_RANGE", "23000-23010")
+    picked = [nodes.free_port() for _ in range(5)]
+    assert all(23000 <= p < 23010 for p in picked)
+    assert len(set(picked)) == len(picked)
+
+
+@pytest.mark.parametrize("value", ["abc", "2000", "30000-20000", "0-10", "1-70000"])
+def test_a_bad_port_range_is_one_line(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("WALTZ_PORT_RANGE", value)
+    with pytest.raises(nodes.DevClusterError, match="expected LOW-HIGH"):
+        nodes.free_port()

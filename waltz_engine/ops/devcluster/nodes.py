@@ -57,6 +57,8 @@ SERVER_STORAGE_MAX_RETRY_MS = 1_000
 LISTEN_PORTS_FLOOR = 10_000
 ENOUGH_LISTEN_PORTS = 1_000
 LISTEN_PORT_TRIES = 100
+PORT_RANGE_ENV = "WALTZ_PORT_RANGE"
+MAX_PORT = 65_536
 EPHEMERAL_PORT_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 _port_pick = random.SystemRandom()  # not the seedable module RNG: parallel runs must not agree
 # The ports this process handed out lately (bounded): never handed out twice in a row.
@@ -95,12 +97,18 @@ def free_port() -> int:
     storage node exiting with "cannot listen on 127.0.0.1:45129 ('storage.port'): address
     already in use"). Below that range only listeners take ports.
     """
+    chosen = _port_range()
+    span = chosen
     floor = _ephemeral_floor()
-    if floor is not None and floor - LISTEN_PORTS_FLOOR >= ENOUGH_LISTEN_PORTS:
+    if span is None and floor is not None and floor - LISTEN_PORTS_FLOOR >= ENOUGH_LISTEN_PORTS:
+        span = (LISTEN_PORTS_FLOOR, floor)
+    if span is not None:
         for _ in range(LISTEN_PORT_TRIES):
-            port = _port_pick.randrange(LISTEN_PORTS_FLOOR, floor)
+            port = _port_pick.randrange(*span)
             if port not in _handed_out and _port_free(port):
                 return _hand_out(port)
+    if chosen is not None:
+        raise DevClusterError(f"no free port in {PORT_RANGE_ENV}={chosen[0]}-{chosen[1]}: widen it")
     for _ in range(LISTEN_PORT_TRIES):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind((HOST, 0))
@@ -115,6 +123,22 @@ def _hand_out(port: int) -> int:
     node binds it (two ports of one node's config came out equal once)."""
     _handed_out.append(port)
     return port
+
+
+def _port_range() -> tuple[int, int] | None:
+    """``WALTZ_PORT_RANGE=LOW-HIGH`` (HIGH excluded): where free ports are picked, so that
+    processes that pick at once (parallel test workers, several dev clusters) never pick alike."""
+    text = os.environ.get(PORT_RANGE_ENV)
+    if not text:
+        return None
+    low_text, _, high_text = text.partition("-")
+    try:
+        low, high = int(low_text), int(high_text)
+    except ValueError:
+        low = high = 0
+    if not 0 < low < high <= MAX_PORT:
+        raise DevClusterError(f"{PORT_RANGE_ENV}={text!r}: expected LOW-HIGH, e.g. 20000-25000")
+    return low, high
 
 
 def _ephemeral_floor() -> int | None:
