@@ -318,15 +318,13 @@ class SmokeRun:
                     address,
                     backend_port(node),
                     flip.partition_id,
+                    refill_only=True,
                 )
             finally:
                 await admin.set_partition_available([flip.partition_id], True)
-        # The original's recovery first cuts the copy to its low-water mark; the server's
-        # catch-up brings back what was cut once the partition is available again.
-        done = (
-            f"cut to {result.start}, {result.records_refilled} records refilled, "
-            f"{result.records_copied} copied; the server's catch-up does the rest"
-        )
+        # Only the rotten segment is refilled: cutting the copy to its low-water mark, as the
+        # original's recovery does, could remove a committed copy that a quorum still needs.
+        done = f"{result.records_refilled} records refilled, nothing cut"
         self.say(f"{target}: partition {flip.partition_id} repaired from {source.name} ({done})")
 
     async def _progress(self) -> None:

@@ -92,6 +92,8 @@ class _RecoveryState:
     refilled: int = 0
     # Awaited with each batch's data size in bytes: a caller's bound on the copy rate.
     throttle: Callable[[int], Awaitable[None]] | None = None
+    # Only the damaged segments are refilled, nothing is cut or copied (see recover_partition).
+    refill_only: bool = False
 
 
 async def _recover_once(
@@ -117,16 +119,19 @@ async def _recover_once(
             destination_admin.last_session_info(partition_id),
         )
         session_id = state.session_id = info.session_id
-        await call_node(
+        highest = await call_node(
             destination,
             f"max transaction id request to {data_address}",
             destination_data.max_transaction_id(session_id, partition_id),
         )
-        current = await call_node(
-            destination,
-            f"truncating {data_address} to its low-water mark {info.low_water_mark}",
-            destination_data.truncate(session_id, partition_id, info.low_water_mark),
-        )
+        if state.refill_only:
+            current = highest
+        else:
+            current = await call_node(
+                destination,
+                f"truncating {data_address} to its low-water mark {info.low_water_mark}",
+                destination_data.truncate(session_id, partition_id, info.low_water_mark),
+            )
         if state.target is None:
             # Fixed at the first start, as the original: re-run to catch up further.
             source_info = await call_node(
@@ -144,10 +149,12 @@ async def _recover_once(
             destination_admin_address,
             partition_id,
             session_id,
-            current,
+            min(current, target) if state.refill_only else current,
             batch_size,
             state,
         )
+        if state.refill_only:
+            return current
         progress(RecoveryProgress(partition_id, state.start, current, target))
         while current < target:
             count = min(target - current, batch_size)
@@ -192,6 +199,7 @@ async def recover_partition(
     destination_ssl_context: ssl.SSLContext | None = None,
     progress: Callable[[RecoveryProgress], None] = lambda _: None,
     throttle: Callable[[int], Awaitable[None]] | None = None,
+    refill_only: bool = False,
 ) -> RecoveryResult:
     """Copy a partition from a source node to a destination whose copy is offline (unavailable).
 
@@ -200,12 +208,18 @@ async def recover_partition(
     target = the source's local low-water mark; then RECORD_LIST from the source admin port →
     APPEND → SET_LOW_WATER_MARK, batch by batch. A lost connection or a timeout restarts from
     the destination's last low-water mark, up to ``RECOVERY_MAX_ATTEMPTS`` runs in all.
+
+    ``refill_only`` repairs rot and nothing else: the damaged segments are refilled up to the
+    source's local low-water mark, and nothing is cut. The cut to the low-water mark removes
+    records that may be committed copies a quorum still needs: on a live cluster whose other
+    replica lags (back from a crash), it left one copy of them, and the next recovery voted them
+    away (the smoke run, seed 72: 522 committed transactions replaced).
     """
     context.check_partitions([partition_id])
     check_batch_size(batch_size)
     source = replace(context, ssl_context=source_ssl_context or context.ssl_context)
     destination = replace(context, ssl_context=destination_ssl_context or context.ssl_context)
-    state = _RecoveryState(throttle=throttle)
+    state = _RecoveryState(throttle=throttle, refill_only=refill_only)
     backoff_ms = RECOVERY_RETRY_BACKOFF_MS
     for attempt in range(1, RECOVERY_MAX_ATTEMPTS + 1):
         try:
