@@ -54,7 +54,10 @@ def test_offload_evict_read_back_refuse_a_flipped_bit_and_restart(zookeeper: str
         node.kill()
         node.start()
         assert node.run(read(node, PER_SEGMENT, RECORDS - PER_SEGMENT)) == expected[PER_SEGMENT:]
-        assert directory_digest(node.directory / "0") == local  # whole local files, untouched
+        # Reads change no local file. The restarted node's own offload round may evict a segment
+        # more (its open segment is a new one), so files may be gone, never rewritten.
+        after = directory_digest(node.directory / "0")
+        assert after and all(local.get(name) == digest for name, digest in after.items()), (local, after)
 
 
 def test_offload_evict_and_read_back_over_s3(
