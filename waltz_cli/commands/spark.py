@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from spark.export import ExportConfig, ExportSummary
     from spark.progress import ExportProgress
 
+MAX_ERROR_CHAIN = 16  # how far back an error's causes are searched for the Ctrl-C
+
 app = options.group(help="Spark jobs over a Waltz log (export to Parquet).")
 
 # Without -c/-z the export reads the local dev cluster, as every command does, unless it is given
@@ -245,7 +247,9 @@ def export(
     started = time.monotonic()
     try:
         summary = _run(export_config, master, as_json)
-    except KeyboardInterrupt:
+    except BaseException as e:
+        if not _interrupted(e):
+            raise
         if finish_interrupted(export_config.output):
             fail(
                 "interrupted after the run's commit point: its files and watermarks are in", INTERRUPTED_EXIT
@@ -256,6 +260,20 @@ def export(
         print_json(summary.to_json())
     else:
         console.print(_summary_table(summary))
+
+
+def _interrupted(error: BaseException) -> bool:
+    """A Ctrl-C, or an error raised while handling one: py4j, interrupted mid-call, tries to cancel
+    on a gateway the same signal stopped and raises Py4JError with the KeyboardInterrupt as its
+    context (seen under load: a traceback and exit 1 instead of one line and 130)."""
+    seen: BaseException | None = error
+    for _ in range(MAX_ERROR_CHAIN):
+        if seen is None:
+            return False
+        if isinstance(seen, KeyboardInterrupt):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _run(export_config: ExportConfig, master: str, as_json: bool) -> ExportSummary:
