@@ -170,20 +170,24 @@ def up(
         if not detach:
             cluster.down()
         raise
-    if as_json:
-        print_json(cluster.status().to_json())
-    else:
-        for line in _summary(cluster.status()):
-            typer.echo(line)
-    if detach:
-        return
     live_console = err_console if as_json else console
+    # From the first line printed: a Ctrl-C as soon as a user (or a script) sees the cluster is
+    # up must stop it too, not end `up` with the cluster left running (seen once in a test).
     try:
+        if as_json:
+            print_json(cluster.status().to_json())
+        else:
+            for line in _summary(cluster.status()):
+                typer.echo(line)
+        if detach:
+            return
         with live_console.status("", spinner="dots") as live:
             while True:
                 live.update(_status_line(cluster.status()))
                 time.sleep(STATUS_REFRESH_INTERVAL_S)
     except KeyboardInterrupt:
+        if detach:
+            raise  # --detach leaves the cluster running, as it would a moment later
         live_console.print("stopping the cluster ...", markup=False)
         cluster.down()
         live_console.print("stopped", markup=False)
