@@ -312,6 +312,23 @@ def test_recover_partition_copies_up_to_the_sources_local_low_water_mark(cluster
         b.start()
     cluster.ok("availability", "-s", data(b), "-p", "0", "--online")
 
+    # Back from B to A, which holds 265..269 above both low-water marks (264): they may be
+    # committed copies a quorum needs, so the cut is refused unless asked for.
+    a.run(_write(a, 0, 265, 5, None))
+    a_max = ("max-transaction-id", "-s", data(a), "-p", "0", "--offline")
+    back = ("recover-partition", "-s", data(b), "--destination-storage", data(a), "-p", "0", "--json")
+    cluster.ok("availability", "-s", data(a), "-p", "0", "--offline")
+    try:
+        _assert_one_line_error(cluster.run(*back), "Partition 0", "would remove 265..269", "--refill-only")
+        assert cluster.ok(*a_max).stdout.strip() == "Max Transaction ID: 269"
+        report = json.loads(cluster.ok(*back, "--refill-only").stdout)
+        assert (report["max_transaction_id"], report["records_copied"]) == (269, 0)
+        report = json.loads(cluster.ok(*back, "--force").stdout)
+        assert (report["start"], report["max_transaction_id"]) == (264, 264)
+        assert cluster.ok(*a_max).stdout.strip() == "Max Transaction ID: 264"
+    finally:
+        cluster.ok("availability", "-s", data(a), "-p", "0", "--online")
+
 
 # --- sync-partitions (its own cluster: it rewrites what nodes hold) --------------------------------
 

@@ -423,6 +423,21 @@ def recover_partition(
         Path | None,
         typer.Option("--destination-ssl-config", help="server.ssl.* YAML for the destination node."),
     ] = None,
+    refill_only: Annotated[
+        bool,
+        typer.Option(
+            "--refill-only",
+            help="Only refill the destination's damaged segments from the source; cut and copy nothing.",
+        ),
+    ] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Cut the destination to its low-water mark even where the source cannot copy back "
+            "what the cut removes (the original tool's behaviour).",
+        ),
+    ] = False,
     cluster: Cluster = FROM_OPTIONS,
     ssl_config: SslConfigOption = None,
     as_json: JsonOption = False,
@@ -433,6 +448,10 @@ def recover_partition(
     destination is truncated to its low-water mark, its damaged segments (see `storage list`)
     are refilled from the source, then records are copied from the source up to the source's
     local low-water mark (fixed at the start: re-run to catch up further).
+
+    A destination holding records above its low-water mark that the source does not hold is
+    refused: they may be committed copies a quorum needs. --refill-only repairs rot without a
+    cut; --force cuts anyway.
 
     Example: waltz storage recover-partition -s host1:55280 --destination-storage host2:55280 -p 0
     """
@@ -458,6 +477,8 @@ def recover_partition(
                 source_ssl_context=source_ssl,
                 destination_ssl_context=destination_ssl,
                 progress=progress,
+                refill_only=refill_only,
+                cut_above_source=force,
             )
         )
     if as_json:

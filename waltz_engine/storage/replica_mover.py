@@ -125,6 +125,8 @@ class ReplicaMover:
             p,
             batch_size=COPY_BATCH_SIZE,
             throttle=self._throttle if self.bytes_per_second else None,
+            # The target is not an assigned replica yet: what it holds counts toward no quorum.
+            cut_above_source=True,
         )
         await admin_ops.set_availability(self.context, target.admin, [p], online=True)
         self.say(f"partition {p}: {move.target} holds up to {result.final}; online")

@@ -94,6 +94,23 @@ class _RecoveryState:
     throttle: Callable[[int], Awaitable[None]] | None = None
     # Only the damaged segments are refilled, nothing is cut or copied (see recover_partition).
     refill_only: bool = False
+    # The cut may remove records the source cannot give back (see recover_partition).
+    cut_above_source: bool = False
+
+
+def _check_cut(partition_id: int, low_water_mark: int, highest: int, target: int) -> None:
+    """Refuse a cut that removes records the source will not copy back: above the destination's
+    low-water mark they may still be committed copies a quorum needs."""
+    if highest <= max(low_water_mark, target):
+        return
+    raise NodeCallFailure(
+        f"the destination holds transactions up to {highest} and its low-water mark is "
+        f"{low_water_mark}, but the source holds only up to {target} (its local low-water mark): "
+        f"the cut would remove {max(low_water_mark, target) + 1}..{highest}, which may be committed. "
+        "Run again once the source has caught up (or copy from a replica that has), use "
+        "--refill-only to repair damaged segments only, or --force to cut anyway",
+        transient=False,
+    )
 
 
 async def _recover_once(
@@ -124,14 +141,6 @@ async def _recover_once(
             f"max transaction id request to {data_address}",
             destination_data.max_transaction_id(session_id, partition_id),
         )
-        if state.refill_only:
-            current = highest
-        else:
-            current = await call_node(
-                destination,
-                f"truncating {data_address} to its low-water mark {info.low_water_mark}",
-                destination_data.truncate(session_id, partition_id, info.low_water_mark),
-            )
         if state.target is None:
             # Fixed at the first start, as the original: re-run to catch up further.
             source_info = await call_node(
@@ -141,6 +150,16 @@ async def _recover_once(
             )
             state.target = source_info.local_low_water_mark
         target = state.target
+        if state.refill_only:
+            current = highest
+        else:
+            if not state.cut_above_source:
+                _check_cut(partition_id, info.low_water_mark, highest, target)
+            current = await call_node(
+                destination,
+                f"truncating {data_address} to its low-water mark {info.low_water_mark}",
+                destination_data.truncate(session_id, partition_id, info.low_water_mark),
+            )
         if state.start is None:
             state.start = current
         await _refill_damaged(
@@ -200,6 +219,7 @@ async def recover_partition(
     progress: Callable[[RecoveryProgress], None] = lambda _: None,
     throttle: Callable[[int], Awaitable[None]] | None = None,
     refill_only: bool = False,
+    cut_above_source: bool = False,
 ) -> RecoveryResult:
     """Copy a partition from a source node to a destination whose copy is offline (unavailable).
 
@@ -213,13 +233,15 @@ async def recover_partition(
     source's local low-water mark, and nothing is cut. The cut to the low-water mark removes
     records that may be committed copies a quorum still needs: on a live cluster whose other
     replica lags (back from a crash), it left one copy of them, and the next recovery voted them
-    away (the smoke run, seed 72: 522 committed transactions replaced).
+    away (the smoke run, seed 72: 522 committed transactions replaced). So a destination holding
+    records above both its low-water mark and the source's is refused unless ``cut_above_source``
+    (the original tool's behaviour; safe where the destination is not an assigned replica).
     """
     context.check_partitions([partition_id])
     check_batch_size(batch_size)
     source = replace(context, ssl_context=source_ssl_context or context.ssl_context)
     destination = replace(context, ssl_context=destination_ssl_context or context.ssl_context)
-    state = _RecoveryState(throttle=throttle, refill_only=refill_only)
+    state = _RecoveryState(throttle=throttle, refill_only=refill_only, cut_above_source=cut_above_source)
     backoff_ms = RECOVERY_RETRY_BACKOFF_MS
     for attempt in range(1, RECOVERY_MAX_ATTEMPTS + 1):
         try:
