@@ -69,11 +69,39 @@ def pytest_configure(config: pytest.Config) -> None:
 PROCESS_FIXTURES = frozenset({"zookeeper", "session"})
 
 
+# The costliest files, in seconds of wall time under the README's command on 2 cores (per-file
+# sums of `--durations`, 2026-11-26). Longest first is the classic bound for greedy scheduling:
+# a long file handed out last leaves one worker busy while the others idle.
+MEASURED_FILE_COST_S = {
+    "client_real/test_client_real_waltz_client.py": 150,
+    "spark/test_spark_export_cluster.py": 140,
+    "spark/test_spark_datasource.py": 110,
+    "backup/test_backup_disaster.py": 105,
+    "smoke/test_smoke_run.py": 90,
+    "nodes/test_nodes_come_and_go.py": 90,
+    "backup/test_backup_cluster.py": 90,
+    "install/test_base_install.py": 80,
+    "devcluster/test_devcluster_cli.py": 70,
+    "spark/test_spark_export_progress.py": 70,
+    "client_cli/test_client_cli_commands.py": 65,
+    "storage/test_storage_model.py": 45,
+    "storage/test_storage_crash.py": 35,
+    "bench/test_bench_clients.py": 33,
+    "storage_node/test_storage_node_sealed_rot.py": 30,
+    "net/test_connection_limits.py": 28,
+    "server/test_server_process_cluster.py": 28,
+}
+
+
+def _measured_cost_s(path: Path) -> int:
+    return MEASURED_FILE_COST_S.get(f"{path.parent.name}/{path.name}", 0)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Under `-n`, pytest-xdist hands whole files to workers in this order (with
-    # --no-loadscope-reorder), so the longest go first: files with `slow` tests (minutes each),
-    # then by their count of tests on real processes, then unit files by size. The run then ends
-    # on short work spread over the workers, not one worker alone on a long file.
+    # --no-loadscope-reorder), so the longest go first: the measured costliest files, then files
+    # with `slow` tests, then by their count of tests on real processes, then unit files by size.
+    # The run then ends on short work spread over the workers, not one worker alone on a long file.
     if not hasattr(config, "workerinput"):  # not an xdist worker: the order is the files'
         return
     tests = Counter(item.path for item in items)
@@ -81,7 +109,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     on_processes = Counter(
         item.path for item in items if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ()))
     )
-    items.sort(key=lambda item: (-slow[item.path], -on_processes[item.path], -tests[item.path]))
+    items.sort(
+        key=lambda item: (
+            -_measured_cost_s(item.path),
+            -slow[item.path],
+            -on_processes[item.path],
+            -tests[item.path],
+        )
+    )
 
 
 @pytest.fixture(scope="session")

@@ -53,7 +53,8 @@ class ServerProcess:
     def start(self, wait: bool = True) -> ServerProcess:
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-c", _SERVER_MAIN, "start", "--config", str(self.config_path)],
+                # What `waltz server start` runs, without the command line's imports.
+                [sys.executable, "-m", "waltz_engine.server", "--config", str(self.config_path)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )

@@ -14,15 +14,16 @@ the canonical flag before parsing and never shown in ``--help``.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import inspect
 import ssl
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar, overload
 
 import typer
-import typer.rich_utils
 from rich.markup import escape
 from typer.core import TyperGroup, TyperOption
 
@@ -107,7 +108,6 @@ def _short_placeholder(self: TyperOption, ctx: Any) -> str | None:
 
 
 TyperOption.display_type_rich = _short_placeholder  # type: ignore[method-assign]
-typer.rich_utils.RANGE_STRING = ""  # see _short_placeholder
 
 
 def _one_line_usage_error(error: Any) -> None:  # typer's own (vendored) click.ClickException
@@ -120,7 +120,27 @@ def _one_line_usage_error(error: Any) -> None:  # typer's own (vendored) click.C
     err_console.print(f"[bold red]error:[/] {escape(message)}{escape(hint)}", soft_wrap=True, emoji=False)
 
 
-typer.rich_utils.rich_format_error = _one_line_usage_error  # type: ignore[assignment]
+def _patch_lazily(name: str, **patches: Any) -> None:
+    """Set attributes of module ``name`` without importing it now: typer.rich_utils (help panels,
+    with rich.markdown, markdown-it and pygments) is about a third of a command's start-up, and
+    only ``--help`` and usage errors load it. The patches outlive its load (``LazyLoader`` keeps
+    attributes set before it)."""
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.loader is not None, name
+        spec.loader = importlib.util.LazyLoader(spec.loader)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        package, _, attribute = name.rpartition(".")
+        setattr(sys.modules[package], attribute, module)
+    for key, value in patches.items():
+        setattr(module, key, value)
+
+
+# RANGE_STRING: see _short_placeholder.
+_patch_lazily("typer.rich_utils", RANGE_STRING="", rich_format_error=_one_line_usage_error)
 
 
 def _rewrite_aliases(command: Any, args: list[str]) -> list[str]:
