@@ -78,3 +78,8 @@ def test_the_cluster_from_the_environment_and_no_dev_cluster_fallback(
     _export("-o", "out", "storage")
     options = asked["config"].read_options
     assert (options[OPTION_ZOOKEEPER], options[OPTION_CLUSTER_ROOT]) == ("127.0.0.1:2181", "/from-env")
+
+
+def test_on_corrupt_reaches_the_read_options(asked: dict[str, Any]) -> None:
+    _export("-o", "out", "--on-corrupt", "skip", "storage")
+    assert asked["config"].read_options["on_corrupt"] == "skip"
