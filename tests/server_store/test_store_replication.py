@@ -381,6 +381,35 @@ def test_an_idle_partition_whose_session_failed_opens_a_new_one_by_itself(
     asyncio.run(go())
 
 
+def test_a_replica_that_fails_after_the_recovery_resolved_is_recovered_without_traffic(
+    cluster: StorageCluster, zk: KazooClient
+) -> None:
+    """A smoke run ended with `cluster verify` failing for minutes: one replica's recovery failed
+    after a quorum had resolved the session's high-water mark (its node's ZooKeeper session had
+    expired), and the idle session went on without it: nothing recovered it until an append."""
+    storages = register_nodes(zk, cluster)
+    lagging = cluster.nodes[2]
+
+    async def go() -> None:
+        async with appending(zk, cluster) as (partition, appender):
+            assert [await bounded(await appender.append()) for _ in range(5)] == list(range(5))
+            await wait_until(lambda: caught_up(partition.status(), storages), "every replica caught up")
+            # The node stops answering on the connection the server keeps; a new session then
+            # resolves on the other two, its third replica still waiting on its recovery.
+            os.kill(lagging.pid, signal.SIGSTOP)
+            await partition.set_generation(GENERATION + 1)
+            await bounded(partition.ensure_open())
+            resolved = current_session_id(partition)
+            lagging.kill()  # the waiting recovery request fails: after the resolution
+            await asyncio.to_thread(lagging.start)
+            await wait_until(
+                lambda: current_session_id(partition) > resolved and caught_up(partition.status(), storages),
+                "the failed replica recovered in a new session, without an append",
+            )
+
+    asyncio.run(go())
+
+
 def test_an_assignment_change_reopens_only_the_sessions_of_partitions_whose_replicas_changed(
     cluster: StorageCluster, zk: KazooClient
 ) -> None:

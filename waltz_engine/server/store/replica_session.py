@@ -39,6 +39,8 @@ class CommittedBatches(Protocol):
         self, transaction_id: int, max_records: int, exclude: ReplicaSession | None = None
     ) -> list[Record]: ...
 
+    def replica_failed(self, replica: ReplicaSession) -> None: ...
+
 
 log = logging.getLogger(__name__)
 _connect_failures = LimitedLog(log)
@@ -185,6 +187,8 @@ class ReplicaSession(LatencyWeightedRoute):
                     "closing replica session %s (session %d): %s", self.replica_id, self.session_id, e
                 )
                 self.close(e)
+                if self._store_session is not None and not self._left_recovery:
+                    self._store_session.replica_failed(self)
         finally:
             self.close()
 

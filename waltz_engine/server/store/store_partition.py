@@ -32,6 +32,10 @@ class StorePartition:
         self._config = config
         self._running = True
         self._reopen: asyncio.Task[None] | None = None
+        # A session that fails right after it opened (a replica that answers every recovery
+        # with an error) is reopened with a growing pause, not in a loop.
+        self._reopen_backoff = Backoff(config.initial_retry_interval_ms, config.max_retry_interval_ms)
+        self._last_reopen_s: float | None = None
         manager.on_session_failure = self._reopen_soon
 
     def _reopen_soon(self) -> None:
@@ -43,6 +47,12 @@ class StorePartition:
             )
 
     async def _reopen_quietly(self) -> None:
+        loop = asyncio.get_running_loop()
+        last, self._last_reopen_s = self._last_reopen_s, loop.time()
+        if last is not None and loop.time() - last < self._config.max_retry_interval_ms / 1000:
+            await self._reopen_backoff.wait()
+        else:
+            self._reopen_backoff.reset()
         try:
             await self.ensure_open()
         except (GenerationMismatchError, StorePartitionClosedError) as e:

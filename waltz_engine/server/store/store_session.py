@@ -321,6 +321,20 @@ class StoreSession:
             log.exception("partition %d session %d: append task failed", self.partition_id, self.session_id)
             self._close_failed()
 
+    def replica_failed(self, replica: ReplicaSession) -> None:
+        """A replica session ended in an error after the recovery resolved. With appends in flight,
+        their batch's abstention rolls the session. An idle session rolls now: otherwise the
+        replica, maybe not recovered yet (`cluster verify` fails on it), waits for the next append
+        (a smoke run ended so: a node's ZooKeeper session expired as it recovered a replica)."""
+        if self._running and self._task is not None and self._num_pending == 0:
+            log.info(
+                "partition %d session %d: rolling the idle session to recover %s again",
+                self.partition_id,
+                self.session_id,
+                replica.replica_id,
+            )
+            self._close_failed()
+
     def _close_failed(self) -> None:
         self.failed = True
         self.close()
