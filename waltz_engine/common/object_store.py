@@ -243,6 +243,16 @@ class ObjectStore:
         self._move_in(temporary, name)
         return copied
 
+    def delete(self, name: str) -> None:
+        """Remove a file; one already gone is no error (a removal resumed after a kill)."""
+        self._step()
+
+        def remove() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.delete_file(self._path(name))
+
+        self._call("delete", name, remove)
+
     def remove_debris(self) -> None:
         """Remove what killed runs left in the temporary directory (nothing a manifest names is
         there)."""
