@@ -2,7 +2,8 @@
 evicts, reads across the evicted and local segments, and retention over both (the evicted
 range is forgotten below the bound, also when it removes the local segments in between; the
 tier's copies go once the partition no longer serves them, manifest first, resumed after a
-kill)."""
+kill), and the scrub over the tier's copies (a flipped bit found in an evicted copy by its
+reads, in a local segment's copy by its digest, which is then uploaded again)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from storage_node_support import make_records
+from storage_node_support import flip_data_bits, make_records
 
 from waltz_engine.common.errors import StorageError
 from waltz_engine.common.object_store import ObjectStore, ObjectStoreError
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
 from waltz_engine.disk.record_format import RECORD_OVERHEAD_BYTES
 from waltz_engine.ops.inspect import verify
+from waltz_engine.storage.node.scrubber import Scrubber
 from waltz_engine.storage.partition import Partition
 from waltz_engine.storage.storage_manager import StorageManager
 from waltz_engine.storage.tier.offload import TierOffloader
@@ -55,11 +57,14 @@ def _offload(partition: Partition, tier: Path, local_low_water_mark: int) -> Tie
 
 def _round(partition: Partition, settings: TierSettings, directory: Path, bound: int | None) -> TierOffloader:
     """A started node's tier round, the partition's effective retention bound ``bound``."""
-    workers = {0: SimpleNamespace(partition=partition, retention_bound=bound)}
-    offloader = TierOffloader(settings, KEY, "r", directory, lambda: workers)  # type: ignore[arg-type, return-value]
+    offloader = TierOffloader(settings, KEY, "r", directory, lambda: _workers(partition, bound))  # type: ignore[arg-type, return-value]
     offloader.open_store()
     asyncio.run(offloader.run_once())
     return offloader
+
+
+def _workers(partition: Partition, bound: int | None = None) -> dict[int, SimpleNamespace]:
+    return {0: SimpleNamespace(partition=partition, retention_bound=bound)}
 
 
 def test_only_segments_at_or_below_the_local_low_water_mark_go(partition: Partition, tmp_path: Path) -> None:
@@ -148,3 +153,25 @@ def test_retention_removes_the_tier_copies_manifest_first_and_resumes_after_a_ki
 
 def _killed(store: ObjectStore, name: str) -> None:
     raise ObjectStoreError(f"{store.url}: cannot delete {name}: killed")
+
+
+def test_the_scrub_finds_a_flipped_bit_in_the_tier_copies(partition: Partition, tmp_path: Path) -> None:
+    tier = tmp_path / "tier"
+    offloader = _offload(partition, tier, RECORDS - 1)
+    prefix = tier / str(KEY) / "0" / "r"
+    assert partition.segments == [(20, 29), (30, 39)]  # 0..19 evicted, 20..29 also in the tier
+    flip_data_bits(prefix, [3])
+    local_copy = prefix / f"{20:019d}.seg"
+    whole = local_copy.read_bytes()
+    local_copy.write_bytes(whole[:-1] + bytes([whole[-1] ^ 0x01]))
+
+    scrubber = Scrubber(lambda: _workers(partition), tier=offloader)  # type: ignore[arg-type, return-value]
+    asyncio.run(scrubber.scrub_partition(partition))
+    (damage,) = partition.damage_report()
+    assert (damage.segment, damage.transactions) == (0, ((3, 3),)), damage
+    assert _manifest_spans(tier) == [(0, 9), (10, 19)]  # the rotten copy of a local segment left
+    assert local_copy.read_bytes() != whole  # the scrub only reads
+
+    _round(partition, offloader.settings, tmp_path, None)
+    assert _manifest_spans(tier) == [(0, 9), (10, 19), (20, 29)]
+    assert local_copy.read_bytes() == whole  # uploaded again from the local files

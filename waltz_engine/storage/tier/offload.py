@@ -107,6 +107,8 @@ class TierOffloader:
         self._stopping = threading.Event()
         self._rate = RateLimit(settings.bytes_per_second, self._stopping)
         self._task: asyncio.Task[None] | None = None
+        # A round and a scrub's check of a copy both rewrite manifests: one at a time.
+        self._manifest_lock = asyncio.Lock()
 
     def open_store(self) -> None:
         """Reach the store and remove this node's temporary debris (blocking)."""
@@ -173,7 +175,8 @@ class TierOffloader:
             if partition is None:
                 continue
             try:
-                await asyncio.to_thread(self._offload, partition, worker.retention_bound)
+                async with self._manifest_lock:
+                    await asyncio.to_thread(self._offload, partition, worker.retention_bound)
             except OffloadStopped:
                 raise
             except (WaltzError, OSError) as e:
@@ -234,6 +237,45 @@ class TierOffloader:
         if partition.tier is not None:
             partition.tier.uploaded_segments = len(manifest.segments)
             partition.tier.uploaded_bytes = manifest.size_bytes
+
+    def local_copies(self, partition: Partition) -> list[int]:
+        """The first txids of the partition's segments in the tier that are also local (the
+        scrub checks their copies; the evicted ones are checked as it reads them)."""
+        manifest = self._manifests.get(partition.partition_id)
+        if manifest is None or not isinstance(partition.tier, TierSegments):
+            return []
+        evicted = {s.first_transaction_id for s in partition.tier.evicted}
+        return [first for first in sorted(manifest.segments) if first not in evicted]
+
+    async def check_copy(self, partition: Partition, first: int) -> int:
+        """Compare the tier copy of local segment ``first`` with the SHA-256 its manifest names;
+        one that differs leaves the manifest, so the next round uploads it again from the local
+        file (which is never evicted meanwhile: only what the manifest names is). The bytes read."""
+        async with self._manifest_lock:
+            if first not in self.local_copies(partition):
+                return 0  # evicted or removed meanwhile
+            return await asyncio.to_thread(self._check_copy, partition, first)
+
+    def _check_copy(self, partition: Partition, first: int) -> int:
+        assert self._store is not None
+        manifest = self._manifests[partition.partition_id]
+        entry = manifest.segments[first]
+        for name, expected in zip(object_names(manifest.prefix, first), (entry.seg, entry.idx), strict=True):
+            digest = self._store.checksum(name, expected.size)
+            if digest != expected.sha256:
+                log.warning(
+                    "tier: partition %d: %s/%s differs from what was uploaded (sha256 %s, expected %s); "
+                    "uploading the segment again from its local files",
+                    partition.partition_id,
+                    self._store.url,
+                    name,
+                    digest,
+                    expected.sha256,
+                )
+                manifest.remove([first])
+                self._count(partition, manifest)
+                break
+        return entry.size_bytes
 
     def _records_whole(self, partition: Partition, first: int, last: int) -> bool:
         transaction_id = first
