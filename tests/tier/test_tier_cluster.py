@@ -3,7 +3,8 @@ storage nodes keep a bounded local disk over a `file://` tier. 2 000 records of 
 each node's local files of partition 0 then take at most 100 000 bytes, its tier prefix holds
 the rest, and `waltz tail -p 0 --no-follow` returns all 2 000 as appended, also once a bit is
 flipped in two of the three replicas' tier copies of a segment (the whole copy serves it, the
-others refuse the record by name). `waltz storage list` shows local and tier bytes.
+others refuse the record by name). `waltz storage list` shows local and tier bytes, and the
+replicas compare equal online over the evicted range.
 `waltz spark export --tier-url` returns the same 2 000 rows, the tier's ranges read from the
 object store itself: the rotten copy is the one its plan picks, so that slice ends over the
 network (its summary counts the rows read from the tier and the slice that fell back)."""
@@ -30,6 +31,7 @@ from waltz_engine.client import WaltzClient
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.net.tls import TlsConfig, client_context
 from waltz_engine.ops.devcluster import LocalCluster
+from waltz_engine.ops.online_checksum import compare_partitions
 from waltz_engine.storage.client import StorageAdminClient
 from waltz_engine.storage.tier.offload import replica_name
 
@@ -104,13 +106,11 @@ async def _refusal(cluster: LocalCluster, node: int, key: uuid.UUID) -> str:
     raise AssertionError(f"storage node {node} served transaction {ROTTEN} from a damaged tier object")
 
 
-def _tier_slices(cluster: LocalCluster, tier: Path) -> list[TierSlice]:
-    """The slices a Spark read of partition 0 takes from the tier (the driver's plan)."""
-    options = ReadOptions.parse(
+def _read_options(cluster: LocalCluster, tier: Path) -> ReadOptions:
+    """A Spark read of partition 0 with the tier."""
+    return ReadOptions.parse(
         {"config": str(cluster.client_config_path), "partitions": "0", "tier.url": tier.as_uri()}
     )
-    (partition,) = plan(options)
-    return [s for s in partition.slices if isinstance(s, TierSlice)]
 
 
 def test_bounded_local_disk_and_reads_through_the_tier(cluster: LocalCluster, tier: Path) -> None:
@@ -140,8 +140,15 @@ def test_bounded_local_disk_and_reads_through_the_tier(cluster: LocalCluster, ti
         assert usage["local_bytes"] <= LOCAL_LIMIT_BYTES and usage["evicted_segments"] > 0, usage
         assert usage["tier_bytes"] >= usage["evicted_bytes"] > 0, usage
 
+    # `storage checksum --online` compares the replicas over the evicted range too.
+    options = _read_options(cluster, tier)
+    assert options.cluster is not None
+    (compared,) = compare_partitions(options.cluster, [0])
+    assert compared.equal and compared.to_txid == RECORDS - 1, compared
+
     # The copy a Spark plan reads the rotten record from is one of the two flipped.
-    tier_slices = _tier_slices(cluster, tier)
+    (partition_plan,) = plan(options)
+    tier_slices = [s for s in partition_plan.slices if isinstance(s, TierSlice)]
     (chosen,) = [s for s in tier_slices if s.from_txid <= ROTTEN <= s.to_txid]
     rotten = sorted({prefixes.index(tier / chosen.prefix), (prefixes.index(tier / chosen.prefix) + 1) % 3})
     for node in rotten:
