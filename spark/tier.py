@@ -179,7 +179,8 @@ def _fetch(part: TierSlice, directory: Path) -> SegmentSlice:
         _copy(store, index_name, index, 0, HEADER_SIZE_BYTES)
         _copy(store, index_name, index, entries_from, entries_to - entries_from)
         index.seek(entries_from)
-        offsets = np.frombuffer(index.read(), dtype=">i8")
+        raw = index.read()
+        offsets = np.frombuffer(raw[: len(raw) - len(raw) % INDEX_ENTRY_SIZE_BYTES], dtype=">i8")
     size = part.segment.seg.size
     data_from = min(max(int(offsets[0]) if len(offsets) else size, HEADER_SIZE_BYTES), size)
     count = part.to_txid - part.from_txid + 1
