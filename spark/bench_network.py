@@ -8,7 +8,9 @@ export is given ``--to-txid``, which the node's low-water marks cover (every gen
 is committed), so the plan asks no server for the bound.
 
 Both exports are fresh ``waltz spark export`` processes; only the reading differs: the storage
-directory on the command line, or the client config and no directory.
+directory on the command line, or the client config and no directory. With ``--tier``, a third
+export reads the same log from a ``file://`` tier (``--tier-url``, :mod:`spark.bench_tier`),
+the object store in place of the node.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from spark.bench_export import (
     generate,
     log_figures,
 )
+from spark.bench_tier import publish_tier
 from waltz_engine.bench.storage_node import BenchError
 from waltz_engine.ops.devcluster import HOST, LocalCluster, free_port
 from waltz_engine.zk.cluster import create_cluster
@@ -38,6 +41,7 @@ from waltz_engine.zk.server import EmbeddedZooKeeper
 CLUSTER_DIR_NAME = "cluster"
 ZOOKEEPER_DIR_NAME = "zookeeper"
 NETWORK_EXPORT_DIR_NAME = "export-network"
+TIER_EXPORT_DIR_NAME = "export-tier"
 CLUSTER_ROOT = "/waltz_bench_export"
 CLUSTER_NAME = "waltz-bench-export"
 ZK_SESSION_TIMEOUT_MS = 30_000
@@ -118,8 +122,10 @@ def run(
     data_bytes: int,
     master: str,
     progress: Callable[[str], None] = lambda message: None,
+    tier: bool = False,
 ) -> dict[str, Any]:
-    """Generate (or reuse) the log, serve it, export it over the network then locally."""
+    """Generate (or reuse) the log, serve it, export it over the network (then from a tier
+    holding it, with ``tier``) then locally."""
     if rows % partitions:
         raise BenchError(f"--network needs rows ({rows}) a multiple of partitions ({partitions})")
     storage = directory / STORAGE_DIR_NAME
@@ -142,8 +148,26 @@ def run(
             ),
             result,
         )
+        if tier:
+            progress("copying the log's segments into a file:// tier")
+            url, publish_s = publish_tier(storage, directory)
+            result["tier_publish_s"] = round(publish_s, 3)
+            progress(f"waltz spark export --master {master} from the tier")
+            from_tier = _measured(
+                "tier",
+                lambda: export(
+                    None,
+                    directory / TIER_EXPORT_DIR_NAME,
+                    master,
+                    ["--config", str(client_config), "--to-txid", to_txid, "--tier-url", url],
+                ),
+                result,
+            )
+            result["tier_rows"] = sum(p["tier_rows"] for p in from_tier["partitions"])
+            result["tier_vs_network"] = round(from_tier["rows_per_s"] / network["rows_per_s"], 3)
         progress(f"waltz spark export --master {master} from the directory")
         local = _measured("local", lambda: export(storage, directory / EXPORT_DIR_NAME, master), result)
         result["network_vs_local"] = round(network["rows_per_s"] / local["rows_per_s"], 3)
-    shutil.rmtree(directory / NETWORK_EXPORT_DIR_NAME, ignore_errors=True)
+    for name in (NETWORK_EXPORT_DIR_NAME, TIER_EXPORT_DIR_NAME):
+        shutil.rmtree(directory / name, ignore_errors=True)
     return result

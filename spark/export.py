@@ -122,6 +122,10 @@ class PartitionSummary:
     watermark: int
     # Txids the export wanted but retention had already removed ("a..b"), if any.
     missing: str | None = None
+    # Rows read from the storage nodes' tier (tier.url), and tier slices that fell back to the
+    # network (a damaged or unreadable tier copy; the job's log names the txids).
+    tier_rows: int = 0
+    tier_fallbacks: int = 0
 
 
 @dataclass
@@ -348,16 +352,23 @@ def run_export(
         new_marks = {p.partition_id: p.to_txid for p in plans}
         pending = commit.prepare(output, [r.file for r in results if r.file is not None], new_marks)
         commit.finish(output, pending)
-        counts: dict[int, int] = {}
+        counts: dict[int, tuple[int, int, int]] = {}
         for result in results:
-            counts[result.partition_id] = counts.get(result.partition_id, 0) + result.rows
+            rows, tier_rows, fallbacks = counts.get(result.partition_id, (0, 0, 0))
+            counts[result.partition_id] = (
+                rows + result.rows,
+                tier_rows + result.tier_rows,
+                fallbacks + result.tier_fallbacks,
+            )
         summary.files = len(pending.files)
         for p in plans:
             wanted = watermarks.get(p.partition_id, NO_TRANSACTION) + 1
             missing = f"{wanted}..{p.from_txid - 1}" if p.from_txid > wanted else None
-            rows = counts.get(p.partition_id, 0)
+            rows, tier_rows, fallbacks = counts.get(p.partition_id, (0, 0, 0))
             summary.partitions.append(
-                PartitionSummary(p.partition_id, p.from_txid, p.to_txid, rows, p.to_txid, missing)
+                PartitionSummary(
+                    p.partition_id, p.from_txid, p.to_txid, rows, p.to_txid, missing, tier_rows, fallbacks
+                )
             )
             summary.rows += rows
     summary.published_to_zookeeper = _publish(config, options)

@@ -31,6 +31,7 @@ from spark.network import read_part
 from spark.plan import Slice
 from spark.progress import CountBatch
 from spark.schema import COLUMN_DATA, COLUMN_DECODED, COLUMN_PARTITION, COLUMN_TRANSACTION_ID
+from spark.tier import SourceCounts
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.common.fileio import fsync_file
 
@@ -78,6 +79,8 @@ class TaskResult:
     partition_id: int
     rows: int
     file: str | None  # relative to the staging directory; None when no row was left
+    tier_rows: int = 0  # rows read from the tier's objects (spark.tier)
+    tier_fallbacks: int = 0  # tier slices whose rest was read over the network
 
 
 def file_name(part: Slice) -> str:
@@ -111,9 +114,10 @@ def run_task(task: ExportTask, count_batch: CountBatch | None = None) -> TaskRes
     target.parent.mkdir(parents=True, exist_ok=True)
     temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
     rows = 0
+    sources = SourceCounts()
     writer: pq.ParquetWriter | None = None
     try:
-        for batch in _output_batches(task):
+        for batch in _output_batches(task, sources):
             if writer is None:
                 writer = pq.ParquetWriter(temporary, batch.schema, **PARQUET_WRITE_OPTIONS)
             writer.write_batch(batch)
@@ -121,7 +125,7 @@ def run_task(task: ExportTask, count_batch: CountBatch | None = None) -> TaskRes
             if count_batch is not None:
                 count_batch({task.part.partition_id: (batch.num_rows, batch.nbytes)})
         if writer is None:
-            return TaskResult(task.part.partition_id, 0, None)
+            return TaskResult(task.part.partition_id, 0, None, sources.tier_rows, sources.fallbacks)
         writer.close()
         writer = None
         fsync_file(temporary)
@@ -130,11 +134,14 @@ def run_task(task: ExportTask, count_batch: CountBatch | None = None) -> TaskRes
         if writer is not None:
             writer.close()
         temporary.unlink(missing_ok=True)
-    return TaskResult(task.part.partition_id, rows, file_name(task.part))
+    return TaskResult(
+        task.part.partition_id, rows, file_name(task.part), sources.tier_rows, sources.fallbacks
+    )
 
 
-def _output_batches(task: ExportTask) -> Iterator[pa.RecordBatch]:
-    batches = (b.drop_columns([COLUMN_PARTITION]) for b in read_part(task.part, task.on_corrupt))
+def _output_batches(task: ExportTask, sources: SourceCounts) -> Iterator[pa.RecordBatch]:
+    read = read_part(task.part, task.on_corrupt, sources)
+    batches = (b.drop_columns([COLUMN_PARTITION]) for b in read)
     if task.decoder is None:
         yield from batches
         return

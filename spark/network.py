@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 
 from spark.schema import ARROW_SCHEMA
 from spark.segments import SegmentSlice, fixed_width_values, read_slice, record_batch
+from spark.tier import SourceCounts, TierSlice, read_tier_slice
 from waltz_engine.common.record import Record
 from waltz_engine.disk.record_columns import SHARED_HEAD_FIELDS, chunk_crcs_match, zeroed_crcs_ok
 from waltz_engine.storage.network_reader import BadRecordsError, NetworkSlice, read_slice_runs
@@ -173,9 +174,19 @@ def records_batch(partition_id: int, records: Sequence[Record]) -> pa.RecordBatc
     return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
 
 
-def read_part(part: SegmentSlice | NetworkSlice, on_corrupt: str) -> Iterator[pa.RecordBatch]:
-    """The records of a slice, in txid order: local segment files or the storage nodes."""
+def _read_network(part: NetworkSlice) -> Iterator[pa.RecordBatch]:
+    return read_slice_runs(part, decode_batch)
+
+
+def read_part(
+    part: SegmentSlice | NetworkSlice | TierSlice, on_corrupt: str, counts: SourceCounts | None = None
+) -> Iterator[pa.RecordBatch]:
+    """The records of a slice, in txid order: local segment files, the storage nodes or their
+    tier (``counts`` counts the rows the tier gave). ``on_corrupt`` is for local files: a
+    damaged record elsewhere is read from another copy."""
     if isinstance(part, NetworkSlice):
-        yield from read_slice_runs(part, decode_batch)
+        yield from _read_network(part)
+    elif isinstance(part, TierSlice):
+        yield from read_tier_slice(part, _read_network, counts)
     else:
         yield from read_slice(part, on_corrupt)

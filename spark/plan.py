@@ -22,6 +22,9 @@ Options (all strings, as Spark passes them; names are case-insensitive; the READ
 ``on_corrupt``
     ``fail`` (default) or ``skip`` records whose checksum fails (local files; over the network a
     damaged record is read from another replica, and the read fails if none has it whole).
+``tier.url``
+    the storage nodes' ``storage.tier.url``: the ranges their tier holds are read from the
+    object store itself (:mod:`spark.tier`), the rest over the network; needs the cluster.
 ``max_rows_per_trigger``
     streaming only: at most this many transactions per micro-batch, over all partitions
     (default: everything committed since the last one).
@@ -37,6 +40,7 @@ from pathlib import Path
 
 from spark.layout import NO_TRANSACTION, Replica, choose_replica, discover, slices
 from spark.segments import ON_CORRUPT_CHOICES, ON_CORRUPT_FAIL, SegmentSlice
+from spark.tier import TierSlice, tier_slices
 from waltz_engine.common.config import Config
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.net.tls import TlsConfig
@@ -56,6 +60,7 @@ OPTION_TO_TXIDS = "to_txids"
 OPTION_ON_CORRUPT = "on_corrupt"
 OPTION_MAX_ROWS_PER_TRIGGER = "max_rows_per_trigger"
 OPTION_CONFIG = "config"
+OPTION_TIER_URL = "tier.url"
 SSL_PREFIX = "ssl."
 # The TLS keys, as the client's config spells them (Spark passes option names lower-cased).
 SSL_KEYS = (
@@ -81,6 +86,7 @@ KNOWN_OPTIONS = (
     OPTION_TO_TXIDS,
     OPTION_ON_CORRUPT,
     OPTION_MAX_ROWS_PER_TRIGGER,
+    OPTION_TIER_URL,
 )
 BOUND_SERVER = "server"
 BOUND_GIVEN = "to_txid"
@@ -208,6 +214,7 @@ class ReadOptions:
     on_corrupt: str
     max_rows_per_trigger: int | None = None
     partition_filter: PartitionFilter | None = None  # from pushed-down filters
+    tier_url: str | None = None  # the nodes' tier, read directly (network reads only)
 
     def selects(self, partition_id: int) -> bool:
         return self.partition_filter is None or self.partition_filter.selects(partition_id)
@@ -247,6 +254,12 @@ class ReadOptions:
         max_rows = _txid(options, OPTION_MAX_ROWS_PER_TRIGGER)
         if max_rows is not None and max_rows < 1:
             raise OptionsError(f"{OPTION_MAX_ROWS_PER_TRIGGER} must be at least 1, got {max_rows}")
+        tier_url = options.get(OPTION_TIER_URL) or None
+        if tier_url is not None and directories:
+            raise OptionsError(
+                f"{OPTION_TIER_URL} is read with the cluster's network reads: give it without "
+                f"{OPTION_PATHS}, or read the directories alone"
+            )
         text = options.get(OPTION_PARTITIONS)
         return cls(
             directories=directories,
@@ -258,11 +271,12 @@ class ReadOptions:
             to_txids=to_txids,
             on_corrupt=on_corrupt,
             max_rows_per_trigger=max_rows,
+            tier_url=tier_url,
         )
 
 
-# One unit of work: a segment's txids (local files) or a partition's (over the network).
-Slice = SegmentSlice | NetworkSlice
+# One unit of work: a segment's txids (local files or the tier) or a partition's (the network).
+Slice = SegmentSlice | NetworkSlice | TierSlice
 
 
 @dataclass(frozen=True)
@@ -366,7 +380,11 @@ def _network_partitions(
     result = []
     for partition_id, sources in sorted(layout.partitions.items()):
         start, end = _range(options, partition_id, 0, sources.committed)
-        parts = tuple(sources.slices(start, end))
+        parts: tuple[Slice, ...]
+        if options.tier_url is None:
+            parts = tuple(sources.slices(start, end))
+        else:
+            parts = tuple(tier_slices(options.tier_url, sources, start, end))
         result.append(PartitionPlan(partition_id, start, end, source, parts))
     return result
 

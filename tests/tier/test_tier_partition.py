@@ -1,6 +1,9 @@
 """A partition with a `file://` tier, in this process: what the node's tier round uploads and
 evicts, reads across the evicted and local segments, and retention over both (the evicted
-range is forgotten below the bound, also when it removes the local segments in between)."""
+range is forgotten below the bound, also when it removes the local segments in between; the
+tier's copies go once the partition no longer serves them, manifest first, resumed after a
+kill), and the scrub over the tier's copies (a flipped bit found in an evicted copy by its
+reads, in a local segment's copy by its digest, which is then uploaded again)."""
 
 from __future__ import annotations
 
@@ -12,12 +15,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from storage_node_support import make_records
+from storage_node_support import flip_data_bits, make_records
 
 from waltz_engine.common.errors import StorageError
+from waltz_engine.common.object_store import ObjectStore, ObjectStoreError
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
 from waltz_engine.disk.record_format import RECORD_OVERHEAD_BYTES
 from waltz_engine.ops.inspect import verify
+from waltz_engine.storage.node.scrubber import Scrubber
 from waltz_engine.storage.partition import Partition
 from waltz_engine.storage.storage_manager import StorageManager
 from waltz_engine.storage.tier.offload import TierOffloader
@@ -47,11 +52,19 @@ def _offload(partition: Partition, tier: Path, local_low_water_mark: int) -> Tie
     partition.set_low_water_mark(1, local_low_water_mark)
     partition.append(records[local_low_water_mark + 1 :])
     settings = TierSettings(tier.as_uri(), local_bytes=1, cache_bytes=1)
-    workers = {0: SimpleNamespace(partition=partition)}
-    offloader = TierOffloader(settings, KEY, "r", tier.parent, lambda: workers)  # type: ignore[arg-type, return-value]
+    return _round(partition, settings, tier.parent, None)
+
+
+def _round(partition: Partition, settings: TierSettings, directory: Path, bound: int | None) -> TierOffloader:
+    """A started node's tier round, the partition's effective retention bound ``bound``."""
+    offloader = TierOffloader(settings, KEY, "r", directory, lambda: _workers(partition, bound))  # type: ignore[arg-type, return-value]
     offloader.open_store()
     asyncio.run(offloader.run_once())
     return offloader
+
+
+def _workers(partition: Partition, bound: int | None = None) -> dict[int, SimpleNamespace]:
+    return {0: SimpleNamespace(partition=partition, retention_bound=bound)}
 
 
 def test_only_segments_at_or_below_the_local_low_water_mark_go(partition: Partition, tmp_path: Path) -> None:
@@ -96,3 +109,69 @@ def test_retention_forgets_the_evicted_range_below_its_bound(partition: Partitio
     assert partition.remove_head_segments(35) == [(10, 19), (20, 29)]
     assert partition.first_transaction_id() == 30
     assert partition.records(30, RECORDS) == make_records(30, 10, size_bytes=DATA_BYTES)
+
+
+def _objects(tier: Path) -> list[str]:
+    return sorted(p.name for p in (tier / str(KEY) / "0" / "r").iterdir())
+
+
+def _manifest_spans(tier: Path) -> list[tuple[int, int]]:
+    manifest = json.loads((tier / str(KEY) / "0" / "r" / "manifest.json").read_text())
+    return [(s["first_txid"], s["max_txid"]) for s in manifest["segments"]]
+
+
+def test_retention_removes_the_tier_copies_manifest_first_and_resumes_after_a_kill(
+    partition: Partition, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tier = tmp_path / "tier"
+    settings = _offload(partition, tier, RECORDS - 1).settings
+    assert _manifest_spans(tier) == [(0, 9), (10, 19), (20, 29)]
+    # A bound the partition's cleaner has not applied yet: it still serves 0..9, which stays.
+    _round(partition, settings, tmp_path, 15)
+    assert _manifest_spans(tier) == [(0, 9), (10, 19), (20, 29)]
+
+    partition.remove_head_segments(15)
+    # Killed after the new manifest, before the deletes: the manifest names no missing object.
+    with monkeypatch.context() as patched:
+        patched.setattr(ObjectStore, "delete", _killed)
+        _round(partition, settings, tmp_path, 15)
+    assert _manifest_spans(tier) == [(10, 19), (20, 29)]
+    assert f"{0:019d}.seg" in _objects(tier)
+    # The restarted node's first round deletes what the manifest no longer names.
+    _round(partition, settings, tmp_path, 15)
+    names = [f"{first:019d}{suffix}" for first in (10, 20) for suffix in (".idx", ".seg")]
+    assert _objects(tier) == sorted([*names, "manifest.json"])
+    assert partition.records(10, 30) == make_records(10, 30, size_bytes=DATA_BYTES)
+
+    partition.remove_head_segments(35)  # the local (20, 29) and the evicted (10, 19)
+    _round(partition, settings, tmp_path, 35)
+    assert _manifest_spans(tier) == []
+    assert _objects(tier) == ["manifest.json"]
+    assert disk_usage(partition)["tier_segments"] == 0
+    assert partition.records(30, 10) == make_records(30, 10, size_bytes=DATA_BYTES)
+
+
+def _killed(store: ObjectStore, name: str) -> None:
+    raise ObjectStoreError(f"{store.url}: cannot delete {name}: killed")
+
+
+def test_the_scrub_finds_a_flipped_bit_in_the_tier_copies(partition: Partition, tmp_path: Path) -> None:
+    tier = tmp_path / "tier"
+    offloader = _offload(partition, tier, RECORDS - 1)
+    prefix = tier / str(KEY) / "0" / "r"
+    assert partition.segments == [(20, 29), (30, 39)]  # 0..19 evicted, 20..29 also in the tier
+    flip_data_bits(prefix, [3])
+    local_copy = prefix / f"{20:019d}.seg"
+    whole = local_copy.read_bytes()
+    local_copy.write_bytes(whole[:-1] + bytes([whole[-1] ^ 0x01]))
+
+    scrubber = Scrubber(lambda: _workers(partition), tier=offloader)  # type: ignore[arg-type, return-value]
+    asyncio.run(scrubber.scrub_partition(partition))
+    (damage,) = partition.damage_report()
+    assert (damage.segment, damage.transactions) == (0, ((3, 3),)), damage
+    assert _manifest_spans(tier) == [(0, 9), (10, 19)]  # the rotten copy of a local segment left
+    assert local_copy.read_bytes() != whole  # the scrub only reads
+
+    _round(partition, offloader.settings, tmp_path, None)
+    assert _manifest_spans(tier) == [(0, 9), (10, 19), (20, 29)]
+    assert local_copy.read_bytes() == whole  # uploaded again from the local files

@@ -516,6 +516,12 @@ def export_command(
             "--network", help="Serve the log from a storage node; export it over the network and locally."
         ),
     ] = False,
+    tier: Annotated[
+        bool,
+        typer.Option(
+            "--tier", help="With --network: also export the log from a file:// tier holding it (--tier-url)."
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Rows/s of `waltz spark export` beside the segment parser alone in one process.
@@ -524,8 +530,12 @@ def export_command(
     """
     from spark import bench_export, bench_network
 
+    if tier and not network:
+        fail("--tier goes with --network (the tier's export is compared with the network's)")
     if network:
-        result = bench_network.run(directory, rows, partitions, data_bytes, master, progress=_progress)
+        result = bench_network.run(
+            directory, rows, partitions, data_bytes, master, progress=_progress, tier=tier
+        )
     else:
         result = bench_export.run(
             directory,

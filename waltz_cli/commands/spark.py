@@ -105,6 +105,7 @@ def _read_options(
     partitions: str | None,
     on_corrupt: str,
     to_txid: int | None = None,
+    tier_url: str | None = None,
 ) -> dict[str, str]:
     from spark.plan import (
         OPTION_CLUSTER_ROOT,
@@ -112,6 +113,7 @@ def _read_options(
         OPTION_ON_CORRUPT,
         OPTION_PARTITIONS,
         OPTION_PATHS,
+        OPTION_TIER_URL,
         OPTION_TO_TXID,
         OPTION_ZOOKEEPER,
     )
@@ -134,6 +136,8 @@ def _read_options(
         options[OPTION_CLUSTER_ROOT] = cluster_root
     if partitions:
         options[OPTION_PARTITIONS] = partitions
+    if tier_url:
+        options[OPTION_TIER_URL] = tier_url
     return options
 
 
@@ -156,10 +160,22 @@ def _summary_table(summary: object) -> Table:
     table.caption = (
         f"{summary.rows} rows in {summary.files} files, {summary.elapsed_seconds:.1f} s "
         f"(of which the export job {summary.seconds:.1f} s, {summary.rows_per_s:,.0f} rows/s)"
+        + _tier_note(summary)
         + ("; finished a killed run first" if summary.recovered_previous_run else "")
         + ("; watermarks published to ZooKeeper" if summary.published_to_zookeeper else "")
     )
     return table
+
+
+def _tier_note(summary: ExportSummary) -> str:
+    tier_rows = sum(p.tier_rows for p in summary.partitions)
+    fallbacks = sum(p.tier_fallbacks for p in summary.partitions)
+    if not tier_rows and not fallbacks:
+        return ""
+    fell_back = (
+        f", {fallbacks} tier slice(s) finished over the network (see the Spark log)" if fallbacks else ""
+    )
+    return f"; {tier_rows} rows read from the tier" + (fell_back if fallbacks else "")
 
 
 @app.command("export")
@@ -216,6 +232,14 @@ def export(
         int | None,
         typer.Option("--to-txid", help="Last txid to export (directories without a cluster need it)."),
     ] = None,
+    tier_url: Annotated[
+        str | None,
+        typer.Option(
+            "--tier-url",
+            help="The storage nodes' storage.tier.url: what their tier holds is read from the object "
+            "store itself, the rest over the network.",
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Export the committed log to Parquet, all of it or (--incremental) only what is new.
@@ -235,7 +259,7 @@ def export(
     export_config = ExportConfig(
         output=output.resolve(),
         read_options=_read_options(
-            directories, zookeeper, cluster_root, config, partitions, on_corrupt, to_txid
+            directories, zookeeper, cluster_root, config, partitions, on_corrupt, to_txid, tier_url
         ),
         format=output_format,
         decoder=decoder,

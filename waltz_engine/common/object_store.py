@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.common.extras import BACKUP, require
@@ -153,6 +153,24 @@ class ObjectStore:
         assert isinstance(result, str)
         return result
 
+    def copy_range(self, name: str, offset: int, size: int, out: BinaryIO) -> None:
+        """Bytes ``offset..offset+size`` of the file into ``out`` at its position, a chunk at a
+        time (a ranged read: a reader of part of a large object fetches only that part)."""
+
+        def copy() -> None:
+            with self.fs.open_input_file(self._path(name)) as source:
+                done = 0
+                while done < size:
+                    chunk = bytes(source.read_at(min(COPY_CHUNK_BYTES, size - done), offset + done))
+                    if not chunk:
+                        raise ObjectStoreError(
+                            f"{self.url}: {name} ends at {offset + done} bytes, {offset + size} expected"
+                        )
+                    out.write(chunk)
+                    done += len(chunk)
+
+        self._call("read", name, copy)
+
     def list_names(self, directory: str = "", files_only: bool = True) -> list[str]:
         """The names directly in ``directory`` (the root by default)."""
         path = self._path(directory) if directory else self.root
@@ -224,6 +242,16 @@ class ObjectStore:
         self._sync(temporary)
         self._move_in(temporary, name)
         return copied
+
+    def delete(self, name: str) -> None:
+        """Remove a file; one already gone is no error (a removal resumed after a kill)."""
+        self._step()
+
+        def remove() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.delete_file(self._path(name))
+
+        self._call("delete", name, remove)
 
     def remove_debris(self) -> None:
         """Remove what killed runs left in the temporary directory (nothing a manifest names is

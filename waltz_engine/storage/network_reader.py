@@ -164,6 +164,11 @@ class PartitionSources:
             )
         return result
 
+    def fallback_slice(self, from_txid: int, to_txid: int) -> NetworkSlice:
+        """Committed txids ``from_txid..to_txid`` as one slice, whichever replicas hold them now:
+        where a reader of another copy (the tier's) goes when that copy fails it."""
+        return NetworkSlice(self.partition_id, from_txid, to_txid, self._preference(to_txid, 0), self.store)
+
     def _preference(self, end: int, index: int) -> tuple[ReplicaSource, ...]:
         whole = [r for r in self.replicas if r.readable_to >= end]
         turn = (self.partition_id + index) % len(whole) if whole else 0

@@ -253,7 +253,7 @@ class StorageNode:
         )
         await self.cleaner.start()
         if config.scrub_bytes_per_second:
-            self.scrubber = Scrubber(lambda: self.workers, config.scrub_bytes_per_second)
+            self.scrubber = Scrubber(lambda: self.workers, config.scrub_bytes_per_second, tier=self.tier)
             self.scrubber.start()
         if self.tier is not None:
             self.tier.start()

@@ -7,6 +7,11 @@ sealed segment stays unknown until something reads that record. Each read checks
 CRC and data checksum, and a record that fails is remembered in the partition's damage log. So
 the scrub is only reads: the damage is then reported (log, ``/health``, ``waltz storage list``)
 and ``waltz storage recover-partition`` refills it. The scrub never writes a byte.
+
+With a tier (issue 25), the reads of a partition's evicted range check the tier's copies record
+by record (the damage is remembered as for local records), and the copies of segments still on
+the local disk are checked against the SHA-256 their manifest names, at the same rate: a copy
+that differs is uploaded again from the whole local file (``TierOffloader.check_copy``).
 """
 
 from __future__ import annotations
@@ -17,12 +22,14 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from waltz_engine.common.errors import StorageError
+from waltz_engine.common.object_store import ObjectStoreError
 from waltz_engine.common.tasks import cancel_and_wait
 from waltz_engine.storage.segment import CorruptRecordError
 
 if TYPE_CHECKING:  # the node package imports this module
     from waltz_engine.storage.node.partition_worker import PartitionWorker
     from waltz_engine.storage.partition import Partition
+    from waltz_engine.storage.tier.offload import TierOffloader
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +49,13 @@ class Scrubber:
         workers: Callable[[], Mapping[int, PartitionWorker]],
         bytes_per_second: int = DEFAULT_SCRUB_BYTES_PER_SECOND,
         start_delay_s: float = SCRUB_START_DELAY_S,
+        tier: TierOffloader | None = None,
     ) -> None:
         assert bytes_per_second > 0
         self._workers = workers
         self._bytes_per_second = bytes_per_second
         self._start_delay_s = start_delay_s
+        self._tier = tier
         self._task: asyncio.Task[None] | None = None
         self.passes = 0  # whole passes finished, for tests and metrics
 
@@ -65,12 +74,24 @@ class Scrubber:
                 if partition is None:
                     continue
                 try:
-                    await self._scrub(partition)
+                    await self.scrub_partition(partition)
                 except (StorageError, OSError) as e:
                     # Unassigned or closed meanwhile, or the disk fails reads: the next pass tries again.
                     log.warning("scrub of partition %d stopped: %s", partition_id, e)
             self.passes += 1
             await asyncio.sleep(SCRUB_PASS_PAUSE_S)
+
+    async def scrub_partition(self, partition: Partition) -> None:
+        """One pass over the partition's records, then over its local segments' tier copies."""
+        await self._scrub(partition)
+        if self._tier is None:
+            return
+        try:
+            for first in self._tier.local_copies(partition):
+                checked_bytes = await self._tier.check_copy(partition, first)
+                await asyncio.sleep(checked_bytes / self._bytes_per_second)
+        except ObjectStoreError as e:
+            log.warning("scrub of partition %d's tier copies stopped: %s", partition.partition_id, e)
 
     async def _scrub(self, partition: Partition) -> None:
         transaction_id = partition.first_transaction_id()

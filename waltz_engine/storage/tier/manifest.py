@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import posixpath
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,6 +113,11 @@ class TierManifest:
         """Name ``segment`` (its objects already uploaded and verified) in a new manifest."""
         segments = {**self.segments, segment.first_transaction_id: segment}
         self._publish(segments)
+
+    def remove(self, first_transaction_ids: Iterable[int]) -> None:
+        """A new manifest without these segments (their objects are deleted after it)."""
+        gone = set(first_transaction_ids)
+        self._publish({f: s for f, s in self.segments.items() if f not in gone})
 
     def _publish(self, segments: dict[int, TierSegment]) -> None:
         value = {

@@ -9,7 +9,8 @@ when it started (the local low-water mark) is known committed. Before an upload 
 records are read and checked (a damaged segment is not uploaded, and so never evicted); after
 it, the object's SHA-256 is read back and compared; then the manifest names it. A node killed
 anywhere leaves the previous manifest, temporary objects it removes when it starts again, and
-its local files (nothing is removed locally before the manifest names it).
+its local files (nothing is removed locally before the manifest names it). Last, retention
+(:mod:`waltz_engine.storage.tier.retention`) removes the tier copies below the partition's bound.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from waltz_engine.storage.tier.manifest import (
     tmp_dir,
 )
 from waltz_engine.storage.tier.reads import TierPending, TierSegments
+from waltz_engine.storage.tier.retention import remove_below, sweep
 from waltz_engine.storage.tier.settings import KEY_TIER_URL, TierSettings
 
 if TYPE_CHECKING:  # the node package imports this module
@@ -100,9 +102,13 @@ class TierOffloader:
         self._workers = workers
         self._store: ObjectStore | None = None
         self._manifests: dict[int, TierManifest] = {}
+        # Partitions whose prefix was swept since the start (what a killed removal left).
+        self._swept: set[int] = set()
         self._stopping = threading.Event()
         self._rate = RateLimit(settings.bytes_per_second, self._stopping)
         self._task: asyncio.Task[None] | None = None
+        # A round and a scrub's check of a copy both rewrite manifests: one at a time.
+        self._manifest_lock = asyncio.Lock()
 
     def open_store(self) -> None:
         """Reach the store and remove this node's temporary debris (blocking)."""
@@ -163,13 +169,14 @@ class TierOffloader:
             await asyncio.sleep(self.settings.check_interval_ms / 1000)
 
     async def run_once(self) -> None:
-        """One round over every partition held (uploads, then evictions)."""
+        """One round over every partition held (uploads, evictions, then retention)."""
         for partition_id, worker in sorted(self._workers().items()):
             partition = worker.partition
             if partition is None:
                 continue
             try:
-                await asyncio.to_thread(self._offload, partition)
+                async with self._manifest_lock:
+                    await asyncio.to_thread(self._offload, partition, worker.retention_bound)
             except OffloadStopped:
                 raise
             except (WaltzError, OSError) as e:
@@ -177,18 +184,19 @@ class TierOffloader:
                 message = f"tier: partition {partition_id}: {e}; trying again next round"
                 _warnings.warn(str(partition_id), message)
 
-    def _offload(self, partition: Partition) -> None:
+    def _offload(self, partition: Partition, retention_bound: int | None) -> None:
+        """``retention_bound``: the partition's effective retention bound, None while unknown."""
         self.attach(partition)
         manifest = self._manifest(partition.partition_id)
         local_low_water_mark = partition.info.current.local_low_water_mark
         for first, last in partition.segments[:-1]:
             if last > local_low_water_mark:
                 break
+            if retention_bound is not None and last < retention_bound:
+                continue  # retention removes it: not worth an upload
             if first not in manifest.segments and self._records_whole(partition, first, last):
                 manifest.add(self._upload(partition, manifest.prefix, first, last))
-                if partition.tier is not None:
-                    partition.tier.uploaded_segments = len(manifest.segments)
-                    partition.tier.uploaded_bytes = manifest.size_bytes
+                self._count(partition, manifest)
         if self.settings.local_bytes:
 
             def in_tier(first: int, last: int) -> TierSegment | None:
@@ -199,6 +207,75 @@ class TierOffloader:
                 log.info(
                     "tier: partition %d: %d segment(s) now only in the tier", partition.partition_id, evicted
                 )
+
+        if retention_bound is not None:
+            self._retain(partition, manifest, retention_bound)
+
+    def _retain(self, partition: Partition, manifest: TierManifest, bound: int) -> None:
+        """Retention in the tier, below what the partition still serves (so no read of it
+        looks for a deleted object)."""
+        assert self._store is not None
+        end = min(bound, partition.first_transaction_id())
+        removed = remove_below(manifest, end)
+        if removed or partition.partition_id not in self._swept:
+            sweep(self._store, manifest, end)
+            self._swept.add(partition.partition_id)
+        if removed:
+            self._count(partition, manifest)
+            log.info(
+                "tier: partition %d: retention removed %d segment(s) with transactions %d..%d "
+                "from the tier (effective bound %d)",
+                partition.partition_id,
+                len(removed),
+                removed[0][0],
+                removed[-1][1],
+                bound,
+            )
+
+    @staticmethod
+    def _count(partition: Partition, manifest: TierManifest) -> None:
+        if partition.tier is not None:
+            partition.tier.uploaded_segments = len(manifest.segments)
+            partition.tier.uploaded_bytes = manifest.size_bytes
+
+    def local_copies(self, partition: Partition) -> list[int]:
+        """The first txids of the partition's segments in the tier that are also local (the
+        scrub checks their copies; the evicted ones are checked as it reads them)."""
+        manifest = self._manifests.get(partition.partition_id)
+        if manifest is None or not isinstance(partition.tier, TierSegments):
+            return []
+        evicted = {s.first_transaction_id for s in partition.tier.evicted}
+        return [first for first in sorted(manifest.segments) if first not in evicted]
+
+    async def check_copy(self, partition: Partition, first: int) -> int:
+        """Compare the tier copy of local segment ``first`` with the SHA-256 its manifest names;
+        one that differs leaves the manifest, so the next round uploads it again from the local
+        file (which is never evicted meanwhile: only what the manifest names is). The bytes read."""
+        async with self._manifest_lock:
+            if first not in self.local_copies(partition):
+                return 0  # evicted or removed meanwhile
+            return await asyncio.to_thread(self._check_copy, partition, first)
+
+    def _check_copy(self, partition: Partition, first: int) -> int:
+        assert self._store is not None
+        manifest = self._manifests[partition.partition_id]
+        entry = manifest.segments[first]
+        for name, expected in zip(object_names(manifest.prefix, first), (entry.seg, entry.idx), strict=True):
+            digest = self._store.checksum(name, expected.size)
+            if digest != expected.sha256:
+                log.warning(
+                    "tier: partition %d: %s/%s differs from what was uploaded (sha256 %s, expected %s); "
+                    "uploading the segment again from its local files",
+                    partition.partition_id,
+                    self._store.url,
+                    name,
+                    digest,
+                    expected.sha256,
+                )
+                manifest.remove([first])
+                self._count(partition, manifest)
+                break
+        return entry.size_bytes
 
     def _records_whole(self, partition: Partition, first: int, last: int) -> bool:
         transaction_id = first
