@@ -6,7 +6,10 @@ then carried out by steps that each look at the cluster before acting, so runnin
 after a kill at any step finishes it:
 
 1. copy: the target node gets the partition offline, the records are copied from a live
-   replica at a bounded rate (the original's ``recover-partition``), and it goes online;
+   replica at a bounded rate (the original's ``recover-partition``), then again from where it
+   stopped while the appends made meanwhile are more than a batch (the tail, at the same rate:
+   the servers' catch-up, which no rate bounds, gets at most what one short pass missed), and it
+   goes online;
 2. assign: the target joins the assignment, beside a source that still answers (the servers
    bring its tail up to date), or in one write in place of a source that does not (it holds
    nothing caught up, so the partition never has fewer caught-up replicas than before);
@@ -42,6 +45,9 @@ CATCH_UP_TIMEOUT_MS = 120_000
 CATCH_UP_POLL_INTERVAL_MS = 200
 # Records per RECORD_LIST request while copying: small enough that the rate bound is smooth.
 COPY_BATCH_SIZE = 200
+# Copy passes at most per move: while appends outpace the copy rate the tail never shrinks to a
+# batch, and the servers catch up the rest.
+MAX_COPY_PASSES = 5
 
 
 class MoveError(WaltzError):
@@ -81,8 +87,9 @@ class ReplicaMover:
         when only telling an unreachable source node is left."""
         p = move.partition_id
         layout = await self.layout()
+        replaced = False
         if move.target not in _holders(layout, p):
-            await self._copy(layout, move)
+            await self.copy(layout, move)
             source_node = await self.node(layout, move.source)
             if source_node is not None and move.source in _holders(layout, p):
                 self.say(f"partition {p}: assigning {move.target} beside {move.source}")
@@ -92,9 +99,13 @@ class ReplicaMover:
                 await asyncio.to_thread(
                     change_replicas, self.zk, self.root, [(move.target, p)], [(move.source, p)]
                 )
+                replaced = True
             layout = await self.layout()
-        if move.source in _holders(layout, p):
+        leaving = move.source in _holders(layout, p)
+        if leaving or replaced:
+            # A replica in place of an unreachable one is not moved until caught up either.
             await self._await_caught_up(layout, move)
+        if leaving:
             self.say(f"partition {p}: {move.target} caught up; taking {move.source} out of the assignment")
             await asyncio.to_thread(change_replicas, self.zk, self.root, (), [(move.source, p)])
         if not await self._release(layout, move):
@@ -103,7 +114,7 @@ class ReplicaMover:
         self.say(f"partition {p}: moved from {move.source} to {move.target}")
         return True
 
-    async def _copy(self, layout: StoreLayout, move: ReplicaMove) -> None:
+    async def copy(self, layout: StoreLayout, move: ReplicaMove) -> None:
         p = move.partition_id
         source = await self._copy_source(layout, move)
         target_node = await self.node(layout, move.target)
@@ -117,15 +128,25 @@ class ReplicaMover:
             await admin_ops.set_availability(self.context, target.admin, [p], online=False)
         rate = f" at most {self.bytes_per_second} bytes/s" if self.bytes_per_second else ""
         self.say(f"partition {p}: copying from {source} to {move.target}{rate}")
-        result = await admin_ops.recover_partition(
-            self.context,
-            layout.admin_address(source),
-            target.admin,
-            target.data_port(),
-            p,
-            batch_size=COPY_BATCH_SIZE,
-            throttle=self._throttle if self.bytes_per_second else None,
-        )
+        for passes in range(1, MAX_COPY_PASSES + 1):
+            # Each pass goes on from where the last stopped (the target's low-water mark) up to
+            # the source's local low-water mark as it is when the pass starts.
+            result = await admin_ops.recover_partition(
+                self.context,
+                layout.admin_address(source),
+                target.admin,
+                target.data_port(),
+                p,
+                batch_size=COPY_BATCH_SIZE,
+                throttle=self.throttle if self.bytes_per_second else None,
+            )
+            if result.records_copied <= COPY_BATCH_SIZE:
+                break
+            if passes < MAX_COPY_PASSES:
+                self.say(f"partition {p}: copying the tail appended meanwhile, from {result.final + 1}{rate}")
+        else:
+            outpaced = f"appends outpace the copy after {MAX_COPY_PASSES} passes"
+            self.say(f"partition {p}: {outpaced}; the servers catch up the rest")
         await admin_ops.set_availability(self.context, target.admin, [p], online=True)
         self.say(f"partition {p}: {move.target} holds up to {result.final}; online")
 
@@ -141,7 +162,8 @@ class ReplicaMover:
                 return storage
         raise MoveError(f"partition {p}: no replica answers to copy from; run again when one does")
 
-    async def _throttle(self, size_bytes: int) -> None:
+    async def throttle(self, size_bytes: int) -> None:
+        """Awaited with the data size of each batch copied: returns when it is due at the rate."""
         loop = asyncio.get_running_loop()
         self._copied_at = max(self._copied_at, loop.time()) + size_bytes / self.bytes_per_second
         await asyncio.sleep(max(0.0, self._copied_at - loop.time()))
@@ -162,6 +184,7 @@ class ReplicaMover:
         others = [s for s in _holders(layout, p) if s != move.target]
         held = [await self._max_txid(layout, s, p) for s in others]
         goal = max((h for h in held if h is not None), default=-1)
+        self.say(f"partition {p}: waiting for {move.target} to catch up to {goal}")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.catch_up_timeout_ms / 1000
         while True:
@@ -183,6 +206,7 @@ class ReplicaMover:
             return False
         status = _status(node, p)
         if status is not None and status.is_assigned:
+            self.say(f"partition {p}: telling {move.source} it no longer holds it")
             admin = layout.admin_address(move.source)
             delete = move.delete_files
             await admin_ops.remove_partitions(self.context, admin, [p], delete_storage_files=delete)
