@@ -353,9 +353,8 @@ def test_a_replica_move_copies_the_tail_appended_meanwhile_at_the_same_rate(clus
     try:
         assert sum(limited) == b.run(_data_bytes(b, 1, start + first + tail))
         assert max(limited) <= COPY_BATCH_SIZE * RECORD_DATA_SIZE_BYTES
-        assert any(f"copying the tail appended meanwhile, from {start + first}" in line for line in said), (
-            said
-        )
+        tail_passes = [line for line in said if "copying the tail appended meanwhile" in line]
+        assert len(tail_passes) == 2 and f"from {start + first} at most 1 bytes/s" in tail_passes[0], said
         online = max_transaction_id(context, HostPort(b.host, b.admin_port), b.port, 1, offline=False)
         assert b.run(online) == start + first + tail - 1
     finally:

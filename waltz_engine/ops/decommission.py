@@ -18,7 +18,9 @@ from typing import NamedTuple
 from kazoo.client import KazooClient
 
 from waltz_engine.common.errors import WaltzError
+from waltz_engine.net.tls import TlsConfig
 from waltz_engine.storage import admin_ops
+from waltz_engine.storage.network_reader import ClusterAccess
 from waltz_engine.storage.replica_mover import ReplicaMover, plan_moves, registered_name
 from waltz_engine.zk import replica_moves
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
@@ -60,11 +62,13 @@ def decommission(
     bytes_per_second: int = 0,
     timeout_ms: int = admin_ops.DEFAULT_TIMEOUT_MS,
     say: Callable[[str], None] = lambda _: None,
+    tls: TlsConfig | None = None,
 ) -> DecommissionResult:
     """Move every replica ``storage`` (its data or admin address) holds to other nodes.
 
     ``wait``: wait for the mover lease that another process holds (else fail at once, naming
     it). ``delete_files``: the node deletes each moved partition's files (else keeps them).
+    ``tls``: how to reach the servers (their committed high-water marks bound each copy).
     """
     admin_ops.parse_storage_address(storage)
     if bytes_per_second < 0:
@@ -88,7 +92,9 @@ def decommission(
                 + ("run again later" if wait else "add --wait to wait for it")
             )
         try:
-            mover = ReplicaMover(zk, root, layout.context(ssl_context, timeout_ms), bytes_per_second, say)
+            context = layout.context(ssl_context, timeout_ms)
+            access = ClusterAccess(settings, tls or TlsConfig())
+            mover = ReplicaMover(zk, root, context, bytes_per_second, say, access=access)
             return asyncio.run(_decommission(mover, zk, name, delete_files))
         finally:
             replica_moves.release_lease(zk, root)

@@ -23,6 +23,7 @@ from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.server.config import AutoRecoverySettings
 from waltz_engine.storage import admin_ops
 from waltz_engine.storage.admin_ops import StoreLayout
+from waltz_engine.storage.network_reader import ClusterAccess
 from waltz_engine.storage.replica_mover import MoveError, ReplicaMover, plan_moves
 from waltz_engine.zk import replica_moves
 from waltz_engine.zk.replica_moves import REASON_AUTO_RECOVERY, ReplicaMove
@@ -47,8 +48,10 @@ class AutoRecovery:
         settings: AutoRecoverySettings,
         holder: str,
         metrics: MetricsRegistry,
+        access: ClusterAccess | None = None,
     ) -> None:
         assert settings.grace_ms > 0
+        self._access = access  # the servers' committed high-water marks bound each copy
         self._zk = zk
         self._root = root
         self._ssl_context = ssl_context
@@ -105,6 +108,7 @@ class AutoRecovery:
             layout.context(self._ssl_context, REQUEST_TIMEOUT_MS),
             self._settings.bytes_per_second,
             lambda line: log.info("auto-recovery: %s", line),
+            access=self._access,
         )
         live = await mover.live_nodes(layout)
         self._track(layout, live)

@@ -6,10 +6,12 @@ then carried out by steps that each look at the cluster before acting, so runnin
 after a kill at any step finishes it:
 
 1. copy: the target node gets the partition offline, the records are copied from a live
-   replica at a bounded rate (the original's ``recover-partition``), then again from where it
-   stopped while the appends made meanwhile are more than a batch (the tail, at the same rate:
-   the servers' catch-up, which no rate bounds, gets at most what one short pass missed), and it
-   goes online;
+   replica at a bounded rate (the original's ``recover-partition``, but up to the servers'
+   committed high-water mark where the replica's store session is current, not only up to its
+   local low-water mark, which moves only when a store session starts), then again from where
+   it stopped while the appends made meanwhile are more than a batch (the tail, at the same
+   rate: the servers' catch-up, which no rate bounds, gets at most what one short pass missed),
+   and it goes online;
 2. assign: the target joins the assignment, beside a source that still answers (the servers
    bring its tail up to date), or in one write in place of a source that does not (it holds
    nothing caught up, so the partition never has fewer caught-up replicas than before);
@@ -35,6 +37,7 @@ from kazoo.client import KazooClient
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.storage import admin_ops
 from waltz_engine.storage.admin_ops import NodePartitions, PartitionStatus, StorageContext, StoreLayout
+from waltz_engine.storage.network_reader import ClusterAccess, discover
 from waltz_engine.zk import replica_moves
 from waltz_engine.zk.replica_moves import ReplicaMove
 from waltz_engine.zk.store_metadata import change_replicas
@@ -65,6 +68,9 @@ class ReplicaMover:
     bytes_per_second: int = 0
     say: Callable[[str], None] = log.info
     catch_up_timeout_ms: int = CATCH_UP_TIMEOUT_MS
+    # Where the servers are, to copy up to their committed high-water mark (None: only up to
+    # the source's local low-water mark).
+    access: ClusterAccess | None = None
     _copied_at: float = field(default=0.0, init=False)
 
     async def layout(self) -> StoreLayout:
@@ -127,10 +133,12 @@ class ReplicaMover:
         if status is None or not status.is_assigned or status.is_available:
             await admin_ops.set_availability(self.context, target.admin, [p], online=False)
         rate = f" at most {self.bytes_per_second} bytes/s" if self.bytes_per_second else ""
-        self.say(f"partition {p}: copying from {source} to {move.target}{rate}")
-        for passes in range(1, MAX_COPY_PASSES + 1):
+        what = f"copying from {source} to {move.target}"
+        for _ in range(MAX_COPY_PASSES):
             # Each pass goes on from where the last stopped (the target's low-water mark) up to
-            # the source's local low-water mark as it is when the pass starts.
+            # how far the source holds committed transactions when the pass starts.
+            up_to = await self._committed_on(source, p)
+            self.say(f"partition {p}: {what}{'' if up_to is None else f' up to {up_to}'}{rate}")
             result = await admin_ops.recover_partition(
                 self.context,
                 layout.admin_address(source),
@@ -139,16 +147,28 @@ class ReplicaMover:
                 p,
                 batch_size=COPY_BATCH_SIZE,
                 throttle=self.throttle if self.bytes_per_second else None,
+                up_to=up_to,
             )
             if result.records_copied <= COPY_BATCH_SIZE:
                 break
-            if passes < MAX_COPY_PASSES:
-                self.say(f"partition {p}: copying the tail appended meanwhile, from {result.final + 1}{rate}")
+            what = f"copying the tail appended meanwhile, from {result.final + 1}"
         else:
             outpaced = f"appends outpace the copy after {MAX_COPY_PASSES} passes"
             self.say(f"partition {p}: {outpaced}; the servers catch up the rest")
         await admin_ops.set_availability(self.context, target.admin, [p], online=True)
         self.say(f"partition {p}: {move.target} holds up to {result.final}; online")
+
+    async def _committed_on(self, storage: str, p: int) -> int | None:
+        """How far ``storage`` holds ``p``'s committed transactions (the network reader's
+        bound), or None when the servers or the node do not say."""
+        if self.access is None:
+            return None
+        try:
+            sources = await asyncio.to_thread(discover, self.access, [p])
+        except (WaltzError, OSError, TimeoutError) as e:
+            self.say(f"partition {p}: copying up to the low-water mark only, no committed bound: {e}")
+            return None
+        return next((r.readable_to for r in sources.partitions[p].replicas if r.storage == storage), None)
 
     async def _copy_source(self, layout: StoreLayout, move: ReplicaMove) -> str:
         """A replica that answers, holds the partition available and undamaged: another node

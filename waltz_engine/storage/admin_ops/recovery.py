@@ -94,6 +94,8 @@ class _RecoveryState:
     throttle: Callable[[int], Awaitable[None]] | None = None
     # Only the damaged segments are refilled, nothing is cut or copied (see recover_partition).
     refill_only: bool = False
+    # Copy up to here rather than the source's local low-water mark, if higher (recover_partition).
+    up_to: int | None = None
 
 
 async def _recover_once(
@@ -139,7 +141,9 @@ async def _recover_once(
                 f"last session info request to {source_admin_address}",
                 source_admin.last_session_info(partition_id),
             )
-            state.target = source_info.local_low_water_mark
+            state.target = max(
+                source_info.local_low_water_mark, NO_TRANSACTION if state.up_to is None else state.up_to
+            )
         target = state.target
         if state.start is None:
             state.start = current
@@ -166,7 +170,7 @@ async def _recover_once(
             if not records:
                 raise NodeCallFailure(
                     f"source {source_admin_address} returned no record at transaction {current + 1} "
-                    f"(below its local low-water mark {target})",
+                    f"(it was to be copied up to {target})",
                     transient=False,
                 )
             await call_node(
@@ -200,6 +204,7 @@ async def recover_partition(
     progress: Callable[[RecoveryProgress], None] = lambda _: None,
     throttle: Callable[[int], Awaitable[None]] | None = None,
     refill_only: bool = False,
+    up_to: int | None = None,
 ) -> RecoveryResult:
     """Copy a partition from a source node to a destination whose copy is offline (unavailable).
 
@@ -214,12 +219,16 @@ async def recover_partition(
     records that may be committed copies a quorum still needs: on a live cluster whose other
     replica lags (back from a crash), it left one copy of them, and the next recovery voted them
     away (the smoke run, seed 72: 522 committed transactions replaced).
+
+    ``up_to`` copies further than the source's local low-water mark, which moves only when a
+    store session starts: to a txid the caller knows committed and held by the source (the
+    servers' committed high-water mark, the source's session current: see network_reader).
     """
     context.check_partitions([partition_id])
     check_batch_size(batch_size)
     source = replace(context, ssl_context=source_ssl_context or context.ssl_context)
     destination = replace(context, ssl_context=destination_ssl_context or context.ssl_context)
-    state = _RecoveryState(throttle=throttle, refill_only=refill_only)
+    state = _RecoveryState(throttle=throttle, refill_only=refill_only, up_to=up_to)
     backoff_ms = RECOVERY_RETRY_BACKOFF_MS
     for attempt in range(1, RECOVERY_MAX_ATTEMPTS + 1):
         try:
