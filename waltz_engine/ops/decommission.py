@@ -21,7 +21,13 @@ from waltz_engine.common.errors import WaltzError
 from waltz_engine.net.tls import TlsConfig
 from waltz_engine.storage import admin_ops
 from waltz_engine.storage.network_reader import ClusterAccess
-from waltz_engine.storage.replica_mover import ReplicaMover, plan_moves, registered_name
+from waltz_engine.storage.replica_mover import (
+    ReplicaMover,
+    plan_moves,
+    registered_name,
+    settled_moves,
+    under_way,
+)
 from waltz_engine.zk import replica_moves
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
 from waltz_engine.zk.replica_moves import REASON_DECOMMISSION, ReplicaMove
@@ -112,12 +118,13 @@ async def _decommission(
         live - {name},
         reason=REASON_DECOMMISSION,
         delete_files=delete_files,
-        skip={m.partition_id for m in recorded},
+        skip=under_way(layout, recorded),
     )
     if planned:
         targets = ", ".join(f"{m.partition_id} to {m.target}" for m in planned)
         mover.say(f"{name}: moving partitions {targets}")
-    recorded = await asyncio.to_thread(replica_moves.add_moves, zk, mover.root, planned)
+    settled = settled_moves(layout, recorded)
+    recorded = await asyncio.to_thread(replica_moves.add_moves, zk, mover.root, planned, settled)
     ours = sorted((m for m in recorded if m.source == name), key=lambda m: m.partition_id)
     unreleased = [m for m in ours if not await mover.run(m)]
     layout = await mover.layout()

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -234,10 +234,22 @@ class ReplicaMover:
             self.say(f"partition {p}: {move.source} no longer holds it (files {files})")
         return True
 
-    def release_only(self, layout: StoreLayout, move: ReplicaMove) -> bool:
-        """Whether all that is left of ``move`` is telling its source node."""
-        holders = _holders(layout, move.partition_id)
-        return move.target in holders and move.source not in holders
+
+def release_only(layout: StoreLayout, move: ReplicaMove) -> bool:
+    """Whether all that is left of ``move`` is telling its source node."""
+    holders = _holders(layout, move.partition_id)
+    return move.target in holders and move.source not in holders
+
+
+def settled_moves(layout: StoreLayout, recorded: Iterable[ReplicaMove]) -> list[ReplicaMove]:
+    """The recorded moves that no longer change the partition's replicas (release-only): a new
+    move of the partition may be planned beside one; beside any other it would race it."""
+    return [m for m in recorded if release_only(layout, m)]
+
+
+def under_way(layout: StoreLayout, recorded: Iterable[ReplicaMove]) -> set[int]:
+    """The partitions a new move must leave alone: a recorded move of each is not settled."""
+    return {m.partition_id for m in recorded if not release_only(layout, m)}
 
 
 def _holders(layout: StoreLayout, partition_id: int) -> list[str]:
