@@ -137,7 +137,7 @@ class ReplicaMover:
         for _ in range(MAX_COPY_PASSES):
             # Each pass goes on from where the last stopped (the target's low-water mark) up to
             # how far the source holds committed transactions when the pass starts.
-            up_to = await self._committed_on(source, p)
+            up_to = await self._committed_on(layout, source, p)
             self.say(f"partition {p}: {what}{'' if up_to is None else f' up to {up_to}'}{rate}")
             result = await admin_ops.recover_partition(
                 self.context,
@@ -158,9 +158,11 @@ class ReplicaMover:
         await admin_ops.set_availability(self.context, target.admin, [p], online=True)
         self.say(f"partition {p}: {move.target} holds up to {result.final}; online")
 
-    async def _committed_on(self, storage: str, p: int) -> int | None:
-        """How far ``storage`` holds ``p``'s committed transactions (the network reader's
-        bound), or None when the servers or the node do not say."""
+    async def _committed_on(self, layout: StoreLayout, storage: str, p: int) -> int | None:
+        """How far ``storage`` holds ``p``'s committed transactions: the network reader's bound
+        (the servers' committed high-water mark where its store session is current), but no
+        further than it holds (a replica of the current session may still be catching up); None
+        when the servers or the node do not say."""
         if self.access is None:
             return None
         try:
@@ -168,7 +170,9 @@ class ReplicaMover:
         except (WaltzError, OSError, TimeoutError) as e:
             self.say(f"partition {p}: copying up to the low-water mark only, no committed bound: {e}")
             return None
-        return next((r.readable_to for r in sources.partitions[p].replicas if r.storage == storage), None)
+        readable = [r.readable_to for r in sources.partitions[p].replicas if r.storage == storage]
+        held = await self._max_txid(layout, storage, p)
+        return min(readable[0], held) if readable and held is not None else None
 
     async def _copy_source(self, layout: StoreLayout, move: ReplicaMove) -> str:
         """A replica that answers, holds the partition available and undamaged: another node
