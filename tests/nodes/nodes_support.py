@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from cluster_support import run_waltz_cli, tailed
+from cluster_support import CLI_TIMEOUT_S, run_cli_at_once, waltz_cli_command
 
 from waltz_engine.client import SyncWaltzClient, TransactionContext, WaltzClientCallbacks
 from waltz_engine.ops.devcluster import LocalCluster
 from waltz_engine.storage.admin_ops import client_ssl_context, list_partitions, read_store_layout
+from waltz_engine.storage.network_reader import ClusterAccess, discover, read_slice_records
 from waltz_engine.zk.connection import connect
 
 # The load stops by itself after this many transactions, flushing every FLUSH_EVERY, at most
@@ -53,6 +56,22 @@ class _NoFeed(WaltzClientCallbacks):
         pass
 
 
+def _append(
+    client: SyncWaltzClient, partitions: int, tag: str, i: int, acknowledged: list[tuple[int, bytes]]
+) -> None:
+    client.submit(_Append(i % partitions, f"{tag}-{i}".encode(), acknowledged))
+
+
+def preload(cluster: LocalCluster, partitions: int, per_partition: int, size_bytes: int) -> None:
+    """``per_partition`` transactions of ``size_bytes`` on each partition, appended in-process."""
+    acknowledged: list[tuple[int, bytes]] = []
+    with SyncWaltzClient(_NoFeed(), str(cluster.client_config_path)) as client:
+        for i in range(partitions * per_partition):
+            _append(client, partitions, "preload".ljust(size_bytes, "-"), i, acknowledged)
+        client.flush()
+    assert len(acknowledged) == partitions * per_partition, len(acknowledged)
+
+
 @contextmanager
 def load(cluster: LocalCluster, partitions: int, tag: str) -> Iterator[list[tuple[int, bytes]]]:
     """Appends run on a thread while the block runs; yields the (partition, data) acknowledged."""
@@ -65,7 +84,7 @@ def load(cluster: LocalCluster, partitions: int, tag: str) -> Iterator[list[tupl
             with SyncWaltzClient(_NoFeed(), str(cluster.client_config_path)) as client:
                 started = time.monotonic()
                 for i in range(MAX_LOAD_TRANSACTIONS):
-                    client.submit(_Append(i % partitions, f"{tag}-{i}".encode(), acknowledged))
+                    _append(client, partitions, tag, i, acknowledged)
                     if i % FLUSH_EVERY == FLUSH_EVERY - 1:
                         client.flush()
                         # Paced: wait for the next batch's time, or the end of the block.
@@ -89,7 +108,14 @@ def load(cluster: LocalCluster, partitions: int, tag: str) -> Iterator[list[tupl
 def assert_nothing_lost(
     cluster: LocalCluster, partitions: int, acknowledged: list[tuple[int, bytes]]
 ) -> None:
-    held = {(row[0], bytes.fromhex(row[6])) for row in tailed(cluster, range(partitions))}
+    """Every acknowledged transaction is in the committed log, read in-process from the
+    replicas (up to the servers' committed high-water marks)."""
+    layout = discover(ClusterAccess(cluster.zookeeper_settings()), range(partitions))
+    held = set()
+    for p, sources in layout.partitions.items():
+        for part in sources.slices(0, sources.committed):
+            for records in read_slice_records(part):
+                held.update((p, bytes(r.data)) for r in records)
     lost = [a for a in acknowledged if a not in held]
     assert not lost, f"{len(lost)} acknowledged transactions lost, e.g. {lost[:3]}"
 
@@ -113,14 +139,36 @@ def node_holds(cluster: LocalCluster, storage: str) -> list[int]:
     return [s.partition_id for s in node.partitions if s.is_assigned]
 
 
-def cli_json(cluster: LocalCluster, *args: str) -> Any:
-    done = run_waltz_cli(*args, "--json", "-c", str(cluster.client_config_path))
-    assert done.returncode == 0, (done.stdout, done.stderr)
-    return json.loads(done.stdout)
-
-
 def assert_replicas_caught_up_and_equal(cluster: LocalCluster) -> None:
-    report = cli_json(cluster, "cluster", "under-replicated")
-    assert report["under_replicated_count"] == 0, report
-    done = run_waltz_cli("storage", "checksum", "--online", "--json", "-c", str(cluster.client_config_path))
-    assert done.returncode == 0, (done.stdout, done.stderr)
+    """`waltz cluster under-replicated` reports none and `waltz storage checksum --online` finds
+    every replica equal (exit 0), both run at once."""
+    config = str(cluster.client_config_path)
+    report, _ = run_cli_at_once(
+        [
+            (["cluster", "under-replicated", "--json", "-c", config], ""),
+            (["storage", "checksum", "--online", "--json", "-c", config], ""),
+        ]
+    )
+    assert json.loads(report)["under_replicated_count"] == 0, report
+
+
+def kill_at(arguments: list[str], line: str) -> list[str]:
+    """Start `waltz ARGS`, kill it (SIGKILL) as soon as it prints ``line`` on stderr; what it
+    printed up to there."""
+    process = subprocess.Popen(
+        waltz_cli_command(*arguments), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
+    )
+    seen = []
+    try:
+        assert process.stderr is not None
+        for printed in process.stderr:
+            seen.append(printed)
+            if line in printed:
+                process.send_signal(signal.SIGKILL)
+                break
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(CLI_TIMEOUT_S)
+    assert any(line in s for s in seen), "".join(seen)
+    return seen

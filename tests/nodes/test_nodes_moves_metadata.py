@@ -11,7 +11,7 @@ from kazoo.client import KazooClient
 
 from waltz_engine.ops.decommission import DecommissionError, decommission
 from waltz_engine.storage.admin_ops import StoreLayout, client_ssl_context, read_store_layout
-from waltz_engine.storage.replica_mover import MoveError, plan_moves
+from waltz_engine.storage.replica_mover import MoveError, plan_moves, settled_moves, under_way
 from waltz_engine.zk import replica_moves
 from waltz_engine.zk.cluster import create_cluster
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
@@ -63,6 +63,22 @@ def test_recorded_moves_keep_the_first_move_of_a_partition(zk_client: KazooClien
     assert replica_moves.read_moves(zk_client, cluster_root) == recorded
     replica_moves.finish_move(zk_client, cluster_root, first)
     assert replica_moves.read_moves(zk_client, cluster_root) == [again[1]]
+
+
+def test_a_move_left_to_tell_a_dead_node_lets_its_partition_move_again(
+    zk_client: KazooClient, cluster_root: str
+) -> None:
+    make_cluster(zk_client, cluster_root)  # h:1 holds 0, 1, 2; h:2 holds 0, 1, 3
+    # 0 moved from h:4, which never answered to be told (settled); 1 is still copying to h:3.
+    settled, busy = ReplicaMove(0, "h:4", "h:1"), ReplicaMove(1, "h:2", "h:3")
+    recorded = replica_moves.add_moves(zk_client, cluster_root, [settled, busy])
+    layout = read_store_layout(zk_client, cluster_root)
+    assert under_way(layout, recorded) == {1}
+    assert settled_moves(layout, recorded) == [settled]
+    planned = plan_moves(layout, "h:1", {"h:3", "h:4"}, reason="t", skip=under_way(layout, recorded))
+    assert [m.partition_id for m in planned] == [0, 2]
+    added = replica_moves.add_moves(zk_client, cluster_root, planned, settled_moves(layout, recorded))
+    assert added == [settled, busy, *planned]
 
 
 def test_one_lease_holder_and_only_it_releases(

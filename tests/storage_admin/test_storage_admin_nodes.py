@@ -25,13 +25,17 @@ from waltz_engine.storage.admin_ops import (
     StorageContext,
     max_transaction_id,
 )
+from waltz_engine.storage.admin_ops.layout import read_store_layout
 from waltz_engine.storage.client import StorageAdminClient, StorageRpcError
+from waltz_engine.storage.replica_mover import COPY_BATCH_SIZE, ReplicaMover
 from waltz_engine.zk import store_metadata
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
+from waltz_engine.zk.replica_moves import ReplicaMove
 
 NUM_PARTITIONS = 4
 SESSION_ID = 7
 SEGMENT_NAME = "0000000000000000000.seg"
+RECORD_DATA_SIZE_BYTES = 32  # make_records' default
 
 runner = CliRunner()
 
@@ -113,6 +117,18 @@ async def _write(
             await client.set_low_water_mark(SESSION_ID, partition_id, lwm)
     finally:
         await client.close()
+
+
+async def _data_bytes(node: StorageNodeProcess, partition_id: int, count: int) -> int:
+    """The data size of the node's first ``count`` records of the partition (all there)."""
+    client = node.admin_client()
+    await client.open()
+    try:
+        records = await client.record_list(partition_id, 0, count + 1)
+    finally:
+        await client.close()
+    assert [r.transaction_id for r in records] == list(range(count))
+    return sum(len(r.data) for r in records)
 
 
 # --- list --------------------------------------------------------------------------------------
@@ -328,6 +344,38 @@ def test_recover_partition_copies_up_to_the_sources_local_low_water_mark(cluster
         assert cluster.ok(*a_max).stdout.strip() == "Max Transaction ID: 264"
     finally:
         cluster.ok("availability", "-s", data(a), "-p", "0", "--online")
+
+
+def test_a_replica_move_copies_the_tail_appended_meanwhile_at_the_same_rate(cluster: Cluster) -> None:
+    """A → B: partition 1. While the first pass copies, A takes more records than one batch: a
+    second pass copies them through the same rate limit, before the copy goes online."""
+    a, b = cluster.a, cluster.b
+    context = StorageContext(a.key, NUM_PARTITIONS, client_ssl())
+    start = 1 + a.run(max_transaction_id(context, HostPort(a.host, a.admin_port), a.port, 1, offline=False))
+    first, tail = COPY_BATCH_SIZE + 1, COPY_BATCH_SIZE + 1
+    a.run(_write(a, 1, start, first, start + first - 1))
+    limited: list[int] = []  # the data bytes of each batch the limiter was asked about
+    said: list[str] = []
+
+    class Mover(ReplicaMover):
+        async def throttle(self, size_bytes: int) -> None:
+            limited.append(size_bytes)
+            if len(limited) == 1:  # appends go on while the first pass copies
+                await _write(a, 1, start + first, tail, start + first + tail - 1)
+
+    with connect(ZooKeeperSettings(cluster.zookeeper, cluster.root)) as zk:
+        layout = read_store_layout(zk, cluster.root)
+        mover = Mover(zk, cluster.root, layout.context(client_ssl()), bytes_per_second=1, say=said.append)
+        b.run(mover.copy(layout, ReplicaMove(1, data(a), data(b))))
+    try:
+        assert sum(limited) == b.run(_data_bytes(b, 1, start + first + tail))
+        assert max(limited) <= COPY_BATCH_SIZE * RECORD_DATA_SIZE_BYTES
+        tail_passes = [line for line in said if "copying the tail appended meanwhile" in line]
+        assert len(tail_passes) == 2 and f"from {start + first} at most 1 bytes/s" in tail_passes[0], said
+        online = max_transaction_id(context, HostPort(b.host, b.admin_port), b.port, 1, offline=False)
+        assert b.run(online) == start + first + tail - 1
+    finally:
+        cluster.ok("remove-partition", "-s", admin(b), "-p", "1", "--delete-storage-files")
 
 
 # --- sync-partitions (its own cluster: it rewrites what nodes hold) --------------------------------

@@ -58,6 +58,7 @@ def decommission(
         bytes_per_second=bytes_per_second,
         timeout_ms=cluster.timeout_ms,
         say=say,
+        tls=cluster.tls_config(ssl_config),
     )
     if as_json:
         print_json(result.to_json())

@@ -18,8 +18,16 @@ from typing import NamedTuple
 from kazoo.client import KazooClient
 
 from waltz_engine.common.errors import WaltzError
+from waltz_engine.net.tls import TlsConfig
 from waltz_engine.storage import admin_ops
-from waltz_engine.storage.replica_mover import ReplicaMover, plan_moves, registered_name
+from waltz_engine.storage.network_reader import ClusterAccess
+from waltz_engine.storage.replica_mover import (
+    ReplicaMover,
+    plan_moves,
+    registered_name,
+    settled_moves,
+    under_way,
+)
 from waltz_engine.zk import replica_moves
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
 from waltz_engine.zk.replica_moves import REASON_DECOMMISSION, ReplicaMove
@@ -60,11 +68,13 @@ def decommission(
     bytes_per_second: int = 0,
     timeout_ms: int = admin_ops.DEFAULT_TIMEOUT_MS,
     say: Callable[[str], None] = lambda _: None,
+    tls: TlsConfig | None = None,
 ) -> DecommissionResult:
     """Move every replica ``storage`` (its data or admin address) holds to other nodes.
 
     ``wait``: wait for the mover lease that another process holds (else fail at once, naming
     it). ``delete_files``: the node deletes each moved partition's files (else keeps them).
+    ``tls``: how to reach the servers (their committed high-water marks bound each copy).
     """
     admin_ops.parse_storage_address(storage)
     if bytes_per_second < 0:
@@ -88,7 +98,9 @@ def decommission(
                 + ("run again later" if wait else "add --wait to wait for it")
             )
         try:
-            mover = ReplicaMover(zk, root, layout.context(ssl_context, timeout_ms), bytes_per_second, say)
+            context = layout.context(ssl_context, timeout_ms)
+            access = ClusterAccess(settings, tls or TlsConfig())
+            mover = ReplicaMover(zk, root, context, bytes_per_second, say, access=access)
             return asyncio.run(_decommission(mover, zk, name, delete_files))
         finally:
             replica_moves.release_lease(zk, root)
@@ -106,12 +118,13 @@ async def _decommission(
         live - {name},
         reason=REASON_DECOMMISSION,
         delete_files=delete_files,
-        skip={m.partition_id for m in recorded},
+        skip=under_way(layout, recorded),
     )
     if planned:
         targets = ", ".join(f"{m.partition_id} to {m.target}" for m in planned)
         mover.say(f"{name}: moving partitions {targets}")
-    recorded = await asyncio.to_thread(replica_moves.add_moves, zk, mover.root, planned)
+    settled = settled_moves(layout, recorded)
+    recorded = await asyncio.to_thread(replica_moves.add_moves, zk, mover.root, planned, settled)
     ours = sorted((m for m in recorded if m.source == name), key=lambda m: m.partition_id)
     unreleased = [m for m in ours if not await mover.run(m)]
     layout = await mover.layout()

@@ -23,7 +23,15 @@ from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.server.config import AutoRecoverySettings
 from waltz_engine.storage import admin_ops
 from waltz_engine.storage.admin_ops import StoreLayout
-from waltz_engine.storage.replica_mover import MoveError, ReplicaMover, plan_moves
+from waltz_engine.storage.network_reader import ClusterAccess
+from waltz_engine.storage.replica_mover import (
+    MoveError,
+    ReplicaMover,
+    plan_moves,
+    release_only,
+    settled_moves,
+    under_way,
+)
 from waltz_engine.zk import replica_moves
 from waltz_engine.zk.replica_moves import REASON_AUTO_RECOVERY, ReplicaMove
 
@@ -47,8 +55,10 @@ class AutoRecovery:
         settings: AutoRecoverySettings,
         holder: str,
         metrics: MetricsRegistry,
+        access: ClusterAccess | None = None,
     ) -> None:
         assert settings.grace_ms > 0
+        self._access = access  # the servers' committed high-water marks bound each copy
         self._zk = zk
         self._root = root
         self._ssl_context = ssl_context
@@ -105,6 +115,7 @@ class AutoRecovery:
             layout.context(self._ssl_context, REQUEST_TIMEOUT_MS),
             self._settings.bytes_per_second,
             lambda line: log.info("auto-recovery: %s", line),
+            access=self._access,
         )
         live = await mover.live_nodes(layout)
         self._track(layout, live)
@@ -178,7 +189,7 @@ class AutoRecovery:
                 storage,
                 live,
                 reason=REASON_AUTO_RECOVERY,
-                skip={m.partition_id for m in recorded} | orphaned,
+                skip=under_way(layout, recorded) | orphaned,
             )
         except MoveError as e:
             log.warning("auto-recovery: storage node %s: %s", storage, e)
@@ -192,15 +203,16 @@ class AutoRecovery:
             log.info(
                 "auto-recovery: storage node %s is past the grace: moving partitions %s", storage, targets
             )
-            await asyncio.to_thread(replica_moves.add_moves, self._zk, self._root, planned)
+            settled = settled_moves(layout, recorded)
+            await asyncio.to_thread(replica_moves.add_moves, self._zk, self._root, planned, settled)
 
 
 def _can_go_on(mover: ReplicaMover, layout: StoreLayout, live: set[str], move: ReplicaMove) -> bool:
     """A move whose only step left is telling its source node waits until that node answers."""
-    return move.source in live or not mover.release_only(layout, move)
+    return move.source in live or not release_only(layout, move)
 
 
 def _ours(mover: ReplicaMover, layout: StoreLayout, move: ReplicaMove) -> bool:
     """What a server carries out: its own moves, and telling a node back that it no longer holds
     a partition whatever moved it (a decommission of a node that was down)."""
-    return move.reason == REASON_AUTO_RECOVERY or mover.release_only(layout, move)
+    return move.reason == REASON_AUTO_RECOVERY or release_only(layout, move)

@@ -293,6 +293,7 @@ class WaltzServer:
     def _start_auto_recovery(self, zk: KazooClient) -> AutoRecoveryLike:
         # Imported here, as the store: it brings the operators' replica mover.
         from waltz_engine.server.auto_recovery import AutoRecovery
+        from waltz_engine.storage.network_reader import ClusterAccess
 
         holder = f"server {self.server_id} ({self.endpoint})"
         recovery = AutoRecovery(
@@ -302,6 +303,7 @@ class WaltzServer:
             self.config.auto_recovery,
             holder,
             self.metrics,
+            ClusterAccess(self.config.zookeeper, self.config.tls),
         )
         recovery.start()
         return recovery

@@ -6,7 +6,12 @@ then carried out by steps that each look at the cluster before acting, so runnin
 after a kill at any step finishes it:
 
 1. copy: the target node gets the partition offline, the records are copied from a live
-   replica at a bounded rate (the original's ``recover-partition``), and it goes online;
+   replica at a bounded rate (the original's ``recover-partition``, but up to the servers'
+   committed high-water mark where the replica's store session is current, not only up to its
+   local low-water mark, which moves only when a store session starts), then again from where
+   it stopped while the appends made meanwhile are more than a batch (the tail, at the same
+   rate: the servers' catch-up, which no rate bounds, gets at most what one short pass missed),
+   and it goes online;
 2. assign: the target joins the assignment, beside a source that still answers (the servers
    bring its tail up to date), or in one write in place of a source that does not (it holds
    nothing caught up, so the partition never has fewer caught-up replicas than before);
@@ -23,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -32,6 +37,7 @@ from kazoo.client import KazooClient
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.storage import admin_ops
 from waltz_engine.storage.admin_ops import NodePartitions, PartitionStatus, StorageContext, StoreLayout
+from waltz_engine.storage.network_reader import ClusterAccess, discover
 from waltz_engine.zk import replica_moves
 from waltz_engine.zk.replica_moves import ReplicaMove
 from waltz_engine.zk.store_metadata import change_replicas
@@ -42,6 +48,9 @@ CATCH_UP_TIMEOUT_MS = 120_000
 CATCH_UP_POLL_INTERVAL_MS = 200
 # Records per RECORD_LIST request while copying: small enough that the rate bound is smooth.
 COPY_BATCH_SIZE = 200
+# Copy passes at most per move: while appends outpace the copy rate the tail never shrinks to a
+# batch, and the servers catch up the rest.
+MAX_COPY_PASSES = 5
 
 
 class MoveError(WaltzError):
@@ -59,6 +68,9 @@ class ReplicaMover:
     bytes_per_second: int = 0
     say: Callable[[str], None] = log.info
     catch_up_timeout_ms: int = CATCH_UP_TIMEOUT_MS
+    # Where the servers are, to copy up to their committed high-water mark (None: only up to
+    # the source's local low-water mark).
+    access: ClusterAccess | None = None
     _copied_at: float = field(default=0.0, init=False)
 
     async def layout(self) -> StoreLayout:
@@ -81,8 +93,9 @@ class ReplicaMover:
         when only telling an unreachable source node is left."""
         p = move.partition_id
         layout = await self.layout()
+        replaced = False
         if move.target not in _holders(layout, p):
-            await self._copy(layout, move)
+            await self.copy(layout, move)
             source_node = await self.node(layout, move.source)
             if source_node is not None and move.source in _holders(layout, p):
                 self.say(f"partition {p}: assigning {move.target} beside {move.source}")
@@ -92,9 +105,13 @@ class ReplicaMover:
                 await asyncio.to_thread(
                     change_replicas, self.zk, self.root, [(move.target, p)], [(move.source, p)]
                 )
+                replaced = True
             layout = await self.layout()
-        if move.source in _holders(layout, p):
+        leaving = move.source in _holders(layout, p)
+        if leaving or replaced:
+            # A replica in place of an unreachable one is not moved until caught up either.
             await self._await_caught_up(layout, move)
+        if leaving:
             self.say(f"partition {p}: {move.target} caught up; taking {move.source} out of the assignment")
             await asyncio.to_thread(change_replicas, self.zk, self.root, (), [(move.source, p)])
         if not await self._release(layout, move):
@@ -103,7 +120,7 @@ class ReplicaMover:
         self.say(f"partition {p}: moved from {move.source} to {move.target}")
         return True
 
-    async def _copy(self, layout: StoreLayout, move: ReplicaMove) -> None:
+    async def copy(self, layout: StoreLayout, move: ReplicaMove) -> None:
         p = move.partition_id
         source = await self._copy_source(layout, move)
         target_node = await self.node(layout, move.target)
@@ -116,20 +133,48 @@ class ReplicaMover:
         if status is None or not status.is_assigned or status.is_available:
             await admin_ops.set_availability(self.context, target.admin, [p], online=False)
         rate = f" at most {self.bytes_per_second} bytes/s" if self.bytes_per_second else ""
-        self.say(f"partition {p}: copying from {source} to {move.target}{rate}")
-        result = await admin_ops.recover_partition(
-            self.context,
-            layout.admin_address(source),
-            target.admin,
-            target.data_port(),
-            p,
-            batch_size=COPY_BATCH_SIZE,
-            throttle=self._throttle if self.bytes_per_second else None,
-            # The target is not an assigned replica yet: what it holds counts toward no quorum.
-            cut_above_source=True,
-        )
+        what = f"copying from {source} to {move.target}"
+        for _ in range(MAX_COPY_PASSES):
+            # Each pass goes on from where the last stopped (the target's low-water mark) up to
+            # how far the source holds committed transactions when the pass starts.
+            up_to = await self._committed_on(layout, source, p)
+            self.say(f"partition {p}: {what}{'' if up_to is None else f' up to {up_to}'}{rate}")
+            result = await admin_ops.recover_partition(
+                self.context,
+                layout.admin_address(source),
+                target.admin,
+                target.data_port(),
+                p,
+                batch_size=COPY_BATCH_SIZE,
+                throttle=self.throttle if self.bytes_per_second else None,
+                up_to=up_to,
+                # The target is not an assigned replica yet: what it holds counts toward no quorum.
+                cut_above_source=True,
+            )
+            if result.records_copied <= COPY_BATCH_SIZE:
+                break
+            what = f"copying the tail appended meanwhile, from {result.final + 1}"
+        else:
+            outpaced = f"appends outpace the copy after {MAX_COPY_PASSES} passes"
+            self.say(f"partition {p}: {outpaced}; the servers catch up the rest")
         await admin_ops.set_availability(self.context, target.admin, [p], online=True)
         self.say(f"partition {p}: {move.target} holds up to {result.final}; online")
+
+    async def _committed_on(self, layout: StoreLayout, storage: str, p: int) -> int | None:
+        """How far ``storage`` holds ``p``'s committed transactions: the network reader's bound
+        (the servers' committed high-water mark where its store session is current), but no
+        further than it holds (a replica of the current session may still be catching up); None
+        when the servers or the node do not say."""
+        if self.access is None:
+            return None
+        try:
+            sources = await asyncio.to_thread(discover, self.access, [p])
+        except (WaltzError, OSError, TimeoutError) as e:
+            self.say(f"partition {p}: copying up to the low-water mark only, no committed bound: {e}")
+            return None
+        readable = [r.readable_to for r in sources.partitions[p].replicas if r.storage == storage]
+        held = await self._max_txid(layout, storage, p)
+        return min(readable[0], held) if readable and held is not None else None
 
     async def _copy_source(self, layout: StoreLayout, move: ReplicaMove) -> str:
         """A replica that answers, holds the partition available and undamaged: another node
@@ -143,7 +188,8 @@ class ReplicaMover:
                 return storage
         raise MoveError(f"partition {p}: no replica answers to copy from; run again when one does")
 
-    async def _throttle(self, size_bytes: int) -> None:
+    async def throttle(self, size_bytes: int) -> None:
+        """Awaited with the data size of each batch copied: returns when it is due at the rate."""
         loop = asyncio.get_running_loop()
         self._copied_at = max(self._copied_at, loop.time()) + size_bytes / self.bytes_per_second
         await asyncio.sleep(max(0.0, self._copied_at - loop.time()))
@@ -164,6 +210,7 @@ class ReplicaMover:
         others = [s for s in _holders(layout, p) if s != move.target]
         held = [await self._max_txid(layout, s, p) for s in others]
         goal = max((h for h in held if h is not None), default=-1)
+        self.say(f"partition {p}: waiting for {move.target} to catch up to {goal}")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.catch_up_timeout_ms / 1000
         while True:
@@ -185,6 +232,7 @@ class ReplicaMover:
             return False
         status = _status(node, p)
         if status is not None and status.is_assigned:
+            self.say(f"partition {p}: telling {move.source} it no longer holds it")
             admin = layout.admin_address(move.source)
             delete = move.delete_files
             await admin_ops.remove_partitions(self.context, admin, [p], delete_storage_files=delete)
@@ -192,10 +240,22 @@ class ReplicaMover:
             self.say(f"partition {p}: {move.source} no longer holds it (files {files})")
         return True
 
-    def release_only(self, layout: StoreLayout, move: ReplicaMove) -> bool:
-        """Whether all that is left of ``move`` is telling its source node."""
-        holders = _holders(layout, move.partition_id)
-        return move.target in holders and move.source not in holders
+
+def release_only(layout: StoreLayout, move: ReplicaMove) -> bool:
+    """Whether all that is left of ``move`` is telling its source node."""
+    holders = _holders(layout, move.partition_id)
+    return move.target in holders and move.source not in holders
+
+
+def settled_moves(layout: StoreLayout, recorded: Iterable[ReplicaMove]) -> list[ReplicaMove]:
+    """The recorded moves that no longer change the partition's replicas (release-only): a new
+    move of the partition may be planned beside one; beside any other it would race it."""
+    return [m for m in recorded if release_only(layout, m)]
+
+
+def under_way(layout: StoreLayout, recorded: Iterable[ReplicaMove]) -> set[int]:
+    """The partitions a new move must leave alone: a recorded move of each is not settled."""
+    return {m.partition_id for m in recorded if not release_only(layout, m)}
 
 
 def _holders(layout: StoreLayout, partition_id: int) -> list[str]:

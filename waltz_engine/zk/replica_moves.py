@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import NamedTuple
 
 from kazoo.client import KazooClient
@@ -105,12 +105,15 @@ def update_moves(
     raise ClusterMetadataError(f"znode {path} kept changing under {MOVES_CAS_ATTEMPTS} attempts; retry")
 
 
-def add_moves(client: KazooClient, root: str, moves: Iterable[ReplicaMove]) -> list[ReplicaMove]:
-    """Record moves; a partition that has a move already keeps it (a re-run resumes it)."""
+def add_moves(
+    client: KazooClient, root: str, moves: Iterable[ReplicaMove], settled: Collection[ReplicaMove] = ()
+) -> list[ReplicaMove]:
+    """Record moves; a partition that has a move already keeps it (a re-run resumes it), unless
+    that move is ``settled`` (all left of it is telling its source node, which may never answer)."""
     wanted = list(moves)
 
     def change(current: list[ReplicaMove]) -> list[ReplicaMove]:
-        moving = {m.partition_id for m in current}
+        moving = {m.partition_id for m in current if m not in settled}
         return current + [m for m in wanted if m.partition_id not in moving]
 
     return update_moves(client, root, change)

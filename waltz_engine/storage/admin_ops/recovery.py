@@ -96,6 +96,8 @@ class _RecoveryState:
     refill_only: bool = False
     # The cut may remove records the source cannot give back (see recover_partition).
     cut_above_source: bool = False
+    # Copy up to here rather than the source's local low-water mark, if higher (recover_partition).
+    up_to: int | None = None
 
 
 def _check_cut(partition_id: int, low_water_mark: int, highest: int, target: int) -> None:
@@ -105,7 +107,7 @@ def _check_cut(partition_id: int, low_water_mark: int, highest: int, target: int
         return
     raise NodeCallFailure(
         f"the destination holds transactions up to {highest} and its low-water mark is "
-        f"{low_water_mark}, but the source holds only up to {target} (its local low-water mark): "
+        f"{low_water_mark}, but the copy from the source goes only up to {target}: "
         f"the cut would remove {max(low_water_mark, target) + 1}..{highest}, which may be committed. "
         "Run again once the source has caught up (or copy from a replica that has), use "
         "--refill-only to repair damaged segments only, or --force to cut anyway",
@@ -148,7 +150,9 @@ async def _recover_once(
                 f"last session info request to {source_admin_address}",
                 source_admin.last_session_info(partition_id),
             )
-            state.target = source_info.local_low_water_mark
+            state.target = max(
+                source_info.local_low_water_mark, NO_TRANSACTION if state.up_to is None else state.up_to
+            )
         target = state.target
         if state.refill_only:
             current = highest
@@ -185,7 +189,7 @@ async def _recover_once(
             if not records:
                 raise NodeCallFailure(
                     f"source {source_admin_address} returned no record at transaction {current + 1} "
-                    f"(below its local low-water mark {target})",
+                    f"(it was to be copied up to {target})",
                     transient=False,
                 )
             await call_node(
@@ -220,6 +224,7 @@ async def recover_partition(
     throttle: Callable[[int], Awaitable[None]] | None = None,
     refill_only: bool = False,
     cut_above_source: bool = False,
+    up_to: int | None = None,
 ) -> RecoveryResult:
     """Copy a partition from a source node to a destination whose copy is offline (unavailable).
 
@@ -234,14 +239,21 @@ async def recover_partition(
     records that may be committed copies a quorum still needs: on a live cluster whose other
     replica lags (back from a crash), it left one copy of them, and the next recovery voted them
     away (the smoke run, seed 72: 522 committed transactions replaced). So a destination holding
-    records above both its low-water mark and the source's is refused unless ``cut_above_source``
-    (the original tool's behaviour; safe where the destination is not an assigned replica).
+    records above both its low-water mark and what the source copies is refused unless
+    ``cut_above_source`` (the original tool's behaviour; safe where the destination is not an
+    assigned replica).
+
+    ``up_to`` copies further than the source's local low-water mark, which moves only when a
+    store session starts: to a txid the caller knows committed and held by the source (the
+    servers' committed high-water mark, the source's session current: see network_reader).
     """
     context.check_partitions([partition_id])
     check_batch_size(batch_size)
     source = replace(context, ssl_context=source_ssl_context or context.ssl_context)
     destination = replace(context, ssl_context=destination_ssl_context or context.ssl_context)
-    state = _RecoveryState(throttle=throttle, refill_only=refill_only, cut_above_source=cut_above_source)
+    state = _RecoveryState(
+        throttle=throttle, refill_only=refill_only, cut_above_source=cut_above_source, up_to=up_to
+    )
     backoff_ms = RECOVERY_RETRY_BACKOFF_MS
     for attempt in range(1, RECOVERY_MAX_ATTEMPTS + 1):
         try:
