@@ -8,7 +8,9 @@ requests for partition ANSWERED_PARTITION.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -33,7 +35,12 @@ LONG_TIMEOUT_MS = 120_000
 TEST_BOUND_S = 30
 
 
-async def _half_deaf_node() -> tuple[asyncio.Server, int, list[int]]:
+@contextlib.asynccontextmanager
+async def _client_of_half_deaf_node(
+    request_timeout_ms: int,
+) -> AsyncIterator[tuple[StorageClient, list[int]]]:
+    """An open client of a node that answers OPEN and then only ANSWERED_PARTITION's requests;
+    also the seq nums of the requests it left unanswered."""
     silent: list[int] = []
 
     async def handler(conn: FramedConnection) -> None:
@@ -57,76 +64,52 @@ async def _half_deaf_node() -> tuple[asyncio.Server, int, list[int]]:
         handler,
         "test",
     )
-    return server, server.sockets[0].getsockname()[1], silent
+    port = server.sockets[0].getsockname()[1]
+    client = StorageClient(
+        "127.0.0.1", port, client_context(TlsConfig()), uuid.uuid4(), 4, request_timeout_ms=request_timeout_ms
+    )
+    try:
+        async with asyncio.timeout(TEST_BOUND_S):
+            # As long as the calls: the OPEN's deadline must not be what ends a shorter call.
+            await client.open(request_timeout_ms)
+            yield client, silent
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()
 
 
-def _request(client: StorageClient, seq_num: int, partition_id: int) -> list[bytes]:
+def _request(seq_num: int, partition_id: int) -> list[bytes]:
     return [STORAGE_CODEC.encode_frame(StorageMaxTransactionIdRequest(1, seq_num, partition_id, False))]
 
 
 def test_a_call_past_its_deadline_fails_while_others_on_the_connection_are_answered() -> None:
     async def go() -> None:
-        server, port, silent = await _half_deaf_node()
-        client = StorageClient(
-            "127.0.0.1",
-            port,
-            client_context(TlsConfig()),
-            uuid.uuid4(),
-            4,
-            request_timeout_ms=SHORT_TIMEOUT_MS,
-        )
-        try:
-            async with asyncio.timeout(TEST_BOUND_S):
-                await client.open()
-                unanswered = asyncio.ensure_future(client.max_transaction_id(1, SILENT_PARTITION))
-                assert await client.max_transaction_id(1, ANSWERED_PARTITION) == MAX_TRANSACTION_ID
-                with pytest.raises(StorageTimeoutError, match=f"within {SHORT_TIMEOUT_MS} ms"):
-                    await unanswered
-                # The connection stays usable, and the watchdog is armed again for the next call.
-                assert client.is_open
-                with pytest.raises(StorageTimeoutError, match=f"within {SHORT_TIMEOUT_MS} ms"):
-                    await client.max_transaction_id(1, SILENT_PARTITION)
-                assert len(silent) == 2
-                assert await client.max_transaction_id(1, ANSWERED_PARTITION) == MAX_TRANSACTION_ID
-        finally:
-            await client.close()
-            server.close()
-            await server.wait_closed()
+        async with _client_of_half_deaf_node(SHORT_TIMEOUT_MS) as (client, silent):
+            unanswered = asyncio.ensure_future(client.max_transaction_id(1, SILENT_PARTITION))
+            assert await client.max_transaction_id(1, ANSWERED_PARTITION) == MAX_TRANSACTION_ID
+            with pytest.raises(StorageTimeoutError, match=f"within {SHORT_TIMEOUT_MS} ms"):
+                await unanswered
+            # The connection stays usable, and the watchdog is armed again for the next call.
+            assert client.is_open
+            with pytest.raises(StorageTimeoutError, match=f"within {SHORT_TIMEOUT_MS} ms"):
+                await client.max_transaction_id(1, SILENT_PARTITION)
+            assert len(silent) == 2
+            assert await client.max_transaction_id(1, ANSWERED_PARTITION) == MAX_TRANSACTION_ID
 
     asyncio.run(go())
 
 
 def test_a_shorter_deadline_behind_a_longer_one_fails_first() -> None:
     async def go() -> None:
-        server, port, _ = await _half_deaf_node()
-        client = StorageClient(
-            "127.0.0.1",
-            port,
-            client_context(TlsConfig()),
-            uuid.uuid4(),
-            4,
-            request_timeout_ms=LONG_TIMEOUT_MS,
-        )
-        try:
-            async with asyncio.timeout(TEST_BOUND_S):
-                await client.open(LONG_TIMEOUT_MS)
-                first = client._take_seq_num()
-                long_call: Any = asyncio.ensure_future(
-                    client._exchange(first, _request(client, first, SILENT_PARTITION))
-                )
-                second = client._take_seq_num()
-                with pytest.raises(
-                    StorageTimeoutError, match=f"request {second} within {SHORT_TIMEOUT_MS} ms"
-                ):
-                    await client._exchange(
-                        second, _request(client, second, SILENT_PARTITION), SHORT_TIMEOUT_MS
-                    )
-                assert not long_call.done()
-                long_call.cancel()
-                await asyncio.wait([long_call])
-        finally:
-            await client.close()
-            server.close()
-            await server.wait_closed()
+        async with _client_of_half_deaf_node(LONG_TIMEOUT_MS) as (client, _):
+            first = client._take_seq_num()
+            long_call: Any = asyncio.ensure_future(client._exchange(first, _request(first, SILENT_PARTITION)))
+            second = client._take_seq_num()
+            with pytest.raises(StorageTimeoutError, match=f"request {second} within {SHORT_TIMEOUT_MS} ms"):
+                await client._exchange(second, _request(second, SILENT_PARTITION), SHORT_TIMEOUT_MS)
+            assert not long_call.done()
+            long_call.cancel()
+            await asyncio.wait([long_call])
 
     asyncio.run(go())
