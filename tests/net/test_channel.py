@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+import zlib
 from typing import Any
 
 import pytest
 
-from waltz_engine.net.channel import ConnectionClosedError, FramedConnection, connect, serve
+from waltz_engine.common.record import Record
+from waltz_engine.common.reqid import ReqId
+from waltz_engine.net.channel import JOIN_LIMIT_BYTES, ConnectionClosedError, FramedConnection, connect, serve
 from waltz_engine.net.tls import TlsConfig, client_context, server_context
 from waltz_engine.wire.client_messages import CLIENT_CODECS
 from waltz_engine.wire.errors import HandshakeFailedError
 from waltz_engine.wire.hello import HELLO_CODEC, Hello
-from waltz_engine.wire.storage_messages import STORAGE_CODEC, StorageOpenRequest
+from waltz_engine.wire.storage_messages import STORAGE_CODEC, StorageAppendRequest, StorageOpenRequest
 
 STORAGE = {0: STORAGE_CODEC}
 
@@ -120,3 +123,36 @@ def test_garbage_instead_of_tls_is_logged_with_its_reason(caplog: pytest.LogCapt
     with caplog.at_level("WARNING", logger="waltz_engine.net.channel"):
         asyncio.run(go())
     assert any("TLS handshake failed" in r.getMessage() for r in caplog.records)
+
+
+def test_send_frames_joins_pieces_that_fit_one_tls_record_and_passes_larger_ones_as_they_are() -> None:
+    small = StorageOpenRequest(-1, -1, -1, uuid.UUID(int=7), 4)
+    data = bytes(range(256)) * ((JOIN_LIMIT_BYTES // 256) + 1)  # one frame above the limit
+    large = StorageAppendRequest(1, 2, 0, (Record(0, ReqId(1, 2, 3, 4), 0, data, zlib.crc32(data)),), False)
+
+    def pieces(message: Any) -> list[bytes]:
+        frame = STORAGE_CODEC.encode_frame(message)
+        return [frame[:5], frame[5:20], frame[20:]]
+
+    async def go() -> None:
+        received: list[Any] = []
+        server, port = await _echo_server(received, asyncio.Event())
+        try:
+            conn = await connect("127.0.0.1", port, client_context(TlsConfig()), STORAGE, "x")
+            writes: list[str] = []
+            write, writelines = conn.writer.write, conn.writer.writelines
+            conn.writer.write = lambda data: (writes.append("write"), write(data))[1]  # type: ignore[method-assign]
+            conn.writer.writelines = lambda data: (writes.append("writelines"), writelines(data))[1]  # type: ignore[method-assign]
+            conn.send_frames(pieces(small))
+            conn.send_frames(pieces(large))
+            await conn.drain()
+            assert await conn.receive() == small
+            assert await conn.receive() == large
+            assert writes == ["write", "writelines"]
+            await conn.close()
+        finally:
+            server.close()
+            await server.wait_closed()
+        assert received == [small, large]
+
+    asyncio.run(go())

@@ -57,7 +57,7 @@ def forged_fence(monkeypatch: pytest.MonkeyPatch) -> None:
 
     async def submit(self: PartitionWorker, conn: Any, msg: Any) -> None:
         self.session_id = max(self.session_id, msg.session_id)
-        await self.queue.put((conn, msg))
+        await self._put((conn, msg))
 
     monkeypatch.setattr(PartitionWorker, "submit", submit)
 

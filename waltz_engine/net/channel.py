@@ -44,6 +44,8 @@ CONNECT_TIMEOUT_MS = 10_000
 WRITE_BUFFER_HIGH_BYTES = 32 * 1024
 WRITE_BUFFER_LOW_BYTES = 16 * 1024
 STREAM_READ_LIMIT_BYTES = 1024 * 1024
+# send_frames joins pieces up to this many bytes in all: TLS's largest record (RFC 8446 §5.1).
+JOIN_LIMIT_BYTES = 16 * 1024
 # What a listening port admits (each a config key on both node kinds, see ConnectionLimits):
 # open connections per node (all its ports) and per peer address; beyond them a new
 # connection is closed at once.
@@ -121,10 +123,18 @@ class FramedConnection:
 
     def send_frames(self, frames: Sequence[bytes | bytearray | memoryview]) -> None:
         """Queue several frames (or one frame's pieces, in order) at once: over TLS, one flush
-        to the socket instead of one each, and no copy joining the pieces."""
+        to the socket instead of one each.
+
+        Pieces that fit one TLS record together are joined first: TLS encrypts each piece it is
+        given as a record of its own, so an APPEND's three pieces or a batch of small replies
+        would cost a record (and an SSL_read on the other side) each. Larger ones are not copied.
+        """
         if self.closed:
             raise ConnectionClosedError(f"connection to {self.peer} is closed")
-        self.writer.writelines(frames)
+        if len(frames) > 1 and sum(map(len, frames)) <= JOIN_LIMIT_BYTES:
+            self.writer.write(b"".join(frames))
+        else:
+            self.writer.writelines(frames)
 
     async def send(self, message: Any) -> None:
         self.send_frame(self.codec.encode_frame(message))

@@ -138,7 +138,10 @@ class _RpcConnection:
         self._hello_text = hello_text
         self._conn: FramedConnection | None = None
         self._reader: asyncio.Task[None] | None = None
-        self._pending: dict[int, asyncio.Future[Any]] = {}
+        # seq num -> (future, deadline on the loop's clock, the timeout in ms for its message).
+        self._pending: dict[int, tuple[asyncio.Future[Any], float, int]] = {}
+        # One timer per connection, at the earliest deadline, instead of one per request.
+        self._watchdog: asyncio.TimerHandle | None = None
         self._next_seq_num = FIRST_SEQ_NUM
         self._closed_reason: str | None = None
 
@@ -191,24 +194,24 @@ class _RpcConnection:
                 f"{self.name} {self.endpoint}: disconnected ({self._closed_reason or 'not open'})"
             )
         assert seq_num not in self._pending, f"sequence number {seq_num} already in flight"
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending[seq_num] = future
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        wait_ms = self.request_timeout_ms if timeout_ms is None else timeout_ms
+        deadline = loop.time() + wait_ms / 1000
+        self._pending[seq_num] = (future, deadline, wait_ms)
+        watchdog = self._watchdog
+        if watchdog is None or deadline < watchdog.when():
+            if watchdog is not None:
+                watchdog.cancel()
+            self._watchdog = loop.call_at(deadline, self._expire)
         try:
             conn.send_frames(frames)
             await conn.drain()
         except ConnectionClosedError as e:
             self._pending.pop(seq_num, None)
             raise StorageRpcError(f"{self.name} {self.endpoint}: disconnected ({e})") from None
-        wait_ms = self.request_timeout_ms if timeout_ms is None else timeout_ms
         try:
-            # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the result when the
-            # answer and a cancellation of the caller arrive in the same loop turn (it is lost).
-            async with asyncio.timeout(wait_ms / 1000):
-                response = await future
-        except TimeoutError:
-            raise StorageTimeoutError(
-                f"{self.name} {self.endpoint}: no response to request {seq_num} within {wait_ms} ms"
-            ) from None
+            response = await future
         finally:
             self._pending.pop(seq_num, None)
         message = self._failure_message(response)
@@ -229,12 +232,12 @@ class _RpcConnection:
         reason = "closed by the node"
         try:
             while (message := await conn.receive()) is not None:
-                future = self._pending.get(message.seq_num)
-                if future is None:
+                call = self._pending.get(message.seq_num)
+                if call is None:
                     # A late answer to a call that timed out: nobody waits for it any more.
                     log.debug("%s %s: response to no pending call: %r", self.name, self.endpoint, message)
-                elif not future.done():
-                    future.set_result(message)
+                elif not call[0].done():
+                    call[0].set_result(message)
         except ProtocolError as e:
             reason = f"bad data from the node: {e}"
             log.warning("%s %s: %s", self.name, self.endpoint, reason)
@@ -252,10 +255,30 @@ class _RpcConnection:
     def _fail_all(self, reason: str) -> None:
         if self._closed_reason is None:
             self._closed_reason = reason
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            watchdog.cancel()
         pending, self._pending = self._pending, {}
-        for future in pending.values():
+        for future, _, _ in pending.values():
             if not future.done():
                 future.set_exception(StorageRpcError(f"{self.name} {self.endpoint}: disconnected ({reason})"))
+
+    def _expire(self) -> None:
+        """The watchdog: fail the calls past their deadline, then wait for the next deadline."""
+        self._watchdog = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        earliest: float | None = None
+        for seq_num, (future, deadline, wait_ms) in self._pending.items():
+            if deadline <= now:
+                if not future.done():
+                    where = f"{self.name} {self.endpoint}"
+                    error = f"{where}: no response to request {seq_num} within {wait_ms} ms"
+                    future.set_exception(StorageTimeoutError(error))
+            elif earliest is None or deadline < earliest:
+                earliest = deadline
+        if earliest is not None:
+            self._watchdog = loop.call_at(earliest, self._expire)
 
     async def close(self) -> None:
         self._fail_all("client closed")

@@ -38,8 +38,13 @@ class Voting:
         return self.num_abstentions > 0
 
     async def wait(self) -> bool:
-        """True when the quorum was reached (a later abstention does not change that)."""
-        return await asyncio.shield(self._decided)
+        """True when the quorum was reached (a later abstention does not change that).
+
+        Not shielded: a shield's outer future costs the commit one more event loop turn. The one
+        waiter is the store session's append loop; when it is cancelled the decision is cancelled
+        with it, and later votes and abstentions only count (``has_quorum``).
+        """
+        return await self._decided
 
     def __repr__(self) -> str:
         return f"Voting(quorum={self.quorum}, votes={self.num_votes}, abstentions={self.num_abstentions})"

@@ -2,9 +2,12 @@
 "Storage-P<id>" task, reference §1.2), with session fencing and the flag checks.
 
 The connection handlers decode a request once and :meth:`PartitionWorker.submit` it; when
-the queue is full they wait, and so stop reading their socket (back pressure). The worker
-takes whatever is queued (up to a whole queue) and processes it in order on its own thread,
-so one partition's fsync never blocks another partition, the admin port or the event loop.
+the queue is full they wait, and so stop reading their socket (back pressure). When the disk
+thread is idle, ``submit`` hands the request to it at once; while it is busy, requests queue and
+the next batch takes whatever is queued (up to a whole queue) when the batch in hand is done.
+No task sits between the handler and the disk thread: a request waiting alone costs no extra
+event loop turn. One partition's fsync never blocks another partition, the admin port or the
+event loop.
 Consecutive APPENDs that would each succeed alone are written with one fsync (group
 commit); each SUCCESS is still sent only after its records are durable. The replies are
 encoded on the disk thread and written on the event loop.
@@ -143,7 +146,7 @@ class _PartitionMetrics:
             return gauge
 
         registry.gauge(group, "session-id", info_field(lambda s: s.session_id))
-        registry.gauge(group, "process-queue-size", worker.queue.qsize)
+        registry.gauge(group, "process-queue-size", worker.queue_size)
         registry.gauge(group, "low-water-mark", info_field(lambda s: s.low_water_mark))
         registry.gauge(group, "local-low-water-mark", info_field(lambda s: s.local_low_water_mark))
         registry.gauge(group, "flags", info_field(lambda s: s.flags))
@@ -185,11 +188,16 @@ class PartitionWorker:
         # The effective retention bound the node's cleaner last read (None: none, or unknown). An
         # empty replica may start its log late only at or below it (see ``_start_late``).
         self.retention_bound: int | None = None
-        self.queue: asyncio.Queue[Pending] = asyncio.Queue(PARTITION_QUEUE_CAPACITY)
+        # Requests not yet handed to the disk thread (PARTITION_QUEUE_CAPACITY at most), and the
+        # submitters waiting for room; both touched on the event loop only.
+        self._queued: list[Pending] = []
+        self._room_waiters: list[asyncio.Future[None]] = []
+        # The batch on the disk thread, if any; None while stopped is True means none comes.
+        self._in_flight: asyncio.Future[list[Reply]] | None = None
+        self._stopped = False
         self._registry = registry
         self._metrics: _PartitionMetrics | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"Storage-P{partition_id}")
-        self._task: asyncio.Task[None] | None = None
         # A request that may move the session id, queued once ZooKeeper confirmed (or refused) it.
         self._pending_check: asyncio.Task[None] | None = None
 
@@ -203,8 +211,6 @@ class PartitionWorker:
         self.max_transaction_id = max_transaction_id
         self.first_transaction_id = partition.first_transaction_id()
         self._metrics = _PartitionMetrics(self._registry, self)
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name=f"Storage-P{self.partition_id}")
 
     def detach(self) -> None:
         """The partition was unassigned: queued requests fail, metrics go away."""
@@ -217,9 +223,15 @@ class PartitionWorker:
         """Stop taking requests; the batch in hand (an append and its fsync) completes first."""
         pending, self._pending_check = self._pending_check, None
         await cancel_and_wait(pending)
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
+        self._stopped = True
+        in_flight = self._in_flight
+        if in_flight is not None:
+            await asyncio.wait([in_flight])
         await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown, True)
+
+    def queue_size(self) -> int:
+        """Requests waiting for the disk thread (the batch in hand not counted)."""
+        return len(self._queued)
 
     async def submit(self, conn: FramedConnection, msg: Any) -> None:
         """Queue a request; waits while the queue is full, which stops the caller's reads.
@@ -239,7 +251,7 @@ class PartitionWorker:
                 self._check_then_queue(conn, msg), name=f"session-check-{self.partition_id}"
             )
             return
-        await self.queue.put((conn, msg))
+        await self._put((conn, msg))
 
     async def _check_then_queue(self, conn: FramedConnection, msg: Any) -> None:
         try:
@@ -249,23 +261,51 @@ class PartitionWorker:
         else:
             self.session_id = max(self.session_id, msg.session_id)
             queued = msg
-        await self.queue.put((conn, queued))
+        await self._put((conn, queued))
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        queue = self.queue
-        while True:
-            batch = [await queue.get()]
-            while len(batch) < MAX_BATCH_REQUESTS and not queue.empty():
-                batch.append(queue.get_nowait())
-            replies = await loop.run_in_executor(self._executor, self._process_batch, batch)
+    async def _put(self, pending: Pending) -> None:
+        while len(self._queued) >= PARTITION_QUEUE_CAPACITY:
+            waiter = asyncio.get_running_loop().create_future()
+            self._room_waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if waiter in self._room_waiters:
+                    self._room_waiters.remove(waiter)
+        self._queued.append(pending)
+        if self._in_flight is None:
+            self._start_batch()
+
+    def _start_batch(self) -> None:
+        """Hand what is queued (MAX_BATCH_REQUESTS at most) to the disk thread."""
+        if self._stopped or not self._queued:
+            return
+        batch = self._queued[:MAX_BATCH_REQUESTS]
+        del self._queued[:MAX_BATCH_REQUESTS]
+        waiters, self._room_waiters = self._room_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        in_flight = asyncio.get_running_loop().run_in_executor(self._executor, self._process_batch, batch)
+        self._in_flight = in_flight
+        in_flight.add_done_callback(self._batch_done)
+
+    def _batch_done(self, in_flight: asyncio.Future[list[Reply]]) -> None:
+        self._in_flight = None
+        if in_flight.cancelled():
+            return
+        error = in_flight.exception()
+        if error is not None:
+            log.error("partition %d: a batch failed", self.partition_id, exc_info=error)
+        else:
             by_connection: dict[FramedConnection, list[bytes]] = {}
-            for conn, frame in replies:
+            for conn, frame in in_flight.result():
                 by_connection.setdefault(conn, []).append(frame)
             for conn, frames in by_connection.items():
                 # The client may be gone; its requests were processed all the same.
                 with contextlib.suppress(ConnectionClosedError):
                     conn.send_frames(frames)
+        self._start_batch()
 
     # --- processing (disk thread) ----------------------------------------------------------------
 

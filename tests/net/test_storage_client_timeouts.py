@@ -1,0 +1,115 @@
+"""StorageClient's request timeouts: one watchdog per connection fails exactly the calls past
+their deadline, whatever order the deadlines come in, and answered calls are unaffected.
+
+The node is an in-process data port (TLS, real sockets) that answers OPEN and then only the
+requests for partition ANSWERED_PARTITION.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from waltz_engine.net.channel import FramedConnection, serve
+from waltz_engine.net.tls import TlsConfig, client_context, server_context
+from waltz_engine.storage.client import StorageClient, StorageTimeoutError
+from waltz_engine.wire.storage_messages import (
+    STORAGE_CODEC,
+    StorageMaxTransactionIdRequest,
+    StorageMaxTransactionIdResponse,
+    StorageOpenRequest,
+    StorageSuccessResponse,
+)
+
+ANSWERED_PARTITION = 0
+SILENT_PARTITION = 1
+MAX_TRANSACTION_ID = 41
+SHORT_TIMEOUT_MS = 200
+# Far beyond the test's bound: a call failing only at this deadline fails the test.
+LONG_TIMEOUT_MS = 120_000
+TEST_BOUND_S = 30
+
+
+@contextlib.asynccontextmanager
+async def _client_of_half_deaf_node(
+    request_timeout_ms: int,
+) -> AsyncIterator[tuple[StorageClient, list[int]]]:
+    """An open client of a node that answers OPEN and then only ANSWERED_PARTITION's requests;
+    also the seq nums of the requests it left unanswered."""
+    silent: list[int] = []
+
+    async def handler(conn: FramedConnection) -> None:
+        while (msg := await conn.receive()) is not None:
+            if type(msg) is StorageOpenRequest:
+                await conn.send(StorageSuccessResponse(msg.session_id, msg.seq_num, msg.partition_id))
+            elif msg.partition_id == ANSWERED_PARTITION:
+                reply = StorageMaxTransactionIdResponse(
+                    msg.session_id, msg.seq_num, msg.partition_id, MAX_TRANSACTION_ID
+                )
+                await conn.send(reply)
+            else:
+                silent.append(msg.seq_num)
+
+    server = await serve(
+        "127.0.0.1",
+        0,
+        server_context(TlsConfig()),
+        {0: STORAGE_CODEC},
+        "Waltz Storage Server",
+        handler,
+        "test",
+    )
+    port = server.sockets[0].getsockname()[1]
+    client = StorageClient(
+        "127.0.0.1", port, client_context(TlsConfig()), uuid.uuid4(), 4, request_timeout_ms=request_timeout_ms
+    )
+    try:
+        async with asyncio.timeout(TEST_BOUND_S):
+            # As long as the calls: the OPEN's deadline must not be what ends a shorter call.
+            await client.open(request_timeout_ms)
+            yield client, silent
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()
+
+
+def _request(seq_num: int, partition_id: int) -> list[bytes]:
+    return [STORAGE_CODEC.encode_frame(StorageMaxTransactionIdRequest(1, seq_num, partition_id, False))]
+
+
+def test_a_call_past_its_deadline_fails_while_others_on_the_connection_are_answered() -> None:
+    async def go() -> None:
+        async with _client_of_half_deaf_node(SHORT_TIMEOUT_MS) as (client, silent):
+            unanswered = asyncio.ensure_future(client.max_transaction_id(1, SILENT_PARTITION))
+            assert await client.max_transaction_id(1, ANSWERED_PARTITION) == MAX_TRANSACTION_ID
+            with pytest.raises(StorageTimeoutError, match=f"within {SHORT_TIMEOUT_MS} ms"):
+                await unanswered
+            # The connection stays usable, and the watchdog is armed again for the next call.
+            assert client.is_open
+            with pytest.raises(StorageTimeoutError, match=f"within {SHORT_TIMEOUT_MS} ms"):
+                await client.max_transaction_id(1, SILENT_PARTITION)
+            assert len(silent) == 2
+            assert await client.max_transaction_id(1, ANSWERED_PARTITION) == MAX_TRANSACTION_ID
+
+    asyncio.run(go())
+
+
+def test_a_shorter_deadline_behind_a_longer_one_fails_first() -> None:
+    async def go() -> None:
+        async with _client_of_half_deaf_node(LONG_TIMEOUT_MS) as (client, _):
+            first = client._take_seq_num()
+            long_call: Any = asyncio.ensure_future(client._exchange(first, _request(first, SILENT_PARTITION)))
+            second = client._take_seq_num()
+            with pytest.raises(StorageTimeoutError, match=f"request {second} within {SHORT_TIMEOUT_MS} ms"):
+                await client._exchange(second, _request(second, SILENT_PARTITION), SHORT_TIMEOUT_MS)
+            assert not long_call.done()
+            long_call.cancel()
+            await asyncio.wait([long_call])
+
+    asyncio.run(go())
