@@ -349,6 +349,13 @@ class RecoveryManager:
                     elif not one_by_one:
                         one_by_one = True
                         refused.clear()
+                    elif self._num_unreported() > 0:
+                        # A replica not heard from yet may hold it whole: wait until one reports
+                        # (aborting here made the recovery's success depend on who connects first).
+                        await self._wait_change()
+                        self._check_abort()
+                        refused.clear()
+                        one_by_one = False
                     else:
                         whole = f"no replica gives transaction {current + 1} whole"
                         raise RecoveryFailedError(f"{whole}: {e}") from None
@@ -373,6 +380,10 @@ class RecoveryManager:
             resolved = self.resolved_high_water_mark
             target = resolved if resolved is not None else target
         return current
+
+    def _num_unreported(self) -> int:
+        """Replicas of this session that have neither reported their state nor left."""
+        return len(set(self._replica_ids) - self._left - self._states.keys())
 
     def _other_usher(
         self, state: _ReplicaRecoveryState, transaction_id: int, refused: set[ReplicaId]
