@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 from waltz_engine.client.callbacks import WaltzClientCallbacks
 from waltz_engine.client.client import WaltzClient
 from waltz_engine.client.config import ConfigSource, client_config
+from waltz_engine.client.loop_thread import call_on_loop
 from waltz_engine.client.transaction_context import TransactionContext
 from waltz_engine.common.metrics import MetricsRegistry
 
@@ -64,7 +65,7 @@ class SyncWaltzClient:
             raise RuntimeError(
                 "SyncWaltzClient methods block; call them from your threads, not from callbacks"
             )
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+        return call_on_loop(coroutine, self._loop, self._thread)
 
     @property
     def async_client(self) -> WaltzClient:

@@ -7,6 +7,7 @@ import threading
 from typing import TYPE_CHECKING, TypeVar, overload
 
 from waltz_engine.client.errors import InvalidOperationError
+from waltz_engine.client.loop_thread import call_on_loop
 from waltz_engine.common.reqid import ReqId
 
 if TYPE_CHECKING:
@@ -67,5 +68,5 @@ class Transaction:
                 "in callbacks that run on the loop"
             )
         if serializer is None:
-            return asyncio.run_coroutine_threadsafe(self.data(), self._loop).result()
-        return asyncio.run_coroutine_threadsafe(self.data(serializer), self._loop).result()
+            return call_on_loop(self.data(), self._loop, self._loop_thread)
+        return call_on_loop(self.data(serializer), self._loop, self._loop_thread)

@@ -1,0 +1,95 @@
+"""A blocking call into the client's loop never outlives the loop's thread.
+
+A full-suite run hung in `examples/consumer.py` after Ctrl-C: a consumer thread asked for a
+transaction's data while the client closed, the coroutine reached a loop that stopped before
+running it, and the thread waited forever (the process cannot exit while the consumer pool's
+threads run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from waltz_engine.client.errors import ClientClosedError
+from waltz_engine.client.loop_thread import call_on_loop
+
+BOUND_S = 10.0  # a hang, not a speed: the call gives up within LOOP_CHECK_INTERVAL_S
+
+
+def _loop_thread() -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    return loop, thread
+
+
+def _call_in_a_thread(
+    coroutine: object, loop: asyncio.AbstractEventLoop, thread: threading.Thread
+) -> list[object]:
+    outcome: list[object] = []
+
+    def call() -> None:
+        try:
+            outcome.append(call_on_loop(coroutine, loop, thread))  # type: ignore[arg-type]
+        except ClientClosedError as e:
+            outcome.append(e)
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    caller.join(BOUND_S)
+    assert not caller.is_alive(), "the call waited on a stopped loop"
+    return outcome
+
+
+def test_a_running_loop_answers() -> None:
+    loop, thread = _loop_thread()
+    try:
+        assert _call_in_a_thread(asyncio.sleep(0, result=7), loop, thread) == [7]
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(BOUND_S)
+        loop.close()
+
+
+def test_a_loop_stopped_before_running_the_call_gives_client_closed() -> None:
+    loop, thread = _loop_thread()
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(BOUND_S)
+    # Stopped, not closed: the coroutine is accepted and would never run.
+    [outcome] = _call_in_a_thread(asyncio.sleep(0, result=7), loop, thread)
+    assert isinstance(outcome, ClientClosedError)
+    loop.close()
+    [outcome] = _call_in_a_thread(asyncio.sleep(0, result=7), loop, thread)
+    assert isinstance(outcome, ClientClosedError)
+
+
+@pytest.mark.filterwarnings("ignore:coroutine .* was never awaited")
+def test_a_loop_that_stops_while_the_call_waits_gives_client_closed() -> None:
+    loop, thread = _loop_thread()
+    started = threading.Event()
+
+    async def slow() -> int:
+        started.set()
+        await asyncio.sleep(3600)
+        return 7
+
+    outcome: list[object] = []
+
+    def call() -> None:
+        try:
+            outcome.append(call_on_loop(slow(), loop, thread))
+        except ClientClosedError as e:
+            outcome.append(e)
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    assert started.wait(BOUND_S)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(BOUND_S)
+    caller.join(BOUND_S)
+    assert not caller.is_alive(), "the call waited on a stopped loop"
+    assert isinstance(outcome[0], ClientClosedError)
+    loop.close()
