@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import threading
+import time
 
 from waltz_engine.client import SyncWaltzClient, Transaction, WaltzClientCallbacks
 
 NO_TRANSACTION = -1
+IDLE_STEP_S = 0.5
 
 
 class PrintingCallbacks(WaltzClientCallbacks):
@@ -54,9 +56,12 @@ def main() -> None:
     parser.add_argument("--config", help="client YAML (default: the nearest dev cluster)")
     args = parser.parse_args()
 
-    # The client mounts every partition and the feed starts; Ctrl-C closes it.
+    # The client mounts every partition and the feed starts; Ctrl-C closes it. The main thread
+    # sleeps in steps: the kernel may hand SIGINT to one of the client's threads, and a wait
+    # with no timeout would then never return to let Python raise KeyboardInterrupt.
     with SyncWaltzClient(PrintingCallbacks(), args.config), contextlib.suppress(KeyboardInterrupt):
-        threading.Event().wait()
+        while True:
+            time.sleep(IDLE_STEP_S)
 
 
 if __name__ == "__main__":
