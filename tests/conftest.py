@@ -62,6 +62,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # controller signalled alone ends its xdist workers within seconds, too soon under load for
     # them to stop their clusters, which are then left running.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # A suite started in the background by a non-interactive shell (`cmd &`) inherits SIGINT
+    # ignored and hands that on to every process it starts: a test pressing Ctrl-C on a child
+    # (examples/consumer.py) then waits for an exit that never comes.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # The fixtures of tests on real processes: every cluster takes the session's ZooKeeper, and
