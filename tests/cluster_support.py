@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_process import run_forked
 from testkit import unique_cluster_root
 
 from waltz_engine.client import WaltzClientConfig
@@ -57,17 +58,15 @@ def run_waltz_cli(
     timeout_s: float = CLI_TIMEOUT_S,
     env: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run `waltz ARGS...` to completion (bounded), capturing its output; ``env`` is added to
-    this process's environment."""
-    return subprocess.run(
+    """Run `waltz ARGS...` to completion (bounded) in a process of its own, capturing its output;
+    ``env`` is added to this process's environment."""
+    return run_forked(
         waltz_cli_command(*args),
-        capture_output=True,
-        text=True,
-        input=stdin,
+        args,
         cwd=cwd,
+        stdin=stdin,
         env={**os.environ, **env} if env is not None else None,
-        timeout=timeout_s,
-        check=False,
+        timeout_s=timeout_s,
     )
 
 

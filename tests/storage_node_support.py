@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+from cli_process import run_forked
 from testkit import free_tcp_port
 
 from waltz_engine.common.record import Record
@@ -71,10 +72,8 @@ def waltz_command(*args: str) -> list[str]:
 
 
 def run_waltz(*args: str, timeout_s: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-    """Run a `waltz` command to completion (bounded), capturing its output."""
-    return subprocess.run(
-        waltz_command(*args), capture_output=True, text=True, timeout=timeout_s, check=False
-    )
+    """Run a `waltz` command to completion (bounded) in a process of its own, capturing its output."""
+    return run_forked(waltz_command(*args), args, timeout_s=timeout_s)
 
 
 # Tests talk to nodes with session ids of their own, up to this one; a node accepts only ids

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 import yaml
+from cli_process import run_forked
+from cluster_support import waltz_cli_command
 from storage_node_support import create_test_cluster
 
 CLI_TIMEOUT_S = 60.0
@@ -19,14 +21,8 @@ CLI_TIMEOUT_S = 60.0
 
 def waltz(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("WALTZ_")}
-    return subprocess.run(
-        [sys.executable, "-m", "waltz_cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**clean, **(env or {})},
-        timeout=CLI_TIMEOUT_S,
-        check=False,
+    return run_forked(
+        waltz_cli_command(*args), args, cwd=cwd, env={**clean, **(env or {})}, timeout_s=CLI_TIMEOUT_S
     )
 
 

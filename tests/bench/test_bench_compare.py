@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cluster_support import run_waltz_cli
 from typer.testing import CliRunner
 
 from waltz_cli.main import app
@@ -90,13 +89,7 @@ def test_a_plain_text_file_in_a_real_process(tmp_path: Path) -> None:
     good, text = tmp_path / "good.json", tmp_path / "notes.txt"
     good.write_text(json.dumps(OLD))
     text.write_text("producers were faster today\n")
-    result = subprocess.run(
-        [sys.executable, "-m", "waltz_cli", "bench", "compare", str(good), str(text)],
-        capture_output=True,
-        text=True,
-        timeout=CLI_TIMEOUT_S,
-        check=False,
-    )
+    result = run_waltz_cli("bench", "compare", str(good), str(text), timeout_s=CLI_TIMEOUT_S)
     assert result.returncode == 1 and result.stdout == ""
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith(f"error: {text} is not a saved benchmark report (not JSON"), line

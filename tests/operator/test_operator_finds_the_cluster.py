@@ -8,11 +8,11 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from cluster_support import module_cluster
+from cli_process import run_forked
+from cluster_support import module_cluster, waltz_cli_command
 
 from waltz_engine.common.config import DEV_CLIENT_CONFIG_NAME, DEV_CLUSTER_DIRECTORY
 from waltz_engine.ops.devcluster import LocalCluster
@@ -34,15 +34,7 @@ cluster = module_cluster(storages=1, partitions=NUM_PARTITIONS)
 
 def waltz(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if k not in ENVIRONMENT_KEYS}
-    return subprocess.run(
-        [sys.executable, "-m", "waltz_cli", *args],
-        cwd=cwd,
-        env={**clean, **env},
-        capture_output=True,
-        text=True,
-        timeout=CLI_TIMEOUT_S,
-        check=False,
-    )
+    return run_forked(waltz_cli_command(*args), args, cwd=cwd, env={**clean, **env}, timeout_s=CLI_TIMEOUT_S)
 
 
 def check_output(

@@ -28,12 +28,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 
 def _top_json(cluster: LocalCluster) -> dict[str, object]:
-    result = subprocess.run(
-        waltz_cli_command("top", "--config", str(cluster.client_config_path), "--once", "--json"),
-        capture_output=True,
-        text=True,
-        timeout=TOP_TIMEOUT_S,
-        check=False,
+    result = run_waltz_cli(
+        "top", "--config", str(cluster.client_config_path), "--once", "--json", timeout_s=TOP_TIMEOUT_S
     )
     assert result.returncode == 0, result.stderr
     snapshot: dict[str, object] = json.loads(result.stdout)
