@@ -128,37 +128,21 @@ def waltz_client_config(cluster: LocalCluster, **overrides: Any) -> WaltzClientC
 TailRow = tuple[int, int, int, int, int, int, str]
 
 
-def run_cli_at_once(runs: list[tuple[list[str], str]]) -> list[str]:
-    """Run ``waltz`` commands (arguments, stdin) as concurrent processes; their outputs, in order.
-    Each is a Python start (about a second), so one per partition in a row adds up."""
-    processes = [
-        subprocess.Popen(
-            waltz_cli_command(*arguments),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for arguments, _ in runs
-    ]
-    try:
-        outputs = []
-        for process, (arguments, stdin) in zip(processes, runs, strict=True):
-            stdout, stderr = process.communicate(stdin, CLI_TIMEOUT_S)
-            assert process.returncode == 0, f"waltz {' '.join(arguments)}: {stderr}"
-            outputs.append(stdout)
-        return outputs
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+def run_cli_each(runs: list[tuple[list[str], str]]) -> list[str]:
+    """Run ``waltz`` commands (arguments, stdin) one after the other, each to exit 0; their
+    outputs, in order."""
+    outputs = []
+    for arguments, stdin in runs:
+        result = run_waltz_cli(*arguments, stdin=stdin)
+        assert result.returncode == 0, f"waltz {' '.join(arguments)}: {result.stderr}"
+        outputs.append(result.stdout)
+    return outputs
 
 
 def append_lines(cluster: LocalCluster, lines_by_partition: Mapping[int, list[str]]) -> None:
-    """`waltz append`: one transaction per line, partitions at once."""
+    """`waltz append`: one transaction per line, a partition at a time."""
     config = str(cluster.client_config_path)
-    run_cli_at_once(
+    run_cli_each(
         [
             (["append", "--partition", str(p), "--config", config], "\n".join(lines) + "\n")
             for p, lines in lines_by_partition.items()
@@ -170,7 +154,7 @@ def tailed(cluster: LocalCluster, partitions: Iterable[int]) -> list[TailRow]:
     """Every committed transaction of ``partitions`` as `waltz tail --data --json` prints it."""
     config = str(cluster.client_config_path)
     wanted = list(partitions)
-    outputs = run_cli_at_once(
+    outputs = run_cli_each(
         [
             (["tail", "--partition", str(p), "--no-follow", "--data", "--json", "--config", config], "")
             for p in wanted

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from cluster_support import CLI_TIMEOUT_S, run_cli_at_once, waltz_cli_command
+from cluster_support import CLI_TIMEOUT_S, run_cli_each, waltz_cli_command
 
 from waltz_engine.client import SyncWaltzClient, TransactionContext, WaltzClientCallbacks
 from waltz_engine.ops.devcluster import LocalCluster
@@ -141,9 +141,9 @@ def node_holds(cluster: LocalCluster, storage: str) -> list[int]:
 
 def assert_replicas_caught_up_and_equal(cluster: LocalCluster) -> None:
     """`waltz cluster under-replicated` reports none and `waltz storage checksum --online` finds
-    every replica equal (exit 0), both run at once."""
+    every replica equal (exit 0)."""
     config = str(cluster.client_config_path)
-    report, _ = run_cli_at_once(
+    report, _ = run_cli_each(
         [
             (["cluster", "under-replicated", "--json", "-c", config], ""),
             (["storage", "checksum", "--online", "--json", "-c", config], ""),
