@@ -21,12 +21,15 @@ own when it is done, and the next pass starts without it.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
+import functools
 import logging
+import queue
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
+from waltz_engine.common import clock
 from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.net.channel import ConnectionClosedError, FramedConnection
 
@@ -78,41 +81,75 @@ class DiskRunner(Protocol):
 
 
 class ThreadedRunner:
-    """A pass thread, and a pool for the batches of a pass with more than one partition."""
+    """A pass thread, and a pool for the batches of a pass with more than one partition.
+
+    Plain threads on C queues (``queue.SimpleQueue``) rather than executors: a hop costs a put
+    and a get, with no future, work item or waiter built in Python for each.
+    """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._pass_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="storage-pass")
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            DISK_POOL_THREADS, thread_name_prefix="storage-disk"
-        )
+        self._passes: queue.SimpleQueue[Callable[[], object] | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[Callable[[], object] | None] = queue.SimpleQueue()
+        self._pass_thread = _daemon(self._passes, "storage-pass")
+        self._pool = [_daemon(self._jobs, f"storage-disk-{i}") for i in range(DISK_POOL_THREADS)]
 
     def start(self, work: Callable[[], _R], done: Callable[[_R], None]) -> None:
         loop = self._loop
-
-        def run() -> None:
-            # Straight to the loop's ready queue: no future whose done callback costs a turn more.
-            loop.call_soon_threadsafe(done, work())
-
-        self._pass_thread.submit(run)
+        # Straight to the loop's ready queue: no future whose done callback costs a turn more.
+        self._passes.put(lambda: loop.call_soon_threadsafe(done, work()))
 
     def gather(self, jobs: Sequence[Callable[[], _R]], late: Callable[[_R], None]) -> list[_R]:
         if len(jobs) == 1:
             # A partition alone waits for nobody: no hop to the pool.
             return [jobs[0]()]
-        futures = [self._pool.submit(job) for job in jobs]
-        done, _ = concurrent.futures.wait(futures, timeout=PASS_WAIT_MS / 1000)
-        results: list[_R] = []
-        for future in futures:
-            if future in done:
-                results.append(future.result())
-            else:
-                future.add_done_callback(lambda f: self._loop.call_soon_threadsafe(late, f.result()))
-        return results
+        back: queue.SimpleQueue[tuple[int, _R]] = queue.SimpleQueue()
+        lock = threading.Lock()
+        waiting = [True]
+        loop = self._loop
+
+        def run(index: int, job: Callable[[], _R]) -> None:
+            result = job()
+            with lock:
+                if waiting[0]:
+                    back.put((index, result))
+                    return
+            loop.call_soon_threadsafe(late, result)
+
+        for index, job in enumerate(jobs):
+            self._jobs.put(functools.partial(run, index, job))
+        results: dict[int, _R] = {}
+        deadline_s = clock.monotonic_s() + PASS_WAIT_MS / 1000
+        with contextlib.suppress(queue.Empty):
+            while len(results) < len(jobs):
+                index, result = back.get(timeout=max(0.0, deadline_s - clock.monotonic_s()))
+                results[index] = result
+        if len(results) < len(jobs):
+            with lock:
+                waiting[0] = False
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    index, result = back.get_nowait()
+                    results[index] = result
+        return [results[index] for index in sorted(results)]
 
     def shutdown(self) -> None:
-        self._pass_thread.shutdown(wait=True)
-        self._pool.shutdown(wait=True)
+        self._passes.put(None)
+        self._pass_thread.join()
+        for _ in self._pool:
+            self._jobs.put(None)
+        for thread in self._pool:
+            thread.join()
+
+
+def _daemon(tasks: queue.SimpleQueue[Callable[[], object] | None], name: str) -> threading.Thread:
+    def serve() -> None:
+        while (task := tasks.get()) is not None:
+            task()
+
+    thread = threading.Thread(target=serve, name=name, daemon=True)
+    thread.start()
+    return thread
 
 
 RunnerFactory = Callable[[asyncio.AbstractEventLoop], DiskRunner]
