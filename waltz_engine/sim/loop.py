@@ -23,7 +23,7 @@ import hashlib
 import random
 import selectors
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from waltz_engine.common.errors import WaltzError
@@ -174,6 +174,30 @@ class SimLoop(asyncio.BaseEventLoop):
 
     def _write_to_self(self) -> None:
         # call_soon_threadsafe wakes a waiting selector; this one never waits.
+        pass
+
+
+class SimDiskRunner:
+    """A storage node's disk passes (``DiskRunner``) on the loop: a pass's work runs at the next
+    turn, its partitions' batches one after another, and its completion at once."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        assert isinstance(loop, SimLoop), "the simulator's disk runner needs the simulator's loop"
+        self._loop = loop
+
+    def start(self, work: Callable[[], _T], done: Callable[[_T], None]) -> None:
+        loop = self._loop
+
+        def run() -> None:
+            loop.record("exec", "disk pass")
+            done(work())
+
+        loop.call_soon(run)
+
+    def gather(self, jobs: Sequence[Callable[[], _T]], late: Callable[[_T], None]) -> list[_T]:
+        return [job() for job in jobs]
+
+    def shutdown(self) -> None:
         pass
 
 

@@ -34,7 +34,7 @@ from waltz_engine.server.server import WaltzServer
 from waltz_engine.sim.bank import Ledger, Transfer
 from waltz_engine.sim.disk import SimDisk
 from waltz_engine.sim.faults import inject_faults
-from waltz_engine.sim.loop import START_MONOTONIC_S, SimLoop
+from waltz_engine.sim.loop import START_MONOTONIC_S, SimDiskRunner, SimLoop
 from waltz_engine.sim.network import SimNetwork
 from waltz_engine.sim.node_faults import NodeFaults
 from waltz_engine.sim.replicas import check_replicas
@@ -214,7 +214,9 @@ class SimWorld:
             "storage.directory": f"/{host}",
         }
         storage_config = StorageConfig.from_config(self._config(host, storage_keys))
-        node = StorageNode(storage_config, **self._seams(host), disk=self.disks[host])
+        node = StorageNode(
+            storage_config, **self._seams(host), disk=self.disks[host], disk_runner=SimDiskRunner
+        )
         await node.start()
         return node
 

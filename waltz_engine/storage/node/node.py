@@ -35,6 +35,7 @@ from waltz_engine.storage.node.config import (
     StorageConfig,
 )
 from waltz_engine.storage.node.data_handler import DataHandler
+from waltz_engine.storage.node.disk_passes import DiskPasses, RunnerFactory, ThreadedRunner
 from waltz_engine.storage.node.integrity import INTEGRITY_CHECK_NAME, integrity_health
 from waltz_engine.storage.node.partition_worker import PartitionWorker
 from waltz_engine.storage.node.scrubber import Scrubber
@@ -126,6 +127,7 @@ class StorageNode:
         network: Network = ASYNCIO_NETWORK,
         zk_connector: ZooKeeperConnector = new_client,
         disk: Disk = OS_DISK,
+        disk_runner: RunnerFactory = ThreadedRunner,
     ) -> None:
         self.config = config
         self.network = network
@@ -134,6 +136,8 @@ class StorageNode:
         self.metrics = MetricsRegistry()
         self.manager: StorageManager | None = None
         self.workers: dict[int, PartitionWorker] = {}
+        self._disk_runner = disk_runner
+        self.passes: DiskPasses | None = None
         self._admin_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="storage-admin")
         self._servers: list[Listener] = []
         # One count of open connections for the data and admin ports together.
@@ -170,6 +174,8 @@ class StorageNode:
         log.info("cluster %s: key %s, %d partitions", config.zookeeper.cluster_root, key, num_partitions)
         self.session_bounds.start()
         self._register_metrics()
+        loop = asyncio.get_running_loop()
+        self.passes = DiskPasses(loop, self._disk_runner(loop), self.metrics, METRIC_GROUP)
 
         handlers: dict[str, ConnectionHandler] = {}
 
@@ -310,8 +316,8 @@ class StorageNode:
 
     async def refresh_partitions(self) -> None:
         """Attach every open partition to its worker, detach the unassigned ones."""
-        manager = self.manager
-        assert manager is not None
+        manager, passes = self.manager, self.passes
+        assert manager is not None and passes is not None
 
         def snapshot() -> dict[int, tuple[Partition, int]]:
             opened: dict[int, tuple[Partition, int]] = {}
@@ -328,7 +334,9 @@ class StorageNode:
                 worker.detach()
         for partition_id, (partition, max_transaction_id) in opened.items():
             if partition_id not in self.workers:
-                self.workers[partition_id] = PartitionWorker(partition_id, self.metrics, self.session_bounds)
+                self.workers[partition_id] = PartitionWorker(
+                    partition_id, self.metrics, self.session_bounds, passes
+                )
             worker = self.workers[partition_id]
             if worker.partition is not partition:
                 worker.attach(partition, max_transaction_id)
@@ -367,6 +375,8 @@ class StorageNode:
                     await server.wait_closed()
         for worker in self.workers.values():
             await worker.stop()
+        if self.passes is not None:
+            await self.passes.stop()
         if self._http is not None:
             await self._http.close()
         loop = asyncio.get_running_loop()

@@ -1,16 +1,15 @@
-"""One partition's request processing: a bounded queue and one disk thread (the original's
-"Storage-P<id>" task, reference §1.2), with session fencing and the flag checks.
+"""One partition's request processing: a bounded queue, session fencing and the flag checks;
+its disk work runs in the node's disk passes (disk_passes.py), one batch at a time (the
+original's "Storage-P<id>" task, reference §1.2).
 
 The connection handlers decode a request once and :meth:`PartitionWorker.submit` it; when
-the queue is full they wait, and so stop reading their socket (back pressure). When the disk
-thread is idle, ``submit`` hands the request to it at once; while it is busy, requests queue and
-the next batch takes whatever is queued (up to a whole queue) when the batch in hand is done.
-No task sits between the handler and the disk thread: a request waiting alone costs no extra
-event loop turn. One partition's fsync never blocks another partition, the admin port or the
-event loop.
+the queue is full they wait, and so stop reading their socket (back pressure). A worker with
+requests queued and no batch on disk is ready for the next pass, which takes its whole queue
+(up to its capacity). No task sits between the handler and the disk: a request waiting alone
+costs no extra event loop turn. No fsync runs on the event loop.
 Consecutive APPENDs that would each succeed alone are written with one fsync (group
 commit); each SUCCESS is still sent only after its records are durable. The replies are
-encoded on the disk thread and written on the event loop.
+encoded off the loop and written on the event loop.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ import contextlib
 import errno
 import logging
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 from waltz_engine.common import clock
@@ -29,9 +27,10 @@ from waltz_engine.common.limited_log import LimitedLog
 from waltz_engine.common.metrics import Counter, Meter, MetricsRegistry, Timer
 from waltz_engine.common.record import Record
 from waltz_engine.common.tasks import cancel_and_wait
-from waltz_engine.net.channel import ConnectionClosedError, FramedConnection
+from waltz_engine.net.channel import FramedConnection
 from waltz_engine.storage.control_file import ConcurrentUpdateError
 from waltz_engine.storage.damage import DAMAGE_GAUGE
+from waltz_engine.storage.node.disk_passes import DiskPasses, Reply
 from waltz_engine.storage.node.failures import PartitionNotAssignedError, rpc_exception
 from waltz_engine.storage.node.session_bounds import SessionBounds
 from waltz_engine.storage.partition import Partition
@@ -66,7 +65,7 @@ _disk_errors = LimitedLog(log)
 
 # The original's ArrayBlockingQueue(100) per partition.
 PARTITION_QUEUE_CAPACITY = 100
-# Requests taken from the queue for one trip to the disk thread.
+# Requests taken from the queue for one pass.
 MAX_BATCH_REQUESTS = PARTITION_QUEUE_CAPACITY
 METRIC_GROUP_PREFIX = "waltz-storage.partition-"
 
@@ -96,7 +95,6 @@ SESSION_MOVING_REQUESTS = (
     StorageSetLowWaterMarkRequest,
 )
 
-Reply = tuple[FramedConnection, bytes]
 Pending = tuple[FramedConnection, Any]
 
 
@@ -175,8 +173,11 @@ class _PartitionMetrics:
 class PartitionWorker:
     """Lives as long as the node; serves whichever :class:`Partition` object is attached."""
 
-    def __init__(self, partition_id: int, registry: MetricsRegistry, session_bounds: SessionBounds) -> None:
+    def __init__(
+        self, partition_id: int, registry: MetricsRegistry, session_bounds: SessionBounds, passes: DiskPasses
+    ) -> None:
         self.partition_id = partition_id
+        self._passes = passes
         self._session_bounds = session_bounds
         self.partition: Partition | None = None
         # The fencing session id: raised on receipt, checked when processed (reference §1.2).
@@ -188,16 +189,14 @@ class PartitionWorker:
         # The effective retention bound the node's cleaner last read (None: none, or unknown). An
         # empty replica may start its log late only at or below it (see ``_start_late``).
         self.retention_bound: int | None = None
-        # Requests not yet handed to the disk thread (PARTITION_QUEUE_CAPACITY at most), and the
+        # Requests not yet handed to a pass (PARTITION_QUEUE_CAPACITY at most), and the
         # submitters waiting for room; both touched on the event loop only.
         self._queued: list[Pending] = []
         self._room_waiters: list[asyncio.Future[None]] = []
-        # The batch on the disk thread, if any; None while stopped is True means none comes.
-        self._in_flight: asyncio.Future[list[Reply]] | None = None
-        self._stopped = False
+        # A batch of this partition is in a pass (one at a time keeps the partition's order).
+        self._busy = False
         self._registry = registry
         self._metrics: _PartitionMetrics | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"Storage-P{partition_id}")
         # A request that may move the session id, queued once ZooKeeper confirmed (or refused) it.
         self._pending_check: asyncio.Task[None] | None = None
 
@@ -220,14 +219,9 @@ class PartitionWorker:
             self._metrics = None
 
     async def stop(self) -> None:
-        """Stop taking requests; the batch in hand (an append and its fsync) completes first."""
+        """Stop checking sessions; the node's :meth:`DiskPasses.stop` completes the batch in hand."""
         pending, self._pending_check = self._pending_check, None
         await cancel_and_wait(pending)
-        self._stopped = True
-        in_flight = self._in_flight
-        if in_flight is not None:
-            await asyncio.wait([in_flight])
-        await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown, True)
 
     def queue_size(self) -> int:
         """Requests waiting for the disk thread (the batch in hand not counted)."""
@@ -273,43 +267,28 @@ class PartitionWorker:
                 if waiter in self._room_waiters:
                     self._room_waiters.remove(waiter)
         self._queued.append(pending)
-        if self._in_flight is None:
-            self._start_batch()
+        if not self._busy:
+            self._passes.ready(self)
 
-    def _start_batch(self) -> None:
-        """Hand what is queued (MAX_BATCH_REQUESTS at most) to the disk thread."""
-        if self._stopped or not self._queued:
-            return
+    def take_batch(self) -> list[Pending]:
+        """For a pass: what is queued (MAX_BATCH_REQUESTS at most); room for the waiters."""
         batch = self._queued[:MAX_BATCH_REQUESTS]
         del self._queued[:MAX_BATCH_REQUESTS]
+        self._busy = True
         waiters, self._room_waiters = self._room_waiters, []
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
-        in_flight = asyncio.get_running_loop().run_in_executor(self._executor, self._process_batch, batch)
-        self._in_flight = in_flight
-        in_flight.add_done_callback(self._batch_done)
+        return batch
 
-    def _batch_done(self, in_flight: asyncio.Future[list[Reply]]) -> None:
-        self._in_flight = None
-        if in_flight.cancelled():
-            return
-        error = in_flight.exception()
-        if error is not None:
-            log.error("partition %d: a batch failed", self.partition_id, exc_info=error)
-        else:
-            by_connection: dict[FramedConnection, list[bytes]] = {}
-            for conn, frame in in_flight.result():
-                by_connection.setdefault(conn, []).append(frame)
-            for conn, frames in by_connection.items():
-                # The client may be gone; its requests were processed all the same.
-                with contextlib.suppress(ConnectionClosedError):
-                    conn.send_frames(frames)
-        self._start_batch()
+    def batch_done(self) -> bool:
+        """The pass answered this partition's batch; True when requests wait for the next one."""
+        self._busy = False
+        return bool(self._queued)
 
-    # --- processing (disk thread) ----------------------------------------------------------------
+    # --- processing (off the event loop, in a pass) -----------------------------------------
 
-    def _process_batch(self, batch: list[Pending]) -> list[Reply]:
+    def process_batch(self, batch: list[Pending]) -> list[Reply]:
         replies: list[Reply] = []
         i = 0
         while i < len(batch):

@@ -1,0 +1,232 @@
+"""Issue 23 item 4: a storage node handles the requests for different partitions that reach it
+together in one disk pass, and answers them with one write per connection, while each partition
+keeps its order, its fencing, and its own disk errors.
+
+Requests are sent "corked": every frame of a scenario leaves the client in one TLS record, so
+the node reads them all in one loop turn and the pass count is exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import threading
+import urllib.request
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from storage_node_support import (
+    HTTP_TIMEOUT_S,
+    ISSUED_SESSION_ID,
+    StorageNodeProcess,
+    create_test_cluster,
+    make_records,
+    start_storage_node,
+)
+
+from waltz_engine.storage.client import StorageClient, StorageRpcError
+from waltz_engine.storage.file_system import OS_DISK
+from waltz_engine.storage.node.config import StorageConfig
+from waltz_engine.storage.node.node import StorageNode
+
+NUM_PARTITIONS = 16
+SESSION_ID = ISSUED_SESSION_ID
+# The whole run of a scenario may take this long before it counts as hung.
+SCENARIO_TIMEOUT_S = 60.0
+
+
+class _Sink:
+    """Stands in for a connection's writer: collects the frames the calls write."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.chunks: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.chunks.append(bytes(data))
+
+    def writelines(self, pieces: Sequence[bytes]) -> None:
+        self.chunks.append(b"".join(pieces))
+
+    def is_closing(self) -> bool:
+        return bool(self.real.is_closing())
+
+    async def drain(self) -> None:
+        pass
+
+
+async def corked(client: StorageClient, calls: Sequence[Callable[[], Awaitable[Any]]]) -> list[Any]:
+    """Run ``calls`` (one request each) with all their frames sent in one write; their results
+    (or errors), in order."""
+    conn = client._conn
+    assert conn is not None
+    sink = _Sink(conn.writer)
+    conn.writer = sink  # type: ignore[assignment]
+    try:
+        tasks = [asyncio.ensure_future(call()) for call in calls]
+        while len(sink.chunks) < len(calls):
+            await asyncio.sleep(0)
+    finally:
+        conn.writer = sink.real
+    sink.real.write(b"".join(sink.chunks))
+    return await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _counters(jetty_port: int) -> dict[str, int]:
+    url = f"http://127.0.0.1:{jetty_port}/metrics"
+    with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as response:
+        counters = json.loads(response.read())["counters"]
+    return {name: value["count"] for name, value in counters.items() if name.startswith("waltz-storage.disk")}
+
+
+async def _open_sessions(client: StorageClient, partitions: Sequence[int]) -> None:
+    for p in partitions:
+        await client.last_session_info(SESSION_ID, p)
+
+
+@pytest.fixture(scope="module")
+def node(zookeeper: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[StorageNodeProcess]:
+    node = start_storage_node(zookeeper, tmp_path_factory.mktemp("node"), NUM_PARTITIONS)
+    try:
+        yield node
+    finally:
+        assert node.terminate() == 0, node.log_text()
+
+
+def test_appends_for_many_partitions_in_one_turn_take_one_pass(node: StorageNodeProcess) -> None:
+    partitions = range(NUM_PARTITIONS)
+    assert node.jetty_port is not None
+
+    async def go() -> tuple[list[Any], dict[str, int], dict[str, int]]:
+        client = node.data_client()
+        await client.open()
+        try:
+            await _open_sessions(client, partitions)
+            before = _counters(node.jetty_port or 0)
+            results = await corked(
+                client, [lambda p=p: client.append(SESSION_ID, p, make_records(0, 1, p)) for p in partitions]
+            )
+            return results, before, _counters(node.jetty_port or 0)
+        finally:
+            await client.close()
+
+    results, before, after = node.run(go())
+    assert results == [None] * NUM_PARTITIONS
+    passes, batches = "waltz-storage.disk-passes", "waltz-storage.disk-pass-batches"
+    assert after[passes] - before[passes] == 1
+    assert after[batches] - before[batches] == NUM_PARTITIONS
+
+
+def test_interleaved_partitions_keep_their_order_and_fencing(node: StorageNodeProcess) -> None:
+    # Fresh partitions of the module's node: the first test wrote txid 0 to each.
+    partitions, per_partition = range(8), 3
+    first = 1
+
+    async def go() -> tuple[list[Any], list[list[Any]]]:
+        client = node.data_client()
+        await client.open()
+        try:
+            await _open_sessions(client, partitions)
+            calls: list[Callable[[], Awaitable[Any]]] = []
+            for i in range(per_partition):
+                for p in partitions:
+                    records = make_records(first + i, 1, p)
+                    calls.append(lambda p=p, records=records: client.append(SESSION_ID, p, records))
+                    if p == 3 and i == 1:
+                        # A fenced-out session between two of partition 3's appends.
+                        stale = make_records(first + i + 1, 1, p)
+                        calls.append(lambda p=p, stale=stale: client.append(SESSION_ID - 1, p, stale))
+            results = await corked(client, calls)
+            stored = [await client.records(SESSION_ID, p, first, 100) for p in partitions]
+            return results, stored
+        finally:
+            await client.close()
+
+    results, stored = node.run(go())
+    refused = [r for r in results if r is not None]
+    assert len(refused) == 1 and isinstance(refused[0], StorageRpcError), results
+    assert "session id has changed" in str(refused[0])
+    for p, records in zip(partitions, stored, strict=True):
+        assert records == make_records(first, per_partition, p)
+
+
+class _FaultyDisk:
+    """The OS disk, with an fdatasync that fails (EIO) or waits in the files of chosen directories."""
+
+    def __init__(self) -> None:
+        self.failing: set[Path] = set()
+        self.slow: set[Path] = set()
+        self.slow_started = threading.Event()
+        self.release = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(OS_DISK, name)
+
+    def open(self, path: Path, **kwargs: bool) -> Any:
+        return _FaultyFile(self, path, OS_DISK.open(path, **kwargs))
+
+
+class _FaultyFile:
+    def __init__(self, disk: _FaultyDisk, path: Path, file: Any) -> None:
+        self._disk, self._path, self._file = disk, path, file
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._file, name)
+
+    def fdatasync(self) -> None:
+        if self._path.parent in self._disk.failing:
+            raise OSError(errno.EIO, "Input/output error", str(self._path))
+        if self._path.parent in self._disk.slow:
+            self._disk.slow_started.set()
+            self._disk.release.wait()
+        self._file.fdatasync()
+
+
+def test_a_failing_or_slow_partition_does_not_hold_the_others(zookeeper: str, tmp_path: Path) -> None:
+    """In-process, for the disk seam: partition 1's fsync fails, partition 2's hangs; partitions
+    0 and 3 of the same pass are answered SUCCESS meanwhile, then partition 2 when it returns."""
+    root, key = create_test_cluster(zookeeper, 4)
+    # Writes the node's configuration and picks its ports; the node runs in this process.
+    host = StorageNodeProcess(zookeeper, root, key, 4, tmp_path / "node", jetty=False)
+    disk = _FaultyDisk()
+
+    async def go() -> None:
+        node = StorageNode(StorageConfig.load(host.config_path), disk=disk)  # type: ignore[arg-type]
+        await node.start()
+        release = asyncio.get_running_loop().run_in_executor(None, disk.slow_started.wait)
+        try:
+            await host.with_admin(lambda a: a.set_partition_assignment([0, 1, 2, 3], True, False))
+            assert node.manager is not None
+            disk.failing.add(node.manager.partition(1).directory)
+            disk.slow.add(node.manager.partition(2).directory)
+            client = host.data_client()
+            await client.open()
+            try:
+                await _open_sessions(client, range(4))
+                appends = [lambda p=p: client.append(SESSION_ID, p, make_records(0, 1, p)) for p in range(4)]
+                results = asyncio.ensure_future(corked(client, appends))
+                await release  # partition 2 is inside its fsync
+                # Partitions 0 and 3 answered while partition 2's fsync still waits.
+                assert await client.max_transaction_id(SESSION_ID, 0) == 0
+                assert await client.max_transaction_id(SESSION_ID, 3) == 0
+                assert not results.done()
+                disk.release.set()
+                outcome = await results
+                assert outcome[0] is None and outcome[2] is None and outcome[3] is None, outcome
+                assert isinstance(outcome[1], StorageRpcError), outcome
+                assert "Input/output error" in str(outcome[1])
+                assert node.metrics.counter("waltz-storage", "disk-pass-late-batches").count == 1
+            finally:
+                await client.close()
+        finally:
+            disk.release.set()
+            await node.stop()
+
+    async def bounded() -> None:
+        async with asyncio.timeout(SCENARIO_TIMEOUT_S):
+            await go()
+
+    asyncio.run(bounded())
