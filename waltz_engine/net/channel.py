@@ -69,7 +69,17 @@ class ConnectionClosedError(WaltzError):
 class FramedConnection:
     """One connection after a successful handshake: messages of one negotiated codec."""
 
-    __slots__ = ("reader", "writer", "codec", "peer_hello", "peer", "max_frame_size_bytes", "_closed")
+    __slots__ = (
+        "reader",
+        "writer",
+        "codec",
+        "peer_hello",
+        "peer",
+        "max_frame_size_bytes",
+        "writes",
+        "_closed",
+        "_unsent",
+    )
 
     def __init__(
         self,
@@ -86,7 +96,9 @@ class FramedConnection:
         peername = writer.get_extra_info("peername")
         self.peer = f"{peername[0]}:{peername[1]}" if peername else "?"
         self.max_frame_size_bytes = max_frame_size_bytes
+        self.writes = 0  # handed to the transport, each one flush to the socket
         self._closed = False
+        self._unsent: bytearray | None = None  # None: no coalescing
         writer.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES, low=WRITE_BUFFER_LOW_BYTES)
 
     @property
@@ -128,9 +140,40 @@ class FramedConnection:
         Pieces that fit one TLS record together are joined first: TLS encrypts each piece it is
         given as a record of its own, so an APPEND's three pieces or a batch of small replies
         would cost a record (and an SSL_read on the other side) each. Larger ones are not copied.
+        With :meth:`coalesce_writes`, what is sent within one loop turn leaves together.
         """
         if self.closed:
             raise ConnectionClosedError(f"connection to {self.peer} is closed")
+        unsent = self._unsent
+        if unsent is None:
+            self._write(frames)
+            return
+        size = sum(map(len, frames))
+        if len(unsent) + size > JOIN_LIMIT_BYTES:
+            unsent = self._flush()  # at most one TLS record waits
+            if size > JOIN_LIMIT_BYTES:
+                self._write(frames)
+                return
+        if not unsent:
+            asyncio.get_running_loop().call_soon(self._flush)
+        for frame in frames:
+            unsent += frame
+
+    def coalesce_writes(self) -> None:
+        """Frames sent in one loop turn (by any tasks) leave as one write when it ends: one TLS
+        record and one send while they fit one record, which is also the most that waits."""
+        if self._unsent is None:
+            self._unsent = bytearray()
+
+    def _flush(self) -> bytearray:
+        """Write what waits; the new buffer (the transport may keep the written one a while)."""
+        unsent, self._unsent = self._unsent, bytearray()
+        if unsent and not self.closed:
+            self._write((unsent,))
+        return self._unsent
+
+    def _write(self, frames: Sequence[bytes | bytearray | memoryview]) -> None:
+        self.writes += 1
         if len(frames) > 1 and sum(map(len, frames)) <= JOIN_LIMIT_BYTES:
             self.writer.write(b"".join(frames))
         else:
@@ -149,6 +192,8 @@ class FramedConnection:
     async def close(self) -> None:
         if self._closed:
             return
+        if self._unsent:
+            self._flush()
         self._closed = True
         self.writer.close()
         # The peer is gone either way; waiting only lets TLS say goodbye.
