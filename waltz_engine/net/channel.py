@@ -79,6 +79,7 @@ class FramedConnection:
         "writes",
         "_closed",
         "_unsent",
+        "_coalesce",
     )
 
     def __init__(
@@ -98,7 +99,8 @@ class FramedConnection:
         self.max_frame_size_bytes = max_frame_size_bytes
         self.writes = 0  # handed to the transport, each one flush to the socket
         self._closed = False
-        self._unsent: bytearray | None = None  # None: no coalescing
+        self._unsent = bytearray()
+        self._coalesce: Callable[[], bool] | None = None
         writer.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES, low=WRITE_BUFFER_LOW_BYTES)
 
     @property
@@ -131,6 +133,8 @@ class FramedConnection:
         """Queue an encoded frame; pair with :meth:`drain` to respect the write buffer limit."""
         if self.closed:
             raise ConnectionClosedError(f"connection to {self.peer} is closed")
+        if self._unsent:
+            self._flush()  # after the frames sent before it
         self.writer.write(frame)
 
     def send_frames(self, frames: Sequence[bytes | bytearray | memoryview]) -> None:
@@ -145,7 +149,7 @@ class FramedConnection:
         if self.closed:
             raise ConnectionClosedError(f"connection to {self.peer} is closed")
         unsent = self._unsent
-        if unsent is None:
+        if not unsent and (self._coalesce is None or not self._coalesce()):
             self._write(frames)
             return
         size = sum(map(len, frames))
@@ -159,15 +163,13 @@ class FramedConnection:
         for frame in frames:
             unsent += frame
 
-    def coalesce_writes(self) -> None:
-        """Frames sent in one loop turn (by any tasks) leave as one write when it ends: one TLS
-        record and one send while they fit one record, which is also the most that waits."""
-        if self._unsent is None:
-            self._unsent = bytearray()
+    def coalesce_writes(self, busy: Callable[[], bool]) -> None:
+        """While ``busy()`` holds as a frame is sent, frames sent in one loop turn (by any tasks) leave
+        as one write at its end: one TLS record and one send, the most that waits."""
+        self._coalesce = busy
 
     def _flush(self) -> bytearray:
-        """Write what waits; the new buffer (the transport may keep the written one a while)."""
-        unsent, self._unsent = self._unsent, bytearray()
+        unsent, self._unsent = self._unsent, bytearray()  # the transport may keep the old one
         if unsent and not self.closed:
             self._write((unsent,))
         return self._unsent
@@ -192,8 +194,7 @@ class FramedConnection:
     async def close(self) -> None:
         if self._closed:
             return
-        if self._unsent:
-            self._flush()
+        self._flush()
         self._closed = True
         self.writer.close()
         # The peer is gone either way; waiting only lets TLS say goodbye.
