@@ -156,3 +156,34 @@ def test_send_frames_joins_pieces_that_fit_one_tls_record_and_passes_larger_ones
         assert received == [small, large]
 
     asyncio.run(go())
+
+
+def test_coalesced_frames_leave_in_one_write_at_the_end_of_the_turn_and_in_order() -> None:
+    first = StorageOpenRequest(-1, 1, 0, uuid.UUID(int=1), 4)
+    second = StorageOpenRequest(-1, 2, 1, uuid.UUID(int=2), 4)
+    third = StorageOpenRequest(-1, 3, 2, uuid.UUID(int=3), 4)
+
+    async def go() -> None:
+        received: list[Any] = []
+        server, port = await _echo_server(received, asyncio.Event())
+        try:
+            conn = await connect("127.0.0.1", port, client_context(TlsConfig()), STORAGE, "x")
+            busy = False
+            conn.coalesce_writes(lambda: busy)
+            conn.send_frames([STORAGE_CODEC.encode_frame(first)])
+            assert conn.writes == 1  # not busy: at once
+            busy = True
+            conn.send_frames([STORAGE_CODEC.encode_frame(second)])
+            conn.send_frames([STORAGE_CODEC.encode_frame(third)])
+            assert conn.writes == 1
+            await asyncio.sleep(0)  # the end of this loop turn
+            assert conn.writes == 2
+            conn.send_frames([STORAGE_CODEC.encode_frame(second)])
+            conn.send_frame(STORAGE_CODEC.encode_frame(first))  # not before what waits
+            assert [await conn.receive() for _ in range(5)] == [first, second, third, second, first]
+            await conn.close()
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(go())

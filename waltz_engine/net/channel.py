@@ -69,7 +69,18 @@ class ConnectionClosedError(WaltzError):
 class FramedConnection:
     """One connection after a successful handshake: messages of one negotiated codec."""
 
-    __slots__ = ("reader", "writer", "codec", "peer_hello", "peer", "max_frame_size_bytes", "_closed")
+    __slots__ = (
+        "reader",
+        "writer",
+        "codec",
+        "peer_hello",
+        "peer",
+        "max_frame_size_bytes",
+        "writes",
+        "_closed",
+        "_unsent",
+        "_coalesce",
+    )
 
     def __init__(
         self,
@@ -86,7 +97,10 @@ class FramedConnection:
         peername = writer.get_extra_info("peername")
         self.peer = f"{peername[0]}:{peername[1]}" if peername else "?"
         self.max_frame_size_bytes = max_frame_size_bytes
+        self.writes = 0  # handed to the transport, each one flush to the socket
         self._closed = False
+        self._unsent = bytearray()
+        self._coalesce: Callable[[], bool] | None = None
         writer.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES, low=WRITE_BUFFER_LOW_BYTES)
 
     @property
@@ -119,6 +133,8 @@ class FramedConnection:
         """Queue an encoded frame; pair with :meth:`drain` to respect the write buffer limit."""
         if self.closed:
             raise ConnectionClosedError(f"connection to {self.peer} is closed")
+        if self._unsent:
+            self._flush()  # after the frames sent before it
         self.writer.write(frame)
 
     def send_frames(self, frames: Sequence[bytes | bytearray | memoryview]) -> None:
@@ -128,9 +144,38 @@ class FramedConnection:
         Pieces that fit one TLS record together are joined first: TLS encrypts each piece it is
         given as a record of its own, so an APPEND's three pieces or a batch of small replies
         would cost a record (and an SSL_read on the other side) each. Larger ones are not copied.
+        With :meth:`coalesce_writes`, what is sent within one loop turn leaves together.
         """
         if self.closed:
             raise ConnectionClosedError(f"connection to {self.peer} is closed")
+        unsent = self._unsent
+        if not unsent and (self._coalesce is None or not self._coalesce()):
+            self._write(frames)
+            return
+        size = sum(map(len, frames))
+        if len(unsent) + size > JOIN_LIMIT_BYTES:
+            unsent = self._flush()  # at most one TLS record waits
+            if size > JOIN_LIMIT_BYTES:
+                self._write(frames)
+                return
+        if not unsent:
+            asyncio.get_running_loop().call_soon(self._flush)
+        for frame in frames:
+            unsent += frame
+
+    def coalesce_writes(self, busy: Callable[[], bool]) -> None:
+        """While ``busy()`` holds as a frame is sent, frames sent in one loop turn (by any tasks) leave
+        as one write at its end: one TLS record and one send, the most that waits."""
+        self._coalesce = busy
+
+    def _flush(self) -> bytearray:
+        unsent, self._unsent = self._unsent, bytearray()  # the transport may keep the old one
+        if unsent and not self.closed:
+            self._write((unsent,))
+        return self._unsent
+
+    def _write(self, frames: Sequence[bytes | bytearray | memoryview]) -> None:
+        self.writes += 1
         if len(frames) > 1 and sum(map(len, frames)) <= JOIN_LIMIT_BYTES:
             self.writer.write(b"".join(frames))
         else:
@@ -149,6 +194,7 @@ class FramedConnection:
     async def close(self) -> None:
         if self._closed:
             return
+        self._flush()
         self._closed = True
         self.writer.close()
         # The peer is gone either way; waiting only lets TLS say goodbye.

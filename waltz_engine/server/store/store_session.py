@@ -1,10 +1,14 @@
 """One store session of a partition (``StoreSessionImpl``): recovery, then replicated appends.
 
-Appends queue up (at most ``QUEUE_CAPACITY_BATCHES`` batches); one task takes up to
-``max_batch_size`` of them, gives them consecutive txids, encodes the batch once and hands it
-to every replica session. The batch commits when a quorum (n/2 + 1) has written it; any
-abstention closes the session after that, and a failed vote closes it at once. Appends the
-session could not decide are resolved by the next session against its resolved high-water mark.
+Appends queue up (at most ``QUEUE_CAPACITY_BATCHES`` batches); one batch at a time takes up to
+``max_batch_size`` of them, gives them consecutive txids, is encoded once and handed to every
+replica session. The batch commits when a quorum (n/2 + 1) has written it; any abstention closes
+the session after that, and a failed vote closes it at once. Appends the session could not
+decide are resolved by the next session against its resolved high-water mark.
+
+No task runs the batches: an append to an idle session starts one at the end of the loop turn
+(so the appends of that turn go together), and the vote that decides a batch resolves it and
+starts the next with what queued meanwhile. Each was a task wake-up per commit before.
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ from waltz_engine.common import clock
 from waltz_engine.common.backoff import Backoff
 from waltz_engine.common.record import Record, RecordHeader
 from waltz_engine.common.reqid import ReqId
-from waltz_engine.common.tasks import wait_ended
 from waltz_engine.server.store.config import QUEUE_CAPACITY_BATCHES, StoreConfig
 from waltz_engine.server.store.errors import (
     GenerationMismatchError,
@@ -97,7 +100,8 @@ class StoreSession:
         self.on_failure: Callable[[StoreSession], None] | None = None
         self.low_water_mark = -1
         self._next_transaction_id = 0
-        self._task: asyncio.Task[None] | None = None
+        self._opened = False  # recovered: batches may start
+        self._start_scheduled = False
         self._router: LatencyWeightedRouter[ReplicaSession] = LatencyWeightedRouter(replica_sessions)
         self._recovery: RecoveryManager | None = RecoveryManager(
             zk_client,
@@ -133,9 +137,8 @@ class StoreSession:
             self._recovery = None
         if not self._running:
             raise RecoveryFailedError("store session closed while recovering")
-        self._task = asyncio.create_task(
-            self._append_loop(), name=f"StoreSession-{self.partition_id}-{self.session_id}"
-        )
+        self._opened = True
+        self._start_soon()
 
     def close(self) -> None:
         if not self._running:
@@ -145,15 +148,9 @@ class StoreSession:
             self._recovery.abort(RecoveryFailedError("store session closed"))
         for replica_session in self.replica_sessions:
             replica_session.close()
-        task = self._task
-        if task is not None and task is not asyncio.current_task():
-            task.cancel()
         self._wake()
 
     async def wait_closed(self) -> None:
-        task = self._task
-        if task is not None and task is not asyncio.current_task():
-            await wait_ended(task)
         for replica_session in self.replica_sessions:
             await replica_session.wait_closed()
 
@@ -189,6 +186,7 @@ class StoreSession:
         self._queue.append(request)
         self._num_pending += 1
         self._wake()
+        self._start_soon()
 
     async def flush(self) -> int:
         """Wait until every queued append is resolved; the high-water mark."""
@@ -283,50 +281,59 @@ class StoreSession:
         assert self._num_pending >= 0
         self._wake()
 
-    async def _append_loop(self) -> None:
+    def _start_soon(self) -> None:
+        """Start a batch at the end of this loop turn, unless one is in flight or due."""
+        if self._opened and self._in_flight is None and self._queue and not self._start_scheduled:
+            self._start_scheduled = True
+            asyncio.get_running_loop().call_soon(self._start_due)
+
+    def _start_due(self) -> None:
+        self._start_scheduled = False
+        if self._in_flight is None:
+            self._start_batch()
+
+    def _start_batch(self) -> None:
+        """Hand the next batch to the replica sessions; its decision calls :meth:`_decided`."""
+        if not self._running or not self._queue:
+            return
         try:
-            while self._running:
-                if not self._queue:
-                    await self._changed.wait()
-                    continue
-                count = min(len(self._queue), self._max_batch_size)
-                batch = [self._queue.popleft() for _ in range(count)]
-                assert self._in_flight is None, "one batch in flight per session"
-                self._in_flight = batch
-                self._wake()  # room in the queue
-                first = self._next_transaction_id
-                records = [
-                    Record(first + i, r.req_id, r.header, r.data, r.checksum) for i, r in enumerate(batch)
-                ]
-                encoded = encode_append_records(records)
-                self._keep_encoded_batch(first, encoded, count)
-                num_voters = sum(1 for replica in self.replica_sessions if replica.is_voter)
-                voting = Voting(self.quorum, num_voters)
-                for replica in self.replica_sessions:
-                    replica.append(first, encoded, count, voting)
-                if not await voting.wait():
-                    log.warning(
-                        "partition %d session %d: no quorum (%r)", self.partition_id, self.session_id, voting
-                    )
-                    self._close_failed()
-                    return
-                self._resolve_in_flight(COMMIT_ALL)
-                if voting.has_abstention:
-                    # A replica may have missed the batch: roll to a new session, which recovers it.
-                    self._close_failed()
-                    return
-        except asyncio.CancelledError:
-            raise
+            count = min(len(self._queue), self._max_batch_size)
+            batch = [self._queue.popleft() for _ in range(count)]
+            assert self._in_flight is None, "one batch in flight per session"
+            self._in_flight = batch
+            self._wake()  # room in the queue
+            first = self._next_transaction_id
+            records = [Record(first + i, r.req_id, r.header, r.data, r.checksum) for i, r in enumerate(batch)]
+            encoded = encode_append_records(records)
+            self._keep_encoded_batch(first, encoded, count)
+            num_voters = sum(1 for replica in self.replica_sessions if replica.is_voter)
+            voting = Voting(self.quorum, num_voters, self._decided)
+            for replica in self.replica_sessions:
+                replica.append(first, encoded, count, voting)
         except Exception:
-            log.exception("partition %d session %d: append task failed", self.partition_id, self.session_id)
+            log.exception("partition %d session %d: append failed", self.partition_id, self.session_id)
             self._close_failed()
+
+    def _decided(self, voting: Voting) -> None:
+        if not self._running:
+            return  # closed meanwhile: the successor resolves the batch in flight
+        if not voting.decision:
+            log.warning("partition %d session %d: no quorum (%r)", self.partition_id, self.session_id, voting)
+            self._close_failed()
+            return
+        self._resolve_in_flight(COMMIT_ALL)
+        if voting.has_abstention:
+            # A replica may have missed the batch: roll to a new session, which recovers it.
+            self._close_failed()
+            return
+        self._start_batch()
 
     def replica_failed(self, replica: ReplicaSession) -> None:
         """A replica session ended in an error after the recovery resolved. With appends in flight,
         their batch's abstention rolls the session. An idle session rolls now: otherwise the
         replica, maybe not recovered yet (`cluster verify` fails on it), waits for the next append
         (a smoke run ended so: a node's ZooKeeper session expired as it recovered a replica)."""
-        if self._running and self._task is not None and self._num_pending == 0:
+        if self._running and self._opened and self._num_pending == 0:
             log.info(
                 "partition %d session %d: rolling the idle session to recover %s again",
                 self.partition_id,
