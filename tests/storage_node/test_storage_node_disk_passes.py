@@ -185,40 +185,35 @@ class _FaultyFile:
         self._file.fdatasync()
 
 
-def test_a_failing_or_slow_partition_does_not_hold_the_others(zookeeper: str, tmp_path: Path) -> None:
-    """In-process, for the disk seam: partition 1's fsync fails, partition 2's hangs; partitions
-    0 and 3 of the same pass are answered SUCCESS meanwhile, then partition 2 when it returns."""
+Scenario = Callable[[StorageNode, StorageClient, "asyncio.Future[bool]"], Awaitable[None]]
+
+
+def run_in_process(
+    zookeeper: str, tmp_path: Path, disk: _FaultyDisk, slow: int, failing: int | None, scenario: Scenario
+) -> None:
+    """A node in this process on ``disk``, assigned partitions 0-3, with ``slow``'s fsync held
+    until the scenario ends (or sets ``disk.release``) and ``failing``'s failing; the scenario
+    gets the node, an open data client with every partition's session open, and a future that
+    is done once the slow fsync has started."""
     root, key = create_test_cluster(zookeeper, 4)
     # Writes the node's configuration and picks its ports; the node runs in this process.
     host = StorageNodeProcess(zookeeper, root, key, 4, tmp_path / "node", jetty=False)
-    disk = _FaultyDisk()
 
     async def go() -> None:
         node = StorageNode(StorageConfig.load(host.config_path), disk=disk)  # type: ignore[arg-type]
         await node.start()
-        release = asyncio.get_running_loop().run_in_executor(None, disk.slow_started.wait)
+        started = asyncio.get_running_loop().run_in_executor(None, disk.slow_started.wait)
         try:
             await host.with_admin(lambda a: a.set_partition_assignment([0, 1, 2, 3], True, False))
             assert node.manager is not None
-            disk.failing.add(node.manager.partition(1).directory)
-            disk.slow.add(node.manager.partition(2).directory)
+            if failing is not None:
+                disk.failing.add(node.manager.partition(failing).directory)
+            disk.slow.add(node.manager.partition(slow).directory)
             client = host.data_client()
             await client.open()
             try:
                 await _open_sessions(client, range(4))
-                appends = [lambda p=p: client.append(SESSION_ID, p, make_records(0, 1, p)) for p in range(4)]
-                results = asyncio.ensure_future(corked(client, appends))
-                await release  # partition 2 is inside its fsync
-                # Partitions 0 and 3 answered while partition 2's fsync still waits.
-                assert await client.max_transaction_id(SESSION_ID, 0) == 0
-                assert await client.max_transaction_id(SESSION_ID, 3) == 0
-                assert not results.done()
-                disk.release.set()
-                outcome = await results
-                assert outcome[0] is None and outcome[2] is None and outcome[3] is None, outcome
-                assert isinstance(outcome[1], StorageRpcError), outcome
-                assert "Input/output error" in str(outcome[1])
-                assert node.metrics.counter("waltz-storage", "disk-pass-late-batches").count == 1
+                await scenario(node, client, started)
             finally:
                 await client.close()
         finally:
@@ -230,3 +225,49 @@ def test_a_failing_or_slow_partition_does_not_hold_the_others(zookeeper: str, tm
             await go()
 
     asyncio.run(bounded())
+
+
+def late_batches(node: StorageNode) -> int:
+    return node.metrics.counter("waltz-storage", "disk-pass-late-batches").count
+
+
+def test_a_failing_or_slow_partition_does_not_hold_the_others(zookeeper: str, tmp_path: Path) -> None:
+    """In-process, for the disk seam: partition 1's fsync fails, partition 2's hangs; partitions
+    0 and 3 of the same pass are answered SUCCESS meanwhile, then partition 2 when it returns."""
+    disk = _FaultyDisk()
+
+    async def scenario(node: StorageNode, client: StorageClient, started: asyncio.Future[bool]) -> None:
+        appends = [lambda p=p: client.append(SESSION_ID, p, make_records(0, 1, p)) for p in range(4)]
+        results = asyncio.ensure_future(corked(client, appends))
+        await started  # partition 2 is inside its fsync
+        # Partitions 0 and 3 answered while partition 2's fsync still waits.
+        assert await client.max_transaction_id(SESSION_ID, 0) == 0
+        assert await client.max_transaction_id(SESSION_ID, 3) == 0
+        assert not results.done()
+        disk.release.set()
+        outcome = await results
+        assert outcome[0] is None and outcome[2] is None and outcome[3] is None, outcome
+        assert isinstance(outcome[1], StorageRpcError), outcome
+        assert "Input/output error" in str(outcome[1])
+        assert late_batches(node) == 1
+
+    run_in_process(zookeeper, tmp_path, disk, slow=2, failing=1, scenario=scenario)
+
+
+def test_a_partition_alone_on_a_slow_disk_does_not_hold_the_next_pass(zookeeper: str, tmp_path: Path) -> None:
+    """Partition 2's fsync hangs while it is alone in its pass (on the pass's own thread);
+    partition 0's requests that arrive meanwhile are answered: the stuck pass is left behind."""
+    disk = _FaultyDisk()
+
+    async def scenario(node: StorageNode, client: StorageClient, started: asyncio.Future[bool]) -> None:
+        slow = asyncio.ensure_future(client.append(SESSION_ID, 2, make_records(0, 1, 2)))
+        await started
+        await client.append(SESSION_ID, 0, make_records(0, 1, 0))
+        assert await client.max_transaction_id(SESSION_ID, 0) == 0
+        assert not slow.done()
+        disk.release.set()
+        assert await slow is None
+        assert await client.max_transaction_id(SESSION_ID, 2) == 0
+        assert late_batches(node) == 1
+
+    run_in_process(zookeeper, tmp_path, disk, slow=2, failing=None, scenario=scenario)

@@ -6,16 +6,18 @@ in this turn (from any connection) joins it; while a pass runs, every worker tha
 waits for the next one, which takes them all. (That turn replaces the one the executor's future
 cost on the way back: a request waiting alone goes through as many turns as before.)
 
-A pass hands each ready worker's batch (its whole queue, up to its capacity) to the pass thread
-in one trip; with more than one partition in it, their batches (writes and fsyncs) run
-concurrently on a small pool, so the file system's journal can merge the fsyncs. When the pass
-is back on the event loop, all its replies go out with one ``send_frames`` per connection.
+A pass hands each ready worker's batch (its whole queue, up to its capacity) to a thread of the
+node's disk pool in one trip; with more than one partition in it, their batches (writes and
+fsyncs) run concurrently on the other threads of the pool, so the file system's journal can
+merge the fsyncs. When the pass is back on the event loop, all its replies go out with one
+``send_frames`` per connection.
 
 Per partition nothing changes: one batch of a partition at a time, in its queue's order, each
 SUCCESS after its records are durable. A partition's disk error fails only its own requests. A
-slow fsync delays the pass it is in (and so the other partitions' replies of that pass) by at
-most PASS_WAIT_MS: a partition still on disk then is left behind, its replies go out on their
-own when it is done, and the next pass starts without it.
+slow fsync delays other partitions by at most PASS_WAIT_MS: within a pass, a partition still on
+disk then is left behind and its replies go out on their own when it is done; a pass still on
+disk then while other partitions wait (a partition alone in its pass runs on the pass's thread)
+is left behind whole, and the next pass starts beside it on another thread.
 """
 
 from __future__ import annotations
@@ -81,23 +83,22 @@ class DiskRunner(Protocol):
 
 
 class ThreadedRunner:
-    """A pass thread, and a pool for the batches of a pass with more than one partition.
+    """A pool of threads for the passes and the batches of a pass with more than one partition.
 
-    Plain threads on C queues (``queue.SimpleQueue``) rather than executors: a hop costs a put
-    and a get, with no future, work item or waiter built in Python for each.
+    Plain threads on a C queue (``queue.SimpleQueue``) rather than executors: a hop costs a put
+    and a get, with no future, work item or waiter built in Python for each. A pass left behind
+    keeps its thread; the next pass takes another.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._passes: queue.SimpleQueue[Callable[[], object] | None] = queue.SimpleQueue()
         self._jobs: queue.SimpleQueue[Callable[[], object] | None] = queue.SimpleQueue()
-        self._pass_thread = _daemon(self._passes, "storage-pass")
         self._pool = [_daemon(self._jobs, f"storage-disk-{i}") for i in range(DISK_POOL_THREADS)]
 
     def start(self, work: Callable[[], _R], done: Callable[[_R], None]) -> None:
         loop = self._loop
         # Straight to the loop's ready queue: no future whose done callback costs a turn more.
-        self._passes.put(lambda: loop.call_soon_threadsafe(done, work()))
+        self._jobs.put(lambda: loop.call_soon_threadsafe(done, work()))
 
     def gather(self, jobs: Sequence[Callable[[], _R]], late: Callable[[_R], None]) -> list[_R]:
         if len(jobs) == 1:
@@ -134,8 +135,6 @@ class ThreadedRunner:
         return [results[index] for index in sorted(results)]
 
     def shutdown(self) -> None:
-        self._passes.put(None)
-        self._pass_thread.join()
         for _ in self._pool:
             self._jobs.put(None)
         for thread in self._pool:
@@ -172,6 +171,11 @@ class DiskPasses:
         self._ready: dict[BatchOwner, None] = {}
         # A pass is on disk, or scheduled to start at the next turn.
         self._running = False
+        # The pass on disk (None: none, or left behind) and when it started (loop time); the
+        # timer that leaves it behind once a waiting partition has waited PASS_WAIT_MS.
+        self._on_disk: object | None = None
+        self._on_disk_since_s = 0.0
+        self._watchdog: asyncio.TimerHandle | None = None
         # Workers with a batch on disk (in the running pass or left behind by one).
         self._busy = 0
         self._stopped = False
@@ -188,6 +192,17 @@ class DiskPasses:
         if not self._running:
             self._running = True
             self._loop.call_soon(self._start_pass)
+        elif self._on_disk is not None and self._watchdog is None:
+            wait_s = self._on_disk_since_s + PASS_WAIT_MS / 1000 - self._loop.time()
+            self._watchdog = self._loop.call_later(max(0.0, wait_s), self._leave_behind, self._on_disk)
+
+    def _leave_behind(self, on_disk: object) -> None:
+        """The pass on disk has kept ready partitions waiting PASS_WAIT_MS: start the next beside it."""
+        self._watchdog = None
+        if on_disk is self._on_disk and self._ready:
+            self._on_disk = None
+            self._late.inc()
+            self._start_pass()
 
     def _start_pass(self) -> None:
         if self._stopped or not self._ready:
@@ -199,15 +214,27 @@ class DiskPasses:
         self._busy += len(taken)
         self._passes.inc()
         self._batches.inc(len(taken))
-        self._runner.start(lambda: self._run(taken), self._pass_done)
+        on_disk = self._on_disk = object()
+        self._on_disk_since_s = self._loop.time()
+        self._runner.start(lambda: self._run(taken), functools.partial(self._pass_done, on_disk))
 
     def _run(self, taken: list[tuple[BatchOwner, list[Any]]]) -> list[Outcome]:
-        """On the pass thread."""
+        """On the pass's thread of the pool."""
         jobs = [lambda worker=worker, batch=batch: _process(worker, batch) for worker, batch in taken]
         return self._runner.gather(jobs, self._late_done)
 
-    def _pass_done(self, outcomes: list[Outcome]) -> None:
+    def _pass_done(self, on_disk: object, outcomes: list[Outcome]) -> None:
         self._answer(outcomes)
+        if on_disk is not self._on_disk:
+            # Left behind: the passes went on without it.
+            if not self._running and self._ready:
+                self._running = True
+                self._loop.call_soon(self._start_pass)
+            return
+        self._on_disk = None
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            watchdog.cancel()
         # What queued while the pass was on disk goes at once: it has waited a pass already.
         self._start_pass()
 

@@ -94,8 +94,10 @@ class Scrubber:
             log.warning("scrub of partition %d's tier copies stopped: %s", partition.partition_id, e)
 
     async def _scrub(self, partition: Partition) -> None:
-        transaction_id = partition.first_transaction_id()
-        while transaction_id <= partition.max_transaction_id():
+        # Off the loop: the partition's lock is held through an append's fsync, which a failing
+        # disk can stretch without end; the loop must not wait on it.
+        transaction_id = await asyncio.to_thread(partition.first_transaction_id)
+        while transaction_id <= await asyncio.to_thread(partition.max_transaction_id):
             try:
                 # Checked by columns (CRCs and data checksums), as RECORD_LIST answers are: a
                 # tenth of the CPU of a Record per record. Where a record does not check out,
