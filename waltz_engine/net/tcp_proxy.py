@@ -78,6 +78,9 @@ class TcpProxy:
     def disconnect_all(self) -> int:
         """Abort every proxied connection now; how many there were."""
         pairs = list(self._pairs)
+        # Gone from the count now, not when their pipes notice a turn or more later: a caller
+        # that waits for a connection and then cuts must not count one already cut.
+        self._pairs.clear()
         for client_side, server_side in pairs:
             client_side.transport.abort()
             server_side.transport.abort()
