@@ -224,26 +224,21 @@ class DiskPasses:
         return self._runner.gather(jobs, self._late_done)
 
     def _pass_done(self, on_disk: object, outcomes: list[Outcome]) -> None:
-        self._answer(outcomes)
         if on_disk is not self._on_disk:
-            # Left behind: the passes went on without it.
-            if not self._running and self._ready:
-                self._running = True
-                self._loop.call_soon(self._start_pass)
+            # Left behind: the passes went on without it; its partitions are ready anew.
+            self._answer(outcomes)
             return
         self._on_disk = None
         watchdog, self._watchdog = self._watchdog, None
         if watchdog is not None:
             watchdog.cancel()
+        self._answer(outcomes)
         # What queued while the pass was on disk goes at once: it has waited a pass already.
         self._start_pass()
 
     def _late_done(self, outcome: Outcome) -> None:
         self._late.inc()
         self._answer([outcome])
-        if not self._running and self._ready:
-            self._running = True
-            self._loop.call_soon(self._start_pass)
 
     def _answer(self, outcomes: list[Outcome]) -> None:
         by_connection: dict[FramedConnection, list[bytes]] = {}
@@ -257,7 +252,7 @@ class DiskPasses:
         self._busy -= len(outcomes)
         for worker, _ in outcomes:
             if worker.batch_done():
-                self._ready[worker] = None
+                self.ready(worker)
         idle = self._idle
         if idle is not None and self._busy == 0 and not idle.done():
             idle.set_result(None)

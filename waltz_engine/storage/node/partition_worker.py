@@ -224,7 +224,7 @@ class PartitionWorker:
         await cancel_and_wait(pending)
 
     def queue_size(self) -> int:
-        """Requests waiting for the disk thread (the batch in hand not counted)."""
+        """Requests waiting for a pass (the batch on disk not counted)."""
         return len(self._queued)
 
     async def submit(self, conn: FramedConnection, msg: Any) -> None:
