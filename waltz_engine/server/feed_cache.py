@@ -3,7 +3,8 @@
 As the original's ``FeedCache``/``FeedCachePartition``/``FeedCacheBlock``: transactions are cached in
 blocks of 64 consecutive ids (``txid & ~63``); the number of blocks is fixed by
 ``feed_cache_size_bytes // 1308`` and every block lives in flat arrays allocated up front, so memory
-never depends on traffic. Blocks move between two FIFO levels:
+never exceeds that bound (their pages are mapped as they are first written: ``common/zeroed.py``).
+Blocks move between two FIFO levels:
 
 * a partition's local pool, at most ``clamp(total_blocks // (num_partitions + 1), 2, 10000)``
   blocks; the block ``add`` last wrote to (the frontier) is never evicted from it;
@@ -26,6 +27,7 @@ from collections.abc import Iterable
 from waltz_engine.common.metrics import Meter, MetricsRegistry
 from waltz_engine.common.record import RecordHeader
 from waltz_engine.common.reqid import ReqId
+from waltz_engine.common.zeroed import zeroed_array
 
 DEFAULT_FEED_CACHE_SIZE_BYTES = 64 * 1024 * 1024
 
@@ -90,11 +92,11 @@ class FeedCache:
         total_blocks = feed_cache_size_bytes // FEED_CACHE_BLOCK_SIZE_BYTES
         num_entries = total_blocks * FEED_CACHE_BLOCK_NUM_TRANSACTIONS
         self.total_blocks = total_blocks
-        self._req_id_msb = array("q", bytes(8 * num_entries))
-        self._req_id_lsb = array("q", bytes(8 * num_entries))
-        self._headers = array("i", bytes(4 * num_entries))
-        self._usage = array("Q", bytes(8 * total_blocks))
-        self._first_transaction_id = array("q", bytes(8 * total_blocks))
+        self._req_id_msb = zeroed_array("q", num_entries)
+        self._req_id_lsb = zeroed_array("q", num_entries)
+        self._headers = zeroed_array("i", num_entries)
+        self._usage = zeroed_array("Q", total_blocks)
+        self._first_transaction_id = zeroed_array("q", total_blocks)
         # Free blocks are recycled before any valid one; popped from the end.
         self._free = array("i", reversed(range(total_blocks)))
         # (partition id, first txid) -> block number, oldest first.

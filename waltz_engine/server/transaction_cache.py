@@ -19,6 +19,7 @@ import struct
 from collections.abc import Awaitable, Callable
 
 from waltz_engine.common.metrics import Meter, MetricsRegistry
+from waltz_engine.common.zeroed import zeroed_bytes
 
 DEFAULT_TRANSACTION_DATA_CACHE_SIZE_BYTES = 128 * 1024 * 1024
 # An entry is cached only if it takes at most this fraction of the buffer.
@@ -56,7 +57,7 @@ class TransactionCache:
         assert size_bytes >= 0, size_bytes
         self.size_bytes = size_bytes
         self.max_entry_size_bytes = size_bytes // MAX_ENTRY_FRACTION
-        self._buffer = bytearray(size_bytes)
+        self._buffer = zeroed_bytes(size_bytes)
         # partition id -> txid -> offset of its entry, so a partition is dropped in one step.
         self._index: dict[int, dict[int, int]] = {}
         # Free space is [_start, _end); live entries are [_end, size_bytes) then [0, _start).
