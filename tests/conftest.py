@@ -6,7 +6,6 @@ Plain helpers are in testkit.py; they are re-exported here only for older import
 
 from __future__ import annotations
 
-import compileall
 import os
 import signal
 from collections import Counter
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from suite_bytecode import compile_suite
 from testkit import free_tcp_port, read_jsonl, unique_cluster_root, vectors_dir
 
 __all__ = ["free_tcp_port", "read_jsonl", "unique_cluster_root", "vectors_dir"]
@@ -56,23 +56,9 @@ TEST_PORTS = (10_000, 32_000)  # below Linux's default ephemeral range (32768-60
 _worker_port_range()
 
 
-# Compiled to bytecode once, by the run's first process. With PYTHONDONTWRITEBYTECODE set (as
-# on this project's machines and in CI), nothing writes `__pycache__`, so every node, `waltz`
-# command and worker the suite starts, a few hundred in all, would compile each module it imports
-# from source again: 0.2-0.3 s of CPU per node start. pip compiles the dependencies; these it
-# installs editable, as source.
-SOURCE_DIRECTORIES = ("waltz_engine", "waltz_cli", "spark", "examples", "tests")
-
-
-def _compile_sources() -> None:
-    root = Path(__file__).resolve().parent.parent
-    for name in SOURCE_DIRECTORIES:
-        compileall.compile_dir(root / name, quiet=2)
-
-
 def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):  # the controller (or a run without workers)
-        _compile_sources()
+        compile_suite(config)
     # A run stopped with SIGTERM (a CI timeout, `timeout`, `kill`) unwinds like Ctrl-C, so the
     # session's fixtures stop what they started (ZooKeeper, nodes) instead of leaving it running.
     # Under `-n`, signal the process group, as Ctrl-C, `timeout` and `kill -- -PGID` do: a
