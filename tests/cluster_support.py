@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_process import run_forked
 from testkit import unique_cluster_root
+from zygote import launch_forked_node, run_forked
 
 from waltz_engine.client import WaltzClientConfig
 from waltz_engine.common.config import Config
@@ -97,6 +97,7 @@ def local_cluster(
         replicas=replicas,
         settings=settings,
         server_config=server_config,
+        launcher=launch_forked_node,
     )
     try:
         cluster.up(wait_timeout_ms)

@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 from testkit import free_tcp_port
+from zygote import ForkedProcess, launch_forked_node
 
 SERVER_READY_TIMEOUT_S = 60.0
 SERVER_EXIT_TIMEOUT_S = 30.0
@@ -48,16 +49,13 @@ class ServerProcess:
         }
         config.update(extra_config or {})
         self.config_path.write_text(yaml.safe_dump(config))
-        self.process: subprocess.Popen[bytes] | None = None
+        self.process: ForkedProcess | None = None
 
     def start(self, wait: bool = True) -> ServerProcess:
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                # What `waltz server start` runs, without the command line's imports.
-                [sys.executable, "-m", "waltz_engine.server", "--config", str(self.config_path)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        # What `waltz server start` runs, forked from a warm parent (tests/zygote.py).
+        self.process = launch_forked_node(
+            "waltz_engine.server", ["--config", str(self.config_path)], self.work_dir, self.log_path
+        )
         if wait:
             self.wait_ready()
         return self

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from cli_process import run_forked
 from testkit import free_tcp_port
+from zygote import ForkedProcess, launch_forked_node, run_forked
 
 from waltz_engine.common.record import Record
 from waltz_engine.common.reqid import ReqId
@@ -157,22 +157,18 @@ class StorageNodeProcess:
             config["storage.jetty.port"] = self.jetty_port
         config.update(extra_config or {})
         self.config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
-        self.process: subprocess.Popen[bytes] | None = None
+        self.process: ForkedProcess | None = None
 
     # --- lifecycle -------------------------------------------------------------------------
 
     def start(self, wait: bool = True) -> StorageNodeProcess:
         assert self.process is None or self.process.poll() is not None, "node already running"
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                # What `waltz storage start` runs, without the command line's imports (~0.5 s of
-                # CPU a start, and the suite starts nodes hundreds of times); the command itself
-                # is tested in tests/storage_node.
-                [sys.executable, "-m", "waltz_engine.storage", "--config", str(self.config_path)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        # What `waltz storage start` runs, forked from a warm parent: the command line's and the
+        # engine's imports cost ~0.5 s of CPU a start, and the suite starts nodes hundreds of
+        # times; the command itself is tested in tests/storage_node.
+        self.process = launch_forked_node(
+            "waltz_engine.storage", ["--config", str(self.config_path)], self.work_dir, self.log_path
+        )
         if wait:
             self.wait_ready()
         return self

@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 import yaml
-from cli_process import run_forked
 from cluster_support import waltz_cli_command
 from storage_node_support import create_test_cluster
+from zygote import run_forked
 
 CLI_TIMEOUT_S = 60.0
 

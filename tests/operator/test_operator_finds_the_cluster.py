@@ -11,8 +11,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cli_process import run_forked
 from cluster_support import module_cluster, waltz_cli_command
+from zygote import run_forked
 
 from waltz_engine.common.config import DEV_CLIENT_CONFIG_NAME, DEV_CLUSTER_DIRECTORY
 from waltz_engine.ops.devcluster import LocalCluster

@@ -47,9 +47,11 @@ from waltz_engine.ops.devcluster.nodes import (
     ZOOKEEPER_DIR_NAME,
     DevClusterError,
     LocalNode,
+    NodeLauncher,
     NodeStatus,
     accepts_connections,
     free_port,
+    launch_node_process,
     port_taken,
 )
 from waltz_engine.ops.devcluster.settings import partitions_of
@@ -111,7 +113,7 @@ class LocalCluster:
     saved ones). ``zookeeper`` given: use that ZooKeeper (e.g. a test session's) instead of starting one.
     ``base_port`` given: ZooKeeper on it, then 3 ports per storage node and 2 per server;
     otherwise free ports. On a directory that already holds a cluster the saved topology and
-    ports win (a mismatch with what was asked is an error).
+    ports win (a mismatch with what was asked is an error). ``launcher`` starts each node process.
     """
 
     def __init__(
@@ -128,12 +130,14 @@ class LocalCluster:
         server_config: dict[str, Any] | None = None,
         replicas: int | None = None,
         settings: Mapping[str, Any] | None = None,
+        launcher: NodeLauncher = launch_node_process,
     ) -> None:
         if storages < 1 or servers < 0 or partitions < 1:
             raise DevClusterError("a cluster needs at least 1 storage node and 1 partition, and 0+ servers")
         if replicas is not None and not 1 <= replicas <= storages:
             raise DevClusterError(f"--replicas must be in 1..{storages} (the storage nodes), got {replicas}")
         self.directory = Path(directory).resolve()
+        self.launcher = launcher
         self.num_partitions = partitions
         self.replicas = replicas if replicas is not None else storages
         self.settings = dict(settings or {})
@@ -191,7 +195,7 @@ class LocalCluster:
     # --- state ---------------------------------------------------------------------------
 
     def _node(self, kind: str, index: int, ports: dict[str, int], pid: int | None = None) -> LocalNode:
-        return LocalNode(kind, index, self.directory, ports, pid, self._save_state)
+        return LocalNode(kind, index, self.directory, ports, pid, self._save_state, self.launcher)
 
     @property
     def state_path(self) -> Path:

@@ -15,10 +15,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from waltz_engine.common.address import port_in_use
 from waltz_engine.common.config import DEV_CLIENT_CONFIG_NAME, DEV_CLUSTER_DIRECTORY
@@ -80,9 +80,41 @@ _NODE_MODULE = {STORAGE: "waltz_engine.storage", SERVER: "waltz_engine.server"}
 # The line each node logs once it serves (storage/node/node.py, server/server.py).
 _READY_MARKER = {STORAGE: "storage node ready:", SERVER: " ready: cluster "}
 
+
+
+class NodeProcess(Protocol):
+    """A node process as its launcher hands it back (``subprocess.Popen`` is one)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+# (module, args, working directory, log file) -> the started process: `python -m MODULE ARGS`
+# in a session of its own, stdin empty, stdout and stderr appended to the log. The one way nodes
+# start; tests swap in one that forks from a warm parent (the imports a cold start pays).
+NodeLauncher = Callable[[str, Sequence[str], Path, Path], NodeProcess]
+
+
+def launch_node_process(module: str, args: Sequence[str], cwd: Path, log_path: Path) -> NodeProcess:
+    """The default :data:`NodeLauncher`: a new Python interpreter."""
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            start_new_session=True,
+        )
+
+
 # Children started by this Python process: reaped when stopped so that they do not linger as
 # zombies (a zombie would still look alive through /proc).
-_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+_CHILDREN: dict[int, NodeProcess] = {}
 
 
 class DevClusterError(WaltzError):
@@ -244,6 +276,7 @@ class LocalNode:
     ports: dict[str, int]
     pid: int | None = None
     on_change: Callable[[], None] = field(default=lambda: None, repr=False)
+    launcher: NodeLauncher = field(default=launch_node_process, repr=False)
 
     @property
     def name(self) -> str:
@@ -320,15 +353,9 @@ class LocalNode:
         self.directory.mkdir(parents=True, exist_ok=True)
         # Only a ready line written after this offset counts: the log survives restarts.
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        with self.log_path.open("ab") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", _NODE_MODULE[self.kind], "--config", str(self.config_path)],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.directory,
-                start_new_session=True,
-            )
+        process = self.launcher(
+            _NODE_MODULE[self.kind], ["--config", str(self.config_path)], self.directory, self.log_path
+        )
         _CHILDREN[process.pid] = process
         self.pid = process.pid
         self.on_change()
