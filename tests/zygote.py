@@ -283,6 +283,9 @@ def start_forked(
     where stdout goes. ``env`` is the whole environment (None: this process's).
     """
     assert len(stdio) == 3 and stdio[0][0] is not None and stdio[1][0] is not None
+    for path, mode in stdio:
+        if path is not None and mode != "r":
+            Path(path).touch()  # there once started, as with subprocess.Popen
     zygote = _the_zygote()
     title = [*(["python", "-m", module] if module is not None else ["waltz"]), *args]
     request = {

@@ -367,8 +367,8 @@ class LocalNode:
         deadline = time.monotonic() + wait_timeout_ms / 1000
         marker = _READY_MARKER[self.kind].encode()
         while True:
-            with self.log_path.open("rb") as log:
-                log.seek(log_offset)
+            with contextlib.suppress(FileNotFoundError), self.log_path.open("rb") as log:
+                log.seek(log_offset)  # (a launcher may hand back the process before its log exists)
                 if marker in log.read():
                     return
             if not self.is_running():
