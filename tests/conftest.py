@@ -99,7 +99,6 @@ MEASURED_FILE_COST_S = {
     "net/test_connection_limits.py": 30,
     "inspect/test_inspect_readonly.py": 30,
     "wire/test_wire_properties.py": 28,
-    "tests/test_cli_grammar.py": 25,
 }
 
 

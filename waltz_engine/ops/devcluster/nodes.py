@@ -81,7 +81,6 @@ _NODE_MODULE = {STORAGE: "waltz_engine.storage", SERVER: "waltz_engine.server"}
 _READY_MARKER = {STORAGE: "storage node ready:", SERVER: " ready: cluster "}
 
 
-
 class NodeProcess(Protocol):
     """A node process as its launcher hands it back (``subprocess.Popen`` is one)."""
 
