@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -361,3 +362,16 @@ def test_corrupt_jks_is_one_line(jks: dict[str, Path], tmp_path: Path) -> None:
         ),
         f"cannot read JKS trust store {tmp_path / 'absent.jks'}",
     )
+
+
+def test_the_self_signed_pair_is_removed_when_the_process_exits(tmp_path: Path) -> None:
+    code = (
+        "from waltz_engine.net.tls import TlsConfig, server_context, _self_signed_pair; "
+        "server_context(TlsConfig()); print(_self_signed_pair()[0])"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    cert = Path(result.stdout.strip())
+    assert cert.name == "cert.pem" and cert.parent.name.startswith("waltz-tls-"), result.stdout
+    assert not cert.parent.exists()

@@ -22,6 +22,7 @@ password or a damaged store is one line naming the file and what to check.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 import shutil
@@ -105,6 +106,9 @@ def _self_signed_pair() -> tuple[str, str]:
                 .sign(key, hashes.SHA256())
             )
             folder = Path(tempfile.mkdtemp(prefix="waltz-tls-"))
+            # Read only when a context loads it; gone when the process exits (one per process
+            # start was left behind before).
+            atexit.register(shutil.rmtree, folder, ignore_errors=True)
             cert_path, key_path = folder / "cert.pem", folder / "key.pem"
             cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
             key_path.write_bytes(
