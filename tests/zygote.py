@@ -39,9 +39,20 @@ _ROOT = Path(__file__).resolve().parent.parent
 _PACKAGES = ("waltz_cli", "waltz_engine")
 # Modules whose import runs something (a node's `python -m`) or needs pytest.
 _NOT_PRELOADED = ("__main__", "pytest_plugin")
-# What typer imports the first time it parses a command line (pydantic, for the options' types):
-# 0.1-0.2 s of CPU per command when left to each child.
-_LAZY_IMPORTS = ("typer._adapters", "typer._click.decorators", "pydantic", "pydantic.plugin._loader")
+# What is imported on first use, by every child that would pay for it: typer's parse of a command
+# line (pydantic, for the options' types; 0.1-0.2 s of CPU per command) and a node's self-signed
+# TLS pair (cryptography, 0.08 s).
+_LAZY_IMPORTS = (
+    "typer._adapters",
+    "typer._click.decorators",
+    "pydantic",
+    "pydantic.plugin._loader",
+    "cryptography.x509",
+    "cryptography.x509.oid",
+    "cryptography.hazmat.primitives.asymmetric.ec",
+    "cryptography.hazmat.primitives.hashes",
+    "cryptography.hazmat.primitives.serialization",
+)
 # How long the zygote may take to import everything, or to answer a request, before a test gives up.
 _ZYGOTE_ANSWER_TIMEOUT_S = 120.0
 # Most bytes a request line may take (a command line and an environment).
