@@ -40,13 +40,16 @@ _PACKAGES = ("waltz_cli", "waltz_engine")
 # Modules whose import runs something (a node's `python -m`) or needs pytest.
 _NOT_PRELOADED = ("__main__", "pytest_plugin")
 # What is imported on first use, by every child that would pay for it: typer's parse of a command
-# line (pydantic, for the options' types; 0.1-0.2 s of CPU per command) and a node's self-signed
-# TLS pair (cryptography, 0.08 s).
+# line (pydantic, for the options' types; 0.1-0.2 s of CPU per command), rich's help and tables,
+# host name encoding, and a node's self-signed TLS pair (cryptography, 0.08 s).
 _LAZY_IMPORTS = (
     "typer._adapters",
     "typer._click.decorators",
     "pydantic",
     "pydantic.plugin._loader",
+    "rich.markdown",
+    "rich._emoji_codes",
+    "encodings.idna",
     "cryptography.x509",
     "cryptography.x509.oid",
     "cryptography.hazmat.primitives.asymmetric.ec",
