@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import shutil
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -171,8 +172,11 @@ def test_a_storage_node_restored_from_a_backup_catches_up(cluster: LocalCluster,
         cluster.wait_verified()
 
 
-def _killed_create(access: ClusterAccess, url: str, kill_at: int) -> None:
+def _killed_create(access: ClusterAccess, url: str, kill_at: int, scratch: Path) -> None:
     os.environ[KILL_AT_ENV] = str(kill_at)
+    # A killed run leaves its staging directory behind, as any process killed mid-way would:
+    # under the test's own directory, not the machine's temp dir.
+    tempfile.tempdir = str(scratch)
     create_backup(access, url, segment_size_bytes=int(SEGMENT_BYTES))
 
 
@@ -187,10 +191,12 @@ def test_a_backup_killed_at_every_file_operation_is_never_half_visible(
     lines(cluster, "killed", 40)
     committed = len(tailed(cluster, PARTITIONS))
     fork = multiprocessing.get_context("fork")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
     kill_at = 0
     while True:
         kill_at += 1
-        child = fork.Process(target=_killed_create, args=(access, url, kill_at))
+        child = fork.Process(target=_killed_create, args=(access, url, kill_at, scratch))
         child.start()
         child.join(120)
         report = verify_backup(url)
