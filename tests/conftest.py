@@ -62,15 +62,15 @@ _worker_port_range()
 # typer builds the whole click command tree again on every `CliRunner().invoke(app, ...)`: 0.17 s
 # of CPU for the `waltz` app (measured; 80% of an in-process `waltz inspect segment`), and the
 # suite invokes commands in-process several hundred times. A tree once built does not change
-# until a command is added to the app, which the key notices.
-_built_commands: dict[tuple[int, int, int], tuple[typer.Typer, Any]] = {}
+# until a command or group is added to the app, which the count kept beside it notices.
+_built_commands: dict[typer.Typer, tuple[tuple[int, int], Any]] = {}
 
 
 def _built_command(app: typer.Typer) -> Any:
-    key = (id(app), len(app.registered_commands), len(app.registered_groups))
-    built = _built_commands.get(key)
-    if built is None or built[0] is not app:
-        built = _built_commands[key] = (app, typer.main.get_command(app))
+    size = (len(app.registered_commands), len(app.registered_groups))
+    built = _built_commands.get(app)
+    if built is None or built[0] != size:
+        built = _built_commands[app] = (size, typer.main.get_command(app))
     return built[1]
 
 

@@ -210,7 +210,12 @@ class _Zygote:
         for line in self._reports:
             kind, *fields = line.split()
             if kind == "started":
-                self._started.put(int(fields[0]))
+                pid = int(fields[0])
+                with self._exited:
+                    # A pid the kernel hands out again: the earlier child's status is not this one's
+                    # (the zygote reports an exit before it can fork a child that reuses the pid).
+                    self._exits.pop(pid, None)
+                self._started.put(pid)
             else:
                 with self._exited:
                     self._exits[int(fields[0])] = int(fields[1])
