@@ -163,7 +163,8 @@ def test_a_storage_node_restored_from_a_backup_catches_up(cluster: LocalCluster,
     try:
         key = cli_json("backup", "list", url)["cluster_key"]
         sums = [
-            replica_checksums(s.directory / "data", uuid.UUID(key), NUM_PARTITIONS) for s in cluster.storages
+            replica_checksums(s.directory / "data", uuid.UUID(key), NUM_PARTITIONS).checksums
+            for s in cluster.storages
         ]
         assert sums[0] == sums[1] == sums[2]
     finally:

@@ -353,23 +353,65 @@ async def _refill_damaged(
 # --- replica checksums ------------------------------------------------------------------------
 
 
+class ReplicaChecksums(NamedTuple):
+    """Per partition, the replica checksum; and what ``repair`` changed first (one line each)."""
+
+    checksums: dict[int, int]
+    repaired: list[str]
+
+
 def replica_checksums(
-    directory: Path, key: uuid.UUID, num_partitions: int, partition_ids: Sequence[int] | None = None
-) -> dict[int, int]:
+    directory: Path,
+    key: uuid.UUID,
+    num_partitions: int,
+    partition_ids: Sequence[int] | None = None,
+    *,
+    repair: bool = False,
+) -> ReplicaChecksums:
     """Per partition, CRC-32 (signed, as Java) over every segment's bytes after its header.
 
-    Equal values on two nodes mean equal copies. The node of ``directory`` must be stopped:
-    the control file is locked (and the partitions opened, recovering any torn tail) as the
-    original's ``WaltzStorage.checksums`` does. Default: every assigned partition.
+    Equal values on two nodes mean equal copies. The node of ``directory`` must be stopped (its
+    control file is locked while it runs). A check: the directory is opened read-only
+    (``StorageManager.open_read_only``) and damage of any kind (a torn tail, an index that
+    differs from the records, interrupted or missing files, rot) fails with one line naming it,
+    before any checksum. ``repair``: first do what a node's start does (cut a torn tail, rebuild
+    the index, clean interrupted files: the original's ``WaltzStorage.checksums`` did that
+    silently); damage that remains (rot: refill it, ``recover-partition``) still fails.
+    Default: every assigned partition.
     """
     if not (directory / CONTROL_FILE_NAME).is_file():
         raise StorageAdminError(f"{directory} is not a storage directory (no {CONTROL_FILE_NAME})")
-    with StorageManager(directory, key, num_partitions) as manager:
-        assigned = manager.assigned_partition_ids()
-        wanted = assigned if partition_ids is None else sorted(set(partition_ids))
-        missing = [p for p in wanted if p not in assigned]
-        if missing:
-            raise StorageAdminError(
-                f"partition {format_partition_ranges(missing)} is not assigned in {directory}"
-            )
-        return {p: manager.partition(p).checksum() for p in wanted}
+    with StorageManager.open_read_only(directory, key, num_partitions) as manager:
+        wanted = _wanted_partitions(manager, directory, partition_ids)
+        found = {p: lines for p, lines in manager.findings().items() if p in wanted and lines}
+        if not found or not repair:
+            _refuse_damage(directory, found)
+            return ReplicaChecksums({p: manager.partition(p).checksum() for p in wanted}, [])
+        repaired = [f"partition {p}: {line}" for p in wanted for line in manager.partition(p).findings]
+    StorageManager(directory, key, num_partitions).close()  # a node's start: what repairs
+    with StorageManager.open_read_only(directory, key, num_partitions) as manager:
+        _refuse_damage(directory, {p: x for p, x in manager.findings().items() if p in wanted and x})
+        return ReplicaChecksums({p: manager.partition(p).checksum() for p in wanted}, repaired)
+
+
+def _wanted_partitions(
+    manager: StorageManager, directory: Path, partition_ids: Sequence[int] | None
+) -> list[int]:
+    assigned = manager.assigned_partition_ids()
+    wanted = assigned if partition_ids is None else sorted(set(partition_ids))
+    missing = [p for p in wanted if p not in assigned]
+    if missing:
+        raise StorageAdminError(
+            f"partition {format_partition_ranges(missing)} is not assigned in {directory}"
+        )
+    return wanted
+
+
+def _refuse_damage(directory: Path, found: dict[int, list[str]]) -> None:
+    """One line naming the first damage found, and how many more there are (none: nothing)."""
+    if not found:
+        return
+    partition, lines = next(iter(found.items()))
+    more = sum(len(x) for x in found.values()) - 1
+    also = f" (and {more} more: waltz inspect verify {directory})" if more else ""
+    raise StorageAdminError(f"{directory}: partition {partition}: {lines[0]}{also}")
