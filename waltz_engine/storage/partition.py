@@ -451,6 +451,12 @@ class Partition:
         ends = {s.first_transaction_id: s.max_transaction_id for s in list(self._segments)}
         return self.damage.report(lambda first: ends.get(first, -1))
 
+    def head_segment_spans(self, max_spans: int) -> list[list[int]]:
+        """[first, max] txids of the oldest ``max_spans`` local segments, for the metrics gauge
+        the dry runs read (``waltz retention set --dry-run``). Takes no partition lock, as
+        :meth:`damage_report`."""
+        return [[s.first_transaction_id, s.max_transaction_id] for s in list(self._segments)[:max_spans]]
+
     def damage_json(self) -> list[dict[str, Any]]:
         """:meth:`damage_report` for the metrics gauge (``waltz storage list`` reads it)."""
         return [d.to_json() for d in self.damage_report()]
