@@ -78,3 +78,24 @@ def test_ctrl_c_while_the_command_starts_is_one_line_and_exit_130() -> None:
         check=False,
     )
     assert (result.returncode, result.stdout, result.stderr) == (130, "", "error: interrupted\n")
+
+
+def test_ctrl_c_while_the_command_module_is_imported_is_one_line_and_exit_130() -> None:
+    """The command's own modules (`waltz storage ...` imports the storage group's) are imported
+    after the package: a SIGINT then is one line and exit 130 too, no traceback (issue 31)."""
+    starting = (
+        "import os, signal, sys; sys.argv[:] = ['waltz', 'storage', 'list', '--help']; import waltz_cli; "
+        "import waltz_cli.main as m; real = m._commands\n"
+        "def interrupted(module):\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    return real(module)\n"
+        "m._commands = interrupted; m.main(); print('not interrupted')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", starting],
+        capture_output=True,
+        text=True,
+        timeout=STARTUP_TIMEOUT_S,
+        check=False,
+    )
+    assert (result.returncode, result.stdout, result.stderr) == (130, "", "error: interrupted\n")
