@@ -14,7 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from storage_node_support import StorageNodeProcess, client_ssl, create_test_cluster, make_records
+from storage_node_support import (
+    StorageNodeProcess,
+    client_ssl,
+    create_test_cluster,
+    directory_digest,
+    make_records,
+)
 from typer.testing import CliRunner, Result
 
 from waltz_cli.main import app
@@ -212,7 +218,10 @@ def test_max_transaction_id_online_and_offline(cluster: Cluster) -> None:
     )
     cluster.ok("availability", "-s", data(a), "-p", "3", "--offline")
     try:
+        # A check: the node's files are as they were after it (issue 31).
+        before = directory_digest(a.directory)
         as_json = json.loads(cluster.ok(*base, "--offline", "--json").stdout)
+        assert directory_digest(a.directory) == before
         assert as_json == {
             "storage": data(a),
             "admin": admin(a),
