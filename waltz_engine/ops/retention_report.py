@@ -88,13 +88,17 @@ async def replica_removals(
         except (WaltzError, OSError) as e:
             result.append(ReplicaRemovals(storage, None, f"not answering: {e}"))
             continue
-        spans = _gauge(gauges, partition_id, SEGMENT_SPANS_GAUGE)
+        listed = _gauge(gauges, partition_id, SEGMENT_SPANS_GAUGE)
         local = _gauge(gauges, partition_id, LOCAL_LOW_WATER_MARK_GAUGE)
-        if not isinstance(spans, list) or not isinstance(local, int):
+        if not isinstance(listed, dict) or not isinstance(local, int):
             result.append(ReplicaRemovals(storage, None, "its node lists no segment spans: a Java node"))
             continue
-        pairs = [(int(first), int(last)) for first, last in spans]
-        result.append(ReplicaRemovals(storage, pairs[: removable_head_segments(pairs, limit, local)], None))
+        pairs = [(int(first), int(last)) for first, last in listed["spans"]]
+        # Only the oldest are listed: when more exist, every listed one is sealed (the newest
+        # segment, which never goes, is not among them).
+        newest = [(-1, -1)] if int(listed["segments"]) > len(pairs) else []
+        going = removable_head_segments([*pairs, *newest], limit, local)
+        result.append(ReplicaRemovals(storage, pairs[:going], None))
     return result
 
 

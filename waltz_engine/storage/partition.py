@@ -451,11 +451,13 @@ class Partition:
         ends = {s.first_transaction_id: s.max_transaction_id for s in list(self._segments)}
         return self.damage.report(lambda first: ends.get(first, -1))
 
-    def head_segment_spans(self, max_spans: int) -> list[list[int]]:
-        """[first, max] txids of the oldest ``max_spans`` local segments, for the metrics gauge
-        the dry runs read (``waltz retention set --dry-run``). Takes no partition lock, as
-        :meth:`damage_report`."""
-        return [[s.first_transaction_id, s.max_transaction_id] for s in list(self._segments)[:max_spans]]
+    def head_segment_spans(self, max_spans: int) -> dict[str, Any]:
+        """The oldest ``max_spans`` local segments' [first, max] txids and how many segments there
+        are, for the metrics gauge the dry runs read (``waltz retention set --dry-run``). Takes no
+        partition lock, as :meth:`damage_report`."""
+        segments = list(self._segments)
+        spans = [[s.first_transaction_id, s.max_transaction_id] for s in segments[:max_spans]]
+        return {"spans": spans, "segments": len(segments)}
 
     def damage_json(self) -> list[dict[str, Any]]:
         """:meth:`damage_report` for the metrics gauge (``waltz storage list`` reads it)."""
