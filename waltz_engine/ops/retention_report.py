@@ -88,18 +88,26 @@ async def replica_removals(
         except (WaltzError, OSError) as e:
             result.append(ReplicaRemovals(storage, None, f"not answering: {e}"))
             continue
-        listed = _gauge(gauges, partition_id, SEGMENT_SPANS_GAUGE)
-        local = _gauge(gauges, partition_id, LOCAL_LOW_WATER_MARK_GAUGE)
-        if not isinstance(listed, dict) or not isinstance(local, int):
-            result.append(ReplicaRemovals(storage, None, "its node lists no segment spans: a Java node"))
-            continue
-        pairs = [(int(first), int(last)) for first, last in listed["spans"]]
-        # Only the oldest are listed: when more exist, every listed one is sealed (the newest
-        # segment, which never goes, is not among them).
-        newest = [(-1, -1)] if int(listed["segments"]) > len(pairs) else []
-        going = removable_head_segments([*pairs, *newest], limit, local)
-        result.append(ReplicaRemovals(storage, pairs[:going], None))
+        result.append(removals_from_gauges(storage, gauges, partition_id, limit))
     return result
+
+
+def removals_from_gauges(
+    storage: str, gauges: dict[str, Any], partition_id: int, limit: int
+) -> ReplicaRemovals:
+    """What a replica's cleaner would remove below ``limit``, from its node's metrics gauges: unknown
+    when they list no segment spans (a Java 0.13.2 node has no such gauge, nor any message that
+    lists segments)."""
+    listed = _gauge(gauges, partition_id, SEGMENT_SPANS_GAUGE)
+    local = _gauge(gauges, partition_id, LOCAL_LOW_WATER_MARK_GAUGE)
+    if not isinstance(listed, dict) or not isinstance(local, int):
+        return ReplicaRemovals(storage, None, "its node lists no segment spans: a Java node")
+    pairs = [(int(first), int(last)) for first, last in listed["spans"]]
+    # Only the oldest are listed: when more exist, every listed one is sealed (the newest segment,
+    # which never goes, is not among them).
+    newest = [(-1, -1)] if int(listed["segments"]) > len(pairs) else []
+    going = removable_head_segments([*pairs, *newest], limit, local)
+    return ReplicaRemovals(storage, pairs[:going], None)
 
 
 def _gauge(gauges: dict[str, Any], partition_id: int, name: str) -> Any:
