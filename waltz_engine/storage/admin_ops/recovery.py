@@ -383,11 +383,13 @@ def replica_checksums(
         raise StorageAdminError(f"{directory} is not a storage directory (no {CONTROL_FILE_NAME})")
     with StorageManager.open_read_only(directory, key, num_partitions) as manager:
         wanted = _wanted_partitions(manager, directory, partition_ids)
-        found = {p: lines for p, lines in manager.findings().items() if p in wanted and lines}
-        if not found or not repair:
+        findings = manager.findings()
+        found = {p: lines for p, lines in findings.items() if p in wanted and lines}
+        if not repair or not any(findings.values()):
             _refuse_damage(directory, found)
             return ReplicaChecksums({p: manager.partition(p).checksum() for p in wanted}, [])
-        repaired = [f"partition {p}: {line}" for p in wanted for line in manager.partition(p).findings]
+        # A node's start repairs every assigned partition: so does --repair.
+        repaired = [f"partition {p}: {line}" for p in findings for line in manager.partition(p).findings]
     StorageManager(directory, key, num_partitions).close()  # a node's start: what repairs
     with StorageManager.open_read_only(directory, key, num_partitions) as manager:
         _refuse_damage(directory, {p: x for p, x in manager.findings().items() if p in wanted and x})
