@@ -199,6 +199,8 @@ def test_a_dry_run_reads_segment_spans_from_our_nodes_gauges_and_reports_java_no
     assert removals_from_gauges("n1", gauges(spans, 4, 12), 0, 25).going == [(0, 9)]
     # Never the newest: with every span listed the last stays; with more segments than listed, not.
     assert removals_from_gauges("n1", gauges(spans, 4, 99), 0, 99).going == [(0, 9), (10, 19), (20, 29)]
-    assert len(removals_from_gauges("n1", gauges(spans, 9, 99), 0, 99).going or []) == 4
+    truncated = removals_from_gauges("n1", gauges(spans, 9, 99), 0, 99)
+    assert len(truncated.going or []) == 4 and truncated.more
+    assert not removals_from_gauges("n1", gauges(spans, 9, 99), 0, 25).more
     java = removals_from_gauges("n2", {f"{group}.local-low-water-mark": {"value": 34}}, 0, 25)
     assert java.going is None and java.why is not None and "Java" in java.why

@@ -127,7 +127,8 @@ def _dry_run(partition: int, limit: int, before: int, replicas: list[ReplicaRemo
             say(f"{replica.storage}: segments that may go: unknown ({replica.why})")
             continue
         listed = ", ".join(f"{first}..{last}" for first, last in replica.going) or "none"
-        say(f"{replica.storage}: segments that may go now: {listed}")
+        more = " and later ones (the node lists only its oldest segments)" if replica.more else ""
+        say(f"{replica.storage}: segments that may go now: {listed}{more}")
 
 
 @app.command("clear")

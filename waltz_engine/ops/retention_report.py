@@ -66,6 +66,7 @@ class ReplicaRemovals(NamedTuple):
     storage: str  # data connect string
     going: list[tuple[int, int]] | None  # (first, last) txids; None: unknown (see why)
     why: str | None  # a Java node lists no segment spans, or the node did not answer
+    more: bool = False  # every segment the node listed may go, and it has more than it listed
 
 
 async def replica_removals(
@@ -107,7 +108,7 @@ def removals_from_gauges(
     # which never goes, is not among them).
     newest = [(-1, -1)] if int(listed["segments"]) > len(pairs) else []
     going = removable_head_segments([*pairs, *newest], limit, local)
-    return ReplicaRemovals(storage, pairs[:going], None)
+    return ReplicaRemovals(storage, pairs[:going], None, more=bool(newest) and going == len(pairs))
 
 
 def _gauge(gauges: dict[str, Any], partition_id: int, name: str) -> Any:

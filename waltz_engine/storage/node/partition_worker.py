@@ -88,9 +88,10 @@ PARTITION_REQUEST_TYPES = (
 # The requests that may move the node's fencing session id: the one that opens a session on a
 # replica (a recovery's first request) and the writes. A read never moves it, so a read with an
 # id the node has not seen is refused rather than fencing the real session out.
-# The metrics gauge listing a partition's oldest local segments, [first, max] each, at most this many.
+# The metrics gauge listing a partition's oldest local segments, [first, max] each, at most this
+# many (about 4 KiB of JSON per partition on every metrics request).
 SEGMENT_SPANS_GAUGE = "head-segment-spans"
-SEGMENT_SPANS_REPORTED = 1024
+SEGMENT_SPANS_REPORTED = 128
 
 SESSION_MOVING_REQUESTS = (
     StorageLastSessionInfoRequest,
