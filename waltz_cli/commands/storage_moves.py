@@ -15,6 +15,7 @@ from waltz_cli.options import (
     cluster_command,
 )
 from waltz_cli.output import console, err_console, one_line_errors, print_json
+from waltz_engine.common.errors import without_java_class
 
 
 @one_line_errors
@@ -47,7 +48,7 @@ def decommission(
     from waltz_engine.ops.decommission import decommission as run
 
     def say(line: str) -> None:
-        err_console.print(line, soft_wrap=True, markup=False)
+        err_console.print(without_java_class(line), soft_wrap=True, markup=False)
 
     result = run(
         cluster.settings(),

@@ -127,11 +127,21 @@ class ReplicaMover:
         if target_node is None:
             raise MoveError(f"partition {p}: the target {move.target} does not answer; run again later")
         target = layout.resolve_node(move.target)
+        source_node = await self.node(layout, source)
+        source_status = _status(source_node, p) if source_node is not None else None
+        retained_start = source_status.first_transaction_id if source_status is not None else None
+        if retained_start and not target_node.starts_late:
+            raise MoveError(
+                f"partition {p}: retention removed transactions 0..{retained_start - 1} from {source}, "
+                f"and the target {move.target} is a Java 0.13.2 storage node, which cannot begin a log "
+                f"at {retained_start}: move the replica to a Waltz for Python node"
+            )
         status = _status(target_node, p)
         if status is None or not status.is_assigned:
             await admin_ops.add_partitions(self.context, target.admin, [p])
-        if status is None or not status.is_assigned or status.is_available:
-            await admin_ops.set_availability(self.context, target.admin, [p], online=False)
+        # Offline even when it already is (a resumed move): the node then reads the retention
+        # bound, which lets its copy begin at the source's retained start.
+        await admin_ops.set_availability(self.context, target.admin, [p], online=False)
         rate = f" at most {self.bytes_per_second} bytes/s" if self.bytes_per_second else ""
         what = f"copying from {source} to {move.target}"
         for _ in range(MAX_COPY_PASSES):
@@ -159,6 +169,34 @@ class ReplicaMover:
             self.say(f"partition {p}: {outpaced}; the servers catch up the rest")
         await admin_ops.set_availability(self.context, target.admin, [p], online=True)
         self.say(f"partition {p}: {move.target} holds up to {result.final}; online")
+
+    async def describe(self, layout: StoreLayout, move: ReplicaMove) -> str:
+        """What ``move``'s copy costs, for the plan a mover prints: where it starts (the
+        retained start once retention ran) and what of it is in the tier only."""
+        p = move.partition_id
+        try:
+            source = await self._copy_source(layout, move)
+        except MoveError as e:
+            return str(e)
+        node = await self.node(layout, source)
+        status = _status(node, p) if node is not None else None
+        if status is None:
+            return f"partition {p}: copied from {source}"
+        start = status.first_transaction_id or 0
+        where = f"from the retained start {start} (retention removed below)" if start else "from 0"
+        line = f"partition {p}: copied from {source} {where}"
+        usage = status.usage
+        if usage is None:
+            return line
+        local, evicted = usage["local_bytes"], usage["evicted_bytes"]
+        line += f", about {local + evicted} bytes"
+        if evicted:
+            line += (
+                f"; {evicted} of them ({usage['evicted_segments']} segments) are in the tier only: "
+                f"{source} downloads them, {move.target} writes them to its local disk, and a "
+                f"{move.target} with a tier uploads them again under its own prefix"
+            )
+        return line
 
     async def _committed_on(self, layout: StoreLayout, storage: str, p: int) -> int | None:
         """How far ``storage`` holds ``p``'s committed transactions: the network reader's bound
