@@ -94,10 +94,10 @@ class ReplicaMover:
         p = move.partition_id
         layout = await self.layout()
         replaced = False
-        if move.target not in _holders(layout, p):
+        if move.target not in holders(layout, p):
             await self.copy(layout, move)
             source_node = await self.node(layout, move.source)
-            if source_node is not None and move.source in _holders(layout, p):
+            if source_node is not None and move.source in holders(layout, p):
                 self.say(f"partition {p}: assigning {move.target} beside {move.source}")
                 await asyncio.to_thread(change_replicas, self.zk, self.root, [(move.target, p)])
             else:
@@ -107,7 +107,7 @@ class ReplicaMover:
                 )
                 replaced = True
             layout = await self.layout()
-        leaving = move.source in _holders(layout, p)
+        leaving = move.source in holders(layout, p)
         if leaving or replaced:
             # A replica in place of an unreachable one is not moved until caught up either.
             await self._await_caught_up(layout, move)
@@ -218,7 +218,7 @@ class ReplicaMover:
         """A replica that answers, holds the partition available and undamaged: another node
         than the one leaving when there is one."""
         p = move.partition_id
-        others = [s for s in _holders(layout, p) if s not in (move.source, move.target)]
+        others = [s for s in holders(layout, p) if s not in (move.source, move.target)]
         for storage in [*others, move.source]:
             node = await self.node(layout, storage)
             status = _status(node, p) if node is not None else None
@@ -245,7 +245,7 @@ class ReplicaMover:
         """Until the target holds every transaction any other answering replica held when the
         wait began (committed ones are on a quorum, so on one of those)."""
         p = move.partition_id
-        others = [s for s in _holders(layout, p) if s != move.target]
+        others = [s for s in holders(layout, p) if s != move.target]
         held = [await self._max_txid(layout, s, p) for s in others]
         goal = max((h for h in held if h is not None), default=-1)
         self.say(f"partition {p}: waiting for {move.target} to catch up to {goal}")
@@ -281,8 +281,8 @@ class ReplicaMover:
 
 def release_only(layout: StoreLayout, move: ReplicaMove) -> bool:
     """Whether all that is left of ``move`` is telling its source node."""
-    holders = _holders(layout, move.partition_id)
-    return move.target in holders and move.source not in holders
+    held_by = holders(layout, move.partition_id)
+    return move.target in held_by and move.source not in held_by
 
 
 def settled_moves(layout: StoreLayout, recorded: Iterable[ReplicaMove]) -> list[ReplicaMove]:
@@ -296,7 +296,7 @@ def under_way(layout: StoreLayout, recorded: Iterable[ReplicaMove]) -> set[int]:
     return {m.partition_id for m in recorded if not release_only(layout, m)}
 
 
-def _holders(layout: StoreLayout, partition_id: int) -> list[str]:
+def holders(layout: StoreLayout, partition_id: int) -> list[str]:
     return sorted(s for s, ids in layout.assignments.items() if partition_id in ids)
 
 
@@ -320,9 +320,9 @@ def plan_moves(
     source_group = layout.groups.get(source)
     moves = []
     for p in sorted(set(layout.assignments.get(source, ())) - set(skip)):
-        holders = set(_holders(layout, p))
-        groups_used = {layout.groups.get(s) for s in holders - {source}}
-        candidates = [s for s in sorted(live) if s not in holders and s in layout.admin_ports]
+        held_by = set(holders(layout, p))
+        groups_used = {layout.groups.get(s) for s in held_by - {source}}
+        candidates = [s for s in sorted(live) if s not in held_by and s in layout.admin_ports]
         if not candidates:
             raise MoveError(f"partition {p}: no live storage node that does not hold it already")
 

@@ -252,6 +252,7 @@ def restore_backup(
             if progress is not None:
                 progress(summary.files, len(names))
         _raise_damaged(problems)
+        built.mkdir()
         with StorageManager(
             built,
             manifest.cluster_key,

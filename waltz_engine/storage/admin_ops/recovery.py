@@ -11,10 +11,9 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 from waltz_engine.common.address import HostPort
-from waltz_engine.common.errors import WaltzError, without_java_class
 from waltz_engine.disk.record_format import RECORD_OVERHEAD_BYTES
 from waltz_engine.storage.admin_ops.layout import (
     DEFAULT_RECOVERY_BATCH_SIZE,
@@ -129,18 +128,14 @@ class _Gap(NamedTuple):
 
 
 async def _start_at_retained_start(
-    destination: StorageContext,
-    destination_admin: StorageAdminClient,
-    destination_data: StorageClient,
-    session_id: int,
-    gap: _Gap,
-    state: _RecoveryState,
+    destination: StorageContext, destination_admin: StorageAdminClient, gap: _Gap, state: _RecoveryState
 ) -> int:
     """Make the destination go on at the source's retained start; the txid to copy after.
 
     Only our storage nodes can begin a log above 0, and only an empty one: a destination that
-    holds records below the gap is emptied first where that is allowed (it is not an assigned
-    replica: ``cut_above_source``), never where its records may count toward a quorum."""
+    holds records below the gap is emptied first (and the attempt starts over) where that is
+    allowed (it is no assigned replica: ``cut_above_source``), never where its records may
+    count toward a quorum."""
     p = gap.partition_id
     metrics = await call_node(
         destination, f"metrics request to {gap.destination}", destination_admin.metrics()
@@ -161,17 +156,22 @@ async def _start_at_retained_start(
                 "replica that still holds them",
                 transient=False,
             )
-        try:
-            await destination_data.truncate(session_id, p, NO_TRANSACTION)
-        except (WaltzError, OSError) as e:
-            raise NodeCallFailure(
-                f"{gap.describe()}; the destination {gap.destination} holds transactions up to "
-                f"{gap.current} and cannot be emptied ({without_java_class(str(e))}): delete its copy "
-                f"(waltz storage remove-partition -p {p} --delete-storage-files) and run again",
-                transient=False,
-            ) from None
+        await _empty_destination(destination, destination_admin, gap.destination, p)
     state.started_late = gap.retained_start
     return gap.retained_start - 1
+
+
+async def _empty_destination(
+    destination: StorageContext, admin: StorageAdminClient, address: HostPort, partition_id: int
+) -> NoReturn:
+    """Delete a destination's copy that is no assigned replica (``cut_above_source``) and
+    cannot be cut to fit, assign it again empty and offline; the attempt then starts over (the
+    new copy has a session of its own)."""
+    what = f"emptying the copy of partition {partition_id} on {address}"
+    await call_node(destination, what, admin.set_partition_assignment([partition_id], False, True))
+    await call_node(destination, what, admin.set_partition_assignment([partition_id], True, False))
+    await call_node(destination, what, admin.set_partition_available([partition_id], False))
+    raise NodeCallFailure(f"{what}: done, starting over", transient=True)
 
 
 def _check_cut(partition_id: int, low_water_mark: int, highest: int, target: int) -> None:
@@ -233,11 +233,20 @@ async def _recover_once(
         else:
             if not state.cut_above_source:
                 _check_cut(partition_id, info.low_water_mark, highest, target)
-            current = await call_node(
-                destination,
-                f"truncating {data_address} to its low-water mark {info.low_water_mark}",
-                destination_data.truncate(session_id, partition_id, info.low_water_mark),
-            )
+            try:
+                current = await call_node(
+                    destination,
+                    f"truncating {data_address} to its low-water mark {info.low_water_mark}",
+                    destination_data.truncate(session_id, partition_id, info.low_water_mark),
+                )
+            except NodeCallFailure as e:
+                # Files kept from an earlier time as a replica, whose head retention removed:
+                # its low-water mark (reset when it was unassigned) is below its own start.
+                if retained_start_in(str(e)) is None or not state.cut_above_source:
+                    raise
+                await _empty_destination(
+                    destination, destination_admin, destination_admin_address, partition_id
+                )
         if state.start is None:
             state.start = current
         await _refill_damaged(
@@ -269,9 +278,7 @@ async def _recover_once(
                 gap = _Gap(
                     partition_id, current, retained_start, source_admin_address, destination_admin_address
                 )
-                current = await _start_at_retained_start(
-                    destination, destination_admin, destination_data, session_id, gap, state
-                )
+                current = await _start_at_retained_start(destination, destination_admin, gap, state)
                 if retained_start > target:
                     break
                 continue
