@@ -8,7 +8,9 @@ of one partition, one server re-replicating a node lost for 3 s.
    killed, and the server takes the move over instead of leaving the partition at 2 of 3;
 3. a replica restored from a backup (one big segment) into a node of 2 KB segments is written
    at that size from the retention bound on, and the node's retention then removes its head as
-   on any replica.
+   on any replica;
+4. a decommission killed mid-copy whose target is then lost has its move cancelled by the server
+   (it would block the partition's re-replication the day its source is lost).
 
 Storage nodes learn the committed prefix only when a store session starts (another change
 fixes that): the test restarts the server once so that retention and the tier may act.
@@ -291,3 +293,25 @@ def test_a_replica_restored_into_small_segments_is_retained_like_any_other(
     wait_for("the restored replica's head is removed", lambda: first_txid(cluster, name) > FIRST_BOUND)
     assert first_txid(cluster, name) <= SECOND_BOUND
     assert retained_start_in(refusal_below(cluster, node, FIRST_BOUND)) == first_txid(cluster, name)
+
+
+def test_a_killed_decommission_then_its_target_lost_is_cancelled(
+    cluster: LocalCluster, tools_config: str
+) -> None:
+    before = holders(cluster)
+    leaving = sorted(before)[0]
+    (free,) = {s.connect_string for s in cluster.storages} - before
+    command = ["storage", "decommission", "-c", tools_config, "-s", leaving, "--wait"]
+    kill_at([*command, "--bytes-per-second", str(SLOW_COPY_BYTES_PER_S)], "copying from")
+    target = node_named(cluster, free)
+    target.kill()
+
+    def recorded() -> list[replica_moves.ReplicaMove]:
+        with connect(cluster.zookeeper_settings()) as zk:
+            return replica_moves.read_moves(zk, cluster.cluster_root)
+
+    wait_for("the stale move is cancelled", lambda: not recorded())
+    logs = "".join(server.log_text() for server in cluster.servers)
+    assert f"cancelled the decommission move from {leaving} to {free}: its target is lost" in logs, logs
+    assert holders(cluster) == before
+    target.start()

@@ -147,7 +147,9 @@ class AutoRecovery:
         moves = await asyncio.to_thread(replica_moves.read_moves, self._zk, self._root)
         self._moves_recorded = len(moves)
         work = [m for m in moves if _ours(mover, layout, m) and _can_go_on(mover, layout, live, m)]
-        if not self._past_grace and not work:
+        # A move no mover will finish: its target is lost (it may hold no replica in the assignment).
+        stale = [m for m in moves if m.target in self._lost() and not release_only(layout, m)]
+        if not self._past_grace and not work and not stale:
             return
         if not await asyncio.to_thread(replica_moves.try_lease, self._zk, self._root, self._holder):
             # Another server or a decommission moves replicas now; look again next time.
@@ -166,6 +168,12 @@ class AutoRecovery:
         finally:
             self._lease_held = False
             await asyncio.to_thread(replica_moves.release_lease, self._zk, self._root)
+
+    def _lost(self) -> set[str]:
+        """The storage nodes unreachable for the grace or longer, whether they hold replicas or not."""
+        now = asyncio.get_running_loop().time()
+        grace_s = self._settings.grace_ms / 1000
+        return {s for s, since in self._unreachable_since.items() if now - since >= grace_s}
 
     def _track(self, layout: StoreLayout, live: set[str]) -> None:
         now = asyncio.get_running_loop().time()
@@ -253,7 +261,7 @@ class AutoRecovery:
         and involves a node past the grace is stale. Its target lost: cancel it (a target
         assigned beside its source leaves the assignment); its source lost, its target
         answering: take it over. True when the assignment changed."""
-        lost = self._past_grace
+        lost = self._lost()
         changed = False
         for move in await asyncio.to_thread(replica_moves.read_moves, self._zk, self._root):
             if release_only(layout, move):
