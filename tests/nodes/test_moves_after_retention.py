@@ -10,7 +10,8 @@ of one partition, one server re-replicating a node lost for 3 s.
    at that size from the retention bound on, and the node's retention then removes its head as
    on any replica;
 4. a decommission killed mid-copy whose target is then lost has its move cancelled by the server
-   (it would block the partition's re-replication the day its source is lost).
+   (it would block the partition's re-replication the day its source is lost);
+5. a copy's rate bound counts the bytes moved (whole records), not only their data.
 
 Storage nodes learn the committed prefix only when a store session starts (another change
 fixes that): the test restarts the server once so that retention and the tier may act.
@@ -32,13 +33,19 @@ from cluster_support import local_cluster, run_waltz_cli
 from nodes_support import kill_at, preload, replica_sets
 
 from waltz_engine.common.address import HostPort
+from waltz_engine.common.record import Record
+from waltz_engine.disk.record_format import RECORD_OVERHEAD_BYTES
 from waltz_engine.ops.devcluster import LocalCluster, LocalNode
 from waltz_engine.storage.admin_ops import (
     PartitionStatus,
+    add_partitions,
     admin_client,
     client_ssl_context,
     list_partitions,
     read_store_layout,
+    recover_partition,
+    remove_partitions,
+    set_availability,
 )
 from waltz_engine.storage.client import StorageRpcError
 from waltz_engine.zk import replica_moves
@@ -315,3 +322,40 @@ def test_a_killed_decommission_then_its_target_lost_is_cancelled(
     assert f"cancelled the decommission move from {leaving} to {free}: its target is lost" in logs, logs
     assert holders(cluster) == before
     target.start()
+
+
+def test_the_copy_rate_bounds_the_bytes_moved(cluster: LocalCluster) -> None:
+    """What a copy's rate bound (`decommission --bytes-per-second`) is handed: every record whole
+    (its 40 bytes of header and checksums, and its data), not the data alone."""
+    source = sorted(holders(cluster))[0]
+    (free,) = {s.connect_string for s in cluster.storages} - holders(cluster)
+    with connect(cluster.zookeeper_settings()) as zk:
+        layout = read_store_layout(zk, cluster.cluster_root)
+    context = layout.context(client_ssl_context(None), 10_000)
+    target = layout.resolve_node(free)
+    handed: list[int] = []
+
+    async def throttle(size_bytes: int) -> None:
+        handed.append(size_bytes)
+
+    async def copy() -> list[Record]:
+        await add_partitions(context, target.admin, [PARTITION])
+        await set_availability(context, target.admin, [PARTITION], online=False)
+        try:
+            result = await recover_partition(
+                context,
+                layout.admin_address(source),
+                target.admin,
+                target.data_port(),
+                PARTITION,
+                throttle=throttle,
+                cut_above_source=True,
+            )
+            first = result.final - result.records_copied + 1
+            async with admin_client(context, target.admin) as admin:
+                return await admin.record_list(PARTITION, first, result.records_copied)
+        finally:
+            await remove_partitions(context, target.admin, [PARTITION], delete_storage_files=True)
+
+    copied = asyncio.run(copy())
+    assert copied and sum(handed) == sum(RECORD_OVERHEAD_BYTES + len(r.data) for r in copied)
