@@ -253,6 +253,8 @@ class AutoRecovery:
             log.info(
                 "auto-recovery: storage node %s is past the grace: moving partitions %s", storage, targets
             )
+            for move in planned:
+                log.info("auto-recovery: %s", await mover.describe(layout, move))
             settled = settled_moves(layout, recorded)
             await asyncio.to_thread(replica_moves.add_moves, self._zk, self._root, planned, settled)
 
