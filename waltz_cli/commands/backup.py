@@ -172,7 +172,6 @@ def restore(
         settings = cluster.settings()
         session_ids = issued_sessions(url, settings, _client_tls(cluster.config))
     segment_size_bytes, bounds_from = _restore_target(storage_config, cluster)
-    bounds = None if bounds_from is None else _retention_bounds(bounds_from)
     with counting_progress("restoring (files)", as_json) as progress:
         summary = restore_backup(
             url,
@@ -182,12 +181,12 @@ def restore(
             session_ids=session_ids,
             progress=progress,
             segment_size_bytes=segment_size_bytes,
-            retention_bounds=bounds,
+            retention_from=bounds_from,
         )
     if as_json:
         print_json(summary.to_json())
         return
-    if bounds is None:
+    if bounds_from is None:
         err_console.print(
             "note: retention bounds not read (no --storage-config or -c/-z): the node's cleaner "
             "removes whole segments below them when it starts",
@@ -213,16 +212,6 @@ def _restore_target(storage_config: Path | None, cluster: Cluster) -> tuple[int,
         return node.segment_size_threshold_bytes, node.zookeeper
     named = cluster.config is not None or cluster.zookeeper is not None
     return DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES, cluster.settings() if named else None
-
-
-def _retention_bounds(settings: ZooKeeperSettings) -> dict[int, int]:
-    from waltz_engine.storage.admin_ops import read_store_layout
-    from waltz_engine.zk.connection import connect
-    from waltz_engine.zk.retention import read_effective_bounds
-
-    with connect(settings) as zk:
-        layout = read_store_layout(zk, settings.cluster_root)
-        return read_effective_bounds(zk, settings.cluster_root, layout.num_partitions)
 
 
 @app.command("list")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,7 @@ from waltz_engine.zk.cluster import read_server_descriptors
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
 from waltz_engine.zk.java_io import JavaHashMap
 from waltz_engine.zk.payloads import UNRESOLVED_HIGH_WATER_MARK, PartitionMetadata, ReplicaId, ReplicaState
+from waltz_engine.zk.retention import read_effective_bounds
 from waltz_engine.zk.store_metadata import (
     read_partition_metadata,
     read_replica_assignments,
@@ -202,7 +204,7 @@ def restore_backup(
     session_ids: Mapping[int, int] | None = None,
     progress: Progress | None = None,
     segment_size_bytes: int = DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES,
-    retention_bounds: Mapping[int, int] | None = None,
+    retention_from: ZooKeeperSettings | None = None,
 ) -> RestoreSummary:
     """``session_ids``: see the module's docstring (None: the restored copies do not vote).
 
@@ -210,9 +212,9 @@ def restore_backup(
     segments of ``segment_size_bytes`` (its ``storage.segment.size.threshold``) with indexes of
     their own, so its retention and tier treat them as any replica's. What was downloaded is
     checked against the manifest (each file's SHA-256) and, as it is read, record by record (both
-    checksums, txids in sequence). ``retention_bounds`` (partition → effective bound, from the
-    cluster): no record below a partition's bound is restored, its log begins there, so the
-    replica never serves what retention removed everywhere else.
+    checksums, txids in sequence). ``retention_from``: the backup's cluster, whose effective
+    retention bounds are read: no record below a partition's bound is restored, its log begins
+    there, so the replica never serves what retention removed everywhere else.
     """
     if segment_size_bytes <= 0:
         raise BackupError(f"the segment size must be positive, got {segment_size_bytes}")
@@ -236,6 +238,7 @@ def restore_backup(
                 f"partition {p}: the backup starts at transaction {entry.first_txid}, "
                 f"--to-txid {to_txid} is before it"
             )
+    bounds = {} if retention_from is None else _retention_bounds(retention_from, manifest.cluster_key)
     summary = RestoreSummary(url, str(directory), manifest.sequence)
     # The data files only: the node gets indexes of its own segments.
     names = [seg for p in wanted for seg in manifest.partitions[p].segments]
@@ -263,7 +266,7 @@ def restore_backup(
             for p in wanted:
                 entry = manifest.partitions[p]
                 last = entry.last_txid if to_txid is None else min(entry.last_txid, to_txid)
-                bound = (retention_bounds or {}).get(p, 0)
+                bound = bounds.get(p, 0)
                 partition = manager.partition(p)
                 _rewrite(
                     partition, [downloads / name for name in entry.segments], entry.first_txid, bound, last
@@ -276,6 +279,18 @@ def restore_backup(
         for built_entry in sorted(built.iterdir()):
             built_entry.rename(directory / built_entry.name)
     return summary
+
+
+def _retention_bounds(settings: ZooKeeperSettings, key: uuid.UUID) -> dict[int, int]:
+    """Partition → effective retention bound of the cluster ``settings`` name, the backup's."""
+    with connect(settings) as client:
+        params = read_store_params(client, settings.cluster_root)
+        if params.key != key:
+            raise BackupError(
+                f"the cluster at {settings.cluster_root} (key {params.key}) is not the backup's (key {key}): "
+                "give the configuration of a node of the backup's cluster"
+            )
+        return read_effective_bounds(client, settings.cluster_root, params.num_partitions)
 
 
 def _raise_damaged(problems: list[str]) -> None:
