@@ -23,14 +23,13 @@ import asyncio
 import json
 import re
 import shutil
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import nodes_support
 import pytest
-import yaml
 from cluster_support import local_cluster, run_waltz_cli
-from nodes_support import kill_at, preload, replica_sets
+from nodes_support import kill_at, preload, replica_sets, short_session_config
 
 from waltz_engine.common.address import HostPort
 from waltz_engine.common.record import Record
@@ -64,8 +63,7 @@ SECOND_BOUND = 130
 SLOW_COPY_BYTES_PER_S = 300
 # The shortest session the test ZooKeeper grants: a killed decommission's lease goes with it.
 LEASE_SESSION_TIMEOUT_MS = 4_000
-WAIT_S = 90.0
-POLL_S = 0.2
+WAIT_MS = 90_000
 
 
 @pytest.fixture(scope="module")
@@ -102,11 +100,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: str, tier: Path
 
 @pytest.fixture(scope="module")
 def tools_config(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> str:
-    config = yaml.safe_load(cluster.client_config_path.read_text(encoding="utf-8"))
-    config["zookeeper.sessionTimeout"] = LEASE_SESSION_TIMEOUT_MS
-    path = Path(tmp_path_factory.mktemp("tools")) / "tools.yml"
-    path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    return str(path)
+    return short_session_config(cluster, tmp_path_factory.mktemp("tools"), LEASE_SESSION_TIMEOUT_MS)
 
 
 @pytest.fixture(scope="module")
@@ -120,11 +114,8 @@ def backup(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> P
     return path
 
 
-def wait_for(what: str, check: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
-        time.sleep(POLL_S)
+def wait_for(what: str, check: Callable[[], bool]) -> None:
+    nodes_support.wait_for(what, check, WAIT_MS)
 
 
 def node_named(cluster: LocalCluster, name: str) -> LocalNode:
