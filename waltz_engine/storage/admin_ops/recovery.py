@@ -301,8 +301,9 @@ async def _recover_once(
                     f"{e}. Transactions 0..{state.started_late - 1} are gone from the source "
                     f"(removed by retention) and the destination's retention bound does not allow "
                     f"its log to begin at {state.started_late}: the bound was lowered or an export "
-                    f"started after they went. Set it back (waltz retention set -p {partition_id} "
-                    f"--before {state.started_late}) and run again",
+                    f"started after they went, or the node could not read it (see its log). Set it "
+                    f"back (waltz retention set -p {partition_id} --before {state.started_late}), or "
+                    "end the export, and run again",
                     transient=False,
                 ) from None
             current += len(records)
