@@ -23,6 +23,7 @@ import asyncio
 import json
 import re
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -64,6 +65,9 @@ SLOW_COPY_BYTES_PER_S = 300
 # The shortest session the test ZooKeeper grants: a killed decommission's lease goes with it.
 LEASE_SESSION_TIMEOUT_MS = 4_000
 WAIT_MS = 90_000
+# How often the server looks at the nodes with that grace (auto_recovery: grace / 10, 1 s at least).
+CHECK_INTERVAL_MS = 1_000
+LEASE_HOLDER = "a test holding the lease"
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +120,10 @@ def backup(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> P
 
 def wait_for(what: str, check: Callable[[], bool]) -> None:
     nodes_support.wait_for(what, check, WAIT_MS)
+
+
+def server_logs(cluster: LocalCluster) -> str:
+    return "".join(server.log_text() for server in cluster.servers)
 
 
 def node_named(cluster: LocalCluster, name: str) -> LocalNode:
@@ -245,15 +253,21 @@ def test_a_killed_decommission_then_its_node_lost_is_re_replicated(
         (recorded,) = replica_moves.read_moves(zk, cluster.cluster_root)
     assert (recorded.source, recorded.target, recorded.reason) == (leaving, free, "decommission")
 
-    node_named(cluster, leaving).kill()
+    # Another mover holds the lease while the node is lost: the server says so, once.
+    waiting = f"are past the grace, but {LEASE_HOLDER} moves replicas now: waiting for it"
+    with connect(cluster.zookeeper_settings()) as zk:
+        assert replica_moves.wait_lease(zk, cluster.cluster_root, LEASE_HOLDER, WAIT_MS)
+        node_named(cluster, leaving).kill()
+        wait_for("the server says it waits for the lease", lambda: waiting in server_logs(cluster))
+        # Nothing marks a check that said nothing: let a few go by.
+        time.sleep(3 * CHECK_INTERVAL_MS / 1000)
+        assert server_logs(cluster).count(waiting) == 1, server_logs(cluster)
     wait_for(
         "the partition has 3 replicas on live nodes again",
         lambda: holders(cluster) == (set(before) - {leaving}) | {free},
     )
-    logs = "".join(server.log_text() for server in cluster.servers)
+    logs = server_logs(cluster)
     assert f"taking over the decommission move from {leaving} to {free}" in logs, logs
-    # Each reason not to act is said once, not at every check.
-    assert logs.count("moves replicas now: waiting for it") <= 1, logs
     assert_replicas_caught_up_and_equal(cluster, max(first_txid(cluster, n) for n in holders(cluster)))
     node_named(cluster, leaving).start()
 
@@ -309,7 +323,7 @@ def test_a_killed_decommission_then_its_target_lost_is_cancelled(
             return replica_moves.read_moves(zk, cluster.cluster_root)
 
     wait_for("the stale move is cancelled", lambda: not recorded())
-    logs = "".join(server.log_text() for server in cluster.servers)
+    logs = server_logs(cluster)
     assert f"cancelled the decommission move from {leaving} to {free}: its target is lost" in logs, logs
     assert holders(cluster) == before
     target.start()
