@@ -292,7 +292,9 @@ def test_a_replica_restored_into_small_segments_is_retained_like_any_other(
     )
     assert restored.returncode == 0, restored.stderr
     # Nothing below the retention bound came back; the rest in the node's segment size.
-    assert json.loads(restored.stdout)["partitions"][str(PARTITION)]["first_txid"] == FIRST_BOUND
+    summary = json.loads(restored.stdout)
+    assert summary["partitions"][str(PARTITION)]["first_txid"] == FIRST_BOUND
+    assert (summary["segment_size_bytes"], summary["retention_bounds_read"]) == (SEGMENT_BYTES, True)
     segments = sorted((node.data_directory / str(PARTITION)).glob("*.seg"))
     assert int(segments[0].stem) == FIRST_BOUND and len(segments) > 3, segments
     assert all(s.stat().st_size <= SEGMENT_BYTES + 2 * (DATA_BYTES + 40) for s in segments)

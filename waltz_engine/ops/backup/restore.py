@@ -93,6 +93,9 @@ class RestoreSummary:
     files: int = 0
     bytes: int = 0
     partitions: dict[int, dict[str, int]] = field(default_factory=dict)
+    segment_size_bytes: int = DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES
+    # Whether the cluster's retention bounds were read (and no record below them restored).
+    retention_bounds_read: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -101,6 +104,8 @@ class RestoreSummary:
             "sequence": self.sequence,
             "files": self.files,
             "bytes": self.bytes,
+            "segment_size_bytes": self.segment_size_bytes,
+            "retention_bounds_read": self.retention_bounds_read,
             "partitions": {str(p): v for p, v in sorted(self.partitions.items())},
         }
 
@@ -239,7 +244,13 @@ def restore_backup(
                 f"--to-txid {to_txid} is before it"
             )
     bounds = {} if retention_from is None else _retention_bounds(retention_from, manifest.cluster_key)
-    summary = RestoreSummary(url, str(directory), manifest.sequence)
+    summary = RestoreSummary(
+        url,
+        str(directory),
+        manifest.sequence,
+        segment_size_bytes=segment_size_bytes,
+        retention_bounds_read=retention_from is not None,
+    )
     # The data files only: the node gets indexes of its own segments.
     names = [seg for p in wanted for seg in manifest.partitions[p].segments]
     problems: list[str] = []
