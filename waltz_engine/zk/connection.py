@@ -201,6 +201,12 @@ def describe(error: KazooException) -> str:
     """kazoo's exceptions often have no message; their class name says what happened."""
     detail = str(error).strip()
     name = type(error).__name__
+    if name == "NoAuthError":
+        return (
+            "NoAuthError: ZooKeeper refused the change: this process's ZooKeeper identity may not "
+            "write there (with the authorizer on, only zookeeper.acl.writers may; set "
+            "zookeeper.auth.* to the operator's)"
+        )
     return f"{name} ({detail})" if detail and detail != "()" else name
 
 
