@@ -34,8 +34,9 @@ from waltz_engine.auth.principal import (
 )
 from waltz_engine.common.config import Config, ConfigError
 from waltz_engine.common.metrics import MetricsRegistry
-from waltz_engine.net.channel import FramedConnection, peer_identity
+from waltz_engine.net.channel import FramedConnection
 from waltz_engine.net.tls import TlsConfig
+from waltz_engine.net.transport import peer_identity
 
 log = logging.getLogger(__name__)
 

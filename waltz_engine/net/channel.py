@@ -26,7 +26,7 @@ import threading
 from asyncio import sslproto
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from waltz_engine.common.config import Config, ConfigError
 from waltz_engine.common.errors import ProtocolError, WaltzError
@@ -60,27 +60,6 @@ REFUSAL_LOG_INTERVAL_S = LIMITED_LOG_INTERVAL_S
 # TLS state, and the process would stay at its peak).
 RELEASE_MEMORY_AFTER_CONNECTIONS = 256
 RELEASE_MEMORY_QUIET_S = 1.0
-
-
-class PeerIdentity(NamedTuple):
-    """Who the peer of a connection is, as the connection layer knows it."""
-
-    # The verified certificate the peer presented (DER), None without TLS or without one.
-    certificate: bytes | None
-    # A principal the transport itself carries (the simulator's network, which has no TLS).
-    principal: str | None = None
-
-
-# The extra a transport without TLS may carry a peer's principal in (the simulator's).
-PRINCIPAL_EXTRA = "waltz_principal"
-
-
-def peer_identity(writer: asyncio.StreamWriter) -> PeerIdentity:
-    """The peer's certificate or principal: the one place the transport is asked who is there
-    (a change of TLS transport changes only this)."""
-    ssl_object = writer.get_extra_info("ssl_object")
-    certificate = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
-    return PeerIdentity(certificate or None, writer.get_extra_info(PRINCIPAL_EXTRA))
 
 
 class ConnectionClosedError(WaltzError):
