@@ -148,7 +148,7 @@ class RpcClient(BaseClient):
         request_type = _REQUEST_TYPES.get(message.request_type)
         name = request_type.__name__ if request_type is not None else f"request type {message.request_type}"
         error = AuthorizationError(message.operation or "?", message.partition_id, message.principal, name)
-        log.error("%s", error)
+        log.info("%s", error)
         partition = self._partitions.get(message.req_id.partition_id)
         if request_type is TransactionDataRequest and partition is not None:
             # Every data request of the partition is refused alike: fail them together.

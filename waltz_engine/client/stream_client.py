@@ -213,17 +213,23 @@ class StreamClient(BaseClient):
         else:
             log.warning("unexpected message on a stream connection from %r: %s", network_client, message)
 
-    @staticmethod
-    def _authorization_failure(partition: Partition, message: AuthorizationFailure) -> None:
+    def _authorization_failure(self, partition: Partition, message: AuthorizationFailure) -> None:
         """Our v5: the server's ACLs refused a request. An append is certainly not committed; a
-        mount or feed ends the partition's reading (see ``Partition.read_refused``)."""
+        mount or feed ends the partition's reading (see ``Partition.read_refused``), and the
+        application hears it through ``uncaught_exception``."""
         request = _REQUEST_NAMES.get(message.request_type, f"request type {message.request_type}")
         error = AuthorizationError(message.operation or "?", message.partition_id, message.principal, request)
-        log.error("%s", error)
+        log.info("%s", error)
         if request == "APPEND_REQUEST":
             partition.monitor.refuse(message.req_id, error)
         elif request in ("MOUNT_REQUEST", "FEED_REQUEST"):
             partition.read_refused(error)
+            report = self._report_application_error
+            if report is not None:
+                try:
+                    report(partition.partition_id, partition.client_high_water_mark, error)
+                except Exception:
+                    log.exception("callback error [uncaught_exception]")
         # A refused FLUSH: the appends it would decide had refusals of their own.
 
     def _mount_response(

@@ -7,19 +7,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import shutil
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import yaml
 from kazoo.client import KazooClient
 
+from waltz_engine.auth.zk_acls import DIGEST, ZooKeeperAuth
 from waltz_engine.common.address import is_port
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.net.tls import TlsConfig, client_context
 from waltz_engine.ops.cluster_ops import read_cluster_view, verify
+from waltz_engine.ops.devcluster.identities import (
+    NODE_NAME,
+    OPERATOR_NAME,
+    SERVER_ZK_USER,
+    TLS_DIR_NAME,
+    DevIdentities,
+    client_config_name,
+    principal_of,
+)
 from waltz_engine.ops.devcluster.nodes import (
     ADMIN_TIMEOUT_MS,
     CLIENT_CONFIG_FILE_NAME,
@@ -55,7 +66,7 @@ from waltz_engine.ops.devcluster.nodes import (
     port_taken,
 )
 from waltz_engine.ops.devcluster.settings import partitions_of
-from waltz_engine.storage.admin_ops import add_partitions, client_ssl_context, read_store_layout
+from waltz_engine.storage.admin_ops import add_partitions, read_store_layout
 from waltz_engine.zk import store_metadata
 from waltz_engine.zk.cluster import create_cluster, delete_cluster, read_cluster_params
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
@@ -83,6 +94,14 @@ class ClusterStatus(NamedTuple):
             "healthy": self.healthy,
             "nodes": [n.to_json() for n in self.nodes],
         }
+
+
+_IDENTITY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+AUDIT_LOG_NAME = "audit.log"
+
+
+def _authorizer_asked(settings: Mapping[str, Any]) -> bool:
+    return str(settings.get("authorizer.enabled", "")).strip().lower() == "true"
 
 
 # Random picks may repeat; this many per port needed before giving up.
@@ -131,6 +150,8 @@ class LocalCluster:
         replicas: int | None = None,
         settings: Mapping[str, Any] | None = None,
         launcher: NodeLauncher = launch_node_process,
+        mtls: bool = False,
+        identities: Sequence[str] = (),
     ) -> None:
         if storages < 1 or servers < 0 or partitions < 1:
             raise DevClusterError("a cluster needs at least 1 storage node and 1 partition, and 0+ servers")
@@ -149,6 +170,15 @@ class LocalCluster:
         self.server_config = dict(server_config or {})
         # Whether the directory is ours to remove on down(clean=True) (saved in the state).
         self.created_directory = not self.directory.exists()
+        # `dev up --mtls` (issue 34): a CA, certificates for the nodes, the operator and each
+        # identity; mutual TLS on every port (saved in the state).
+        self.mtls = mtls
+        self.identities = list(dict.fromkeys(identities))
+        for identity in self.identities:
+            if not _IDENTITY_NAME.fullmatch(identity):
+                raise DevClusterError(f"--identity {identity!r}: use letters, digits, '.', '_' and '-'")
+        if self.identities and not mtls:
+            raise DevClusterError("--identity needs --mtls: an identity is a client certificate")
         saved = self._load_state()
         if saved is not None:
             self._restore(saved, storages, servers, partitions, replicas, settings)
@@ -186,6 +216,7 @@ class LocalCluster:
             zookeeper=state.get("external_zookeeper"),
             cluster_root=state["cluster_root"],
             replicas=state.get("replicas"),
+            mtls=bool(state.get("mtls", False)),
         )
 
     @staticmethod
@@ -263,6 +294,15 @@ class LocalCluster:
                     "cluster (`waltz dev down`) before changing them"
                 )
         self.settings = dict(saved_settings if settings is None else settings)
+        saved_mtls = bool(state.get("mtls", False))
+        if self.mtls and not saved_mtls:
+            raise DevClusterError(
+                f"{self.directory} holds a cluster without --mtls: "
+                "remove it (down --clean) to start one with it"
+            )
+        self.mtls = saved_mtls
+        # Identities named now are added to the saved ones (their certificates made on up).
+        self.identities = list(dict.fromkeys([*state.get("identities", []), *self.identities]))
 
     def _save_state(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -275,6 +315,8 @@ class LocalCluster:
             "zookeeper_port": self.zookeeper_port,
             "external_zookeeper": self.external_zookeeper,
             "created_directory": self.created_directory,
+            "mtls": self.mtls,
+            "identities": self.identities,
             "storages": [{"ports": n.ports, "pid": n.pid} for n in self.storages],
             "servers": [{"ports": n.ports, "pid": n.pid} for n in self.servers],
         }
@@ -297,9 +339,28 @@ class LocalCluster:
             return self.external_zookeeper
         return f"{HOST}:{self.zookeeper_port}"
 
+    @property
+    def identity_files(self) -> DevIdentities | None:
+        """The CA, certificates and ZooKeeper secrets of an --mtls cluster (None without)."""
+        return DevIdentities(self.directory / TLS_DIR_NAME) if self.mtls else None
+
+    def tools_tls(self) -> TlsConfig:
+        """TLS of the cluster's own tools (`dev up`'s checks): the operator's certificate with --mtls."""
+        files = self.identity_files
+        if files is None:
+            return TlsConfig()
+        return TlsConfig(str(files.operator), None, "PEM", str(files.ca), None, "PEM")
+
     def zookeeper_settings(self) -> ZooKeeperSettings:
+        """As the operator: with --mtls, logged in with the operator's ZooKeeper identity."""
+        files = self.identity_files
+        auth = None
+        if files is not None and files.directory.exists():
+            auth = ZooKeeperAuth(
+                DIGEST, files.zookeeper_login(OPERATOR_NAME), writers=tuple(files.zookeeper_writers())
+            )
         return ZooKeeperSettings(
-            self.zookeeper, self.cluster_root, ZK_SESSION_TIMEOUT_MS, ZK_CONNECT_TIMEOUT_MS
+            self.zookeeper, self.cluster_root, ZK_SESSION_TIMEOUT_MS, ZK_CONNECT_TIMEOUT_MS, auth
         )
 
     def _zookeeper_running(self) -> bool:
@@ -321,6 +382,14 @@ class LocalCluster:
         self._claim_directory()
         self._save_state()
         self._check_ports_free()
+        files = self.identity_files
+        if files is not None:
+            files.ensure(self.identities)
+        elif _authorizer_asked(self.settings):
+            raise DevClusterError(
+                "--set authorizer.enabled=true needs --mtls: "
+                "the authorizer names each connection by its certificate"
+            )
         started: list[LocalNode] = []
         embedded = self.embedded_zookeeper
         # Ours to stop on failure once it runs, even when a Ctrl-C comes while it starts.
@@ -430,6 +499,20 @@ class LocalCluster:
             partitions = self.partitions_of(node)
             if partitions:
                 store_metadata.assign_partitions(zk, self.cluster_root, node.connect_string, partitions)
+        if self.mtls:
+            self._ensure_operator_grant(zk)
+
+    def _ensure_operator_grant(self, zk: KazooClient) -> None:
+        """Our own znodes secured (the operator's and the servers' ZooKeeper identities write them),
+        and the operator allowed everything; the named identities get nothing until granted."""
+        from waltz_engine.auth.acl import ADMIN, ALL_PARTITIONS, APPEND, READ, change_acls, make_entries
+        from waltz_engine.auth.zk_acls import secure_own_znodes
+
+        secure_own_znodes(zk, self.cluster_root, self.zookeeper_settings())
+        operator = make_entries(
+            principal_of(OPERATOR_NAME), [APPEND, READ, ADMIN], ALL_PARTITIONS, deny=False
+        )
+        change_acls(zk, self.cluster_root, operator)
 
     def partitions_of(self, node: LocalNode) -> list[int]:
         """The partitions ``node`` (a storage node) holds a replica of."""
@@ -442,10 +525,26 @@ class LocalCluster:
             "cluster.root": self.cluster_root,
         }
 
+    def _node_tls_config(self, kind: str, node: LocalNode) -> dict[str, Any]:
+        """With --mtls: the nodes' certificate, the CA, the node principal and an audit log per
+        node; servers also log in to ZooKeeper to write our own znodes."""
+        files = self.identity_files
+        if files is None:
+            return {}
+        config: dict[str, Any] = {
+            **files.tls_keys(kind, NODE_NAME),
+            "authorizer.nodePrincipals": [principal_of(NODE_NAME)],
+            "authorizer.audit.log": str(node.directory / AUDIT_LOG_NAME),
+        }
+        if kind == SERVER:
+            config.update(files.zookeeper_keys(SERVER_ZK_USER))
+        return config
+
     def _write_node_configs(self) -> None:
         for node in self.storages:
             config = {
                 **self._common_config(),
+                **self._node_tls_config(STORAGE, node),
                 "storage.host": HOST,
                 "storage.port": node.port,
                 "storage.admin.port": node.admin_port,
@@ -464,13 +563,33 @@ class LocalCluster:
                 "server.jetty.port": node.jetty_port,
                 "storage.initialRetryInterval": SERVER_STORAGE_INITIAL_RETRY_MS,
                 "storage.maxRetryInterval": SERVER_STORAGE_MAX_RETRY_MS,
+                **self._node_tls_config(SERVER, node),
                 **self.server_config,
                 **self.settings,
             }
             self._write_yaml(node.config_path, config)
 
     def _write_client_config(self) -> None:
-        self._write_yaml(self.client_config_path, {**self._common_config(), "client.autoMount": True})
+        common = {**self._common_config(), "client.autoMount": True}
+        files = self.identity_files
+        if files is None:
+            self._write_yaml(self.client_config_path, common)
+            return
+        # The operator's: its certificate for the client and the tools, its ZooKeeper identity.
+        operator = {
+            **common,
+            **files.tls_keys("client", OPERATOR_NAME),
+            **files.tls_keys("", OPERATOR_NAME),
+            **files.zookeeper_keys(OPERATOR_NAME),
+        }
+        self._write_yaml(self.client_config_path, operator)
+        for identity in self.identities:
+            config = {**common, **files.tls_keys("client", identity), **files.tls_keys("", identity)}
+            self._write_yaml(self.directory / client_config_name(identity), config)
+
+    def identity_config_path(self, identity: str) -> Path:
+        """`.waltz-dev/client-<identity>.yml`: a client config with that identity's certificate."""
+        return self.directory / client_config_name(identity)
 
     @staticmethod
     def _write_yaml(path: Path, config: dict[str, Any]) -> None:
@@ -481,7 +600,7 @@ class LocalCluster:
         """``StorageCli add-partition`` on every node (a no-op for partitions it already has), as
         ZooKeeper assigns them now: replicas moved since the cluster was made stay moved."""
         layout = read_store_layout(zk, self.cluster_root)
-        context = layout.context(client_ssl_context(None), ADMIN_TIMEOUT_MS)
+        context = layout.context(client_context(self.tools_tls()), ADMIN_TIMEOUT_MS)
         for node in self.storages:
             partitions = layout.assignments.get(node.connect_string, ())
             if partitions:
@@ -494,7 +613,7 @@ class LocalCluster:
                 self.wait_verified(client, deadline)
             return
         deadline = deadline if deadline is not None else time.monotonic() + DEFAULT_WAIT_TIMEOUT_MS / 1000
-        ssl_context = client_context(TlsConfig())
+        ssl_context = client_context(self.tools_tls())
         while True:
             report = asyncio.run(
                 verify(read_cluster_view(zk, self.cluster_root), ssl_context, VERIFY_RPC_TIMEOUT_S)
@@ -557,6 +676,9 @@ class LocalCluster:
         if self.external_zookeeper is None:
             names.append(ZOOKEEPER_DIR_NAME)
         paths = [self.directory / name for name in names]
+        if self.mtls:
+            paths.append(self.directory / TLS_DIR_NAME)
+            paths += [self.identity_config_path(identity) for identity in self.identities]
         return [*paths, self.client_config_path, self._temporary_state_path, self.state_path]
 
     def _remove_own_files(self) -> None:
