@@ -92,6 +92,7 @@ class ClientConnection:
         "_data_room",
         "principal",
         "reading",
+        "revoked",
     )
 
     def __init__(self, conn: FramedConnection) -> None:
@@ -102,6 +103,8 @@ class ClientConnection:
         # MOUNT's reqId), checked again when the ACLs change.
         self.principal: str | None = None
         self.reading: dict[int, Any] = {}
+        # Partitions whose read was revoked while this connection stays open: their feeds end.
+        self.revoked: set[int] = set()
         self._parked: list[FeedContext] = []
         self._drainer: asyncio.Task[None] | None = None
         self._rpc_slots = asyncio.Semaphore(MAX_PENDING_RPCS_PER_CONNECTION)
@@ -310,6 +313,7 @@ class ClientHandler:
                 return False
         if kind is MountRequest:
             client.reading[partition_id] = message.req_id
+            client.revoked.discard(partition_id)
         return True
 
     @staticmethod
@@ -343,6 +347,7 @@ class ClientHandler:
                 if authorizer.check(client.principal, READ, partition_id, "FeedRequest", client.conn.peer):
                     continue
                 del client.reading[partition_id]
+                client.revoked.add(partition_id)  # its feed contexts end where the workers reach them
                 partition = self.services.partition(partition_id)
                 if partition is not None:
                     partition.remove_client(client, client.client_id)

@@ -1,0 +1,259 @@
+"""ACLs on TLS identities on real processes (issue 34): one `dev up --mtls` cluster for the file,
+with the authorizer on and three identities: two services (svc-a, svc-b) and the operator
+(`client.yml`, its ZooKeeper identity a writer of our own znodes).
+
+svc-a owns partitions 0-1 and svc-b 2-3 (granted by the operator through `waltz acl grant`);
+each appends to and reads its own and is refused the other's with AuthorizationError; neither
+moves partitions nor writes on a storage node's admin port, the operator does; a revoked grant
+ends an open feed within 5 s; without a ZooKeeper write identity a service changes neither
+retention nor ACLs; the audit logs hold the refusals and /metrics counts them without names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from client_support.app import MockCallbacks, MockContext
+from testkit import unique_cluster_root
+from typer.testing import CliRunner
+from zygote import launch_forked_node
+
+from waltz_cli.main import app
+from waltz_engine.client import AuthorizationError, WaltzClient, WaltzClientConfig
+from waltz_engine.common.config import Config
+from waltz_engine.ops.devcluster import LocalCluster
+
+SVC_A, SVC_B = "svc-a", "svc-b"
+PRINCIPAL_A, PRINCIPAL_B = "CN=svc-a,O=waltz-dev", "CN=svc-b,O=waltz-dev"
+OWN = {SVC_A: (0, 1), SVC_B: (2, 3)}
+PRINCIPALS = {SVC_A: PRINCIPAL_A, SVC_B: PRINCIPAL_B}
+REVOCATION_BOUND_S = 5.0
+TEST_BOUND_S = 60.0
+UP_TIMEOUT_MS = 120_000
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: str) -> Iterator[LocalCluster]:
+    local = LocalCluster(
+        tmp_path_factory.mktemp("acl-cluster"),
+        2,
+        1,
+        4,
+        zookeeper=zookeeper,
+        cluster_root=unique_cluster_root(),
+        settings={"authorizer.enabled": True},
+        launcher=launch_forked_node,
+        mtls=True,
+        identities=[SVC_A, SVC_B],
+    )
+    try:
+        local.up(UP_TIMEOUT_MS)
+        for identity, (low, high) in OWN.items():
+            granted = waltz(
+                local, None, "acl", "grant", "--principal", PRINCIPALS[identity],
+                "--operation", "append,read", "--partitions", f"{low}-{high}", "--json",
+            )  # fmt: skip
+            assert json.loads(granted)["added"] == 2
+        yield local
+    finally:
+        local.down()
+
+
+def config_path(cluster: LocalCluster, identity: str | None) -> Path:
+    return cluster.client_config_path if identity is None else cluster.identity_config_path(identity)
+
+
+def waltz(cluster: LocalCluster, identity: str | None, *args: str, code: int = 0) -> str:
+    """`waltz ARGS -c <identity's client config>` in this process; its output (exit ``code``)."""
+    result = CliRunner().invoke(app, [*args, "-c", str(config_path(cluster, identity))])
+    assert result.exit_code == code, f"waltz {' '.join(args)} as {identity}: {result.output}"
+    return result.output
+
+
+def client_config(cluster: LocalCluster, identity: str | None, **overrides: Any) -> WaltzClientConfig:
+    return WaltzClientConfig.from_config(Config.load(config_path(cluster, identity)), **overrides)
+
+
+def run(test: Any) -> None:
+    asyncio.run(asyncio.wait_for(test, TEST_BOUND_S))
+
+
+def test_services_use_their_own_partitions_and_are_refused_the_others(cluster: LocalCluster) -> None:
+    async def go() -> None:
+        for identity, other in ((SVC_A, SVC_B), (SVC_B, SVC_A)):
+            own, refused = OWN[identity][0], OWN[other][0]
+            client = await WaltzClient.create(MockCallbacks(), client_config(cluster, identity))
+            try:
+                mine = MockContext(f"{identity}-own", partition=own)
+                await client.submit(mine)
+                assert await mine.result() is True
+                assert await client.high_water_mark(own) >= 0
+                theirs = MockContext(f"{identity}-theirs", partition=refused)
+                with pytest.raises(AuthorizationError) as raised:
+                    await client.submit(theirs)  # the mount is refused: nothing is sent
+                error = raised.value
+                assert (error.operation, error.partition_id, error.principal) == (
+                    "read",
+                    refused,
+                    PRINCIPALS[identity],
+                )
+                with pytest.raises(AuthorizationError):
+                    await client.high_water_mark(refused)
+            finally:
+                await client.close()
+
+    run(go())
+    rows = waltz(cluster, None, "tail", "-p", str(OWN[SVC_B][0]), "--no-follow", "--data")
+    assert "svc-a-theirs" not in rows and "svc-b-own" in rows
+
+
+def test_a_refused_append_is_certainly_not_committed_and_never_retried(cluster: LocalCluster) -> None:
+    # svc-b may read partition 0 (so it mounts) but not append there.
+    waltz(
+        cluster, None, "acl", "grant", "--principal", PRINCIPAL_B, "--operation", "read", "--partitions", "0"
+    )
+
+    async def go() -> None:
+        config = client_config(cluster, SVC_B, auto_mount=False)
+        client = await WaltzClient.create(MockCallbacks(), config)
+        try:
+            await client.set_partitions([0])
+            context = MockContext("svc-b-on-0", partition=0)
+            await client.submit(context)
+            with pytest.raises(AuthorizationError) as raised:
+                await context.result()
+            assert (raised.value.operation, raised.value.partition_id) == ("append", 0)
+            assert context.exec_count == 1  # never retried
+        finally:
+            await client.close()
+
+    try:
+        run(go())
+    finally:
+        waltz(
+            cluster,
+            None,
+            "acl",
+            "revoke",
+            "--principal",
+            PRINCIPAL_B,
+            "--operation",
+            "read",
+            "--partitions",
+            "0",
+        )
+    assert "svc-b-on-0" not in waltz(cluster, None, "tail", "-p", "0", "--no-follow", "--data")
+
+
+def test_services_neither_move_partitions_nor_write_storage_admin_the_operator_does(
+    cluster: LocalCluster,
+) -> None:
+    server = f"127.0.0.1:{cluster.servers[0].port}"
+    storage = cluster.storages[0].connect_string
+    move = ("server", "add-preferred-partition", "--server", server, "-p", "0")
+    online = ("storage", "availability", "-s", storage, "-p", "0", "--online")
+    for identity in (SVC_A, SVC_B):
+        assert "not authorized" in waltz(cluster, identity, *move, code=1)
+        assert "not authorized" in waltz(cluster, identity, *online, code=1)
+    waltz(cluster, None, *move)
+    waltz(cluster, None, *online)
+
+
+def test_a_revoked_grant_ends_an_open_feed_within_seconds(cluster: LocalCluster) -> None:
+    waltz(
+        cluster, None, "acl", "grant", "--principal", PRINCIPAL_B, "--operation", "read", "--partitions", "1"
+    )
+
+    class Callbacks(MockCallbacks):
+        def __init__(self) -> None:
+            super().__init__()
+            self.refused: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+
+        def uncaught_exception(
+            self, partition_id: int, transaction_id: int, exception: BaseException
+        ) -> None:
+            if isinstance(exception, AuthorizationError) and not self.refused.done():
+                self.refused.set_result(time.monotonic())
+
+    async def go() -> None:
+        callbacks = Callbacks()
+        client = await WaltzClient.create(callbacks, client_config(cluster, SVC_B, auto_mount=False))
+        try:
+            await client.set_partitions([1])
+            seen = len(callbacks.applied)
+            await asyncio.to_thread(waltz, cluster, SVC_A, "append", "-p", "1", "fed-to-b")
+            while len(callbacks.applied) == seen:  # the feed is open and delivering
+                await asyncio.sleep(0.05)
+            revoked_at = time.monotonic()
+            await asyncio.to_thread(
+                waltz, cluster, None, "acl", "revoke", "--principal", PRINCIPAL_B,
+                "--operation", "read", "--partitions", "1",
+            )  # fmt: skip
+            ended_at = await asyncio.wait_for(callbacks.refused, REVOCATION_BOUND_S)
+            assert ended_at - revoked_at < REVOCATION_BOUND_S
+            applied = len(callbacks.applied)
+            await asyncio.to_thread(waltz, cluster, SVC_A, "append", "-p", "1", "after-revoke")
+            await asyncio.sleep(0.5)
+            assert len(callbacks.applied) == applied  # nothing more is delivered
+        finally:
+            await client.close()
+
+    run(go())
+
+
+def test_without_a_zookeeper_write_identity_a_service_changes_neither_retention_nor_acls(
+    cluster: LocalCluster,
+) -> None:
+    before = waltz(cluster, None, "acl", "list", "--json")
+    retention = waltz(cluster, SVC_A, "retention", "set", "-p", "0", "--before", "0", "--force", code=1)
+    assert "NoAuthError" in retention
+    grant = waltz(cluster, SVC_A, "acl", "grant", "--principal", PRINCIPAL_A, "--operation", "admin", code=1)
+    assert "NoAuthError" in grant
+    assert waltz(cluster, None, "acl", "list", "--json") == before
+    waltz(cluster, None, "retention", "set", "-p", "0", "--before", "0", "--force")  # the operator may
+    waltz(cluster, None, "retention", "clear", "-p", "0")
+
+
+def test_the_audit_logs_hold_the_refusals_and_metrics_count_them(cluster: LocalCluster) -> None:
+    waltz(
+        cluster,
+        SVC_A,
+        "storage",
+        "availability",
+        "-s",
+        cluster.storages[0].connect_string,
+        "-p",
+        "2",
+        "--online",
+        code=1,
+    )
+    server_log = cluster.servers[0].directory / "audit.log"
+    storage_log = cluster.storages[0].directory / "audit.log"
+    server_lines = [json.loads(line) for line in server_log.read_text().splitlines()]
+    refused = {(r["principal"], r["operation"]) for r in server_lines if r["event"] == "refused"}
+    assert {
+        (PRINCIPAL_A, "read"),
+        (PRINCIPAL_B, "read"),
+        (PRINCIPAL_B, "append"),
+        (PRINCIPAL_A, "admin"),
+    } <= refused
+    assert any(r["event"] == "acl-change" for r in server_lines)
+    storage_lines = [json.loads(line) for line in storage_log.read_text().splitlines()]
+    assert any(
+        r["event"] == "refused"
+        and r["principal"] == PRINCIPAL_A
+        and r["request"] == "AdminPartitionAvailableRequest"
+        for r in storage_lines
+    )
+    with urllib.request.urlopen(f"http://127.0.0.1:{cluster.servers[0].jetty_port}/metrics", timeout=10) as r:
+        metrics = r.read().decode()
+    gauges = json.loads(metrics)["gauges"]
+    assert gauges["waltz-authorizer.refused-read"]["value"] > 0
+    assert "svc-a" not in metrics and "svc-b" not in metrics
