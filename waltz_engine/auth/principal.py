@@ -11,6 +11,8 @@ Kafka's ``ssl.principal.mapping.rules`` syntax plus SAN rules) say otherwise:
 - ``SAN:TYPE:pattern/replacement/[LU]`` (ours), TYPE one of DNS, URI, EMAIL, IP: the first
   subject alternative name of that type that the pattern matches, rewritten, as ``User:NAME``.
 
+A ``/`` inside a pattern or replacement is written ``\\/`` (as Kafka's rules).
+
 Rules are tried in order and the first that applies wins; when none does the connection has no
 principal and is refused (as Kafka's ``NoMatchingRule``). A principal is ``*`` (everyone, in an
 ACL only), a DN, or ``User:NAME``; :func:`normalize_principal` checks and normalizes the form.
@@ -141,6 +143,14 @@ def principal_from_der(der: bytes, rules: Iterable[MappingRule] = DEFAULT_RULES)
     return None
 
 
+def _strip_unescaped(part: str) -> str:
+    """``part`` without the spaces around it, an escaped trailing space (``\\ ``) kept."""
+    part = part.lstrip()
+    while part.endswith(" ") and not part.endswith("\\ "):
+        part = part[:-1]
+    return part
+
+
 def normalize_principal(text: str) -> str:
     """``*``, ``User:NAME`` or a DN in its RFC 4514 form (spacing and escapes as a certificate's
     would be written); anything else is a :class:`PrincipalError` saying what to give."""
@@ -160,7 +170,7 @@ def normalize_principal(text: str) -> str:
     if "=" not in value:
         raise PrincipalError(f"unknown principal form {text!r}: {hint}")
     # Spaces after the separating commas, as people write DNs, are not part of RFC 4514.
-    value = ",".join(part.strip() for part in _UNESCAPED_COMMA.split(value))
+    value = ",".join(_strip_unescaped(part) for part in _UNESCAPED_COMMA.split(value))
     try:
         name = x509.Name.from_rfc4514_string(value)
     except ValueError as e:
