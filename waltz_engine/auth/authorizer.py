@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.recipe.watchers import DataWatch
 
 from waltz_engine.auth.acl import NO_PARTITION, OPERATIONS, AclError, Acls, acl_path
 from waltz_engine.auth.audit import DEFAULT_AGGREGATE_MS, AuditLog
@@ -95,7 +95,10 @@ def read_authorizer_settings(config: Config, tls: TlsConfig, tls_key_prefix: str
         enabled=True,
         node_principals=_principal_list(config, KEY_NODE_PRINCIPALS),
         rules=rules,
-        audit_log=Path(config.get_str(KEY_AUDIT_LOG, DEFAULT_AUDIT_LOG)),
+        # An empty value: refusals go to the node's log only (the simulator's nodes).
+        audit_log=Path(audit_log)
+        if (audit_log := config.get_str(KEY_AUDIT_LOG, DEFAULT_AUDIT_LOG))
+        else None,
         audit_aggregate_ms=config.get_positive(KEY_AUDIT_AGGREGATE, DEFAULT_AGGREGATE_MS),
     )
 
@@ -125,7 +128,8 @@ class Authorizer:
         self._super = frozenset(settings.node_principals)
         self._listeners: list[Callable[[], None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._watch: DataWatch | None = None
+        self._watch: Any = None
+        self._loop_thread = threading.get_ident()
         self._stopped = False
         self.refusals = {op: 0 for op in OPERATIONS}
         if metrics is not None:
@@ -141,7 +145,9 @@ class Authorizer:
             self._loop = asyncio.get_running_loop()
         except RuntimeError:
             self._loop = None
-        self._watch = DataWatch(zk, acl_path(self.cluster_root), self._on_acl_data)
+        self._loop_thread = threading.get_ident()
+        # The client's own DataWatch (kazoo's recipe, or the simulator's ZooKeeper model's).
+        self._watch = zk.DataWatch(acl_path(self.cluster_root), self._on_acl_data)
 
     def _on_acl_data(self, data: bytes | None, stat: Any) -> bool | None:
         if self._stopped:
@@ -165,10 +171,10 @@ class Authorizer:
         self.audit.acl_changed(added, removed, version)
         loop = self._loop
         for listener in list(self._listeners):
-            if loop is not None and not loop.is_closed():
+            if loop is not None and not loop.is_closed() and threading.get_ident() != self._loop_thread:
                 loop.call_soon_threadsafe(listener)
             else:
-                listener()
+                listener()  # on the loop's thread already (the simulator's ZooKeeper model)
 
     def on_change(self, listener: Callable[[], None]) -> None:
         """``listener()`` on the node's loop after every change of the ACLs."""

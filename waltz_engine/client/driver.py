@@ -180,7 +180,10 @@ class ZooKeeperDriver(WaltzClientDriver):
         self._network = network
         self._zk_connector = zk_connector
         self._ssl = tls_context(network, lambda: client_context(tls))
-        self._has_certificate = tls.key_store_location is not None
+        # A certificate, or an identity the (simulated) network carries for this host.
+        self._has_certificate = (
+            tls.key_store_location is not None or getattr(network, "principal", None) is not None
+        )
         self._endpoint_overrides = dict(endpoint_overrides or {})
         self._zk: KazooClient | None = None
         self._watcher: ClusterWatcher | None = None
