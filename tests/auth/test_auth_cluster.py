@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from client_support.app import MockCallbacks, MockContext
+from kazoo.security import Permissions
 from testkit import unique_cluster_root
 from typer.testing import CliRunner
 from zygote import launch_forked_node
@@ -29,6 +30,7 @@ from waltz_cli.main import app
 from waltz_engine.client import AuthorizationError, WaltzClient, WaltzClientConfig
 from waltz_engine.common.config import Config
 from waltz_engine.ops.devcluster import LocalCluster
+from waltz_engine.zk.connection import connect
 
 SVC_A, SVC_B = "svc-a", "svc-b"
 PRINCIPAL_A, PRINCIPAL_B = "CN=svc-a,O=waltz-dev", "CN=svc-b,O=waltz-dev"
@@ -217,6 +219,14 @@ def test_without_a_zookeeper_write_identity_a_service_changes_neither_retention_
     grant = waltz(cluster, SVC_A, "acl", "grant", "--principal", PRINCIPAL_A, "--operation", "admin", code=1)
     assert "NoAuthError" in grant
     assert waltz(cluster, None, "acl", "list", "--json") == before
+    # Our own znodes: read for everyone, all for the writers; the original's stay open.
+    with connect(cluster.zookeeper_settings()) as zk:
+        own = zk.get_acls(f"{cluster.cluster_root}/acl")[0]
+        assert [(a.id.scheme, a.perms) for a in own] == [("world", Permissions.READ)] + [
+            ("digest", Permissions.ALL)
+        ] * 2
+        original = zk.get_acls(f"{cluster.cluster_root}/store/assignment")[0]
+        assert [(a.id.scheme, a.id.id, a.perms) for a in original] == [("world", "anyone", Permissions.ALL)]
     waltz(cluster, None, "retention", "set", "-p", "0", "--before", "0", "--force")  # the operator may
     waltz(cluster, None, "retention", "clear", "-p", "0")
 

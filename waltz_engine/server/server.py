@@ -259,7 +259,7 @@ class WaltzServer:
         self.cluster_manager = manager = ClusterManager(zk, settings.cluster_root)
         self.core = core = ServerCore(store, config.engine, self.metrics, manager.set_preferred_partitions)
         self._register_metrics()
-        self.authorizer = authorizer = self._start_authorizer(zk)
+        self.authorizer = authorizer = await self._start_authorizer(zk)
         self._handler = handler = ClientHandler(core, authorizer)
         self._listener = await serve(
             config.host,
@@ -297,7 +297,7 @@ class WaltzServer:
             config.jetty_port if config.jetty_port is not None else "none",
         )
 
-    def _start_authorizer(self, zk: KazooClient) -> Authorizer | None:
+    async def _start_authorizer(self, zk: KazooClient) -> Authorizer | None:
         """With ``authorizer.enabled``: our own znodes secured (when this server has a ZooKeeper
         identity to write them with), the ACLs read and watched."""
         settings = self.config.authorizer
@@ -307,7 +307,7 @@ class WaltzServer:
         from waltz_engine.auth.zk_acls import secure_own_znodes
 
         root = self.config.zookeeper.cluster_root
-        secure_own_znodes(zk, root, self.config.zookeeper)
+        await asyncio.to_thread(secure_own_znodes, zk, root, self.config.zookeeper)
         authorizer = Authorizer(
             settings, root, f"server {self.config.advertised_host}:{self.port}", self.metrics
         )
