@@ -228,6 +228,9 @@ def test_without_a_zookeeper_write_identity_a_service_changes_neither_retention_
         original = zk.get_acls(f"{cluster.cluster_root}/store/assignment")[0]
         assert [(a.id.scheme, a.id.id, a.perms) for a in original] == [("world", "anyone", Permissions.ALL)]
     waltz(cluster, None, "retention", "set", "-p", "0", "--before", "0", "--force")  # the operator may
+    with connect(cluster.zookeeper_settings()) as zk:  # and what it creates there is secured too
+        bound = zk.get_acls(f"{cluster.cluster_root}/retention/partition/0")[0]
+        assert [a.id.scheme for a in bound] == ["world", "digest", "digest"]
     waltz(cluster, None, "retention", "clear", "-p", "0")
 
 

@@ -139,21 +139,38 @@ def is_own_znode(cluster_root: str, path: str) -> bool:
 
 
 class OwnZnodeAclClient(KazooClient):  # type: ignore[misc]
-    """A kazoo client that creates our own znodes with :meth:`ZooKeeperAuth.own_acl`; every other
-    znode as before (the original's open ACL)."""
+    """A kazoo client that logs in and creates our own znodes with the writers' ACL
+    (:meth:`ZooKeeperAuth.own_acl`); every other znode as before (the original's open ACL).
 
-    def __init__(self, cluster_root: str, own_acl: list[ACL], **kwargs: Any) -> None:
+    A process that logs in without ``zookeeper.acl.writers`` of its own gives a new znode of ours
+    the ACL of its nearest existing ancestor, so that what it creates below a secured znode stays
+    secured. Only the blocking ``create`` and ``ensure_path`` choose (our code creates our znodes
+    with them); the ``*_async`` calls take the ACL they are given.
+    """
+
+    def __init__(self, cluster_root: str, own_acl: list[ACL] | None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._own_root = cluster_root
         self._own_acl = own_acl
 
-    def create_async(self, path: str, value: bytes = b"", acl: Any = None, *args: Any, **kwargs: Any) -> Any:
-        if is_own_znode(self._own_root, path):
-            acl = self._own_acl
-        return super().create_async(path, value, acl, *args, **kwargs)
+    def _acl_for(self, path: str, acl: Any) -> Any:
+        if acl is not None or not is_own_znode(self._own_root, path):
+            return acl
+        if self._own_acl is not None:
+            return self._own_acl
+        ancestor = path.rpartition("/")[0]
+        while is_own_znode(self._own_root, ancestor):
+            try:
+                return self.get_acls(ancestor)[0]
+            except NoNodeError:
+                ancestor = ancestor.rpartition("/")[0]
+        return acl
 
-    def ensure_path_async(self, path: str, acl: Any = None) -> Any:
-        return super().ensure_path_async(path, self._own_acl if is_own_znode(self._own_root, path) else acl)
+    def create(self, path: str, value: bytes = b"", acl: Any = None, *args: Any, **kwargs: Any) -> Any:
+        return super().create(path, value, self._acl_for(path, acl), *args, **kwargs)
+
+    def ensure_path(self, path: str, acl: Any = None) -> Any:
+        return super().ensure_path(path, self._acl_for(path, acl))
 
 
 def secure_own_znodes(zk: KazooClient, cluster_root: str, settings: ZooKeeperSettings) -> bool:

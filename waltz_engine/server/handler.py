@@ -18,8 +18,10 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+from waltz_engine.auth.acl import ADMIN, APPEND, NO_PARTITION, READ
+from waltz_engine.auth.authorizer import Authorizer
 from waltz_engine.net.channel import WRITE_BUFFER_HIGH_BYTES, ConnectionClosedError, FramedConnection
 from waltz_engine.server.feeds import FeedContext
 from waltz_engine.server.partition import DataLoad, Partition
@@ -47,9 +49,6 @@ from waltz_engine.wire.client_messages import (
     TransactionDataRequest,
     TransactionDataResponse,
 )
-
-if TYPE_CHECKING:
-    from waltz_engine.auth.authorizer import Authorizer
 
 log = logging.getLogger(__name__)
 
@@ -294,7 +293,6 @@ class ClientHandler:
 
     def _authorized(self, authorizer: Authorizer, client: ClientConnection, message: Any) -> bool:
         """Whether the ACLs allow ``message``; a refusal is answered here (see :meth:`_refuse`)."""
-        from waltz_engine.auth.acl import ADMIN, APPEND, NO_PARTITION, READ
 
         kind = type(message)
         partition_id = message.req_id.partition_id
@@ -340,7 +338,6 @@ class ClientHandler:
         is told, for that partition; an older one loses the connection (and remounts, refused)."""
         authorizer = self.authorizer
         assert authorizer is not None
-        from waltz_engine.auth.acl import READ
 
         for client in list(self.connections):
             for partition_id, req_id in list(client.reading.items()):

@@ -134,7 +134,7 @@ def new_client(settings: ZooKeeperSettings) -> KazooClient:
         )
     return OwnZnodeAclClient(
         settings.cluster_root,
-        auth.own_acl(),
+        auth.own_acl() if auth.writers else None,
         hosts=settings.connect_string,
         timeout=settings.session_timeout_ms / 1000,
         logger=_KAZOO_LOGGER,

@@ -9,8 +9,10 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
+from waltz_engine.auth.acl import ADMIN, NO_PARTITION, READ
+from waltz_engine.auth.authorizer import Authorizer, resource_name
 from waltz_engine.common.errors import ProtocolError, StorageError
 from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.net.channel import FramedConnection
@@ -38,9 +40,6 @@ from waltz_engine.wire.admin_messages import (
     record_list_raw_frame,
 )
 from waltz_engine.wire.primitives import Buffer, SessionInfo
-
-if TYPE_CHECKING:
-    from waltz_engine.auth.authorizer import Authorizer
 
 log = logging.getLogger(__name__)
 ADMIN_PORT = "storage admin port"
@@ -122,8 +121,6 @@ class AdminHandler:
     def _refusal(
         authorizer: Authorizer, principal: str | None, msg: Any, peer: str
     ) -> NotAuthorizedError | None:
-        from waltz_engine.auth.acl import ADMIN, NO_PARTITION, READ
-        from waltz_engine.auth.authorizer import resource_name
 
         kind = type(msg)
         operation = READ if kind in _READS else ADMIN

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from waltz_engine.auth.acl import ADMIN
+from waltz_engine.auth.authorizer import Authorizer, resource_name
 from waltz_engine.common.errors import ProtocolError, StorageError
 from waltz_engine.net.channel import FramedConnection
 from waltz_engine.storage.node.failures import NotAuthorizedError, NotOpenedError, PartitionNotAssignedError
@@ -20,9 +22,6 @@ from waltz_engine.wire.storage_messages import (
     StorageOpenRequest,
     StorageSuccessResponse,
 )
-
-if TYPE_CHECKING:
-    from waltz_engine.auth.authorizer import Authorizer
 
 log = logging.getLogger(__name__)
 DATA_PORT = "storage data port"
@@ -83,9 +82,6 @@ class DataHandler:
                 await conn.drain()
                 raise ProtocolError(f"{kind.__name__} before a successful OPEN_REQUEST")
             if authorizer is not None:
-                from waltz_engine.auth.acl import ADMIN
-                from waltz_engine.auth.authorizer import resource_name
-
                 # Every request of the data port is the servers' and the operator's tools' (admin).
                 name = kind.__name__
                 if not authorizer.check(principal, ADMIN, msg.partition_id, name, conn.peer):
