@@ -161,11 +161,15 @@ def test_services_neither_move_partitions_nor_write_storage_admin_the_operator_d
     storage = cluster.storages[0].connect_string
     move = ("server", "add-preferred-partition", "--server", server, "-p", "0")
     online = ("storage", "availability", "-s", storage, "-p", "0", "--online")
+    # A read on the admin port, then the data port (admin: the servers' and recovery tools').
+    max_txid = ("storage", "max-transaction-id", "-s", storage, "-p", "0")
     for identity in (SVC_A, SVC_B):
         assert "not authorized" in waltz(cluster, identity, *move, code=1)
         assert "not authorized" in waltz(cluster, identity, *online, code=1)
+        assert "not authorized" in waltz(cluster, identity, *max_txid, code=1)
     waltz(cluster, None, *move)
     waltz(cluster, None, *online)
+    waltz(cluster, None, *max_txid)
 
 
 def test_a_revoked_grant_ends_an_open_feed_within_seconds(cluster: LocalCluster) -> None:

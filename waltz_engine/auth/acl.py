@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
@@ -135,8 +135,7 @@ def make_entries(principal: str, operations: Iterable[str], partitions: str, den
     return [AclEntry(who, operation, where, permission) for operation in parse_operations(list(operations))]
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(NamedTuple):
     allowed: bool
     # The entry that decided (None: no entry matched, so denied by default).
     entry: AclEntry | None
@@ -147,6 +146,16 @@ class Acls:
 
     def __init__(self, entries: Iterable[AclEntry] = ()) -> None:
         self.entries: tuple[AclEntry, ...] = tuple(sorted(set(entries)))
+        # A request looks only at its principal's entries and everyone's, not at the whole list.
+        by_principal: dict[str, list[AclEntry]] = {}
+        for entry in self.entries:
+            by_principal.setdefault(entry.principal, []).append(entry)
+        everyone = by_principal.get(ANY_PRINCIPAL, [])
+        self._by_principal = {
+            principal: tuple(found if principal == ANY_PRINCIPAL else [*found, *everyone])
+            for principal, found in by_principal.items()
+        }
+        self._everyone = tuple(everyone)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Acls) and self.entries == other.entries
@@ -156,7 +165,7 @@ class Acls:
 
     def decide(self, principal: str, operation: str, partition_id: int) -> Decision:
         allow: AclEntry | None = None
-        for entry in self.entries:
+        for entry in self._by_principal.get(principal, self._everyone):
             if entry.matches(principal, operation, partition_id):
                 if entry.permission == DENY:
                     return Decision(False, entry)
