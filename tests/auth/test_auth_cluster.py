@@ -139,18 +139,8 @@ def test_a_refused_append_is_certainly_not_committed_and_never_retried(cluster: 
     try:
         run(go())
     finally:
-        waltz(
-            cluster,
-            None,
-            "acl",
-            "revoke",
-            "--principal",
-            PRINCIPAL_B,
-            "--operation",
-            "read",
-            "--partitions",
-            "0",
-        )
+        revoke = ("acl", "revoke", "--principal", PRINCIPAL_B, "--operation", "read", "--partitions", "0")
+        assert json.loads(waltz(cluster, None, *revoke, "--json"))["removed"] == 1
     assert "svc-b-on-0" not in waltz(cluster, None, "tail", "-p", "0", "--no-follow", "--data")
 
 

@@ -503,12 +503,14 @@ class LocalCluster:
             self._ensure_operator_grant(zk)
 
     def _ensure_operator_grant(self, zk: KazooClient) -> None:
-        """Our own znodes secured (the operator's and the servers' ZooKeeper identities write them),
-        and the operator allowed everything; the named identities get nothing until granted."""
+        """With the authorizer asked for, our own znodes secured (the operator's and the servers'
+        ZooKeeper identities write them); the operator allowed everything, the named identities
+        nothing until granted."""
         from waltz_engine.auth.acl import ADMIN, ALL_PARTITIONS, APPEND, READ, change_acls, make_entries
         from waltz_engine.auth.zk_acls import secure_own_znodes
 
-        secure_own_znodes(zk, self.cluster_root, self.zookeeper_settings())
+        if _authorizer_asked(self.settings):
+            secure_own_znodes(zk, self.cluster_root, self.zookeeper_settings())
         operator = make_entries(
             principal_of(OPERATOR_NAME), [APPEND, READ, ADMIN], ALL_PARTITIONS, deny=False
         )
