@@ -29,7 +29,20 @@ from zygote import launch_forked_node
 from waltz_cli.main import app
 from waltz_engine.client import AuthorizationError, WaltzClient, WaltzClientConfig
 from waltz_engine.common.config import Config
+from waltz_engine.common.crc import crc32
+from waltz_engine.common.reqid import ReqId
+from waltz_engine.net.channel import connect as open_framed
+from waltz_engine.net.tls import TlsConfig, client_context
 from waltz_engine.ops.devcluster import LocalCluster
+from waltz_engine.wire.client_messages import (
+    CLIENT_CODECS,
+    PARTITION_STATE_NOT_READY,
+    AppendRequest,
+    HighWaterMarkRequest,
+    MountRequest,
+    MountResponse,
+)
+from waltz_engine.wire.hello import CLIENT_HELLO_TEXT
 from waltz_engine.zk.connection import connect
 
 SVC_A, SVC_B = "svc-a", "svc-b"
@@ -39,6 +52,7 @@ PRINCIPALS = {SVC_A: PRINCIPAL_A, SVC_B: PRINCIPAL_B}
 REVOCATION_BOUND_S = 5.0
 TEST_BOUND_S = 60.0
 UP_TIMEOUT_MS = 120_000
+JAVA_LIKE_CLIENT_ID = 999_999  # no registered client has it
 
 
 @pytest.fixture(scope="module")
@@ -267,3 +281,43 @@ def test_the_audit_logs_hold_the_refusals_and_metrics_count_them(cluster: LocalC
     assert gauges["waltz-authorizer.refused-read"]["value"] > 0
     assert gauges["waltz-authorizer.refused-admin"]["value"] > 0
     assert "svc-a" not in metrics and "svc-b" not in metrics
+
+
+def test_a_client_of_the_original_versions_is_refused_as_the_original_would_answer(
+    cluster: LocalCluster,
+) -> None:
+    """What a Java 0.13.2 client meets (it speaks versions 0-4): a refused MOUNT is NOT_READY (it
+    retries), a refused APPEND is dropped (nothing written), and the server logs the refusal."""
+    files = cluster.identity_files
+    assert files is not None
+    tls = TlsConfig(str(files.key_store(SVC_A)), None, "PEM", str(files.ca), None, "PEM")
+    req_id = ReqId(JAVA_LIKE_CLIENT_ID, 0, 3, 1)
+    data = b"java-like"
+
+    async def go() -> None:
+        conn = await open_framed(
+            "127.0.0.1",
+            cluster.servers[0].port,
+            client_context(tls),
+            {4: CLIENT_CODECS[4]},
+            CLIENT_HELLO_TEXT,
+        )
+        try:
+            assert conn.version == 4
+            await conn.send(MountRequest(req_id, -1, 0))
+            answer = await asyncio.wait_for(conn.receive(), TEST_BOUND_S)
+            assert answer == MountResponse(req_id, PARTITION_STATE_NOT_READY)
+            await conn.send(AppendRequest(req_id._replace(seq_num=2), -1, (), (), (), 0, data, crc32(data)))
+            await conn.send(HighWaterMarkRequest(req_id._replace(seq_num=3)))  # dropped too
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(conn.receive(), 1.0)
+        finally:
+            await conn.close()
+
+    run(go())
+    assert "java-like" not in waltz(cluster, None, "tail", "-p", "3", "--no-follow", "--data")
+    lines = [
+        json.loads(line) for line in (cluster.servers[0].directory / "audit.log").read_text().splitlines()
+    ]
+    requests = {r["request"] for r in lines if r["event"] == "refused" and r["resource"] == "partition 3"}
+    assert {"MountRequest", "AppendRequest"} <= requests
