@@ -177,12 +177,12 @@ class LocalCluster:
         for identity in self.identities:
             if not _IDENTITY_NAME.fullmatch(identity):
                 raise DevClusterError(f"--identity {identity!r}: use letters, digits, '.', '_' and '-'")
-        if self.identities and not mtls:
-            raise DevClusterError("--identity needs --mtls: an identity is a client certificate")
         saved = self._load_state()
         if saved is not None:
             self._restore(saved, storages, servers, partitions, replicas, settings)
             return
+        if self.identities and not mtls:
+            raise DevClusterError("--identity needs --mtls: an identity is a client certificate")
         ports = _allocate_ports(base_port, 1 + PORTS_PER_STORAGE * storages + PORTS_PER_SERVER * servers)
         zk_port = next(ports)
         self.zookeeper_port = zk_port if zookeeper is None else None
@@ -301,6 +301,11 @@ class LocalCluster:
                 "remove it (down --clean) to start one with it"
             )
         self.mtls = saved_mtls
+        if self.identities and not saved_mtls:
+            raise DevClusterError(
+                f"--identity needs --mtls, and {self.directory} holds a cluster without it: "
+                "remove it (down --clean) to start one with it"
+            )
         # Identities named now are added to the saved ones (their certificates made on up).
         self.identities = list(dict.fromkeys([*state.get("identities", []), *self.identities]))
 
