@@ -131,9 +131,19 @@ class AuditLog:
             if pending:
                 self._arm()
 
-    def acl_changed(self, added: list[dict[str, str]], removed: list[dict[str, str]], version: int) -> None:
+    def acl_changed(
+        self, added: list[dict[str, str]], removed: list[dict[str, str]], version: int, initial: bool = False
+    ) -> None:
+        record: dict[str, Any] = {
+            "event": "acl-change",
+            "added": added,
+            "removed": removed,
+            "znode_version": version,
+        }
+        if initial:
+            record["initial"] = True  # read at the node's start, not changed then
         with self._lock:
-            self._write({"event": "acl-change", "added": added, "removed": removed, "znode_version": version})
+            self._write(record)
         log.info(
             "ACLs changed (znode version %d): %d entries added, %d removed", version, len(added), len(removed)
         )

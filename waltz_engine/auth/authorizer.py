@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -103,11 +103,6 @@ def read_authorizer_settings(config: Config, tls: TlsConfig, tls_key_prefix: str
     )
 
 
-@dataclass
-class _Counts:
-    by_operation: dict[str, Any] = field(default_factory=dict)
-
-
 class Authorizer:
     """One node's decisions; ``start`` (with a ZooKeeper client) loads and watches the ACLs."""
 
@@ -131,6 +126,7 @@ class Authorizer:
         self._watch: Any = None
         self._loop_thread = threading.get_ident()
         self._stopped = False
+        self._loaded = False
         self.refusals = {op: 0 for op in OPERATIONS}
         if metrics is not None:
             for op in OPERATIONS:
@@ -162,13 +158,14 @@ class Authorizer:
         return None
 
     def set_acls(self, acls: Acls, version: int) -> None:
-        before = self.acls
-        self.acls, self.version = acls, version
+        before, loaded = self.acls, self._loaded
+        self.acls, self.version, self._loaded = acls, version, True
         if acls == before:
             return
         added = [e.to_json() for e in acls.entries if e not in before.entries]
         removed = [e.to_json() for e in before.entries if e not in acls.entries]
-        self.audit.acl_changed(added, removed, version)
+        # The first read at the node's start is written too, marked: what was in force from then.
+        self.audit.acl_changed(added, removed, version, initial=not loaded)
         loop = self._loop
         for listener in list(self._listeners):
             if loop is not None and not loop.is_closed() and threading.get_ident() != self._loop_thread:
@@ -226,7 +223,3 @@ class Authorizer:
 
 def resource_name(partition_id: int) -> str:
     return CLUSTER_RESOURCE if partition_id == NO_PARTITION else f"partition {partition_id}"
-
-
-def metrics_of(authorizer: Authorizer | None) -> Mapping[str, int]:
-    return {} if authorizer is None else dict(authorizer.refusals)
