@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import shutil
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -17,19 +16,18 @@ from typing import Any, NamedTuple
 import yaml
 from kazoo.client import KazooClient
 
-from waltz_engine.auth.zk_acls import DIGEST, ZooKeeperAuth
 from waltz_engine.common.address import is_port
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.net.tls import TlsConfig, client_context
 from waltz_engine.ops.cluster_ops import read_cluster_view, verify
 from waltz_engine.ops.devcluster.identities import (
-    NODE_NAME,
-    OPERATOR_NAME,
-    SERVER_ZK_USER,
     TLS_DIR_NAME,
     DevIdentities,
+    authorizer_asked,
+    checked_identities,
     client_config_name,
-    principal_of,
+    ensure_operator_grant,
+    saved_mtls,
 )
 from waltz_engine.ops.devcluster.nodes import (
     ADMIN_TIMEOUT_MS,
@@ -96,12 +94,7 @@ class ClusterStatus(NamedTuple):
         }
 
 
-_IDENTITY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 AUDIT_LOG_NAME = "audit.log"
-
-
-def _authorizer_asked(settings: Mapping[str, Any]) -> bool:
-    return str(settings.get("authorizer.enabled", "")).strip().lower() == "true"
 
 
 # Random picks may repeat; this many per port needed before giving up.
@@ -172,17 +165,12 @@ class LocalCluster:
         self.created_directory = not self.directory.exists()
         # `dev up --mtls` (issue 34): a CA, certificates for the nodes, the operator and each
         # identity; mutual TLS on every port (saved in the state).
-        self.mtls = mtls
-        self.identities = list(dict.fromkeys(identities))
-        for identity in self.identities:
-            if not _IDENTITY_NAME.fullmatch(identity):
-                raise DevClusterError(f"--identity {identity!r}: use letters, digits, '.', '_' and '-'")
+        self.mtls, self.identities = mtls, checked_identities(identities)
         saved = self._load_state()
         if saved is not None:
             self._restore(saved, storages, servers, partitions, replicas, settings)
             return
-        if self.identities and not mtls:
-            raise DevClusterError("--identity needs --mtls: an identity is a client certificate")
+        self.mtls, self.identities = saved_mtls(self.directory, None, mtls, self.identities)
         ports = _allocate_ports(base_port, 1 + PORTS_PER_STORAGE * storages + PORTS_PER_SERVER * servers)
         zk_port = next(ports)
         self.zookeeper_port = zk_port if zookeeper is None else None
@@ -294,20 +282,7 @@ class LocalCluster:
                     "cluster (`waltz dev down`) before changing them"
                 )
         self.settings = dict(saved_settings if settings is None else settings)
-        saved_mtls = bool(state.get("mtls", False))
-        if self.mtls and not saved_mtls:
-            raise DevClusterError(
-                f"{self.directory} holds a cluster without --mtls: "
-                "remove it (down --clean) to start one with it"
-            )
-        self.mtls = saved_mtls
-        if self.identities and not saved_mtls:
-            raise DevClusterError(
-                f"--identity needs --mtls, and {self.directory} holds a cluster without it: "
-                "remove it (down --clean) to start one with it"
-            )
-        # Identities named now are added to the saved ones (their certificates made on up).
-        self.identities = list(dict.fromkeys([*state.get("identities", []), *self.identities]))
+        self.mtls, self.identities = saved_mtls(self.directory, state, self.mtls, self.identities)
 
     def _save_state(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -352,18 +327,12 @@ class LocalCluster:
     def tools_tls(self) -> TlsConfig:
         """TLS of the cluster's own tools (`dev up`'s checks): the operator's certificate with --mtls."""
         files = self.identity_files
-        if files is None:
-            return TlsConfig()
-        return TlsConfig(str(files.operator), None, "PEM", str(files.ca), None, "PEM")
+        return TlsConfig() if files is None else files.tools_tls()
 
     def zookeeper_settings(self) -> ZooKeeperSettings:
         """As the operator: with --mtls, logged in with the operator's ZooKeeper identity."""
         files = self.identity_files
-        auth = None
-        if files is not None and files.directory.exists():
-            auth = ZooKeeperAuth(
-                DIGEST, files.zookeeper_login(OPERATOR_NAME), writers=tuple(files.zookeeper_writers())
-            )
+        auth = files.operator_zookeeper_auth() if files is not None else None
         return ZooKeeperSettings(
             self.zookeeper, self.cluster_root, ZK_SESSION_TIMEOUT_MS, ZK_CONNECT_TIMEOUT_MS, auth
         )
@@ -390,10 +359,9 @@ class LocalCluster:
         files = self.identity_files
         if files is not None:
             files.ensure(self.identities)
-        elif _authorizer_asked(self.settings):
+        elif authorizer_asked(self.settings):
             raise DevClusterError(
-                "--set authorizer.enabled=true needs --mtls: "
-                "the authorizer names each connection by its certificate"
+                "--set authorizer.enabled=true needs --mtls: the authorizer names connections by certificate"
             )
         started: list[LocalNode] = []
         embedded = self.embedded_zookeeper
@@ -504,22 +472,11 @@ class LocalCluster:
             partitions = self.partitions_of(node)
             if partitions:
                 store_metadata.assign_partitions(zk, self.cluster_root, node.connect_string, partitions)
-        if self.mtls:
-            self._ensure_operator_grant(zk)
-
-    def _ensure_operator_grant(self, zk: KazooClient) -> None:
-        """With the authorizer asked for, our own znodes secured (the operator's and the servers'
-        ZooKeeper identities write them); the operator allowed everything, the named identities
-        nothing until granted."""
-        from waltz_engine.auth.acl import ADMIN, ALL_PARTITIONS, APPEND, READ, change_acls, make_entries
-        from waltz_engine.auth.zk_acls import secure_own_znodes
-
-        if _authorizer_asked(self.settings):
-            secure_own_znodes(zk, self.cluster_root, self.zookeeper_settings())
-        operator = make_entries(
-            principal_of(OPERATOR_NAME), [APPEND, READ, ADMIN], ALL_PARTITIONS, deny=False
-        )
-        change_acls(zk, self.cluster_root, operator)
+        files = self.identity_files
+        if files is not None:
+            ensure_operator_grant(
+                zk, self.cluster_root, files.operator_zookeeper_auth(), authorizer_asked(self.settings)
+            )
 
     def partitions_of(self, node: LocalNode) -> list[int]:
         """The partitions ``node`` (a storage node) holds a replica of."""
@@ -533,19 +490,8 @@ class LocalCluster:
         }
 
     def _node_tls_config(self, kind: str, node: LocalNode) -> dict[str, Any]:
-        """With --mtls: the nodes' certificate, the CA, the node principal and an audit log per
-        node; servers also log in to ZooKeeper to write our own znodes."""
         files = self.identity_files
-        if files is None:
-            return {}
-        config: dict[str, Any] = {
-            **files.tls_keys(kind, NODE_NAME),
-            "authorizer.nodePrincipals": [principal_of(NODE_NAME)],
-            "authorizer.audit.log": str(node.directory / AUDIT_LOG_NAME),
-        }
-        if kind == SERVER:
-            config.update(files.zookeeper_keys(SERVER_ZK_USER))
-        return config
+        return {} if files is None else files.node_keys(kind, node.directory / AUDIT_LOG_NAME, kind == SERVER)
 
     def _write_node_configs(self) -> None:
         for node in self.storages:
@@ -579,20 +525,9 @@ class LocalCluster:
     def _write_client_config(self) -> None:
         common = {**self._common_config(), "client.autoMount": True}
         files = self.identity_files
-        if files is None:
-            self._write_yaml(self.client_config_path, common)
-            return
-        # The operator's: its certificate for the client and the tools, its ZooKeeper identity.
-        operator = {
-            **common,
-            **files.tls_keys("client", OPERATOR_NAME),
-            **files.tls_keys("", OPERATOR_NAME),
-            **files.zookeeper_keys(OPERATOR_NAME),
-        }
-        self._write_yaml(self.client_config_path, operator)
-        for identity in self.identities:
-            config = {**common, **files.tls_keys("client", identity), **files.tls_keys("", identity)}
-            self._write_yaml(self.directory / client_config_name(identity), config)
+        configs = {"": common} if files is None else files.client_configs(common, self.identities)
+        for name, config in configs.items():
+            self._write_yaml(self.directory / name if name else self.client_config_path, config)
 
     def identity_config_path(self, identity: str) -> Path:
         """`.waltz-dev/client-<identity>.yml`: a client config with that identity's certificate."""

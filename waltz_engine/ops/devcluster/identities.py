@@ -11,12 +11,16 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import secrets
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from waltz_engine.auth.zk_acls import DIGEST, digest_writer
+from waltz_engine.auth.zk_acls import DIGEST, ZooKeeperAuth, digest_writer
+from waltz_engine.net.tls import TlsConfig
+from waltz_engine.ops.devcluster.nodes import DevClusterError
 
 TLS_DIR_NAME = "tls"
 ORGANIZATION = "waltz-dev"
@@ -26,6 +30,36 @@ OPERATOR_NAME = "operator"
 SERVER_ZK_USER = "waltz-server"
 CERT_VALIDITY_DAYS = 825
 SECRETS_FILE_NAME = "zookeeper-secrets.json"
+
+
+_IDENTITY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def checked_identities(identities: Sequence[str]) -> list[str]:
+    """``--identity`` names, once each; a name that cannot be a file name part is refused."""
+    for identity in identities:
+        if not _IDENTITY_NAME.fullmatch(identity):
+            raise DevClusterError(f"--identity {identity!r}: use letters, digits, '.', '_' and '-'")
+    return list(dict.fromkeys(identities))
+
+
+def saved_mtls(
+    directory: Path, state: Mapping[str, Any] | None, mtls: bool, identities: list[str]
+) -> tuple[bool, list[str]]:
+    """--mtls and the identities of a new cluster (``state`` None) or of a saved one, where the
+    identities named now are added to the saved ones (their certificates made on up)."""
+    saved = mtls if state is None else bool(state.get("mtls", False))
+    if mtls and not saved:
+        raise DevClusterError(f"{directory} holds a cluster without --mtls: remove it (down --clean) first")
+    if identities and not saved:
+        raise DevClusterError("--identity needs --mtls: an identity is a client certificate")
+    known = [] if state is None else list(state.get("identities", []))
+    return saved, list(dict.fromkeys([*known, *identities]))
+
+
+def authorizer_asked(settings: Mapping[str, Any]) -> bool:
+    """Whether `--set authorizer.enabled=true` was given."""
+    return str(settings.get("authorizer.enabled", "")).strip().lower() == "true"
 
 
 def principal_of(name: str) -> str:
@@ -106,6 +140,49 @@ class DevIdentities:
             "zookeeper.acl.writers": self.zookeeper_writers(),
         }
 
+    def tools_tls(self) -> TlsConfig:
+        """The operator's certificate and the CA, for `dev up`'s own checks."""
+        return TlsConfig(str(self.operator), None, "PEM", str(self.ca), None, "PEM")
+
+    def operator_zookeeper_auth(self) -> ZooKeeperAuth | None:
+        """The operator's ZooKeeper login (None before the files are made)."""
+        if not self.directory.exists():
+            return None
+        return ZooKeeperAuth(
+            DIGEST, self.zookeeper_login(OPERATOR_NAME), writers=tuple(self.zookeeper_writers())
+        )
+
+    def node_keys(self, kind: str, audit_log: Path, logs_in: bool) -> dict[str, Any]:
+        """A node's keys: the nodes' certificate and the CA (``<kind>.ssl.*``), the node principal,
+        its audit log; ``logs_in`` (servers): the ZooKeeper identity that writes our own znodes."""
+        keys: dict[str, Any] = {
+            **self.tls_keys(kind, NODE_NAME),
+            "authorizer.nodePrincipals": [principal_of(NODE_NAME)],
+            "authorizer.audit.log": str(audit_log),
+        }
+        if logs_in:
+            keys.update(self.zookeeper_keys(SERVER_ZK_USER))
+        return keys
+
+    def client_configs(self, common: dict[str, Any], identities: list[str]) -> dict[str, dict[str, Any]]:
+        """Client configs by file name: the operator's (``None`` key: the cluster's client.yml, with
+        its ZooKeeper identity) and each identity's (``client-<name>.yml``)."""
+        configs: dict[str, dict[str, Any]] = {
+            "": {
+                **common,
+                **self.tls_keys("client", OPERATOR_NAME),
+                **self.tls_keys("", OPERATOR_NAME),
+                **self.zookeeper_keys(OPERATOR_NAME),
+            }
+        }
+        for identity in identities:
+            configs[client_config_name(identity)] = {
+                **common,
+                **self.tls_keys("client", identity),
+                **self.tls_keys("", identity),
+            }
+        return configs
+
     def tls_keys(self, prefix: str, name: str) -> dict[str, str]:
         """``<prefix>.ssl.keyStore.location`` etc. for ``name``'s certificate (prefix "" for the
         tools' own ``ssl.*`` keys)."""
@@ -116,6 +193,19 @@ class DevIdentities:
             f"{dot}ssl.trustStore.location": str(self.ca),
             f"{dot}ssl.trustStore.type": "PEM",
         }
+
+
+def ensure_operator_grant(zk: Any, cluster_root: str, auth: ZooKeeperAuth | None, secure: bool) -> None:
+    """``secure``: our own znodes given the writers' ACL first; then the operator allowed
+    everything (the named identities get nothing until granted)."""
+    from waltz_engine.auth.acl import ADMIN, ALL_PARTITIONS, APPEND, READ, change_acls, make_entries
+    from waltz_engine.auth.zk_acls import secure_own_znodes
+    from waltz_engine.zk.connection import ZooKeeperSettings
+
+    if secure:
+        secure_own_znodes(zk, cluster_root, ZooKeeperSettings("unused:1", cluster_root, auth=auth))
+    operator = make_entries(principal_of(OPERATOR_NAME), [APPEND, READ, ADMIN], ALL_PARTITIONS, deny=False)
+    change_acls(zk, cluster_root, operator)
 
 
 def _key_pem(key: Any) -> bytes:
