@@ -222,6 +222,11 @@ def test_without_a_zookeeper_write_identity_a_service_changes_neither_retention_
     cluster: LocalCluster,
 ) -> None:
     before = waltz(cluster, None, "acl", "list", "--json")
+    mine = json.loads(waltz(cluster, SVC_A, "acl", "list", "--principal", PRINCIPAL_A, "--json"))["entries"]
+    assert {(e["principal"], e["operation"], e["partitions"]) for e in mine} == {
+        (PRINCIPAL_A, "append", "0-1"),
+        (PRINCIPAL_A, "read", "0-1"),
+    }  # anyone may read the ACLs
     retention = waltz(cluster, SVC_A, "retention", "set", "-p", "0", "--before", "0", "--force", code=1)
     assert "NoAuthError" in retention
     grant = waltz(cluster, SVC_A, "acl", "grant", "--principal", PRINCIPAL_A, "--operation", "admin", code=1)
