@@ -231,6 +231,8 @@ def test_without_a_zookeeper_write_identity_a_service_changes_neither_retention_
     assert "NoAuthError" in retention
     grant = waltz(cluster, SVC_A, "acl", "grant", "--principal", PRINCIPAL_A, "--operation", "admin", code=1)
     assert "NoAuthError" in grant
+    # Nor force a partition onto a server (a move through ZooKeeper, <root>/forcedAssignments).
+    assert "NoAuthError" in waltz(cluster, SVC_A, "server", "assign", "-p", "0", "--server", "1", code=1)
     assert waltz(cluster, None, "acl", "list", "--json") == before
     # Our own znodes: read for everyone, all for the writers; the original's stay open.
     with connect(cluster.zookeeper_settings()) as zk:
