@@ -7,7 +7,9 @@ import base64
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from waltz_cli.main import app
 from waltz_engine.auth.zk_acls import digest_writer, is_own_znode, read_zookeeper_auth
 from waltz_engine.common.config import Config, ConfigError
 from waltz_engine.common.reqid import ReqId
@@ -118,3 +120,19 @@ def test_dev_up_refuses_what_cannot_work(tmp_path: Path) -> None:
     with pytest.raises(DevClusterError, match="authorizer.enabled=true needs --mtls"):
         cluster.up(1_000)
     assert not cluster.is_running()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--principal", "svc-a", "--operation", "read"], "unknown principal form 'svc-a'"),
+        (["--principal", "CN=svc-a", "--operation", "write"], "unknown operation 'write'"),
+        (["--principal", "CN=svc-a", "--operation", "read", "--partitions", "3-1"], "goes backwards"),
+    ],
+)
+def test_acl_commands_refuse_bad_entries_in_one_line_before_any_connection(
+    args: list[str], says: str
+) -> None:
+    result = CliRunner().invoke(app, ["acl", "grant", *args, "-z", "127.0.0.1:1", "-r", "/nowhere"])
+    assert result.exit_code == 1
+    assert says in result.output and len(result.output.strip().splitlines()) == 1
