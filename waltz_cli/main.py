@@ -67,7 +67,7 @@ _COMMANDS = {
 }
 _GROUPS = (
     "inspect", "zk", "storage", "server", "cluster", "client", "dev",
-    "retention", "spark", "bench", "backup",
+    "retention", "spark", "bench", "backup", "acl",
 )  # fmt: skip
 _registered: set[str] = set()
 

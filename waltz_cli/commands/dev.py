@@ -119,6 +119,23 @@ def up(
     timeout_ms: Annotated[
         int, typer.Option("--timeout-ms", help="Give up if not ready after this long.", min=1)
     ] = DEFAULT_WAIT_TIMEOUT_MS,
+    mtls: Annotated[
+        bool,
+        typer.Option(
+            "--mtls",
+            help="Mutual TLS: a CA, the nodes' and the operator's certificates (the operator's in "
+            "client.yml); --set authorizer.enabled=true then enforces ACLs (waltz acl grant).",
+        ),
+    ] = False,
+    identities: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--identity",
+            metavar="NAME",
+            help="With --mtls: a client identity CN=NAME,O=waltz-dev, its config in client-NAME.yml "
+            "(repeatable).",
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Start a local cluster (or the one already in --dir) and wait until `cluster verify` passes.
@@ -128,6 +145,8 @@ def up(
     the live status line, without --detach, goes to stderr).
 
     Example: waltz dev up --detach && waltz append -p 0 hello && waltz tail -p 0 --no-follow
+
+    Example: waltz dev up --detach --mtls --identity svc-a --set authorizer.enabled=true
     """
     given = None if settings is None else dict(settings)
     if LocalCluster.exists(directory):
@@ -150,6 +169,8 @@ def up(
             replicas=replicas,
             settings=given,
             server_config=DEV_SERVER_CONFIG,
+            mtls=mtls,
+            identities=identities or (),
         )
     else:
         cluster = LocalCluster(
@@ -161,6 +182,8 @@ def up(
             replicas=replicas,
             settings=given,
             server_config=DEV_SERVER_CONFIG,
+            mtls=mtls,
+            identities=identities or (),
         )
     for key in unknown_keys(cluster.settings):
         warn(f"--set {key}: no storage node or server knows this key; they will ignore it")

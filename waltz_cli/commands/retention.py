@@ -95,7 +95,8 @@ def set_(
         _check_partition(partition, layout.num_partitions)
         watermarks = read_retentions(client, settings.cluster_root, layout)[partition].watermarks
         if not force:
-            mark = committed_high_water_marks(ClusterAccess(settings), [partition])[partition]
+            access = ClusterAccess(settings, cluster.tls_config())
+            mark = committed_high_water_marks(access, [partition])[partition]
             if before > mark + 1:
                 fail(
                     f"--before {before} is above partition {partition}'s committed high-water mark {mark}: "

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from typing import Annotated
 
 import typer
@@ -12,6 +13,7 @@ from waltz_cli.options import JsonOption
 from waltz_cli.output import one_line_errors, print_json
 from waltz_engine.sim.runner import MAX_JOBS, MAX_SEEDS, run_seeds
 from waltz_engine.sim.world import (
+    ACL_MIN_PARTITIONS,
     DEFAULT_TRANSACTIONS,
     MAX_FAULTS,
     MAX_TRANSACTIONS,
@@ -47,6 +49,14 @@ def sim(
             "no lost update).",
         ),
     ] = "append",
+    acl: Annotated[
+        bool,
+        typer.Option(
+            "--acl",
+            help="ACLs on: each connection carries its host's principal; the client is refused the "
+            "appends of one partition and the reads of another (3 partitions).",
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Run real storage nodes, two servers and a client in the simulator, one seeded world per seed.
@@ -67,7 +77,9 @@ def sim(
         if not as_json and result.violations:
             print(f"seed {result.seed}: {len(result.violations)} violations", file=sys.stderr, flush=True)
 
-    shape = WorldShape(transactions=transactions, faults=faults, workload=workload)
+    shape = WorldShape(transactions=transactions, faults=faults, workload=workload, acl=acl)
+    if acl:
+        shape = replace(shape, partitions=ACL_MIN_PARTITIONS)
     report = run_seeds(seeds, seed_base, jobs, progress, shape)
     if as_json:
         print_json(report.to_json())

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from waltz_engine.client.client import WaltzClient
     from waltz_engine.client.config import WaltzClientConfig
     from waltz_engine.client.errors import (
+        AuthorizationError,
         ClientAheadError,
         ClientClosedError,
         ClientTimeoutError,
@@ -38,6 +39,7 @@ _EXPORTS = {
     "WaltzClientCallbacks": "callbacks",
     "WaltzClient": "client",
     "WaltzClientConfig": "config",
+    "AuthorizationError": "errors",
     "ClientAheadError": "errors",
     "ClientClosedError": "errors",
     "ClientTimeoutError": "errors",
@@ -61,6 +63,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "AuthorizationError",
     "ClientAheadError",
     "ClientClosedError",
     "ClientTimeoutError",

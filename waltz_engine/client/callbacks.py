@@ -50,7 +50,18 @@ class WaltzClientCallbacks(ABC):
         is its ``__cause__``): the client has stopped the partition (no feed, no appends; pending
         ones end with OutcomeUnknownError) and logged one error line saying so. By default the
         error is logged.
+
+        Also called, once, with an :class:`~waltz_engine.client.errors.AuthorizationError` (and
+        the partition's high-water mark as ``transaction_id``) when the server's ACLs refuse this
+        client the partition's mount or feed, e.g. after its read grant was revoked: the feed of
+        the partition has ended, and stays ended in this client (a later grant is seen by a client
+        created after it).
         """
+        from waltz_engine.client.errors import AuthorizationError
+
+        if isinstance(exception, AuthorizationError):
+            log.error("partition %d: the feed ended: %s", partition_id, exception)
+            return
         log.error(
             "apply_transaction failed on transaction %d of partition %d: %s",
             transaction_id,

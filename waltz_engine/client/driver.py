@@ -32,7 +32,7 @@ from waltz_engine.net.channel import (
 )
 from waltz_engine.net.tls import TlsConfig, client_context
 from waltz_engine.net.transport import ASYNCIO_NETWORK, Network, tls_context
-from waltz_engine.wire.client_messages import CLIENT_CODECS
+from waltz_engine.wire.client_messages import CLIENT_CODECS, EXTENDED_CLIENT_CODECS
 from waltz_engine.wire.hello import CLIENT_HELLO_TEXT
 from waltz_engine.zk.cluster import next_client_id, read_cluster_params
 from waltz_engine.zk.cluster_manager import ClusterWatcher
@@ -112,7 +112,8 @@ async def open_framed_channel(
     has_certificate: bool = False,
     network: Network = ASYNCIO_NETWORK,
 ) -> FramedChannel:
-    """A TLS connection to a Waltz server, Hello "Waltz Client", codecs v0-v4 (highest common wins).
+    """A TLS connection to a Waltz server, Hello "Waltz Client", codecs v0-v4 (and
+    our v5 with a certificate; highest common wins).
 
     A server that refuses the client's certificate (or wants one) raises ClientTlsRefusedError.
     """
@@ -124,7 +125,10 @@ async def open_framed_channel(
         reader, writer = await network.open_connection(host, port, ssl_context, STREAM_READ_LIMIT_BYTES)
         after_tls = True
         try:
-            return await handshake(reader, writer, CLIENT_CODECS, CLIENT_HELLO_TEXT, CONNECT_TIMEOUT_MS)
+            # Our version 5 (the server's ACL refusals) only with a certificate: without one no
+            # server can name, and so refuse, this client, and the Hello stays the original's.
+            codecs = EXTENDED_CLIENT_CODECS if has_certificate else CLIENT_CODECS
+            return await handshake(reader, writer, codecs, CLIENT_HELLO_TEXT, CONNECT_TIMEOUT_MS)
         except BaseException:
             writer.close()
             raise
@@ -176,7 +180,10 @@ class ZooKeeperDriver(WaltzClientDriver):
         self._network = network
         self._zk_connector = zk_connector
         self._ssl = tls_context(network, lambda: client_context(tls))
-        self._has_certificate = tls.key_store_location is not None
+        # A certificate, or an identity the (simulated) network carries for this host.
+        self._has_certificate = (
+            tls.key_store_location is not None or getattr(network, "principal", None) is not None
+        )
         self._endpoint_overrides = dict(endpoint_overrides or {})
         self._zk: KazooClient | None = None
         self._watcher: ClusterWatcher | None = None

@@ -88,3 +88,24 @@ class OutcomeUnknownError(WaltzClientError):
         )
         self.req_id = req_id
         self.partition_id = req_id.partition_id
+
+
+class AuthorizationError(WaltzClientError):
+    """The server's ACLs refused a request of this client (issue 34): ``principal`` may not
+    ``operation`` on ``partition_id`` (-1: a request about no one partition).
+
+    Nothing of the refused request was done: a refused append is certainly not committed (it is
+    never retried), a refused mount or feed delivers nothing more. Ask the cluster's operator for
+    a grant (``waltz acl grant``); the refusal is in the server's audit log.
+    """
+
+    def __init__(self, operation: str, partition_id: int, principal: str | None, request: str) -> None:
+        where = f"partition {partition_id}" if partition_id >= 0 else "the cluster"
+        super().__init__(
+            f"not authorized: principal {principal or '<none>'} may not {operation} on {where} "
+            f"({request} refused by the server's ACLs; nothing of it was done)"
+        )
+        self.operation = operation
+        self.partition_id = partition_id
+        self.principal = principal
+        self.request = request

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from waltz_engine.client.config import DEFAULT_LONG_WAIT_THRESHOLD_MS
 from waltz_engine.client.errors import (
+    AuthorizationError,
     ClientClosedError,
     ClientTimeoutError,
     PartitionInactiveError,
@@ -101,6 +102,9 @@ class Partition:
         self._long_wait_flushed: ReqId | None = None  # the oldest append the timer last flushed for
         self._long_wait_backoff = 1  # doubles while a flush for the same append goes unanswered
         self.stopped: PartitionStoppedError | None = None
+        # The server's ACLs refused this client the partition's mount or feed (issue 34): no more
+        # mounts; waits for one raise it.
+        self.refused_read: AuthorizationError | None = None
         self._seq_num = 0
         self._lock_failure_queue: list[tuple[int, int, ReqId]] = []  # (lock hwm, arrival, reqId)
         self._arrivals = 0
@@ -170,6 +174,16 @@ class Partition:
         self.monitor.close(f"partition {self.partition_id} stopped", error)
         self._notify()
 
+    def read_refused(self, error: AuthorizationError) -> None:
+        """The server's ACLs refuse this client the partition's mount or feed: the feed ends, no
+        more mounts, and undecided appends end with OutcomeUnknownError (sent before the refusal,
+        they may have committed)."""
+        self.refused_read = error
+        self.mounted = False
+        self._cancel_long_wait()
+        self.monitor.abandon(f"partition {self.partition_id}: {error}", error)
+        self._notify()
+
     def refused(self) -> None:
         """The partition's server refuses this client at TLS: waiting mounts learn it now."""
         self._notify()
@@ -207,6 +221,8 @@ class Partition:
                 raise ClientClosedError()
             if self.stopped is not None:
                 raise self.stopped
+            if self.refused_read is not None:
+                raise self.refused_read
             if self.monitor.is_stopped:
                 raise PartitionInactiveError(self.partition_id)
             if self.client_ahead:

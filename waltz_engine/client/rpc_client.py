@@ -16,6 +16,7 @@ from waltz_engine.client.backoff import RECONNECT_BACKOFF_MAX_MS
 from waltz_engine.client.base_client import BaseClient
 from waltz_engine.client.data_prefetch import DataPrefetch
 from waltz_engine.client.errors import (
+    AuthorizationError,
     ClientClosedError,
     ClientTimeoutError,
     ClientTlsRefusedError,
@@ -27,8 +28,10 @@ from waltz_engine.client.partition import next_seq_num
 from waltz_engine.common.crc import crc32
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.wire.client_messages import (
+    AUTHORIZING_CLIENT_CODEC,
     AddPreferredPartitionRequest,
     AddPreferredPartitionResponse,
+    AuthorizationFailure,
     CheckStorageConnectivityRequest,
     CheckStorageConnectivityResponse,
     ClientMessage,
@@ -52,6 +55,7 @@ DATA_RETRY_INITIAL_MS = 10
 DATA_RETRY_MAX_MS = 5_000
 
 R = TypeVar("R")
+_REQUEST_TYPES: dict[int, type[Any]] = {spec.type_code: spec.cls for spec in AUTHORIZING_CLIENT_CODEC.specs}
 
 _ADMIN_RESPONSES: dict[type[Any], type[Any]] = {
     CheckStorageConnectivityRequest: CheckStorageConnectivityResponse,
@@ -139,9 +143,32 @@ class RpcClient(BaseClient):
                 _fail(list(waiters), error)
                 waiters.clear()
 
+    def _authorization_failure(self, network_client: NetworkClient, message: AuthorizationFailure) -> None:
+        """Our v5: the server's ACLs refused a call; its waiters fail with AuthorizationError."""
+        request_type = _REQUEST_TYPES.get(message.request_type)
+        name = request_type.__name__ if request_type is not None else f"request type {message.request_type}"
+        error = AuthorizationError(message.operation or "?", message.partition_id, message.principal, name)
+        log.info("%s", error)
+        partition = self._partitions.get(message.req_id.partition_id)
+        if request_type is TransactionDataRequest and partition is not None:
+            # Every data request of the partition is refused alike: fail them together.
+            futures: list[asyncio.Future[Any]] = [p.future for p in partition.data.values()]
+            partition.data.clear()
+            _fail(futures, error)
+        elif request_type is HighWaterMarkRequest and partition is not None:
+            if partition.high_water_mark is not None:
+                _fail([partition.high_water_mark], error)
+                partition.high_water_mark = None
+        elif request_type in _ADMIN_RESPONSES:
+            waiters = self._admin.get((network_client.endpoint, _ADMIN_RESPONSES[request_type]))
+            if waiters:
+                _fail([waiters.popleft()], error)
+
     async def on_message(self, network_client: NetworkClient, message: ClientMessage) -> None:
         self.connection_proved(network_client)
-        if isinstance(message, TransactionDataResponse):
+        if isinstance(message, AuthorizationFailure):
+            self._authorization_failure(network_client, message)
+        elif isinstance(message, TransactionDataResponse):
             self._data_received(message)
         elif isinstance(message, HighWaterMarkResponse):
             partition = self._partitions.get(message.req_id.partition_id)

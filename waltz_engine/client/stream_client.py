@@ -16,6 +16,7 @@ from waltz_engine.client.backoff import RECONNECT_BACKOFF_MAX_MS
 from waltz_engine.client.base_client import BaseClient
 from waltz_engine.client.config import DEFAULT_LONG_WAIT_THRESHOLD_MS, MAX_APPLICATION_ATTEMPTS
 from waltz_engine.client.errors import (
+    AuthorizationError,
     ClientAheadError,
     ClientClosedError,
     ClientTimeoutError,
@@ -28,10 +29,12 @@ from waltz_engine.client.network_client import NetworkClient, OpenChannel
 from waltz_engine.client.partition import ApplicationError, Deliver, Partition
 from waltz_engine.client.transaction_monitor import TransactionFuture
 from waltz_engine.wire.client_messages import (
+    AUTHORIZING_CLIENT_CODEC,
     PARTITION_STATE_CLIENT_AHEAD,
     PARTITION_STATE_NOT_READY,
     PARTITION_STATE_READY,
     AppendRequest,
+    AuthorizationFailure,
     ClientMessage,
     FeedData,
     FeedRequest,
@@ -51,6 +54,9 @@ ReportApplicationError = Callable[[int, int, BaseException], None]
 # (partition id, client high-water mark, the feed's last txid): the data of what comes next may be
 # asked for ahead of apply_transaction (RpcClient.feed_seen).
 FeedSeen = Callable[[int, int, int], None]
+
+
+_REQUEST_NAMES = {spec.type_code: spec.name for spec in AUTHORIZING_CLIENT_CODEC.specs}
 
 
 class TransactionApplicationError(WaltzClientError):
@@ -112,6 +118,8 @@ class StreamClient(BaseClient):
         partition = self.partitions[partition_id]
         if not partition.is_active or partition.network_client is not network_client:
             return  # inactive partitions are mounted when set_partitions activates them
+        if partition.refused_read is not None:
+            return  # the server's ACLs refuse this client the partition
         partition.mounting(network_client)
         if self._remounting is not None:
             self._remounting(partition_id)
@@ -200,8 +208,29 @@ class StreamClient(BaseClient):
             partition.flush_completed(message.req_id, message.transaction_id)
         elif isinstance(message, LockFailure):
             partition.lock_failed(message)
+        elif isinstance(message, AuthorizationFailure):
+            self._authorization_failure(partition, message)
         else:
             log.warning("unexpected message on a stream connection from %r: %s", network_client, message)
+
+    def _authorization_failure(self, partition: Partition, message: AuthorizationFailure) -> None:
+        """Our v5: the server's ACLs refused a request. An append is certainly not committed; a
+        mount or feed ends the partition's reading (see ``Partition.read_refused``), and the
+        application hears it through ``uncaught_exception``."""
+        request = _REQUEST_NAMES.get(message.request_type, f"request type {message.request_type}")
+        error = AuthorizationError(message.operation or "?", message.partition_id, message.principal, request)
+        log.info("%s", error)
+        if request == "APPEND_REQUEST":
+            partition.monitor.refuse(message.req_id, error)
+        elif request in ("MOUNT_REQUEST", "FEED_REQUEST"):
+            partition.read_refused(error)
+            report = self._report_application_error
+            if report is not None:
+                try:
+                    report(partition.partition_id, partition.client_high_water_mark, error)
+                except Exception:
+                    log.exception("callback error [uncaught_exception]")
+        # A refused FLUSH: the appends it would decide had refusals of their own.
 
     def _mount_response(
         self, partition: Partition, network_client: NetworkClient, message: MountResponse

@@ -204,6 +204,18 @@ class TransactionMonitor:
             self._num_registered -= 1
             self._wake()
 
+    def refuse(self, req_id: ReqId, error: BaseException) -> None:
+        """The server refused ``req_id`` before serving it (its ACLs): certainly not committed, and
+        ``error`` (never False, which would retry it) is its outcome."""
+        future = self._registered.pop(req_id, None)
+        if future is None:
+            return
+        if not future.done():
+            future.set_exception(error)
+            self._num_registered -= 1
+        future.mark_flushed()
+        self._wake()
+
     def flush(self, req_id: ReqId) -> None:
         """A flush answered for ``req_id``: it and everything older are decided (failed if pending)."""
         if self.state is not MonitorState.CLOSED and req_id in self._registered:

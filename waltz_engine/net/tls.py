@@ -29,6 +29,7 @@ import shutil
 import ssl
 import tempfile
 import threading
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -344,11 +345,22 @@ def server_context(config: TlsConfig) -> ssl.SSLContext:
     return ctx
 
 
+# Client contexts that present a certificate (see presents_certificate).
+_with_certificate: weakref.WeakSet[ssl.SSLContext] = weakref.WeakSet()
+
+
+def presents_certificate(ctx: ssl.SSLContext | None) -> bool:
+    """Whether a :func:`client_context` presents a certificate (a server can name its client):
+    only then does a client offer our codec version 5, which carries ACL refusals (issue 34)."""
+    return ctx is not None and ctx in _with_certificate
+
+
 def client_context(config: TlsConfig) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.check_hostname = False
     if config.key_store_location is not None:
         _load_key_store(ctx, config)
+        _with_certificate.add(ctx)
     ctx.verify_mode = ssl.CERT_REQUIRED if _load_trust_store(ctx, config) else ssl.CERT_NONE
     return ctx

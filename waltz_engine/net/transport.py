@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 ProtocolFactory = Callable[[], asyncio.Protocol]
 
@@ -64,3 +64,24 @@ ASYNCIO_NETWORK: Network = AsyncioNetwork()
 def tls_context(network: Network, build: Callable[[], ssl.SSLContext]) -> ssl.SSLContext | None:
     """``build()`` (a node's TLS context from its config) where ``network`` speaks TLS, else None."""
     return build() if network.tls else None
+
+
+class PeerIdentity(NamedTuple):
+    """Who the peer of a connection is, as the connection layer knows it."""
+
+    # The verified certificate the peer presented (DER), None without TLS or without one.
+    certificate: bytes | None
+    # A principal the transport itself carries (the simulator's network, which has no TLS).
+    principal: str | None = None
+
+
+# The extra a transport without TLS may carry a peer's principal in (the simulator's).
+PRINCIPAL_EXTRA = "waltz_principal"
+
+
+def peer_identity(writer: asyncio.StreamWriter) -> PeerIdentity:
+    """The peer's certificate or principal: the one place the transport is asked who is there
+    (a change of TLS transport changes only this)."""
+    ssl_object = writer.get_extra_info("ssl_object")
+    certificate = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+    return PeerIdentity(certificate or None, writer.get_extra_info(PRINCIPAL_EXTRA))

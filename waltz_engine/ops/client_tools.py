@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from waltz_engine.client import (
+    AuthorizationError,
     PartitionLocalLock,
     Transaction,
     TransactionBuilder,
@@ -206,7 +207,13 @@ class _TailCallbacks(HighWaterMarks):
     def __init__(self, with_data: bool) -> None:
         super().__init__()
         self.with_data = with_data
-        self.queue: asyncio.Queue[TailedTransaction] = asyncio.Queue()
+        self.queue: asyncio.Queue[TailedTransaction | AuthorizationError] = asyncio.Queue()
+
+    def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
+        if isinstance(exception, AuthorizationError):
+            self.queue.put_nowait(exception)  # the feed ended: so does the tail, saying why
+        else:
+            super().uncaught_exception(partition_id, transaction_id, exception)
 
     async def on_transaction(self, transaction: Transaction) -> None:
         data = await transaction.data() if self.with_data else None
@@ -313,11 +320,17 @@ def _tail_end(server_mark: int, to_transaction: int | None, follow: bool) -> int
 
 
 async def _next_tailed(
-    queue: asyncio.Queue[TailedTransaction], timeout_ms: int | None, last: dict[int, int], waiting: set[int]
+    queue: asyncio.Queue[TailedTransaction | AuthorizationError],
+    timeout_ms: int | None,
+    last: dict[int, int],
+    waiting: set[int],
 ) -> TailedTransaction:
     try:
         async with asyncio.timeout(None if timeout_ms is None else timeout_ms / MS_PER_S):
-            return await queue.get()
+            item = await queue.get()
+        if isinstance(item, AuthorizationError):
+            raise item
+        return item
     except TimeoutError:
         behind = ", ".join(f"partition {p} after {last[p]}" for p in sorted(waiting))
         raise ClientToolError(

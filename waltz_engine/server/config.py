@@ -8,6 +8,7 @@ import socket
 from pathlib import Path
 from typing import NamedTuple
 
+from waltz_engine.auth.authorizer import AUTHORIZER_KEYS, AuthorizerSettings, read_authorizer_settings
 from waltz_engine.common.config import Config, ConfigError, require_ports
 from waltz_engine.net.channel import ConnectionLimits, read_connection_limits
 from waltz_engine.net.tls import TlsConfig
@@ -64,6 +65,7 @@ KNOWN_KEYS = (
     KEY_AUTO_RECOVERY_GRACE,
     KEY_AUTO_RECOVERY_RATE,
     *ZOOKEEPER_KEYS,
+    *AUTHORIZER_KEYS,
 )
 # TLS keys are read by TlsConfig; Graphite is accepted (as the original) but not reported to.
 KNOWN_PREFIXES = ("server.ssl.", "server.graphite.")
@@ -122,6 +124,7 @@ class ServerConfig(NamedTuple):
     source: str
     connection_limits: ConnectionLimits = ConnectionLimits()
     auto_recovery: AutoRecoverySettings = AutoRecoverySettings()
+    authorizer: AuthorizerSettings = AuthorizerSettings()
 
     @classmethod
     def load(cls, path: Path | str) -> ServerConfig:
@@ -180,6 +183,7 @@ class ServerConfig(NamedTuple):
         )
         zookeeper = node_zookeeper_settings(config)
         advertised = config.optional_str(KEY_ADVERTISED_HOST)
+        tls = TlsConfig.from_flat(config.as_dict(), TLS_PREFIX)
         return cls(
             host=config.get_str(KEY_HOST, DEFAULT_HOST),
             # The original advertises InetAddress.getLocalHost().getCanonicalHostName().
@@ -189,11 +193,12 @@ class ServerConfig(NamedTuple):
             engine=engine,
             store=store,
             zookeeper=zookeeper,
-            tls=TlsConfig.from_flat(config.as_dict(), TLS_PREFIX),
+            tls=tls,
             source=src,
             connection_limits=connection_limits,
             auto_recovery=AutoRecoverySettings(
                 not_negative(KEY_AUTO_RECOVERY_GRACE, DEFAULT_AUTO_RECOVERY_GRACE_MS, long=True),
                 positive(KEY_AUTO_RECOVERY_RATE, DEFAULT_AUTO_RECOVERY_BYTES_PER_SECOND, long=True),
             ),
+            authorizer=read_authorizer_settings(config, tls, TLS_PREFIX),
         )

@@ -24,7 +24,7 @@ from waltz_engine.server.feed_cache import (
     FeedCache,
     block_first_transaction_id,
 )
-from waltz_engine.wire.client_messages import CLIENT_CODECS, FeedData
+from waltz_engine.wire.client_messages import EXTENDED_CLIENT_CODECS, FeedData
 
 # Blocks kept per partition and codec version: 256 x 64 txids x 36 bytes = 576 KiB, enough for
 # the realtime tail and the positions of the mounts catching up at once.
@@ -33,7 +33,7 @@ FEED_FRAME_BLOCKS_KEPT = 256
 
 def feed_data_frame_size_bytes(version: int) -> int:
     """Every FeedData frame of a codec version has this size (fixed fields only)."""
-    return len(CLIENT_CODECS[version].encode_frame(FeedData(ReqId(0, 0, 0, 0), 0, 0)))
+    return len(EXTENDED_CLIENT_CODECS[version].encode_frame(FeedData(ReqId(0, 0, 0, 0), 0, 0)))
 
 
 class _Block:
@@ -116,7 +116,7 @@ class FeedFrames:
         return True
 
     def _encode(self, version: int, block: _Block, index: int, req_id: ReqId, header: int) -> None:
-        frame = CLIENT_CODECS[version].encode_frame(
+        frame = EXTENDED_CLIENT_CODECS[version].encode_frame(
             FeedData(req_id, block.first_transaction_id + index, header)
         )
         size = block.frame_size_bytes

@@ -57,6 +57,9 @@ class FeedClient(Protocol):
     @property
     def closed(self) -> bool: ...
 
+    # Partitions whose feeds ended on an open connection (their read grant was revoked).
+    revoked: set[int]
+
     def writable(self) -> bool: ...
 
     def send(self, message: Any) -> None: ...
@@ -194,7 +197,7 @@ class FeedWorker:
     def _serve(self, context: FeedContext) -> int:
         """Sends one batch, in one write."""
         client = context.client
-        if client.closed:
+        if client.closed or context.req_id.partition_id in client.revoked:
             self._remove()
             return _DONE
         assert not context.finished, context  # a finished context is sent its terminal and dropped

@@ -20,14 +20,19 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from waltz_engine.auth.acl import ADMIN, APPEND, NO_PARTITION, READ
+from waltz_engine.auth.authorizer import Authorizer
 from waltz_engine.net.channel import WRITE_BUFFER_HIGH_BYTES, ConnectionClosedError, FramedConnection
 from waltz_engine.server.feeds import FeedContext
 from waltz_engine.server.partition import DataLoad, Partition
 from waltz_engine.wire.client_messages import (
+    AUTHORIZATION_VERSION,
+    AUTHORIZING_CLIENT_CODEC,
     PARTITION_STATE_NOT_READY,
     AddPreferredPartitionRequest,
     AddPreferredPartitionResponse,
     AppendRequest,
+    AuthorizationFailure,
     CheckStorageConnectivityRequest,
     CheckStorageConnectivityResponse,
     FeedRequest,
@@ -84,12 +89,21 @@ class ClientConnection:
         "_data_requests",
         "_data_loading",
         "_data_room",
+        "principal",
+        "reading",
+        "revoked",
     )
 
     def __init__(self, conn: FramedConnection) -> None:
         self.conn = conn
         self.codec = conn.codec
         self.client_id: int | None = None
+        # With the authorizer on: who the client is, and the partitions it mounted (by the
+        # MOUNT's reqId), checked again when the ACLs change.
+        self.principal: str | None = None
+        self.reading: dict[int, Any] = {}
+        # Partitions whose read was revoked while this connection stays open: their feeds end.
+        self.revoked: set[int] = set()
         self._parked: list[FeedContext] = []
         self._drainer: asyncio.Task[None] | None = None
         self._rpc_slots = asyncio.Semaphore(MAX_PENDING_RPCS_PER_CONNECTION)
@@ -236,20 +250,36 @@ class ClientConnection:
         self._parked.clear()
 
 
-class ClientHandler:
-    """``net.serve`` handler for the client port."""
+_TYPE_CODES = {spec.cls: spec.type_code for spec in AUTHORIZING_CLIENT_CODEC.specs}
+_READS = (MountRequest, FeedRequest, TransactionDataRequest, HighWaterMarkRequest)
+_APPENDS = (AppendRequest, FlushRequest)
+_PREFERRED = (AddPreferredPartitionRequest, RemovePreferredPartitionRequest)
+NOT_AUTHORIZED = "not authorized"
 
-    def __init__(self, services: ServerServices) -> None:
+
+class ClientHandler:
+    """``net.serve`` handler for the client port; with an ``authorizer``, every request is checked
+    against the ACLs before it is served (issue 34)."""
+
+    def __init__(self, services: ServerServices, authorizer: Authorizer | None = None) -> None:
         self.services = services
         self.connections: set[ClientConnection] = set()
+        self.authorizer = authorizer
+        if authorizer is not None:
+            authorizer.on_change(self._recheck_reads)
 
     async def __call__(self, conn: FramedConnection) -> None:
         client = ClientConnection(conn)
         self.connections.add(client)
+        authorizer = self.authorizer
+        if authorizer is not None:
+            client.principal = authorizer.principal_of(conn, "server client port")
         try:
             while (message := await conn.receive()) is not None:
                 if client.client_id is None:
                     client.client_id = message.req_id.client_id
+                if authorizer is not None and not self._authorized(authorizer, client, message):
+                    continue
                 await self._dispatch(client, message)
                 if client.write_buffer_size_bytes() > WRITE_BUFFER_HIGH_BYTES:
                     await conn.drain()
@@ -260,6 +290,70 @@ class ClientHandler:
                 if partition is not None:
                     partition.remove_client(client, client.client_id)
             await client.close()
+
+    def _authorized(self, authorizer: Authorizer, client: ClientConnection, message: Any) -> bool:
+        """Whether the ACLs allow ``message``; a refusal is answered here (see :meth:`_refuse`)."""
+
+        kind = type(message)
+        partition_id = message.req_id.partition_id
+        if kind in _READS:
+            operation, partitions = READ, (partition_id,)
+        elif kind in _APPENDS:
+            operation, partitions = APPEND, (partition_id,)
+        elif kind in _PREFERRED:
+            operation, partitions = ADMIN, tuple(message.partition_ids or ()) or (NO_PARTITION,)
+        else:
+            operation, partitions = ADMIN, (NO_PARTITION,)
+        name = kind.__name__
+        for partition in partitions:
+            if not authorizer.check(client.principal, operation, partition, name, client.conn.peer):
+                self._refuse(client, message, operation, partition)
+                return False
+        if kind is MountRequest:
+            client.reading[partition_id] = message.req_id
+            client.revoked.discard(partition_id)
+        return True
+
+    @staticmethod
+    def _refuse(client: ClientConnection, message: Any, operation: str, partition_id: int) -> None:
+        """Tell a v5 client (AUTHORIZATION_FAILURE). The original's versions have no refusal a Java
+        client stops on: a MOUNT is answered NOT_READY (it retries), a TRANSACTION_DATA with an
+        error (it retries), the rest are dropped as for a partition the server does not own."""
+        req_id = message.req_id
+        if client.version >= AUTHORIZATION_VERSION:
+            client.send(
+                AuthorizationFailure(
+                    req_id, _TYPE_CODES[type(message)], operation, partition_id, client.principal
+                )
+            )
+        elif isinstance(message, MountRequest):
+            client.send(MountResponse(req_id, PARTITION_STATE_NOT_READY))
+        elif isinstance(message, TransactionDataRequest):
+            client.send(
+                TransactionDataResponse(req_id, message.transaction_id, exception_message=NOT_AUTHORIZED)
+            )
+
+    def _recheck_reads(self) -> None:
+        """After an ACL change: a mount (and so its feed) whose read was revoked ends. A v5 client
+        is told, for that partition; an older one loses the connection (and remounts, refused)."""
+        authorizer = self.authorizer
+        assert authorizer is not None
+
+        for client in list(self.connections):
+            for partition_id, req_id in list(client.reading.items()):
+                if authorizer.check(client.principal, READ, partition_id, "FeedRequest", client.conn.peer):
+                    continue
+                del client.reading[partition_id]
+                client.revoked.add(partition_id)  # its feed contexts end where the workers reach them
+                partition = self.services.partition(partition_id)
+                if partition is not None:
+                    partition.remove_client(client, client.client_id)
+                if client.version >= AUTHORIZATION_VERSION:
+                    code = _TYPE_CODES[FeedRequest]
+                    client.send(AuthorizationFailure(req_id, code, READ, partition_id, client.principal))
+                else:
+                    client.conn.writer.close()
+                    break
 
     async def _dispatch(self, client: ClientConnection, message: Any) -> None:
         req_id = message.req_id

@@ -17,10 +17,13 @@ from waltz_engine.common.address import HostPort
 from waltz_engine.common.errors import ProtocolError, WaltzError
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.net.channel import ConnectionClosedError, FramedConnection, connect
+from waltz_engine.net.tls import presents_certificate
 from waltz_engine.wire.client_messages import (
     CLIENT_CODECS,
+    EXTENDED_CLIENT_CODECS,
     AddPreferredPartitionRequest,
     AddPreferredPartitionResponse,
+    AuthorizationFailure,
     CheckStorageConnectivityRequest,
     CheckStorageConnectivityResponse,
     RemovePreferredPartitionRequest,
@@ -77,7 +80,8 @@ class ServerRpcClient:
                 self.endpoint.host,
                 self.endpoint.port,
                 self.ssl_context,
-                CLIENT_CODECS,
+                # Our v5 (ACL refusals) only where a server could name us: with a certificate.
+                EXTENDED_CLIENT_CODECS if presents_certificate(self.ssl_context) else CLIENT_CODECS,
                 CLIENT_HELLO_TEXT,
                 timeout_ms=self.timeout_ms,
             )
@@ -183,6 +187,13 @@ class ServerRpcClient:
                 raise ConnectionClosedError("the server closed the connection")
             if isinstance(message, expected):
                 return message
+            if isinstance(message, AuthorizationFailure):
+                where = f"partition {message.partition_id}" if message.partition_id >= 0 else "the cluster"
+                raise ServerRpcError(
+                    f"Server {self.endpoint}: not authorized: principal {message.principal} may not "
+                    f"{message.operation} on {where} ({expected.__name__.replace('Response', 'Request')} "
+                    "refused by the server's ACLs; nothing of it was done)"
+                )
         raise ProtocolError(f"no {expected.__name__} among {MAX_SKIPPED_MESSAGES} messages")
 
 

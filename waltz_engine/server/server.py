@@ -14,7 +14,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
@@ -35,13 +35,16 @@ from waltz_engine.server.feed_cache import FeedCache
 from waltz_engine.server.handler import ClientHandler
 from waltz_engine.server.partition import Partition, StorePartitionLike
 from waltz_engine.server.transaction_cache import TransactionCache, TransactionFetcher
-from waltz_engine.wire.client_messages import CLIENT_CODECS
+from waltz_engine.wire.client_messages import CLIENT_CODECS, EXTENDED_CLIENT_CODECS
 from waltz_engine.wire.hello import SERVER_HELLO_TEXT
 from waltz_engine.zk.cluster import read_cluster_params
 from waltz_engine.zk.cluster_manager import ClusterManager, ManagedServer
 from waltz_engine.zk.connection import ZooKeeperConnector, connect, new_client
 from waltz_engine.zk.payloads import PartitionInfo
 from waltz_engine.zk.store_metadata import read_store_params
+
+if TYPE_CHECKING:
+    from waltz_engine.auth.authorizer import Authorizer
 
 log = logging.getLogger("waltz_engine.server")
 
@@ -219,6 +222,7 @@ class WaltzServer:
         self.closed = False
         self._zk_stack = contextlib.ExitStack()
         self._zk: KazooClient | None = None
+        self.authorizer: Authorizer | None = None
         self._zk_disconnected_since_s: float | None = None
         self._store: StoreLike | None = None
         self._listener: Listener | None = None
@@ -255,12 +259,15 @@ class WaltzServer:
         self.cluster_manager = manager = ClusterManager(zk, settings.cluster_root)
         self.core = core = ServerCore(store, config.engine, self.metrics, manager.set_preferred_partitions)
         self._register_metrics()
-        self._handler = handler = ClientHandler(core)
+        self.authorizer = authorizer = await self._start_authorizer(zk)
+        self._handler = handler = ClientHandler(core, authorizer)
         self._listener = await serve(
             config.host,
             config.port,
             tls_context(self.network, lambda: server_context(config.tls)),
-            CLIENT_CODECS,
+            # Our version 5 (refusals a client can stop on) only where there are refusals: a
+            # server without the authorizer offers the original's versions, byte for byte.
+            CLIENT_CODECS if authorizer is None else EXTENDED_CLIENT_CODECS,
             SERVER_HELLO_TEXT,
             handler,
             "server client port",
@@ -289,6 +296,23 @@ class WaltzServer:
             cluster.num_partitions,
             config.jetty_port if config.jetty_port is not None else "none",
         )
+
+    async def _start_authorizer(self, zk: KazooClient) -> Authorizer | None:
+        """With ``authorizer.enabled``: our own znodes secured (when this server has a ZooKeeper
+        identity to write them with), the ACLs read and watched."""
+        settings = self.config.authorizer
+        if not settings.enabled:
+            return None
+        from waltz_engine.auth.authorizer import Authorizer
+        from waltz_engine.auth.zk_acls import secure_own_znodes
+
+        root = self.config.zookeeper.cluster_root
+        await asyncio.to_thread(secure_own_znodes, zk, root, self.config.zookeeper)
+        authorizer = Authorizer(
+            settings, root, f"server {self.config.advertised_host}:{self.port}", self.metrics
+        )
+        authorizer.start(zk)
+        return authorizer
 
     def _start_auto_recovery(self, zk: KazooClient) -> AutoRecoveryLike:
         # Imported here, as the store: it brings the operators' replica mover.
@@ -403,6 +427,8 @@ class WaltzServer:
             await self._store.close()
         if self._http is not None:
             await self._http.close()
+        if self.authorizer is not None:
+            self.authorizer.stop()
         if self._zk is not None:
             self._zk.remove_listener(self._on_zk_state)
         await asyncio.to_thread(self._zk_stack.close)

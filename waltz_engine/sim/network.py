@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from waltz_engine.net.transport import ProtocolFactory, ServerHandle
+from waltz_engine.net.transport import PRINCIPAL_EXTRA, ProtocolFactory, ServerHandle
 from waltz_engine.sim.loop import SimLoop
 
 # A connection whose bytes cannot cross for this long is reset (TCP retransmits for minutes;
@@ -102,10 +102,15 @@ class SimTransport(asyncio.Transport):
         self._high = DEFAULT_WRITE_HIGH_BYTES
         self._low = DEFAULT_WRITE_HIGH_BYTES // 4
         self._writing_paused = False
+        # Who the other end is (SimNetwork.principals): the simulator's stand-in for the peer's
+        # certificate, read where a TLS connection's would be (net.transport.peer_identity).
+        self.peer_principal: str | None = None
 
     # asyncio.Transport
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
+        if name == PRINCIPAL_EXTRA:
+            return self.peer_principal
         return {"peername": self.remote, "sockname": self.local}.get(name, default)
 
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
@@ -307,6 +312,11 @@ class SimNodeNetwork:
         self._network = network
         self.host = host
 
+    @property
+    def principal(self) -> str | None:
+        """The host's identity on this network (None: anonymous, as a client without a certificate)."""
+        return self._network.principals.get(self.host)
+
     async def open_connection(
         self, host: str, port: int, ssl_context: Any, limit: int
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -340,6 +350,8 @@ class SimNetwork:
         # Walked in the order connections opened (insertion order), never in an order of identities.
         self._open: dict[int, SimTransport] = {}
         self._next_port = FIRST_EPHEMERAL_PORT
+        # Each host's principal, carried with every connection it opens or accepts (issue 34).
+        self.principals: dict[str, str] = {}
 
     @property
     def rng(self) -> random.Random:
@@ -387,6 +399,10 @@ class SimNetwork:
         local = (source, self._port())
         client, accepted = SimTransport(self, local, address), SimTransport(self, address, local)
         client.peer, accepted.peer = accepted, client
+        client.peer_principal, accepted.peer_principal = (
+            self.principals.get(host),
+            self.principals.get(source),
+        )
         for transport in (client, accepted):
             self._open[id(transport)] = transport
         protocol = server.factory()

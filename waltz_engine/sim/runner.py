@@ -68,7 +68,8 @@ def replay_command(seed: int, shape: WorldShape) -> str:
     command = (
         f"waltz sim --seeds 1 --seed-base {seed} --transactions {shape.transactions} --faults {shape.faults}"
     )
-    return command if shape.workload == "append" else f"{command} --workload {shape.workload}"
+    command = command if shape.workload == "append" else f"{command} --workload {shape.workload}"
+    return f"{command} --acl" if shape.acl else command
 
 
 def run_seeds(

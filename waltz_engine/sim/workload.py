@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable
 
 from waltz_engine.client import Transaction, TransactionBuilder, TransactionContext, WaltzClientCallbacks
-from waltz_engine.client.errors import ClientClosedError, OutcomeUnknownError
+from waltz_engine.client.errors import AuthorizationError, ClientClosedError, OutcomeUnknownError
 from waltz_engine.common.reqid import ReqId
 
 
@@ -88,6 +88,8 @@ class Application(WaltzClientCallbacks):
         self.changed = asyncio.Event()
         self.uncaught: list[str] = []
         self.violations: list[str] = []
+        # Partitions whose feed the servers' ACLs refused this client (WorldShape.acl).
+        self.read_refused: set[int] = set()
         self._on_apply = on_apply
 
     def get_client_high_water_mark(self, partition_id: int) -> int:
@@ -110,6 +112,9 @@ class Application(WaltzClientCallbacks):
         self.changed.set()
 
     def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
+        if isinstance(exception, AuthorizationError):
+            self.read_refused.add(partition_id)
+            return
         self.uncaught.append(f"partition {partition_id} txid {transaction_id}: {exception!r}")
 
     def count(self) -> int:
@@ -149,7 +154,10 @@ def check_outcomes(application: Application, contexts: list[SimContext], incarna
             error = outcome.exception()
             # A closed client's attempt may have committed (unknown) or was never sent (closed).
             unknown = isinstance(error, OutcomeUnknownError) and count <= 1
-            if not (closed and (unknown or (isinstance(error, ClientClosedError) and count == 0))):
+            if isinstance(error, AuthorizationError):
+                if count != 0:  # refused by the ACLs: certainly not committed
+                    violations.append(f"transaction {context.number} was refused by the ACLs yet is {in_log}")
+            elif not (closed and (unknown or (isinstance(error, ClientClosedError) and count == 0))):
                 violations.append(f"transaction {context.number} was reported failed: {error!r} {in_log}")
         elif not outcome.result():
             if count != 0 or not (context.declined or closed):

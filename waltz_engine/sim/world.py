@@ -27,6 +27,7 @@ from kazoo.client import KazooClient
 
 from waltz_engine.client.client import WaltzClient
 from waltz_engine.client.config import WaltzClientConfig
+from waltz_engine.client.errors import AuthorizationError
 from waltz_engine.common.config import Config
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.server.config import ServerConfig
@@ -55,6 +56,12 @@ STORAGE_PORT = 7000
 STORAGE_ADMIN_PORT = 7001
 SERVER_PORT = 6000
 CLIENT_HOST = "client-0"
+# With WorldShape.acl: who each host is (the nodes share one principal, as a dev cluster's do).
+SIM_NODE_PRINCIPAL = "CN=node,O=sim"
+SIM_OPERATOR_PRINCIPAL = "CN=operator,O=sim"
+SIM_CLIENT_PRINCIPAL = "CN=client,O=sim"
+SIM_ROGUE_PRINCIPAL = "CN=rogue,O=sim"
+ACL_MIN_PARTITIONS = 3
 ROGUE_HOST = "rogue-0"
 FORGED_SESSION_ID = 1 << 62  # a session id ZooKeeper never issues in a seed's time
 SESSION_TIMEOUT_MS = 10_000
@@ -100,6 +107,10 @@ class WorldShape:
     # The client's process restarts among the node faults (False: the world as it was before,
     # where the regression seeds found then replay).
     client_restarts: bool = True
+    # ACLs on (issue 34): every connection carries its host's principal, the nodes enforce, and
+    # the client may append to and read all but the last two partitions, only read the one
+    # before last (its appends are refused) and neither on the last (its mounts are refused).
+    acl: bool = False
 
 
 @dataclass
@@ -141,6 +152,35 @@ class SimWorld:
         self.forged_served: list[str] = []
         self.close_failures: list[str] = []
 
+    def _acl_keys(self, prefix: str) -> dict[str, Any]:
+        """A node's authorizer keys with ``acl``: no TLS here, so the trust store is never read."""
+        if not self.shape.acl:
+            return {}
+        return {
+            "authorizer.enabled": True,
+            "authorizer.nodePrincipals": [SIM_NODE_PRINCIPAL],
+            "authorizer.audit.log": "",
+            f"{prefix}.ssl.trustStore.location": "unused: the simulated network carries no TLS",
+        }
+
+    def _grant(self, zk: KazooClient) -> None:
+        """The hosts' principals and the ACLs of ``WorldShape.acl``."""
+        from waltz_engine.auth.acl import change_acls, make_entries
+
+        partitions = self.shape.partitions
+        assert partitions >= ACL_MIN_PARTITIONS, "acl needs a partition to use, one to read, one refused"
+        for host in [*self.disks, *(f"server-{n}" for n in range(self.shape.servers))]:
+            self.network.principals[host] = SIM_NODE_PRINCIPAL
+        self.network.principals["operator"] = SIM_OPERATOR_PRINCIPAL
+        self.network.principals[CLIENT_HOST] = SIM_CLIENT_PRINCIPAL
+        self.network.principals[ROGUE_HOST] = SIM_ROGUE_PRINCIPAL
+        entries = [
+            *make_entries(SIM_OPERATOR_PRINCIPAL, ["admin"], "*", deny=False),
+            *make_entries(SIM_CLIENT_PRINCIPAL, ["read"], f"0-{partitions - 2}", deny=False),
+            *make_entries(SIM_CLIENT_PRINCIPAL, ["append"], f"0-{partitions - 3}", deny=False),
+        ]
+        change_acls(zk, CLUSTER_ROOT, entries)
+
     def _zookeeper_keys(self) -> dict[str, Any]:
         return {
             "zookeeper.connectString": ZOOKEEPER_HOST,
@@ -157,6 +197,8 @@ class SimWorld:
                 storage = f"storage-{number}:{STORAGE_PORT}"
                 add_storage_node(zk, CLUSTER_ROOT, storage, 0, STORAGE_ADMIN_PORT)
                 assign_partitions(zk, CLUSTER_ROOT, storage, partitions)
+            if self.shape.acl:
+                self._grant(zk)
         return params.key
 
     async def _assign_partitions(self, host: str, key: uuid.UUID) -> None:
@@ -212,6 +254,7 @@ class SimWorld:
             "storage.port": STORAGE_PORT,
             "storage.admin.port": STORAGE_ADMIN_PORT,
             "storage.directory": f"/{host}",
+            **self._acl_keys("storage"),
         }
         storage_config = StorageConfig.from_config(self._config(host, storage_keys))
         node = StorageNode(
@@ -222,7 +265,12 @@ class SimWorld:
 
     async def _start_server(self, number: int) -> WaltzServer:
         host = f"server-{number}"
-        server_keys = {"server.host": host, "server.advertisedHost": host, "server.port": SERVER_PORT}
+        server_keys = {
+            "server.host": host,
+            "server.advertisedHost": host,
+            "server.port": SERVER_PORT,
+            **self._acl_keys("server"),
+        }
         server = WaltzServer(ServerConfig.from_config(self._config(host, server_keys)), **self._seams(host))
         await server.start()
         return server
@@ -382,6 +430,8 @@ class SimWorld:
                 return
             except ApplicationError:
                 return  # its own error on a resubmit: on_exception has it
+            except AuthorizationError:
+                return  # the ACLs refuse its partition: on_exception has it, final
             except WaltzError:
                 # The submit failed (the partition was not mounted in time, the client closed),
                 # after telling the context: that attempt's outcome was the submit's error.
@@ -404,8 +454,16 @@ class SimWorld:
             await self.application.changed.wait()
 
     def check(self) -> list[str]:
-        """Every outcome against the log, and the bank's ledger."""
+        """Every outcome against the log, and the bank's ledger (and with ``acl``: nothing of the
+        refused partitions was committed or delivered)."""
         violations = check_outcomes(self.application, self.contexts, self.incarnation)
+        if self.shape.acl:
+            for partition_id in (self.shape.partitions - 2, self.shape.partitions - 1):
+                delivered = self.application.applied.get(partition_id, [])
+                if delivered:
+                    violations.append(
+                        f"partition {partition_id}: the ACLs refuse it, yet {len(delivered)} delivered"
+                    )
         return violations + self.forged_served + self.close_failures + self.ledger.violations
 
     def check_replicas(self) -> list[str]:

@@ -1,8 +1,13 @@
-"""Client <-> server messages, magic 'L', codec versions 0-4 (reference §3.3).
+"""Client <-> server messages, magic 'L', codec versions 0-4 (reference §3.3), and our version 5.
 
 Common header: ``type:int8, reqId``. Versions differ only in which types exist (13-14 from
 v1, 15-20 from v2, 21-22 in v4), in APPEND_REQUEST's lock arrays (write only in v0, +read in
 v1, +append from v2) and in MOUNT_RESPONSE (a READY boolean up to v2, the int32 state from v3).
+
+Version 5 is ours (the original never offers it, so a Java peer never speaks it): version 4 plus
+AUTHORIZATION_FAILURE (23), a server's refusal of a request by its ACLs. Only a server with the
+authorizer on and a client that presents a certificate offer it (``EXTENDED_CLIENT_CODECS``);
+``CLIENT_CODECS`` stays the original's versions.
 """
 
 from __future__ import annotations
@@ -20,12 +25,14 @@ from waltz_engine.wire.primitives import (
     Buffer,
     read_bool,
     read_bytes,
+    read_i32,
     read_int_array,
     read_int_bool_pairs,
     read_int_list,
     read_str_bool_pairs,
     read_string,
     write_bytes,
+    write_i32,
     write_int_array,
     write_int_bool_pairs,
     write_int_list,
@@ -36,6 +43,7 @@ from waltz_engine.wire.primitives import (
 CLIENT_MAGIC = ord("L")
 CLIENT_VERSIONS = (0, 1, 2, 3, 4)
 CURRENT_CLIENT_VERSION = 4
+AUTHORIZATION_VERSION = 5
 
 PARTITION_STATE_READY = 0
 PARTITION_STATE_NOT_READY = 1
@@ -171,6 +179,17 @@ class ServerPartitionsHealthStatResponse(NamedTuple):
     server_partition_health_stats: tuple[tuple[int, bool], ...]
 
 
+class AuthorizationFailure(NamedTuple):
+    """v5: the request ``req_id`` (of type ``request_type``) was refused: ``principal`` may not
+    ``operation`` on ``partition_id`` (-1: a request about no one partition). Nothing of it was done."""
+
+    req_id: ReqId
+    request_type: int
+    operation: str | None
+    partition_id: int
+    principal: str | None
+
+
 ClientMessage: TypeAlias = (
     MountRequest
     | MountResponse
@@ -195,6 +214,7 @@ ClientMessage: TypeAlias = (
     | RemovePreferredPartitionResponse
     | ServerPartitionsHealthStatRequest
     | ServerPartitionsHealthStatResponse
+    | AuthorizationFailure
 )
 
 
@@ -405,6 +425,10 @@ def _specs(version: int) -> list[MessageSpec]:
                 [Field(read_int_bool_pairs, write_int_bool_pairs)],
             ),
         ]
+    if version >= AUTHORIZATION_VERSION:
+        i32 = Field(read_i32, write_i32)
+        text = Field(read_string, write_string)
+        specs.append(field_spec(23, "AUTHORIZATION_FAILURE", AuthorizationFailure, h, [i32, text, i32, text]))
     return specs
 
 
@@ -418,3 +442,15 @@ def _build_codecs() -> dict[int, MessageCodec[ClientMessage]]:
 
 
 CLIENT_CODECS: dict[int, MessageCodec[ClientMessage]] = _build_codecs()
+AUTHORIZING_CLIENT_CODEC: MessageCodec[ClientMessage] = MessageCodec(
+    CLIENT_MAGIC,
+    AUTHORIZATION_VERSION,
+    _specs(AUTHORIZATION_VERSION),
+    {s.type_code: s.name for s in _specs(AUTHORIZATION_VERSION)},
+)
+# The original's versions and ours: what a server with the authorizer on, and a client with a
+# certificate, offer.
+EXTENDED_CLIENT_CODECS: dict[int, MessageCodec[ClientMessage]] = {
+    **CLIENT_CODECS,
+    AUTHORIZATION_VERSION: AUTHORIZING_CLIENT_CODEC,
+}

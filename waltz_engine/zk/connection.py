@@ -18,6 +18,12 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
+from waltz_engine.auth.zk_acls import (
+    ZOOKEEPER_AUTH_KEYS,
+    OwnZnodeAclClient,
+    ZooKeeperAuth,
+    read_zookeeper_auth,
+)
 from waltz_engine.common.address import is_port
 from waltz_engine.common.config import Config, ConfigError
 from waltz_engine.common.errors import WaltzError
@@ -27,7 +33,13 @@ KEY_CONNECT_STRING = "zookeeper.connectString"
 KEY_SESSION_TIMEOUT = "zookeeper.sessionTimeout"
 KEY_CONNECT_TIMEOUT = "zookeeper.connectTimeout"
 KEY_CLUSTER_ROOT = "cluster.root"
-KNOWN_KEYS = (KEY_CONNECT_STRING, KEY_SESSION_TIMEOUT, KEY_CONNECT_TIMEOUT, KEY_CLUSTER_ROOT)
+KNOWN_KEYS = (
+    KEY_CONNECT_STRING,
+    KEY_SESSION_TIMEOUT,
+    KEY_CONNECT_TIMEOUT,
+    KEY_CLUSTER_ROOT,
+    *ZOOKEEPER_AUTH_KEYS,
+)
 
 DEFAULT_SESSION_TIMEOUT_MS = 30_000  # the original tools' default (TL/CliConfig.java)
 DEFAULT_CONNECT_TIMEOUT_MS = 10_000
@@ -52,6 +64,9 @@ class ZooKeeperSettings(NamedTuple):
     cluster_root: str
     session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS
     connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS
+    # Our extension (issue 34): how this process logs in to ZooKeeper and who may write our own
+    # znodes (waltz_engine/auth/zk_acls.py); None: anonymous, every znode open, as the original.
+    auth: ZooKeeperAuth | None = None
 
     @classmethod
     def from_config(cls, config: Config) -> ZooKeeperSettings:
@@ -79,7 +94,13 @@ class ZooKeeperSettings(NamedTuple):
         connect = connect_timeout_ms or from_file.get_int(KEY_CONNECT_TIMEOUT, DEFAULT_CONNECT_TIMEOUT_MS)
         if session < MIN_TIMEOUT_MS or connect < MIN_TIMEOUT_MS:
             raise ZooKeeperError("ZooKeeper session and connect timeouts must be positive")
-        return cls(_check_connect_string(connect_string), normalize_root(root), session, connect)
+        return cls(
+            _check_connect_string(connect_string),
+            normalize_root(root),
+            session,
+            connect,
+            read_zookeeper_auth(from_file),
+        )
 
 
 def _missing(flag: str, key: str, config: Config | None) -> str:
@@ -104,10 +125,20 @@ def _check_connect_string(connect_string: str) -> str:
 
 def new_client(settings: ZooKeeperSettings) -> KazooClient:
     """A kazoo client for these settings, not started; once started, kazoo reconnects it."""
-    return KazooClient(
+    auth = settings.auth
+    if auth is None:
+        return KazooClient(
+            hosts=settings.connect_string,
+            timeout=settings.session_timeout_ms / 1000,
+            logger=_KAZOO_LOGGER,
+        )
+    return OwnZnodeAclClient(
+        settings.cluster_root,
+        auth.own_acl() if auth.writers else None,
         hosts=settings.connect_string,
         timeout=settings.session_timeout_ms / 1000,
         logger=_KAZOO_LOGGER,
+        **auth.kazoo_options(),
     )
 
 
@@ -170,6 +201,12 @@ def describe(error: KazooException) -> str:
     """kazoo's exceptions often have no message; their class name says what happened."""
     detail = str(error).strip()
     name = type(error).__name__
+    if name == "NoAuthError":
+        return (
+            "NoAuthError: ZooKeeper refused the change: this process's ZooKeeper identity may not "
+            "write there (with the authorizer on, only zookeeper.acl.writers may; set "
+            "zookeeper.auth.* to the operator's)"
+        )
     return f"{name} ({detail})" if detail and detail != "()" else name
 
 
@@ -186,4 +223,10 @@ def node_zookeeper_settings(config: Config) -> ZooKeeperSettings:
 
 
 # Every ZooKeeper key a node's config may hold (for its unknown-key warning).
-ZOOKEEPER_KEYS = (KEY_CONNECT_STRING, KEY_SESSION_TIMEOUT, KEY_CONNECT_TIMEOUT, KEY_CLUSTER_ROOT)
+ZOOKEEPER_KEYS = (
+    KEY_CONNECT_STRING,
+    KEY_SESSION_TIMEOUT,
+    KEY_CONNECT_TIMEOUT,
+    KEY_CLUSTER_ROOT,
+    *ZOOKEEPER_AUTH_KEYS,
+)

@@ -9,7 +9,7 @@ import contextlib
 import json
 import shutil
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -20,6 +20,15 @@ from waltz_engine.common.address import is_port
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.net.tls import TlsConfig, client_context
 from waltz_engine.ops.cluster_ops import read_cluster_view, verify
+from waltz_engine.ops.devcluster.identities import (
+    TLS_DIR_NAME,
+    DevIdentities,
+    authorizer_asked,
+    checked_identities,
+    client_config_name,
+    ensure_operator_grant,
+    saved_mtls,
+)
 from waltz_engine.ops.devcluster.nodes import (
     ADMIN_TIMEOUT_MS,
     CLIENT_CONFIG_FILE_NAME,
@@ -85,6 +94,9 @@ class ClusterStatus(NamedTuple):
         }
 
 
+AUDIT_LOG_NAME = "audit.log"
+
+
 # Random picks may repeat; this many per port needed before giving up.
 PORT_PICKS_PER_PORT = 10
 
@@ -132,6 +144,8 @@ class LocalCluster:
         replicas: int | None = None,
         settings: Mapping[str, Any] | None = None,
         launcher: NodeLauncher = launch_node_process,
+        mtls: bool = False,
+        identities: Sequence[str] = (),
     ) -> None:
         if storages < 1 or servers < 0 or partitions < 1:
             raise DevClusterError("a cluster needs at least 1 storage node and 1 partition, and 0+ servers")
@@ -150,10 +164,14 @@ class LocalCluster:
         self.server_config = dict(server_config or {})
         # Whether the directory is ours to remove on down(clean=True) (saved in the state).
         self.created_directory = not self.directory.exists()
+        # `dev up --mtls` (issue 34): a CA, certificates for the nodes, the operator and each
+        # identity; mutual TLS on every port (saved in the state).
+        self.mtls, self.identities = mtls, checked_identities(identities)
         saved = self._load_state()
         if saved is not None:
             self._restore(saved, storages, servers, partitions, replicas, settings)
             return
+        self.mtls, self.identities = saved_mtls(self.directory, None, mtls, self.identities)
         ports = _allocate_ports(base_port, 1 + PORTS_PER_STORAGE * storages + PORTS_PER_SERVER * servers)
         zk_port = next(ports)
         self.zookeeper_port = zk_port if zookeeper is None else None
@@ -187,6 +205,7 @@ class LocalCluster:
             zookeeper=state.get("external_zookeeper"),
             cluster_root=state["cluster_root"],
             replicas=state.get("replicas"),
+            mtls=bool(state.get("mtls", False)),
         )
 
     @staticmethod
@@ -264,6 +283,7 @@ class LocalCluster:
                     "cluster (`waltz dev down`) before changing them"
                 )
         self.settings = dict(saved_settings if settings is None else settings)
+        self.mtls, self.identities = saved_mtls(self.directory, state, self.mtls, self.identities)
 
     def _save_state(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -276,6 +296,8 @@ class LocalCluster:
             "zookeeper_port": self.zookeeper_port,
             "external_zookeeper": self.external_zookeeper,
             "created_directory": self.created_directory,
+            "mtls": self.mtls,
+            "identities": self.identities,
             "storages": [{"ports": n.ports, "pid": n.pid} for n in self.storages],
             "servers": [{"ports": n.ports, "pid": n.pid} for n in self.servers],
         }
@@ -298,9 +320,22 @@ class LocalCluster:
             return self.external_zookeeper
         return f"{HOST}:{self.zookeeper_port}"
 
+    @property
+    def identity_files(self) -> DevIdentities | None:
+        """The CA, certificates and ZooKeeper secrets of an --mtls cluster (None without)."""
+        return DevIdentities(self.directory / TLS_DIR_NAME) if self.mtls else None
+
+    def tools_tls(self) -> TlsConfig:
+        """TLS of the cluster's own tools (`dev up`'s checks): the operator's certificate with --mtls."""
+        files = self.identity_files
+        return TlsConfig() if files is None else files.tools_tls()
+
     def zookeeper_settings(self) -> ZooKeeperSettings:
+        """As the operator: with --mtls, logged in with the operator's ZooKeeper identity."""
+        files = self.identity_files
+        auth = files.operator_zookeeper_auth() if files is not None else None
         return ZooKeeperSettings(
-            self.zookeeper, self.cluster_root, ZK_SESSION_TIMEOUT_MS, ZK_CONNECT_TIMEOUT_MS
+            self.zookeeper, self.cluster_root, ZK_SESSION_TIMEOUT_MS, ZK_CONNECT_TIMEOUT_MS, auth
         )
 
     def _zookeeper_running(self) -> bool:
@@ -322,6 +357,13 @@ class LocalCluster:
         self._claim_directory()
         self._save_state()
         self._check_ports_free()
+        files = self.identity_files
+        if files is not None:
+            files.ensure(self.identities)
+        elif authorizer_asked(self.settings):
+            raise DevClusterError(
+                "--set authorizer.enabled=true needs --mtls: the authorizer names connections by certificate"
+            )
         started: list[LocalNode] = []
         embedded = self.embedded_zookeeper
         # Ours to stop on failure once it runs, even when a Ctrl-C comes while it starts.
@@ -431,6 +473,11 @@ class LocalCluster:
             partitions = self.partitions_of(node)
             if partitions:
                 store_metadata.assign_partitions(zk, self.cluster_root, node.connect_string, partitions)
+        files = self.identity_files
+        if files is not None:
+            ensure_operator_grant(
+                zk, self.cluster_root, files.operator_zookeeper_auth(), authorizer_asked(self.settings)
+            )
 
     def partitions_of(self, node: LocalNode) -> list[int]:
         """The partitions ``node`` (a storage node) holds a replica of."""
@@ -443,10 +490,15 @@ class LocalCluster:
             "cluster.root": self.cluster_root,
         }
 
+    def _node_tls_config(self, kind: str, node: LocalNode) -> dict[str, Any]:
+        files = self.identity_files
+        return {} if files is None else files.node_keys(kind, node.directory / AUDIT_LOG_NAME, kind == SERVER)
+
     def _write_node_configs(self) -> None:
         for node in self.storages:
             config = {
                 **self._common_config(),
+                **self._node_tls_config(STORAGE, node),
                 "storage.host": HOST,
                 "storage.port": node.port,
                 "storage.admin.port": node.admin_port,
@@ -465,13 +517,22 @@ class LocalCluster:
                 "server.jetty.port": node.jetty_port,
                 "storage.initialRetryInterval": SERVER_STORAGE_INITIAL_RETRY_MS,
                 "storage.maxRetryInterval": SERVER_STORAGE_MAX_RETRY_MS,
+                **self._node_tls_config(SERVER, node),
                 **self.server_config,
                 **settings_for(SERVER_NODE, self.settings),
             }
             self._write_yaml(node.config_path, config)
 
     def _write_client_config(self) -> None:
-        self._write_yaml(self.client_config_path, {**self._common_config(), "client.autoMount": True})
+        common = {**self._common_config(), "client.autoMount": True}
+        files = self.identity_files
+        configs = {"": common} if files is None else files.client_configs(common, self.identities)
+        for name, config in configs.items():
+            self._write_yaml(self.directory / name if name else self.client_config_path, config)
+
+    def identity_config_path(self, identity: str) -> Path:
+        """`.waltz-dev/client-<identity>.yml`: a client config with that identity's certificate."""
+        return self.directory / client_config_name(identity)
 
     @staticmethod
     def _write_yaml(path: Path, config: dict[str, Any]) -> None:
@@ -482,7 +543,7 @@ class LocalCluster:
         """``StorageCli add-partition`` on every node (a no-op for partitions it already has), as
         ZooKeeper assigns them now: replicas moved since the cluster was made stay moved."""
         layout = read_store_layout(zk, self.cluster_root)
-        context = layout.context(client_ssl_context(None), ADMIN_TIMEOUT_MS)
+        context = layout.context(client_context(self.tools_tls()), ADMIN_TIMEOUT_MS)
         for node in self.storages:
             partitions = layout.assignments.get(node.connect_string, ())
             if partitions:
@@ -495,7 +556,7 @@ class LocalCluster:
                 self.wait_verified(client, deadline)
             return
         deadline = deadline if deadline is not None else time.monotonic() + DEFAULT_WAIT_TIMEOUT_MS / 1000
-        ssl_context = client_context(TlsConfig())
+        ssl_context = client_context(self.tools_tls())
         while True:
             report = asyncio.run(
                 verify(read_cluster_view(zk, self.cluster_root), ssl_context, VERIFY_RPC_TIMEOUT_S)
@@ -558,6 +619,9 @@ class LocalCluster:
         if self.external_zookeeper is None:
             names.append(ZOOKEEPER_DIR_NAME)
         paths = [self.directory / name for name in names]
+        if self.mtls:
+            paths.append(self.directory / TLS_DIR_NAME)
+            paths += [self.identity_config_path(identity) for identity in self.identities]
         return [*paths, self.client_config_path, self._temporary_state_path, self.state_path]
 
     def _remove_own_files(self) -> None:

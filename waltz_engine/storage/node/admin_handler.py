@@ -11,11 +11,18 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple, TypeVar
 
+from waltz_engine.auth.acl import ADMIN, NO_PARTITION, READ
+from waltz_engine.auth.authorizer import Authorizer, resource_name
 from waltz_engine.common.errors import ProtocolError, StorageError
 from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.net.channel import FramedConnection
 from waltz_engine.storage.node.data_handler import NOT_OPENED_MESSAGE, check_open
-from waltz_engine.storage.node.failures import NotOpenedError, PartitionNotAssignedError, rpc_exception
+from waltz_engine.storage.node.failures import (
+    NotAuthorizedError,
+    NotOpenedError,
+    PartitionNotAssignedError,
+    rpc_exception,
+)
 from waltz_engine.storage.storage_manager import StorageManager
 from waltz_engine.wire.admin_messages import (
     AdminAssignedPartitionStatusRequest,
@@ -35,6 +42,15 @@ from waltz_engine.wire.admin_messages import (
 from waltz_engine.wire.primitives import Buffer, SessionInfo
 
 log = logging.getLogger(__name__)
+ADMIN_PORT = "storage admin port"
+# What each admin request needs (issue 34): reads (Spark, backups, online checksums, movers) and
+# writes (assignment, availability: admin).
+_READS = (
+    AdminRecordListRequest,
+    AdminLastSessionInfoRequest,
+    AdminMetricsRequest,
+    AdminAssignedPartitionStatusRequest,
+)
 
 T = TypeVar("T")
 # Jackson's pretty printer indents by two spaces.
@@ -59,7 +75,9 @@ class AdminHandler:
         executor: ThreadPoolExecutor,
         on_assignment_changed: Callable[[], Awaitable[None]],
         on_taken_offline: Callable[[], Awaitable[object]] | None = None,
+        authorizer: Authorizer | None = None,
     ) -> None:
+        self._authorizer = authorizer
         self._manager = manager
         self._metrics = metrics
         self._executor = executor
@@ -71,6 +89,8 @@ class AdminHandler:
 
     async def __call__(self, conn: FramedConnection) -> None:
         opened = False
+        authorizer = self._authorizer
+        principal = authorizer.principal_of(conn, ADMIN_PORT) if authorizer is not None else None
         while (msg := await conn.receive()) is not None:
             if type(msg) is AdminOpenRequest:
                 error = await check_open(self._manager, msg.key, msg.num_partitions)
@@ -84,6 +104,10 @@ class AdminHandler:
             if not opened:
                 await conn.send(self._reply(msg, NotOpenedError(NOT_OPENED_MESSAGE)))
                 raise ProtocolError(f"{type(msg).__name__} before a successful OPEN_REQUEST")
+            refusal = self._refusal(authorizer, principal, msg, conn.peer) if authorizer is not None else None
+            if refusal is not None:
+                await conn.send(self._reply(msg, refusal))
+                continue
             try:
                 reply = await self._serve(msg)
             except (StorageError, OSError) as e:
@@ -94,6 +118,25 @@ class AdminHandler:
                 await conn.drain()
             else:
                 await conn.send(reply)
+
+    @staticmethod
+    def _refusal(
+        authorizer: Authorizer, principal: str | None, msg: Any, peer: str
+    ) -> NotAuthorizedError | None:
+
+        kind = type(msg)
+        operation = READ if kind in _READS else ADMIN
+        if kind in (AdminRecordListRequest, AdminLastSessionInfoRequest):
+            partitions: tuple[int, ...] = (msg.partition_id,)
+        elif kind in (AdminPartitionAvailableRequest, AdminPartitionAssignmentRequest):
+            partitions = tuple(msg.partition_ids or ()) or (NO_PARTITION,)
+        else:
+            partitions = (NO_PARTITION,)
+        name = kind.__name__
+        for partition_id in partitions:
+            if not authorizer.check(principal, operation, partition_id, name, peer):
+                return NotAuthorizedError(principal, operation, resource_name(partition_id), name)
+        return None
 
     @staticmethod
     def _reply(msg: Any, error: BaseException) -> AdminFailureResponse:

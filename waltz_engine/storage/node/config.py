@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 from typing import NamedTuple
 
+from waltz_engine.auth.authorizer import AUTHORIZER_KEYS, AuthorizerSettings, read_authorizer_settings
 from waltz_engine.common.config import Config, ConfigError, require_ports
 from waltz_engine.net.channel import ConnectionLimits, read_connection_limits
 from waltz_engine.net.tls import TlsConfig
@@ -56,6 +57,7 @@ KNOWN_KEYS = (
     KEY_SCRUB_BYTES_PER_SECOND,
     *TIER_KEYS,
     *ZOOKEEPER_KEYS,
+    *AUTHORIZER_KEYS,
 )
 # TLS keys are read by TlsConfig; Graphite is accepted (as the original) but not reported to.
 KNOWN_PREFIXES = ("storage.ssl.", "storage.graphite.")
@@ -81,6 +83,8 @@ class StorageConfig(NamedTuple):
     scrub_bytes_per_second: int = DEFAULT_SCRUB_BYTES_PER_SECOND
     # Our extension: sealed segments in an object store (None: off).
     tier: TierSettings | None = None
+    # Our extension (issue 34): ACLs on TLS identities (None of it unless enabled).
+    authorizer: AuthorizerSettings = AuthorizerSettings()
 
     @classmethod
     def load(cls, path: Path | str) -> StorageConfig:
@@ -117,6 +121,7 @@ class StorageConfig(NamedTuple):
         scrub_bytes_per_second = config.get_not_negative(
             KEY_SCRUB_BYTES_PER_SECOND, DEFAULT_SCRUB_BYTES_PER_SECOND, long=True
         )
+        tls = TlsConfig.from_flat(config.as_dict(), TLS_PREFIX)
         return cls(
             host=host,
             port=ports[KEY_PORT],
@@ -126,11 +131,12 @@ class StorageConfig(NamedTuple):
             segment_size_threshold_bytes=threshold,
             segment_cache_capacity=capacity,
             zookeeper=zookeeper,
-            tls=TlsConfig.from_flat(config.as_dict(), TLS_PREFIX),
+            tls=tls,
             source=src,
             retention_check_interval_ms=retention_interval_ms,
             connection_limits=connection_limits,
             zookeeper_start_timeout_ms=zookeeper_start_timeout_ms,
             scrub_bytes_per_second=scrub_bytes_per_second,
             tier=read_tier_settings(config),
+            authorizer=read_authorizer_settings(config, tls, TLS_PREFIX),
         )

@@ -7,9 +7,11 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from waltz_engine.auth.acl import ADMIN
+from waltz_engine.auth.authorizer import Authorizer, resource_name
 from waltz_engine.common.errors import ProtocolError, StorageError
 from waltz_engine.net.channel import FramedConnection
-from waltz_engine.storage.node.failures import NotOpenedError, PartitionNotAssignedError
+from waltz_engine.storage.node.failures import NotAuthorizedError, NotOpenedError, PartitionNotAssignedError
 from waltz_engine.storage.node.partition_worker import PARTITION_REQUEST_TYPES, PartitionWorker, failure_frame
 from waltz_engine.storage.storage_manager import StorageManager
 from waltz_engine.wire.storage_messages import (
@@ -22,6 +24,7 @@ from waltz_engine.wire.storage_messages import (
 )
 
 log = logging.getLogger(__name__)
+DATA_PORT = "storage data port"
 
 NOT_OPENED_MESSAGE = "the connection is not open: the first request must be OPEN_REQUEST"
 _OPEN_SUCCESS_FRAME = STORAGE_CODEC.encode_frame(
@@ -41,12 +44,20 @@ async def check_open(manager: StorageManager, key: Any, num_partitions: int) -> 
 class DataHandler:
     """``handler(conn)`` for :func:`waltz_engine.net.channel.serve` on the data port."""
 
-    def __init__(self, manager: StorageManager, worker_of: Callable[[int], PartitionWorker | None]) -> None:
+    def __init__(
+        self,
+        manager: StorageManager,
+        worker_of: Callable[[int], PartitionWorker | None],
+        authorizer: Authorizer | None = None,
+    ) -> None:
         self._manager = manager
         self._worker_of = worker_of
+        self._authorizer = authorizer
 
     async def __call__(self, conn: FramedConnection) -> None:
         opened = False
+        authorizer = self._authorizer
+        principal = authorizer.principal_of(conn, DATA_PORT) if authorizer is not None else None
         while True:
             # Replies pile up when the client does not read them: stop reading its requests too.
             await conn.drain()
@@ -70,6 +81,13 @@ class DataHandler:
                 conn.send_frame(failure_frame(msg, NotOpenedError(NOT_OPENED_MESSAGE)))
                 await conn.drain()
                 raise ProtocolError(f"{kind.__name__} before a successful OPEN_REQUEST")
+            if authorizer is not None:
+                # Every request of the data port is the servers' and the operator's tools' (admin).
+                name = kind.__name__
+                if not authorizer.check(principal, ADMIN, msg.partition_id, name, conn.peer):
+                    resource = resource_name(msg.partition_id)
+                    conn.send_frame(failure_frame(msg, NotAuthorizedError(principal, ADMIN, resource, name)))
+                    continue
             worker = self._worker_of(msg.partition_id)
             if worker is None:
                 conn.send_frame(failure_frame(msg, PartitionNotAssignedError(msg.partition_id)))

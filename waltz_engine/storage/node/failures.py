@@ -20,6 +20,16 @@ class PartitionNotAssignedError(StorageError):
         super().__init__(f"Partition:{partition_id} is not assigned.")
 
 
+class NotAuthorizedError(StorageError):
+    """The node's ACLs refuse the request (issue 34); nothing of it was done."""
+
+    def __init__(self, principal: str | None, operation: str, resource: str, request: str) -> None:
+        super().__init__(
+            f"not authorized: principal {principal or '<none>'} may not {operation} on {resource} "
+            f"({request}); ask the cluster's operator for a grant (waltz acl grant)"
+        )
+
+
 class NotOpenedError(StorageError):
     """A request came before a successful OPEN_REQUEST on this connection."""
 

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from waltz_engine import __version__
 from waltz_engine.common import clock
@@ -50,6 +50,9 @@ from waltz_engine.wire.storage_messages import STORAGE_CODEC
 from waltz_engine.zk.connection import ZooKeeperConnector, ZooKeeperError, connect, new_client
 from waltz_engine.zk.store_metadata import read_store_params
 from waltz_engine.zk.znodes import ClusterNotFoundError
+
+if TYPE_CHECKING:
+    from waltz_engine.auth.authorizer import Authorizer
 
 log = logging.getLogger("waltz_engine.storage.node")
 
@@ -150,6 +153,8 @@ class StorageNode:
         self.session_bounds = SessionBounds(config.zookeeper, zk_connector)
         self.scrubber: Scrubber | None = None
         self.tier: TierOffloader | None = None
+        self.authorizer: Authorizer | None = None
+        self._authorizer_zk: Any = None
 
     async def _off_loop(self, work: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._admin_executor, work)
@@ -263,9 +268,15 @@ class StorageNode:
             self.scrubber.start()
         if self.tier is not None:
             self.tier.start()
-        handlers["data"] = DataHandler(manager, self.worker_of)
+        self.authorizer = authorizer = self._start_authorizer()
+        handlers["data"] = DataHandler(manager, self.worker_of, authorizer)
         handlers["admin"] = AdminHandler(
-            manager, self.metrics, self._admin_executor, self.refresh_partitions, cleaner.refresh_bounds
+            manager,
+            self.metrics,
+            self._admin_executor,
+            self.refresh_partitions,
+            cleaner.refresh_bounds,
+            authorizer=authorizer,
         )
         self._open.set()
         log.info(
@@ -359,11 +370,35 @@ class StorageNode:
                 e,
             )
 
+    def _start_authorizer(self) -> Authorizer | None:
+        """With ``authorizer.enabled``: the ACLs watched on a ZooKeeper session of their own (denied
+        until first read, but for the node principals)."""
+        config = self.config
+        if not config.authorizer.enabled:
+            return None
+        from waltz_engine.auth.authorizer import Authorizer
+
+        authorizer = Authorizer(
+            config.authorizer,
+            config.zookeeper.cluster_root,
+            f"storage {config.host}:{config.port}",
+            self.metrics,
+        )
+        self._authorizer_zk = client = self._zk_connector(config.zookeeper)
+        client.start_async()
+        authorizer.start(client)
+        return authorizer
+
     async def stop(self) -> None:
         """Stop accepting, end connections, finish the batch in hand, close files, release the lock."""
         if self._stopped:
             return
         self._stopped = True
+        if self.authorizer is not None:
+            self.authorizer.stop()
+        if self._authorizer_zk is not None:
+            client, self._authorizer_zk = self._authorizer_zk, None
+            await asyncio.get_running_loop().run_in_executor(None, _close_zk, client)
         if self.cleaner is not None:
             await self.cleaner.stop()
         if self.scrubber is not None:
@@ -390,6 +425,11 @@ class StorageNode:
             await loop.run_in_executor(None, self.manager.close)
         await loop.run_in_executor(None, self.session_bounds.close)
         log.info("storage node stopped: %s closed and unlocked", self.config.directory)
+
+
+def _close_zk(client: Any) -> None:
+    client.stop()
+    client.close()
 
 
 def run(config_path: Path | str, log_level: str = "info") -> int:

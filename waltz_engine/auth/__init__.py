@@ -1,0 +1,1 @@
+"""Who may do what on a shared cluster: principals from TLS, ACLs in ZooKeeper, the audit log."""
