@@ -64,7 +64,7 @@ from waltz_engine.ops.devcluster.nodes import (
     port_taken,
 )
 from waltz_engine.ops.devcluster.settings import SERVER_NODE, STORAGE_NODE, partitions_of, settings_for
-from waltz_engine.storage.admin_ops import add_partitions, client_ssl_context, read_store_layout
+from waltz_engine.storage.admin_ops import add_partitions, read_store_layout
 from waltz_engine.zk import store_metadata
 from waltz_engine.zk.cluster import create_cluster, delete_cluster, read_cluster_params
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
