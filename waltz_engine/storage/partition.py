@@ -18,10 +18,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from waltz_engine.common.crc import crc32, to_signed32
+from waltz_engine.common.crc import to_signed32
 from waltz_engine.common.errors import StorageError
 from waltz_engine.common.record import Record, RecordHeader
-from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
 from waltz_engine.storage.constants import (
     DEFAULT_SEGMENT_CACHE_CAPACITY,
     DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES,
@@ -34,8 +33,10 @@ from waltz_engine.storage.control_file import PartitionInfo, SessionInfo
 from waltz_engine.storage.damage import DamageLog, SegmentDamage
 from waltz_engine.storage.file_system import OS_DISK, Disk
 from waltz_engine.storage.lru import LRUCache
-from waltz_engine.storage.partition_files import clean_interrupted_files, file_head
+from waltz_engine.storage.partition_files import clean_interrupted_files, segment_paths_read_only
+from waltz_engine.storage.partition_head import PartitionHead
 from waltz_engine.storage.refill import RefillCopy
+from waltz_engine.storage.refill_checks import copy_headers, refill_target
 from waltz_engine.storage.segment import (
     CorruptRecordError,
     Segment,
@@ -43,16 +44,15 @@ from waltz_engine.storage.segment import (
     first_transaction_id_of,
 )
 from waltz_engine.storage.segment_finder import find_segment
-from waltz_engine.storage.tier.manifest import TierSegment
 from waltz_engine.storage.tier.reads import TierPending, TierSegments
 from waltz_engine.storage.wire_span import RECORD_LIST_MAX_BYTES, WireRecords, encode_wire_records
 from waltz_engine.wire.primitives import Buffer
-from waltz_engine.zk.retention import BelowRetainedStartError, removable_head_segments
+from waltz_engine.zk.retention import BelowRetainedStartError
 
 log = logging.getLogger(__name__)
 
 
-class Partition:
+class Partition(PartitionHead):
     """An open partition directory. Create with :meth:`open`; close when done."""
 
     def __init__(
@@ -85,10 +85,6 @@ class Partition:
         # (the kept damage is in ``damage`` as for any open). Never written to.
         self.read_only = False
         self.findings: list[str] = []
-
-    @property
-    def partition_id(self) -> int:
-        return self.info.partition_id
 
     @classmethod
     def open(
@@ -148,20 +144,9 @@ class Partition:
 
     def _check_read_only(self) -> None:
         """The read-only open: what ``_load`` would find, clean, create and recover, written down."""
-        directory = self.directory
-        if not self._disk.exists(directory):
-            self.findings.append(f"partition directory {directory.name} is missing")
-            return
-        self.findings += clean_interrupted_files(directory, self._disk, read_only=True)
-        seg_paths = sorted(self._disk.glob(directory, "*" + SEGMENT_SUFFIX), key=first_transaction_id_of)
-        if seg_paths and self._disk.file_size_bytes(seg_paths[-1]) < HEADER_SIZE_BYTES:
-            seg_paths.pop()  # its creation was interrupted (listed above)
+        seg_paths, findings = segment_paths_read_only(self.directory, self._disk)
+        self.findings += findings
         if not seg_paths:
-            self.findings.append("no segment files (an open for writing creates segment 0)")
-            return
-        lone = [p.name for p in seg_paths if not self._disk.exists(p.with_suffix(INDEX_SUFFIX))]
-        if lone:
-            self.findings.append(f"data file without its index file: {', '.join(lone)}")
             return
         local_low_water_mark = self.info.current.local_low_water_mark
         self._open_segments(seg_paths, local_low_water_mark)
@@ -192,10 +177,6 @@ class Partition:
     def _evict(self, segment: Segment) -> None:
         if not segment.writable and not segment.closed:
             segment.close_files()
-
-    @property
-    def _current(self) -> Segment:
-        return self._segments[-1]
 
     def _check_open(self) -> None:
         if self._closed:
@@ -474,27 +455,8 @@ class Partition:
         """
         with self._lock:
             self._check_open()
-            if not records:
-                raise StorageError(f"partition {self.partition_id}: a refill without records")
+            segment = refill_target(self.partition_id, self._segments, records)
             first = records[0].transaction_id
-            if any(r.transaction_id != first + i for i, r in enumerate(records)):
-                raise StorageError("transaction out of order")
-            segment = find_segment(self._segments, first)
-            if segment is None:
-                raise StorageError(f"partition {self.partition_id} holds no transaction {first} to refill")
-            last = records[-1].transaction_id
-            if last > segment.max_transaction_id:
-                raise StorageError(
-                    f"partition {self.partition_id}: a refill stays within one segment; transaction {last} "
-                    f"is past segment {segment.first_transaction_id}-{segment.max_transaction_id}"
-                )
-            for record in records:
-                # Whole means what it means everywhere: the data checksum too (the CRC is ours).
-                if crc32(record.data) != record.checksum:
-                    raise StorageError(
-                        f"partition {self.partition_id}: transaction {record.transaction_id} sent to refill "
-                        "fails its data checksum; nothing was replaced"
-                    )
             copy = self._refill_copy(segment, first)
             if not segment.writable:
                 segment.ensure_open()
@@ -520,7 +482,11 @@ class Partition:
         if first == start:
             self._abort_refill()
             self._refill = copy = RefillCopy.begin(
-                segment.seg_path, segment.idx_path, start, *self._headers_for_copy(segment), self._disk
+                segment.seg_path,
+                segment.idx_path,
+                start,
+                *copy_headers(self._disk, segment, self._clock_ms),
+                self._disk,
             )
             return copy
         if copy is None or copy.seg_path != segment.seg_path or copy.next_transaction_id != first:
@@ -531,13 +497,6 @@ class Partition:
                 f"starts at transaction {start}{expected}, not {first}"
             )
         return copy
-
-    def _headers_for_copy(self, segment: Segment) -> tuple[bytes, bytes]:
-        """The headers the segment was written with (byte for byte), or new ones if they are damaged."""
-        if not segment.header_damaged:
-            return file_head(self._disk, segment.seg_path), file_head(self._disk, segment.idx_path)
-        fresh = segment.header._replace(creation_time_ms=self._clock_ms()).to_bytes()
-        return fresh, fresh
 
     def _swap_in(self, segment: Segment, copy: RefillCopy) -> None:
         position = self._segments.index(segment)
@@ -593,85 +552,6 @@ class Partition:
             log.warning("partition %d: refill of %s abandoned", self.partition_id, self._refill.seg_path.name)
             self._refill.abort()
             self._refill = None
-
-    # --- retention -----------------------------------------------------------------------
-
-    def remove_head_segments(self, bound: int) -> list[tuple[int, int]]:
-        """Remove the oldest segments lying wholly below ``bound`` and the local low-water mark + 1
-        (never the current one), evicted ones too; return their (first, max) txids.
-
-        Oldest first, each ``.seg`` before its ``.idx`` (see :meth:`_drop_head`). The directory
-        is synced so that a removal, once reported, stays done.
-        """
-        with self._lock:
-            self._check_open()
-            spans = [(s.first_transaction_id, s.max_transaction_id) for s in self._segments]
-            count = removable_head_segments(spans, bound, self.info.current.local_low_water_mark)
-            if count:
-                self._abort_refill()
-            for _ in range(count):
-                self._drop_head()
-            if count:
-                self._disk.fsync_directory(self.directory)
-            end = min(bound, self._segments[0].first_transaction_id)
-            evicted = self.tier.forget_below(end) if self.tier is not None else []
-            return evicted + spans[:count]
-
-    def _drop_head(self) -> None:
-        """Remove the oldest segment's files (``.seg`` first: :meth:`open` removes a lone index)."""
-        doomed = self._segments.pop(0)
-        self._cache.remove(doomed)
-        doomed.delete()
-        self.damage.forget_segment(doomed.first_transaction_id)
-
-    def _local_bytes(self) -> int:
-        size = self._disk.file_size_bytes
-        return sum(size(s.seg_path) + size(s.idx_path) for s in self._segments)
-
-    def evict_to_tier(self, local_bytes: int, in_tier: Callable[[int, int], TierSegment | None]) -> int:
-        """Remove the oldest local segments ``in_tier`` finds verified in the tier while the files
-        exceed ``local_bytes`` (the last two stay), as retention removes them; how many went."""
-        with self._lock:
-            self._check_open()
-            assert isinstance(self.tier, TierSegments)
-            removed = 0
-            while self._local_bytes() > local_bytes and len(self._segments) > 2:
-                head = self._segments[0]
-                uploaded = in_tier(head.first_transaction_id, head.max_transaction_id)
-                if uploaded is None:
-                    break
-                self._abort_refill()
-                self._drop_head()
-                self.tier.add_evicted(uploaded)
-                removed += 1
-            if removed:
-                self._disk.fsync_directory(self.directory)
-            return removed
-
-    def is_empty(self) -> bool:
-        """Never held a record: one segment, starting at 0, with nothing in it."""
-        with self._lock:
-            self._check_open()
-            return len(self._segments) == 1 and self._current.max_transaction_id == -1
-
-    def start_at(self, transaction_id: int) -> None:
-        """Make an empty partition's log begin at ``transaction_id`` (a replica filled after
-        retention removed the head everywhere else). The caller checks retention allows it.
-
-        The empty segment 0 goes first: a crash before the new one exists leaves no segment, and
-        :meth:`open` recreates segment 0, i.e. the state before this call.
-        """
-        with self._lock:
-            self._check_open()
-            if not (len(self._segments) == 1 and self._current.max_transaction_id == -1):
-                raise StorageError(f"partition {self.partition_id} is not empty: cannot start it later")
-            if transaction_id <= 0:
-                raise StorageError(f"transaction id out of range: {transaction_id}")
-            empty = self._segments.pop()
-            empty.delete()
-            self._disk.fsync_directory(self.directory)
-            self._segments.append(self._new_segment(transaction_id))
-            log.info("partition %d: log starts at transaction %d", self.partition_id, transaction_id)
 
     @property
     def segments(self) -> list[tuple[int, int]]:

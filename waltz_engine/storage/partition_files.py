@@ -12,6 +12,7 @@ from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
 from waltz_engine.storage.constants import INDEX_SUFFIX, SEGMENT_SUFFIX
 from waltz_engine.storage.file_system import Disk
 from waltz_engine.storage.refill import clean_interrupted_refills
+from waltz_engine.storage.segment import first_transaction_id_of
 
 log = logging.getLogger(__name__)
 
@@ -60,3 +61,20 @@ def clean_interrupted_files(directory: Path, disk: Disk, *, read_only: bool = Fa
             disk.unlink(seg_paths[-1].with_suffix(INDEX_SUFFIX), missing_ok=True)
             disk.unlink(seg_paths[-1])
     return found + clean_interrupted_refills(directory, disk, read_only=read_only)
+
+
+def segment_paths_read_only(directory: Path, disk: Disk) -> tuple[list[Path], list[str]]:
+    """The segment files a read-only open checks, in txid order, and what an open for writing
+    would clean, create or refuse first (nothing to check when the list is empty)."""
+    if not disk.exists(directory):
+        return [], [f"partition directory {directory.name} is missing"]
+    findings = clean_interrupted_files(directory, disk, read_only=True)
+    seg_paths = sorted(disk.glob(directory, "*" + SEGMENT_SUFFIX), key=first_transaction_id_of)
+    if seg_paths and disk.file_size_bytes(seg_paths[-1]) < HEADER_SIZE_BYTES:
+        seg_paths.pop()  # its creation was interrupted (listed by the cleaning above)
+    if not seg_paths:
+        return [], [*findings, "no segment files (an open for writing creates segment 0)"]
+    lone = [p.name for p in seg_paths if not disk.exists(p.with_suffix(INDEX_SUFFIX))]
+    if lone:
+        return [], [*findings, f"data file without its index file: {', '.join(lone)}"]
+    return seg_paths, findings

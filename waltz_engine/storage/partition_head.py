@@ -1,0 +1,133 @@
+"""The head of a partition's log: what retention and the tier remove from it, and a late start
+(an empty replica filled after retention removed the head everywhere else).
+
+A part of :class:`waltz_engine.storage.partition.Partition`, kept apart for size; it works on
+the partition's state under the partition's lock, as every public method there does.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from waltz_engine.common.errors import StorageError
+from waltz_engine.storage.control_file import PartitionInfo
+from waltz_engine.storage.damage import DamageLog
+from waltz_engine.storage.file_system import Disk
+from waltz_engine.storage.lru import LRUCache
+from waltz_engine.storage.segment import Segment
+from waltz_engine.storage.tier.manifest import TierSegment
+from waltz_engine.storage.tier.reads import TierPending, TierSegments
+from waltz_engine.zk.retention import removable_head_segments
+
+log = logging.getLogger("waltz_engine.storage.partition")
+
+
+class PartitionHead:
+    """Retention's and the tier's operations on the oldest segments, and ``start_at``."""
+
+    # The partition's state (``Partition.__init__`` sets it).
+    directory: Path
+    info: PartitionInfo
+    tier: TierSegments | TierPending | None
+    damage: DamageLog
+    _disk: Disk
+    _lock: threading.Lock
+    _segments: list[Segment]
+    _cache: LRUCache[Segment]
+
+    @property
+    def partition_id(self) -> int:
+        return self.info.partition_id
+
+    @property
+    def _current(self) -> Segment:
+        return self._segments[-1]
+
+    def _check_open(self) -> None:
+        raise NotImplementedError
+
+    def _abort_refill(self) -> None:
+        raise NotImplementedError
+
+    def _new_segment(self, first: int) -> Segment:
+        raise NotImplementedError
+
+    def remove_head_segments(self, bound: int) -> list[tuple[int, int]]:
+        """Remove the oldest segments lying wholly below ``bound`` and the local low-water mark + 1
+        (never the current one), evicted ones too; return their (first, max) txids.
+
+        Oldest first, each ``.seg`` before its ``.idx`` (see :meth:`_drop_head`). The directory
+        is synced so that a removal, once reported, stays done.
+        """
+        with self._lock:
+            self._check_open()
+            spans = [(s.first_transaction_id, s.max_transaction_id) for s in self._segments]
+            count = removable_head_segments(spans, bound, self.info.current.local_low_water_mark)
+            if count:
+                self._abort_refill()
+            for _ in range(count):
+                self._drop_head()
+            if count:
+                self._disk.fsync_directory(self.directory)
+            end = min(bound, self._segments[0].first_transaction_id)
+            evicted = self.tier.forget_below(end) if self.tier is not None else []
+            return evicted + spans[:count]
+
+    def _drop_head(self) -> None:
+        """Remove the oldest segment's files (``.seg`` first: :meth:`open` removes a lone index)."""
+        doomed = self._segments.pop(0)
+        self._cache.remove(doomed)
+        doomed.delete()
+        self.damage.forget_segment(doomed.first_transaction_id)
+
+    def _local_bytes(self) -> int:
+        size = self._disk.file_size_bytes
+        return sum(size(s.seg_path) + size(s.idx_path) for s in self._segments)
+
+    def evict_to_tier(self, local_bytes: int, in_tier: Callable[[int, int], TierSegment | None]) -> int:
+        """Remove the oldest local segments ``in_tier`` finds verified in the tier while the files
+        exceed ``local_bytes`` (the last two stay), as retention removes them; how many went."""
+        with self._lock:
+            self._check_open()
+            assert isinstance(self.tier, TierSegments)
+            removed = 0
+            while self._local_bytes() > local_bytes and len(self._segments) > 2:
+                head = self._segments[0]
+                uploaded = in_tier(head.first_transaction_id, head.max_transaction_id)
+                if uploaded is None:
+                    break
+                self._abort_refill()
+                self._drop_head()
+                self.tier.add_evicted(uploaded)
+                removed += 1
+            if removed:
+                self._disk.fsync_directory(self.directory)
+            return removed
+
+    def is_empty(self) -> bool:
+        """Never held a record: one segment, starting at 0, with nothing in it."""
+        with self._lock:
+            self._check_open()
+            return len(self._segments) == 1 and self._current.max_transaction_id == -1
+
+    def start_at(self, transaction_id: int) -> None:
+        """Make an empty partition's log begin at ``transaction_id`` (a replica filled after
+        retention removed the head everywhere else). The caller checks retention allows it.
+
+        The empty segment 0 goes first: a crash before the new one exists leaves no segment, and
+        :meth:`open` recreates segment 0, i.e. the state before this call.
+        """
+        with self._lock:
+            self._check_open()
+            if not (len(self._segments) == 1 and self._current.max_transaction_id == -1):
+                raise StorageError(f"partition {self.partition_id} is not empty: cannot start it later")
+            if transaction_id <= 0:
+                raise StorageError(f"transaction id out of range: {transaction_id}")
+            empty = self._segments.pop()
+            empty.delete()
+            self._disk.fsync_directory(self.directory)
+            self._segments.append(self._new_segment(transaction_id))
+            log.info("partition %d: log starts at transaction %d", self.partition_id, transaction_id)
