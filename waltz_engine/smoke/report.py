@@ -57,7 +57,7 @@ class SmokeReport:
             f"% FAULTS total={sum(self.faults_injected.values())} {faults}",
             *(
                 [f"% SKIPPED total={sum(self.faults_skipped.values())} {skipped} (target down)"]
-                if self.faults_skipped
+                if sum(self.faults_skipped.values())
                 else []
             ),
             f"% WRITE elapsed[s]={self.write_elapsed_s:.1f} transactions={self.committed} "
