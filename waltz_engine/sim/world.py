@@ -124,6 +124,11 @@ class WorldShape:
     # The client's process restarts among the node faults (False: the world as it was before,
     # where the regression seeds found then replay).
     client_restarts: bool = True
+    # Bit flips in the control file's partition structs too (off by default: a rotten current
+    # struct rolls the partition back to the older one, as the original does, and its lost local
+    # low-water mark can make later rot in a record cut synced records as a torn tail; see
+    # docs/reliability.md).
+    control_file_flips: bool = False
 
 
 @dataclass
@@ -442,7 +447,10 @@ class SimWorld:
         files = [
             path
             for path in disk.files()
-            if disk.file_size_bytes(path) > 0 and not (self._control_damaged and path.name.endswith(".ctl"))
+            if disk.file_size_bytes(path) > 0
+            and not (
+                path.name.endswith(".ctl") and (self._control_damaged or not self.shape.control_file_flips)
+            )
         ]
         if not files:
             return
