@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import contextvars
 import functools
 import hashlib
@@ -200,15 +201,18 @@ class SimLoop(asyncio.BaseEventLoop):
             handle.cancel()
         self._dead.append((incarnation, list(incarnation.tasks)))
 
-    def revive_the_dead(self) -> list[asyncio.Task[Any]]:
-        """After a run: the dead machines' code may run again, to be cancelled and end on this
-        loop with the leftovers (their ``finally`` meets only closed files and connections)."""
-        tasks: list[asyncio.Task[Any]] = []
-        for incarnation, dead_tasks in self._dead:
-            incarnation.alive = True
-            tasks += [task for task in dead_tasks if not task.done()]
+    def bury_the_dead(self) -> None:
+        """After a run, while the loop is open: close the dead machines' coroutines (their
+        ``finally`` meets only closed files and dead connections; what it schedules never runs),
+        rather than leave them to the garbage collector after the loop closed."""
+        for _, dead_tasks in self._dead:
+            for task in dead_tasks:
+                if task.done():
+                    continue
+                task._log_destroy_pending = False  # type: ignore[attr-defined]
+                with contextlib.suppress(Exception):
+                    task.get_coro().close()
         self._dead.clear()
-        return tasks
 
     def crashed(self) -> None:
         """The running code's machine died in a disk call: the world kills it now, in this turn."""

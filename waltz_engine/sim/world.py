@@ -631,7 +631,7 @@ def _control_struct_offset(rng: Any, size_bytes: int) -> int:
 def _end_leftovers(loop: SimLoop) -> None:
     """What a node that did not stop cleanly left running ends on its own loop (not in a later
     seed's, or in the garbage collector at an arbitrary moment after the loop closed)."""
-    loop.revive_the_dead()
+    loop.bury_the_dead()
     leftovers = asyncio.all_tasks(loop)
     for task in leftovers:
         task.cancel()
@@ -639,7 +639,7 @@ def _end_leftovers(loop: SimLoop) -> None:
         loop.run_until_complete(asyncio.wait(leftovers, timeout=LEFTOVER_LIMIT_S))
     for task in leftovers:
         if task.done() and not task.cancelled():
-            task.exception()  # read: a dead machine's task may end in its closed files' error
+            task.exception()  # read: a task may end in its closed connection's error
     gc.collect()  # coroutines never scheduled close while their loop still runs callbacks
     loop.run_until_complete(asyncio.sleep(0))
 
