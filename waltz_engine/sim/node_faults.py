@@ -64,6 +64,7 @@ MAX_DOWN_S = 5.0  # a crashed node's restart comes this long after at most
 # A freeze outlasts the simulated session timeout (10 s), without any connection reset.
 MIN_FREEZE_S = 11.0
 MAX_FREEZE_S = 30.0
+MAX_ZOOKEEPER_RECONNECT_S = 3.0
 MAX_DISK_FAULT_S = 20.0
 
 
@@ -95,6 +96,8 @@ class NodeWorld(Protocol):
     async def crash_storage(self, index: int, mid_write: bool | None = None) -> None: ...
 
     def freeze_server(self, index: int) -> None: ...
+
+    def thaw_server(self, index: int) -> None: ...
 
     def flip_bit(self, index: int) -> None: ...
 
@@ -178,6 +181,10 @@ class NodeFaults:
             elif kind == "server_freeze":
                 world.freeze_server(index)
                 await asyncio.sleep(rng.uniform(MIN_FREEZE_S, MAX_FREEZE_S))
+                world.thaw_server(index)
+                # Its connections carry what it sent at once; ZooKeeper's reconnect takes a moment
+                # (it learns its session expired only then), so a deposed server may act meanwhile.
+                await asyncio.sleep(rng.uniform(0.0, MAX_ZOOKEEPER_RECONNECT_S))
                 world.resume_server(index)
             elif kind == "bit_flip":
                 world.flip_bit(index)

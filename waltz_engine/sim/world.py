@@ -368,6 +368,11 @@ class SimWorld:
         if zk is not None:
             self.zookeeper.heal(zk)
 
+    def thaw_server(self, number: int) -> None:
+        """A frozen server's links carry again (what it sent arrives); ZooKeeper still waits."""
+        for a, b in self._links_of(f"server-{number}"):
+            self.network.heal(a, b)
+
     def expire_server_session(self, number: int) -> None:
         zk = self._server_zookeeper(number)
         if zk is not None and zk.client_id is not None:
