@@ -432,7 +432,7 @@ class SimNetwork:
         """Reset every open connection between hosts ``a`` and ``b``."""
         self.loop.record("fault", f"reset {a} <-> {b}")
         for transport in self._between(a, b):
-            if not transport._lost:
+            if not transport._lost and not transport._link().frozen:  # no RST crosses a freeze
                 self.reset_connection(transport, "fault")
 
     def set_latency(self, a: str, b: str, latency: Latency) -> None:
@@ -477,9 +477,18 @@ class SimNetwork:
         self.link(a, b).blocked = self.link(b, a).blocked = True
 
     def heal(self, a: str, b: str) -> None:
-        """Links between ``a`` and ``b`` as new: unblocked (stalled bytes go on), usual speed."""
+        """Links between ``a`` and ``b`` as new: unblocked (stalled bytes go on), usual speed; a
+        frozen link stays frozen (another fault's end does not end a freeze: :meth:`thaw` does)."""
         self.loop.record("fault", f"heal {a} <-> {b}")
         for source, destination in ((a, b), (b, a)):
-            self._links[(source, destination)] = _Link(self.latency)
+            frozen = self.link(source, destination).frozen
+            self._links[(source, destination)] = _Link(self.latency, blocked=frozen, frozen=frozen)
         for transport in self._between(a, b):
-            transport.unstall()
+            if not transport._link().frozen:
+                transport.unstall()
+
+    def thaw(self, a: str, b: str) -> None:
+        """A freeze between ``a`` and ``b`` ends: what was sent across goes on, in order."""
+        for source, destination in ((a, b), (b, a)):
+            self.link(source, destination).frozen = False
+        self.heal(a, b)

@@ -18,8 +18,9 @@
   and then inside one of its next writes. Nothing it would say crosses, its disk keeps only what
   was synced (and a torn piece of the last write), its ZooKeeper session expires in its time,
   none of its code runs again; a new process starts on what stayed.
-- ``server_freeze``: a server's machine stalls longer than its ZooKeeper session lasts, and no
-  connection gives up on it: its partitions move on, and what it had sent arrives after.
+- ``server_freeze``: the links of a partition's owner to the storage nodes stall longer than its ZooKeeper
+  session lasts, and no connection gives up on them: it goes on taking appends, its partitions
+  move on, and what it sent arrives after, at fenced replicas.
 - Disk faults of a storage node: ``torn_write`` (the power goes inside one of its next writes),
   ``bit_flip`` (rot in a segment, sealed or open, or in the control file's partition structs;
   always the same node in a seed), ``disk_full`` (writes that grow a file fail with ENOSPC for a
@@ -95,6 +96,8 @@ class NodeWorld(Protocol):
 
     async def crash_storage(self, index: int, mid_write: bool | None = None) -> None: ...
 
+    def owner_of(self, partition_id: int) -> int | None: ...
+
     def freeze_server(self, index: int) -> None: ...
 
     def thaw_server(self, index: int) -> None: ...
@@ -146,6 +149,10 @@ class NodeFaults:
             node = f"storage-{rng.randrange(world.num_storage_nodes)}"
         elif kind in MOVING_KINDS:
             node = f"partition-{rng.randrange(world.num_partitions)}"
+        elif kind == "server_freeze":
+            # The owner of a partition: a freeze matters where appends are in flight.
+            owner = world.owner_of(rng.randrange(world.num_partitions))
+            node = f"server-{rng.randrange(world.num_servers) if owner is None else owner}"
         else:
             node = f"server-{rng.randrange(world.num_servers)}"
         index = int(node.rsplit("-", 1)[1])

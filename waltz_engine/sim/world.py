@@ -303,7 +303,7 @@ class SimWorld:
     def heal(self) -> None:
         """Every fault ends: links whole, ZooKeeper reachable (nodes stop in a healthy world)."""
         for a, b in self.fault_pairs():
-            self.network.heal(a, b)
+            self.network.thaw(a, b)
         for number in sorted(self.paused):
             self.resume_server(number)
         if self.zookeeper.in_outage:
@@ -371,7 +371,7 @@ class SimWorld:
     def thaw_server(self, number: int) -> None:
         """A frozen server's links carry again (what it sent arrives); ZooKeeper still waits."""
         for a, b in self._links_of(f"server-{number}"):
-            self.network.heal(a, b)
+            self.network.thaw(a, b)
 
     def expire_server_session(self, number: int) -> None:
         zk = self._server_zookeeper(number)
@@ -514,13 +514,25 @@ class SimWorld:
         self._back_up(f"server-{number}")
         self.servers[number] = await _until_started(lambda: self._start_server(number))
 
+    def owner_of(self, partition_id: int) -> int | None:
+        """The server that has ``partition_id`` mounted now, if one has."""
+        for number, server in enumerate(self.servers):
+            core = server.core
+            if number not in self.paused and core is not None and partition_id in core.partitions:
+                return number
+        return None
+
     def freeze_server(self, number: int) -> None:
-        """The server's machine stalls (a frozen VM): nothing it sends or is sent crosses, yet no
-        connection gives up, and ZooKeeper stops hearing it; what it sent arrives on thawing,
-        after its session expired and its partitions moved on when the freeze was long enough."""
+        """The server's links to the storage nodes stall (a stalled switch, a frozen storage
+        network), and no connection gives up on them; ZooKeeper stops hearing it too. It goes on
+        taking its clients' appends and sending them on; when the freeze outlasts its session,
+        its partitions move to another server, and what it sent arrives after, at storage nodes
+        a newer store session has fenced."""
         self.paused.add(number)
-        for a, b in self._links_of(f"server-{number}"):
-            self.network.freeze(a, b)
+        server = f"server-{number}"
+        for a, b in self._links_of(server):
+            if a != CLIENT_HOST:
+                self.network.freeze(a, b)
         zk = self._server_zookeeper(number)
         if zk is not None:
             self.zookeeper.isolate(zk)
