@@ -70,11 +70,18 @@ def test_a_fault_whose_target_is_down_is_skipped_and_said_so() -> None:
         def say(self, text: str) -> None:
             self.said.append(text)
 
+        async def _inject(self, fault: Fault) -> None:
+            pass
+
     run = Run()
     down = Fault(35.9, FaultKind.FORGED_FRAMES, "storage-1")
     asyncio.run(SmokeRun._fault(cast(SmokeRun, run), down))
     assert run.skipped == [down] and run.injected == []
     assert run.said == ["[.* ] fault skipped: forged-frames storage-1 (storage-1 is down)"]
+    # A storage disconnect is aimed at a down node's proxy on purpose: injected, not skipped.
+    proxy = Fault(36.5, FaultKind.STORAGE_DISCONNECT, "storage-1")
+    asyncio.run(SmokeRun._fault(cast(SmokeRun, run), proxy))
+    assert run.skipped == [down] and run.injected == [proxy]
 
 
 def test_forged_frames_at_a_node_that_refuses_the_connection_pass_without_a_failure() -> None:

@@ -221,9 +221,10 @@ class SmokeRun:
 
     async def _fault(self, fault: Fault) -> None:
         await asyncio.sleep(max(0.0, fault.at_s - self.elapsed_s()))
-        if self.node_state.get(fault.target) == DOWN:
+        if fault.kind is not FaultKind.STORAGE_DISCONNECT and self.node_state.get(fault.target) == DOWN:
             # Another fault has it down (killed, paused, ZooKeeper stopped): this one cannot be
-            # injected, which says nothing about the cluster. Skipped, and said so.
+            # injected, which says nothing about the cluster. Skipped, and said so. (A storage
+            # disconnect is aimed at a down node's proxy on purpose: it is injected.)
             self.skipped.append(fault)
             self.say(f"{self.states()} fault skipped: {fault.describe()} ({fault.target} is down)")
             return
