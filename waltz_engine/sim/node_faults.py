@@ -225,6 +225,9 @@ class NodeFaults:
         await world.force_unassign(partition_id)
 
     async def finish(self) -> None:
-        """Every fault healed: the nodes restarted, resumed, the partitions back to the policy."""
-        for task in self._healing:
-            await task
+        """Every fault healed: the nodes restarted, resumed, the partitions back to the policy;
+        then the first error a healing raised, if one did."""
+        results = await asyncio.gather(*self._healing, return_exceptions=True)
+        for result in results:
+            if isinstance(result, Exception):
+                raise result

@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from kazoo.client import KazooClient
@@ -32,6 +33,7 @@ from waltz_engine.common.config import Config
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
 from waltz_engine.disk.partition_info import PARTITION_INFO_SIZE_BYTES, STRUCT1_OFFSET, partition_info_offset
+from waltz_engine.disk.record_format import CHECKPOINT_INTERVAL, INDEX_ENTRY, INDEX_ENTRY_SIZE_BYTES
 from waltz_engine.server.config import ServerConfig
 from waltz_engine.server.server import WaltzServer
 from waltz_engine.sim.bank import Ledger, Transfer
@@ -52,8 +54,10 @@ from waltz_engine.sim.workload import (
 )
 from waltz_engine.sim.zk_model import SimZkClient, SimZooKeeper
 from waltz_engine.storage.client import StorageAdminClient, StorageClient, StorageRpcError
+from waltz_engine.storage.constants import INDEX_SUFFIX, SEGMENT_SUFFIX
 from waltz_engine.storage.node.config import StorageConfig
 from waltz_engine.storage.node.node import StorageNode
+from waltz_engine.storage.segment_scan import _java_div
 from waltz_engine.wire.frame import FRAME_HEADER_SIZE_BYTES
 from waltz_engine.zk.cluster import create_cluster
 from waltz_engine.zk.cluster_manager import force_assign, force_unassign
@@ -223,7 +227,7 @@ class SimWorld:
         that fails is a process that exits: what it opened (ports, ZooKeeper) goes with it."""
         try:
             return await self.loop.create_task(start(), context=self.loop.host_context(host))
-        except WaltzError:
+        except (WaltzError, OSError):
             self._process_exits(host)
             raise
 
@@ -443,31 +447,65 @@ class SimWorld:
 
     def flip_bit(self, number: int) -> None:
         """Rot on one storage node (the same one all seed long, so a quorum stays whole): a bit
-        of a segment's data or index, sealed or open, or of a partition's struct in the control
-        file, changes in place."""
+        of a record or index entry the node knows is durable changes in place, in a sealed
+        segment or in the open one up to its durable point (the last checkpoint or the local
+        low-water mark: past it, rot looks like a torn write, which recovery rightly cuts), or
+        (``control_file_flips``) a bit of a partition's struct in the control file."""
         host = f"storage-{number}" if self.damaged_host is None else self.damaged_host
         self.damaged_host = host
         disk = self.disks[host]
+        node = self.storage[int(host.rsplit("-", 1)[1])]
         rng = self.loop.rng
-        files = [
-            path
-            for path in disk.files()
-            if disk.file_size_bytes(path) > 0
-            and not (
-                path.name.endswith(".ctl") and (self._control_damaged or not self.shape.control_file_flips)
-            )
-        ]
+        if host in self.dead or node.manager is None:
+            return
+        files = [path for path in disk.files() if path.name.endswith((SEGMENT_SUFFIX, INDEX_SUFFIX))]
+        if self.shape.control_file_flips and not self._control_damaged:
+            files += [path for path in disk.files() if path.name.endswith(".ctl")]
         if not files:
             return
         path = rng.choice(files)
-        offset = rng.randrange(disk.file_size_bytes(path))
+        size_bytes = disk.file_size_bytes(path)
         if path.name.endswith(".ctl"):
-            offset = _control_struct_offset(rng, disk.file_size_bytes(path))
+            offset = _control_struct_offset(rng, size_bytes)
             self._control_damaged = True
+        else:
+            end = self._durable_end(disk, node, path)
+            if end <= HEADER_SIZE_BYTES:
+                return  # nothing known durable in it yet
+            offset = rng.randrange(HEADER_SIZE_BYTES, end)
         bit = rng.randrange(8)
         disk.flip_bit(path, offset, bit)
         self.damage.append(f"{host}:{path} byte {offset} bit {bit}")
         self.loop.record("fault", f"bit flip {host}:{path} byte {offset} bit {bit}")
+
+    @staticmethod
+    def _durable_end(disk: SimDisk, node: StorageNode, path: Path) -> int:
+        """The end of the bytes of ``path`` (a segment's data or index) that hold records the node
+        knows are durable: all of a sealed segment; the open one's up to its durable point."""
+        assert node.manager is not None
+        first = int(path.stem)
+        directory = path.parent
+        starts = sorted(int(p.stem) for p in disk.glob(directory, f"*{SEGMENT_SUFFIX}"))
+        index = directory / f"{path.stem}{INDEX_SUFFIX}"
+        if first != starts[-1]:
+            return disk.file_size_bytes(path)  # sealed
+        partition = node.manager.partition(int(directory.name))
+        local_low_water_mark = partition.last_session_info().local_low_water_mark
+        max_transaction_id = partition.max_transaction_id()
+        # As start-up recovery reckons it (segment_scan.recovery_window).
+        checkpoint = _java_div(max_transaction_id - 1, CHECKPOINT_INTERVAL) * CHECKPOINT_INTERVAL
+        durable = max(checkpoint - 1, local_low_water_mark)
+        if max_transaction_id <= local_low_water_mark:
+            durable = max_transaction_id
+        if durable < first:
+            return 0
+        if path.name.endswith(INDEX_SUFFIX):
+            return HEADER_SIZE_BYTES + INDEX_ENTRY_SIZE_BYTES * (durable + 1 - first)
+        entries = disk.read_bytes(index)
+        position = HEADER_SIZE_BYTES + INDEX_ENTRY_SIZE_BYTES * (durable + 1 - first)
+        if durable + 1 > max_transaction_id or position + INDEX_ENTRY_SIZE_BYTES > len(entries):
+            return disk.file_size_bytes(path)  # every record of it is durable
+        return int(INDEX_ENTRY.unpack_from(entries, position)[0])
 
     def fill_disk(self, number: int) -> None:
         disk = self.disks[f"storage-{number}"]
@@ -628,11 +666,12 @@ def _committed(context: SimContext) -> bool:
 
 
 async def _until_started(start: Callable[[], Awaitable[_Node]]) -> _Node:
-    """A supervisor restarts a node until it starts (it cannot while ZooKeeper is out)."""
+    """A supervisor restarts a node until it starts (it cannot while ZooKeeper is out, nor while
+    its disk is full)."""
     while True:
         try:
             return await start()
-        except WaltzError:
+        except (WaltzError, OSError):
             await asyncio.sleep(RESTART_RETRY_S)
 
 
@@ -709,13 +748,20 @@ def run_seed(seed: int, shape: WorldShape | None = None) -> SeedResult:
                         await nodes.finish()  # every crashed node restarted, every pause over
                 except TimeoutError:
                     late.append(f"a crashed node did not restart within {HEAL_LIMIT_S:.0f} s")
+                except Exception as e:  # a fault's healing that fails is a finding, not the end
+                    late.append(f"healing a fault raised {e!r}")
                 world.heal()
-                late += world.check_replicas()
+                try:
+                    late += world.check_replicas()
+                except Exception as e:  # a replica that cannot be read at all is a finding
+                    late.append(f"reading the replicas raised {e!r} (dead: {sorted(world.dead)})")
                 try:
                     async with asyncio.timeout(STOP_LIMIT_S):
                         late += await world.export_read()
                 except TimeoutError:
                     late.append(f"the export read did not end within {STOP_LIMIT_S:.0f} s of virtual time")
+                except Exception as e:
+                    late.append(f"the export read raised {e!r}")
                 try:
                     async with asyncio.timeout(STOP_LIMIT_S):
                         await world.stop()
