@@ -26,11 +26,11 @@ FIRST_FINDING: dict[str, tuple[int, str]] = {
     # Acknowledged transactions cut: a committed record is left on no replica.
     "recovery_cuts_committed": (0, "fewer than a quorum of 2"),
     # Issue 32: a power loss takes records a storage node acknowledged before syncing them.
-    "ack_before_sync": (1, "fewer than a quorum of 2"),
+    "ack_before_sync": (11, "fewer than a quorum of 2"),
     # Issue 32: the bytes the application reads are another transaction's.
     "cache_serves_wrong_bytes": (0, "other than the"),
     # Issue 32: a deposed server's late appends are written at replicas a newer session fenced.
-    "missing_storage_fence": (52, "fewer than a quorum of 2"),
+    "missing_storage_fence": (39, "other than the"),
 }
 
 
