@@ -1,5 +1,7 @@
-"""Historical bugs, planted one at a time by patching (never by a switch in product code), for
-``test_sim_finds_planted_bugs``: each plant puts back the code as it was before its fix.
+"""Bugs planted one at a time by patching (never by a switch in product code), for
+``test_sim_finds_planted_bugs``: historical ones put back the code as it was before its fix; the
+kinds issue 32 asked the simulator to see (an acknowledgement before the sync, wrong bytes
+served by a cache, a missing storage fence) are written as such a bug would be.
 
 Run the full search (every plant over up to ``SEARCH_SEEDS`` seeds, the first finding seed of
 each printed) with ``WALTZ_SIM_SEARCH=1 python -m pytest -q tests/sim/test_sim_finds_planted_bugs.py``.
@@ -14,12 +16,17 @@ from typing import Any
 import pytest
 
 from waltz_engine.client.client import WaltzClient
-from waltz_engine.common.errors import WaltzError
+from waltz_engine.common.errors import StorageError, WaltzError
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.server.feeds import FeedClient
 from waltz_engine.server.partition import _MOUNT, Partition
 from waltz_engine.server.store.recovery import UNKNOWN_HIGH_WATER_MARK, RecoveryManager
-from waltz_engine.storage.node.partition_worker import PartitionWorker
+from waltz_engine.server.transaction_cache import TransactionCache, TransactionData
+from waltz_engine.storage.control_file import ConcurrentUpdateError
+from waltz_engine.storage.node.failures import PartitionNotAssignedError
+from waltz_engine.storage.node.partition_worker import _OFFLINE_CAPABLE, PartitionWorker
+from waltz_engine.storage.partition import Partition as StoragePartition
+from waltz_engine.storage.segment import Segment
 from waltz_engine.wire.client_messages import MountRequest
 
 Plant = Callable[[pytest.MonkeyPatch], None]
@@ -92,9 +99,71 @@ def recovery_cuts_committed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(RecoveryManager, "_set_resolved", set_resolved_low)
 
 
+def ack_before_sync(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A storage node that acknowledges an append before its data is synced: the segment's
+    fdatasync after a batch is left out (the data reaches the platter at the next checkpoint's
+    fsync, or when the segment closes), so a power loss takes acknowledged records."""
+    write = Segment._write
+
+    def write_unsynced(self: Segment, chunk: Any) -> None:
+        file = self._seg_file
+        file.fdatasync = lambda: None  # type: ignore[method-assign]
+        try:
+            write(self, chunk)
+        finally:
+            del file.fdatasync
+
+    monkeypatch.setattr(Segment, "_write", write_unsynced)
+
+
+def cache_serves_wrong_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server's transaction cache that answers some hits with the previous transaction's entry
+    (data and its checksum, so the client's CRC check passes): a stale slot served for a key."""
+    get = TransactionCache.get
+
+    def get_stale(self: TransactionCache, partition_id: int, transaction_id: int) -> TransactionData | None:
+        found = get(self, partition_id, transaction_id)
+        if found is not None and transaction_id % 5 == 4:
+            return get(self, partition_id, transaction_id - 1) or found
+        return found
+
+    monkeypatch.setattr(TransactionCache, "get", get_stale)
+
+
+def missing_storage_fence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A storage node that no longer refuses a request of a session older than its own: a
+    deposed server's late appends are written (the original's checkPermissions without its
+    ConcurrentUpdateException)."""
+
+    def check_permissions(
+        self: PartitionWorker, partition: StoragePartition | None, msg: Any
+    ) -> StoragePartition:
+        if partition is None:
+            raise PartitionNotAssignedError(self.partition_id)
+        info = partition.info.current
+        if not info.assigned:
+            raise StorageError(f"partition {self.partition_id} is not assigned to storage node.")
+        if type(msg) in _OFFLINE_CAPABLE and msg.used_by_offline_recovery:
+            if info.available:
+                raise StorageError("cannot run offline recovery while partition is online")
+            if msg.session_id != info.session_id:
+                raise StorageError(f"partition last session id has changed to {info.session_id}")
+        else:
+            if not info.available:
+                raise StorageError(f"read and write for partition={self.partition_id} have been disabled")
+            if msg.session_id > self.session_id:
+                raise ConcurrentUpdateError(f"session id {msg.session_id} is not opened on this replica")
+        return partition
+
+    monkeypatch.setattr(PartitionWorker, "_check_permissions", check_permissions)
+
+
 PLANTS: dict[str, Plant] = {
     "barrier_hole": barrier_hole,
     "forged_fence": forged_fence,
     "retry_worker_dies": retry_worker_dies,
     "recovery_cuts_committed": recovery_cuts_committed,
+    "ack_before_sync": ack_before_sync,
+    "cache_serves_wrong_bytes": cache_serves_wrong_bytes,
+    "missing_storage_fence": missing_storage_fence,
 }

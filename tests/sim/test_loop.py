@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from waltz_engine.sim.loop import START_MONOTONIC_S, SimLoop, SimStalledError, run
+from waltz_engine.sim.loop import START_MONOTONIC_S, SimLoop, SimStalledError, SimulatedCrash, run
 
 # Far above what the loop needs for an hour of virtual sleep, far below the hour itself.
 REAL_TIME_LIMIT_S = 60.0
@@ -127,3 +127,43 @@ def test_one_seed_gives_one_trace_and_seeds_differ() -> None:
     steps = [event for event in loops[0].tail if event.kind == "step"]
     assert len(steps) == 100
     assert str(steps[-1]).endswith(f"step: {steps[-1].detail}")
+
+
+def test_a_killed_host_runs_no_more_code_and_a_crash_in_its_disk_call_kills_it_in_that_turn() -> None:
+    ticks: dict[str, int] = {"storage-0": 0, "storage-1": 0}
+    crashed: list[str] = []
+    finished: list[str] = []
+
+    async def node(host: str) -> None:
+        try:
+            while True:
+                ticks[host] += 1
+                await asyncio.sleep(1.0)
+        finally:
+            finished.append(host)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, SimLoop)
+        loop.on_crash = crashed.append
+        for host in ticks:
+            loop.create_task(node(host), context=loop.host_context(host))
+        await asyncio.sleep(2.5)
+        loop.kill_host("storage-0")
+        await asyncio.sleep(3.0)
+
+        def die() -> None:
+            raise SimulatedCrash("in a write")
+
+        async def disk_call() -> None:
+            await asyncio.to_thread(die)
+
+        with pytest.raises(SimulatedCrash):
+            await loop.create_task(disk_call(), context=loop.host_context("storage-1"))
+        assert finished == []  # no code of the dead machine ran, not even its finally
+        loop.bury_the_dead()  # after the run: its coroutine is closed while the loop is open
+        assert finished == ["storage-0"]
+
+    run(3, main)
+    assert ticks == {"storage-0": 3, "storage-1": 6}
+    assert crashed == ["storage-1"]  # told at once, by the host whose code died

@@ -7,6 +7,7 @@ import asyncio
 from typing import Any, cast
 
 from waltz_engine.client import Transaction
+from waltz_engine.common.crc import crc32
 from waltz_engine.common.record import Record
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.sim.replicas import check_replicas
@@ -17,7 +18,8 @@ from waltz_engine.storage.node.node import StorageNode
 
 def _record(txid: int, header: int | None = None) -> Record:
     header = txid if header is None else header
-    return Record(txid, ReqId(1, 1, 0, header + 1), header, header.to_bytes(8, "big"), 0)
+    data = header.to_bytes(8, "big")
+    return Record(txid, ReqId(1, 1, 0, header + 1), header, data, crc32(data))
 
 
 class _Replica:
@@ -44,9 +46,14 @@ class _Replica:
         return self.records_held[transaction_id : transaction_id + max_records]
 
 
-def _check(*replicas: _Replica, committed: int = 3) -> list[str]:
+def _check(
+    *replicas: _Replica,
+    committed: int = 3,
+    payloads: dict[int, bytes] | None = None,
+    damaged: int | None = None,
+) -> list[str]:
     log = [(txid, txid, _record(txid).req_id) for txid in range(committed)]
-    return check_replicas(cast("list[StorageNode]", list(replicas)), 0, log)
+    return check_replicas(cast("list[StorageNode]", list(replicas)), 0, log, payloads, damaged)
 
 
 def test_replicas_that_agree_pass_and_one_lagging_behind_is_no_fault() -> None:
@@ -78,7 +85,36 @@ def test_different_data_under_one_reqid_is_reported() -> None:
     whole = [_record(txid) for txid in range(3)]
     rotten = whole[:2] + [whole[2]._replace(data=b"rotten")]
     assert _check(_Replica(whole, 2), _Replica(whole, 2), _Replica(rotten, 1)) == [
-        "partition 0 txid 2: the replicas hold different data"
+        "storage-2: partition 0 txid 2 (ReqId(c:1,g:1,p:0,s:3)) is served with data other than the "
+        "client appended",
+        "partition 0 txid 2: the replicas hold different data",
+    ]
+
+
+def test_data_other_than_the_client_built_is_reported_even_when_every_replica_agrees() -> None:
+    whole = [_record(txid) for txid in range(3)]
+    built = {txid: txid.to_bytes(8, "big") for txid in range(3)}
+    assert _check(_Replica(whole, 2), _Replica(whole, 2), _Replica(whole, 2), payloads=built) == []
+    built[1] = b"other bytes"
+    violations = _check(_Replica(whole, 2), _Replica(whole, 2), _Replica(whole, 2), payloads=built)
+    assert violations[:1] == [
+        "storage-0: partition 0 txid 1 (ReqId(c:1,g:1,p:0,s:2)) is served with data other than the "
+        "client appended"
+    ]
+    assert (
+        violations[-1]
+        == "partition 0 txid 1 (ReqId(c:1,g:1,p:0,s:2)) is on 0 replicas, fewer than a quorum of 2"
+    )
+
+
+def test_a_damaged_replica_lowers_the_quorum_only_for_what_it_does_not_hold_whole() -> None:
+    whole = [_record(txid) for txid in range(3)]
+    # Replica 0 was damaged (the world flipped its bits) and no longer serves txid 2; replica 2 lags.
+    damaged, lagging = _Replica(whole[:2], 1), _Replica(whole[:2], 1)
+    assert _check(damaged, _Replica(whole, 2), lagging, damaged=0) == []
+    # Undamaged, the same replicas hold txid 2 on fewer than a quorum.
+    assert _check(damaged, _Replica(whole, 2), lagging) == [
+        "partition 0 txid 2 (ReqId(c:1,g:1,p:0,s:3)) is on 1 replicas, fewer than a quorum of 2"
     ]
 
 
@@ -91,7 +127,7 @@ def test_the_application_reports_a_high_water_mark_that_does_not_move_to_the_nex
             transaction = Transaction(
                 txid, record.header, record.req_id, cast(Any, None), loop, cast(Any, None)
             )
-            application.apply_transaction(transaction)
+            await application.apply_transaction(transaction)
         return application.violations
 
     assert asyncio.run(go()) == [

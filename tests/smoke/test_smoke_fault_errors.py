@@ -5,18 +5,22 @@ and a node that does not answer is not taken for one that served a flipped recor
 from __future__ import annotations
 
 import asyncio
+import random
+import ssl
 import uuid
 from pathlib import Path
+from typing import cast
 
 import pytest
 from testkit import free_tcp_port
 
-from waltz_engine.smoke.hostile import Flip, refused_on_read
-from waltz_engine.smoke.runner import fault_failures
+from waltz_engine.smoke.hostile import Flip, forge_frames, refused_on_read
+from waltz_engine.smoke.runner import DOWN, UP, SmokeRun, fault_failures
 from waltz_engine.smoke.schedule import Fault, FaultKind
 from waltz_engine.storage.client import StorageAdminClient, StorageRpcError
 
 NUM_PARTITIONS = 3
+NO_TLS = cast("ssl.SSLContext", None)  # the connection is refused before any handshake
 
 
 def test_a_failed_fault_is_named_and_a_cancelled_one_is_not() -> None:
@@ -45,3 +49,44 @@ def test_a_node_that_does_not_answer_neither_refused_nor_served_the_flipped_reco
     flip = Flip(0, 1794, Path("0000000000000000000.seg"), 100636)
     with pytest.raises(StorageRpcError, match="disconnected"):
         asyncio.run(refused_on_read(admin, flip))
+
+
+def test_a_fault_whose_target_is_down_is_skipped_and_said_so() -> None:
+    """The run once failed (all seven checks passed, RESULT FAILED) because forged frames found
+    their storage node killed by an earlier fault: such a fault is skipped and logged instead."""
+
+    class Run:
+        node_state = {"storage-1": DOWN, "storage-2": UP}
+        injected: list[Fault] = []
+        skipped: list[Fault] = []
+        said: list[str] = []
+
+        def elapsed_s(self) -> float:
+            return 100.0
+
+        def states(self) -> str:
+            return "[.* ]"
+
+        def say(self, text: str) -> None:
+            self.said.append(text)
+
+        async def _inject(self, fault: Fault) -> None:
+            pass
+
+    run = Run()
+    down = Fault(35.9, FaultKind.FORGED_FRAMES, "storage-1")
+    asyncio.run(SmokeRun._fault(cast(SmokeRun, run), down))
+    assert run.skipped == [down] and run.injected == []
+    assert run.said == ["[.* ] fault skipped: forged-frames storage-1 (storage-1 is down)"]
+    # A storage disconnect is aimed at a down node's proxy on purpose: injected, not skipped.
+    proxy = Fault(36.5, FaultKind.STORAGE_DISCONNECT, "storage-1")
+    asyncio.run(SmokeRun._fault(cast(SmokeRun, run), proxy))
+    assert run.skipped == [down] and run.injected == [proxy]
+
+
+def test_forged_frames_at_a_node_that_refuses_the_connection_pass_without_a_failure() -> None:
+    """A node that went down meanwhile refuses the connection: nothing was served, so it passes."""
+    refused = asyncio.run(
+        forge_frames("127.0.0.1", free_tcp_port(), NO_TLS, uuid.uuid4(), NUM_PARTITIONS, random.Random(7))
+    )
+    assert refused == 0

@@ -11,6 +11,7 @@ import typer
 
 from waltz_cli.options import JsonOption
 from waltz_cli.output import one_line_errors, print_json
+from waltz_engine.sim.faults import DEFAULT_FAULTS
 from waltz_engine.sim.runner import MAX_JOBS, MAX_SEEDS, run_seeds
 from waltz_engine.sim.world import (
     ACL_MIN_PARTITIONS,
@@ -36,11 +37,16 @@ def sim(
         int,
         typer.Option(
             "--faults",
-            help="Faults per seed (network, ZooKeeper, node pauses and crashes, partition moves).",
+            help=f"Faults per seed, each of a kind drawn from all: network (resets, partitions, loss, "
+            "slow and spiky links), ZooKeeper outages and expiries, server pauses and freezes, power "
+            "losses of servers and storage nodes, partition moves, forged reads, client restarts, "
+            "disk faults (torn writes, bit flips, a full disk, slow syncs). The default is the mix "
+            f"the simulator's targets are measured at ({DEFAULT_FAULTS} per seed of "
+            f"{DEFAULT_TRANSACTIONS} transactions); 0 for a world without faults.",
             min=0,
             max=MAX_FAULTS,
         ),
-    ] = 0,
+    ] = DEFAULT_FAULTS,
     workload: Annotated[
         str,
         typer.Option(
@@ -61,13 +67,17 @@ def sim(
 ) -> None:
     """Run real storage nodes, two servers and a client in the simulator, one seeded world per seed.
 
-    Each seed runs on a virtual clock, an in-memory network and ZooKeeper, and is checked.
+    Each seed runs on a virtual clock, an in-memory network, disk and ZooKeeper.
+
+    Faults: the default mix unless --faults says otherwise (see --faults).
+
+    Checked: every outcome against the log; the data read, the replicas, an export-style read.
 
     A failing seed prints its replay command and its last events.
 
     With --json stdout holds only the report: seeds, violations, failing_seeds, trace_hash, transactions.
 
-    Example: waltz sim --seeds 200 --faults 20 --json
+    Example: waltz sim --seeds 300 (the default mix); waltz sim --seeds 200 --faults 0 --json
     """
 
     if workload not in WORKLOADS:

@@ -73,15 +73,20 @@ class Transfer(SimContext):
     """Moves ``amount`` from ``source`` to ``target`` if ``source`` can pay, holding both accounts' locks."""
 
     def __init__(
-        self, number: int, outcome: asyncio.Future[bool], refuses_retry: bool, ledger: Ledger
+        self,
+        number: int,
+        outcome: asyncio.Future[bool],
+        refuses_retry: bool,
+        ledger: Ledger,
+        data: bytes | None = None,
     ) -> None:
-        super().__init__(number, outcome, refuses_retry)
+        super().__init__(number, outcome, refuses_retry, data)
         self.ledger = ledger
         self.source, self.target, self.amount = ledger.transfers[number]
 
     def fill(self, builder: TransactionBuilder) -> bool:
         if self.ledger.read(builder.req_id, self.source) < self.amount:
             return False
-        builder.set_transaction_data(self.number.to_bytes(8, "big"), RAW)
+        builder.set_transaction_data(self.data, RAW)
         builder.set_write_locks([(LOCK_NAME, self.source), (LOCK_NAME, self.target)])
         return True

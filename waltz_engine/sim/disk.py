@@ -30,10 +30,9 @@ from pathlib import Path
 
 from waltz_engine.common.errors import StorageError
 from waltz_engine.common.fileio import Bytes
+from waltz_engine.sim.loop import SimulatedCrash
 
-
-class SimulatedCrash(BaseException):
-    """The simulated process died inside a disk call (not an error the engine may handle)."""
+__all__ = ["SimDisk", "SimFile", "SimulatedCrash"]
 
 
 @dataclass
@@ -151,6 +150,10 @@ class SimDisk:
             durable = bytearray(inode.durable)
             durable[offset] ^= mask
             inode.durable = bytes(durable)
+
+    def torn_write_size_bytes(self) -> int:
+        """The size of the last write not yet synced (what a crash may keep a prefix of), or 0."""
+        return len(self._last_write.data) if self._last_write is not None else 0
 
     def take_sync_delay_ms(self) -> float:
         """How long the syncs since the last call should have taken; the world waits that long."""

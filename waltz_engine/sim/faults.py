@@ -21,6 +21,9 @@ from waltz_engine.sim.node_faults import NODE_FAULT_KINDS, NodeFaults, node_faul
 from waltz_engine.sim.zk_model import SimZooKeeper
 
 FAULT_KINDS = ("reset", "partition", "drop", "slow", "latency", "zookeeper_outage")
+# The default mix (``waltz sim`` and WorldShape): this many faults per seed of the default 100
+# transactions, each of a kind drawn from every kind there is (network, ZooKeeper, node, disk).
+DEFAULT_FAULTS = 30
 # The longest a fault lasts before its link heals.
 MAX_FAULT_S = 20.0
 MIN_FAULT_S = 0.05

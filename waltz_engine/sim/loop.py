@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import contextvars
 import functools
 import hashlib
 import random
 import selectors
 import struct
-from collections.abc import Callable, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from waltz_engine.common.errors import WaltzError
@@ -37,6 +39,32 @@ START_WALL_NS = 1_764_028_800 * 1_000_000_000
 # The events kept in words for a failing seed's report.
 TRACE_TAIL_EVENTS = 200
 _TURN = struct.Struct("<dI")
+
+
+class Incarnation:
+    """One life of a simulated host's machine: the code of a node started on it, its callbacks
+    and tasks. A power loss ends it (:meth:`SimLoop.kill_host`); the host's next start is a new one."""
+
+    __slots__ = ("host", "alive", "context", "handles", "tasks")
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.alive = True
+        self.context = contextvars.Context()
+        self.context.run(CURRENT_HOST.set, self)
+        self.handles: weakref.WeakSet[asyncio.Handle] = weakref.WeakSet()
+        self.tasks: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+
+
+# Whose code runs: every task and callback carries the incarnation of the host it belongs to in
+# its context, so a host's machine can be killed at once. None: the world's own code.
+CURRENT_HOST: contextvars.ContextVar[Incarnation | None] = contextvars.ContextVar(
+    "waltz_sim_host", default=None
+)
+
+
+class SimulatedCrash(BaseException):
+    """The simulated machine died inside a disk call (not an error the engine may handle)."""
 
 
 class SimStalledError(WaltzError):
@@ -102,6 +130,100 @@ class SimLoop(asyncio.BaseEventLoop):
         self._hash.update(struct.pack("<q", seed))
         self.events = 0
         self.tail: collections.deque[SimEvent] = collections.deque(maxlen=TRACE_TAIL_EVENTS)
+        # Each host's current life, for :meth:`kill_host`; the ended ones and their tasks, held
+        # until :meth:`revive_the_dead` (collected mid-run, a task's coroutine would run its
+        # ``finally`` at an arbitrary moment).
+        self._incarnations: dict[str, Incarnation] = {}
+        self._dead: list[tuple[Incarnation, list[asyncio.Task[Any]]]] = []
+        # Told the host whose code died in a disk call (SimulatedCrash): the world kills it.
+        self.on_crash: Callable[[str], None] | None = None
+
+    # Hosts: whose code a callback or task is, and killing a host's machine.
+
+    def host_context(self, host: str) -> contextvars.Context:
+        """The context of ``host``'s current life, shared by the callbacks scheduled into it (never
+        entered twice at once: the loop runs one callback at a time)."""
+        incarnation = self._incarnations.get(host)
+        if incarnation is None:
+            incarnation = self._incarnations[host] = Incarnation(host)
+        return incarnation.context
+
+    def call_soon(  # type: ignore[override]
+        self, callback: Callable[..., Any], *args: Any, context: contextvars.Context | None = None
+    ) -> asyncio.Handle:
+        handle = super().call_soon(callback, *args, context=context)
+        self._tag(handle, context)
+        return handle
+
+    def call_at(  # type: ignore[override]
+        self,
+        when: float,
+        callback: Callable[..., Any],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.TimerHandle:
+        handle = super().call_at(when, callback, *args, context=context)
+        self._tag(handle, context)
+        return handle
+
+    def create_task(  # type: ignore[override]
+        self,
+        coro: Coroutine[Any, Any, _T] | Generator[Any, None, _T],
+        *,
+        name: str | None = None,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.Task[_T]:
+        task = super().create_task(coro, name=name, context=context)
+        incarnation = CURRENT_HOST.get() if context is None else context.get(CURRENT_HOST)
+        if incarnation is not None:
+            incarnation.tasks.add(task)
+        return task
+
+    def _tag(self, handle: asyncio.Handle, context: contextvars.Context | None) -> None:
+        incarnation = CURRENT_HOST.get() if context is None else context.get(CURRENT_HOST)
+        if incarnation is not None:
+            if incarnation.alive:
+                incarnation.handles.add(handle)
+            else:
+                handle.cancel()  # a dead machine's code never runs again
+
+    def kill_host(self, host: str) -> None:
+        """``host``'s machine dies, as with ``kill -9`` of everything on it: none of its pending
+        callbacks runs, nor any scheduled for it later, so its tasks (its cleaner, scrubber, tier,
+        workers, connections) never step again, not even to run their ``finally``; they are left
+        to the garbage collector, unmourned. Its next start is a new incarnation."""
+        incarnation = self._incarnations.pop(host, None)
+        self.record("kill", host)
+        if incarnation is None:
+            return
+        incarnation.alive = False
+        for handle in list(incarnation.handles):
+            handle.cancel()
+        self._dead.append((incarnation, list(incarnation.tasks)))
+
+    def bury_the_dead(self) -> None:
+        """After a run, while the loop is open: close the dead machines' coroutines (their
+        ``finally`` meets only closed files and dead connections; what it schedules never runs),
+        rather than leave them to the garbage collector after the loop closed."""
+        for _, dead_tasks in self._dead:
+            for task in dead_tasks:
+                if task.done():
+                    continue
+                task._log_destroy_pending = False  # type: ignore[attr-defined]
+                with contextlib.suppress(Exception):
+                    task.get_coro().close()
+        self._dead.clear()
+
+    def crashed(self) -> None:
+        """The running code's machine died in a disk call: the world kills it now, in this turn."""
+        incarnation = CURRENT_HOST.get()
+        if incarnation is not None and self.on_crash is not None:
+            self.on_crash(incarnation.host)
+
+    def call_exception_handler(self, context: dict[str, Any]) -> None:
+        if isinstance(context.get("exception"), SimulatedCrash):
+            return  # a dead machine's task, ended by its crash (the world killed the machine)
+        super().call_exception_handler(context)
 
     # The clock.
 
@@ -156,6 +278,9 @@ class SimLoop(asyncio.BaseEventLoop):
                 result = func(*args)
             except (SystemExit, KeyboardInterrupt):
                 raise
+            except SimulatedCrash as e:
+                future.set_exception(e)
+                self.crashed()
             except BaseException as e:
                 future.set_exception(e)
             else:
@@ -179,18 +304,33 @@ class SimLoop(asyncio.BaseEventLoop):
 
 class SimDiskRunner:
     """A storage node's disk passes (``DiskRunner``) on the loop: a pass's work runs at the next
-    turn, its partitions' batches one after another, and its completion at once."""
+    turn, its partitions' batches one after another; its completion (the replies) comes once the
+    syncs it made have taken their time (``sync_delay_ms``: the disk's slow fsyncs), so a power
+    loss can fall between a pass's syncs and its acknowledgements. A machine that dies inside a
+    pass (:class:`SimulatedCrash`) is killed in the same turn: the pass never completes."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, sync_delay_ms: Callable[[], float] | None = None
+    ) -> None:
         assert isinstance(loop, SimLoop), "the simulator's disk runner needs the simulator's loop"
         self._loop = loop
+        self._sync_delay_ms = sync_delay_ms
 
     def start(self, work: Callable[[], _T], done: Callable[[_T], None]) -> None:
         loop = self._loop
 
         def run() -> None:
             loop.record("exec", "disk pass")
-            done(work())
+            try:
+                result = work()
+            except SimulatedCrash:
+                loop.crashed()
+                return
+            delay_ms = self._sync_delay_ms() if self._sync_delay_ms is not None else 0.0
+            if delay_ms > 0:
+                loop.call_later(delay_ms / 1000, done, result)
+            else:
+                done(result)
 
         loop.call_soon(run)
 

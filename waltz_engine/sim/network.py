@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import errno
 import random
 from collections.abc import Sequence
@@ -63,6 +64,9 @@ class _Link:
     latency: Latency
     slow_factor: float = 1.0
     blocked: bool = False
+    # Blocked without TCP giving up: a frozen peer (a stalled VM, a long GC pause) whose
+    # connections outlive any stall, so its bytes arrive whenever it thaws.
+    frozen: bool = False
 
 
 @dataclass
@@ -105,6 +109,8 @@ class SimTransport(asyncio.Transport):
         # Who the other end is (SimNetwork.principals): the simulator's stand-in for the peer's
         # certificate, read where a TLS connection's would be (net.transport.peer_identity).
         self.peer_principal: str | None = None
+        # Bytes this side sends are taken by the peer's host's code.
+        self._peer_context = self._loop.host_context(remote[0])
 
     # asyncio.Transport
 
@@ -173,7 +179,7 @@ class SimTransport(asyncio.Transport):
         self._stalled.clear()
         if self.peer is not None and not self._link().blocked:
             self._in_flight.append(None)
-            self._loop.call_at(self._arrival_s(), self._deliver_next)
+            self._loop.call_at(self._arrival_s(), self._deliver_next, context=self._peer_context)
         self._loop.call_soon(self._connection_lost, None)
 
     # Moving bytes.
@@ -196,15 +202,16 @@ class SimTransport(asyncio.Transport):
     def _send(self, chunk: bytes) -> None:
         if self._dead:
             return
-        if self._stalled or self._link().blocked:
+        link = self._link()
+        if self._stalled or link.blocked:
             self._stalled.append(chunk)
-            if self._stall_timer is None:
+            if self._stall_timer is None and not link.frozen:
                 self._stall_timer = self._loop.call_later(
                     self._network.stall_reset_s, self._network.reset_connection, self, "stalled"
                 )
             return
         self._in_flight.append(chunk)
-        self._loop.call_at(self._arrival_s(), self._deliver_next)
+        self._loop.call_at(self._arrival_s(), self._deliver_next, context=self._peer_context)
 
     def _deliver_next(self) -> None:
         chunk = self._in_flight.popleft()
@@ -232,7 +239,10 @@ class SimTransport(asyncio.Transport):
             # Bytes for a closed socket: TCP answers with a reset.
             if chunk and peer is not None and not peer._lost:
                 self._loop.call_later(
-                    self._link().latency.max_s, peer._reset, "the peer closed the connection"
+                    self._link().latency.max_s,
+                    peer._reset,
+                    "the peer closed the connection",
+                    context=self._loop.host_context(peer.local[0]),
                 )
             return
         if self._reading and not self._inbox:
@@ -262,6 +272,16 @@ class SimTransport(asyncio.Transport):
         for end in (self, self.peer):
             if end is not None:
                 end._reset(reason)
+
+    def power_off(self) -> None:
+        """This side's machine died: nothing more leaves or is taken here, and nobody is told
+        (the peer learns only from a reset once the host is back, or its own timeouts)."""
+        self._dead = self._closing = self._lost = True
+        self._stalled.clear()
+        self._inbox.clear()
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
 
     def _reset(self, reason: str) -> None:
         self._dead = self._closing = True
@@ -407,7 +427,7 @@ class SimNetwork:
             self._open[id(transport)] = transport
         protocol = server.factory()
         accepted.set_protocol(protocol)
-        self.loop.call_soon(protocol.connection_made, accepted)
+        self.loop.call_soon(protocol.connection_made, accepted, context=self.loop.host_context(host))
         self.loop.record("net", f"connect {source}:{local[1]} -> {host}:{port}")
         return client
 
@@ -428,7 +448,7 @@ class SimNetwork:
         """Reset every open connection between hosts ``a`` and ``b``."""
         self.loop.record("fault", f"reset {a} <-> {b}")
         for transport in self._between(a, b):
-            if not transport._lost:
+            if not transport._lost and not transport._link().frozen:  # no RST crosses a freeze
                 self.reset_connection(transport, "fault")
 
     def set_latency(self, a: str, b: str, latency: Latency) -> None:
@@ -447,14 +467,44 @@ class SimNetwork:
         self.loop.record("fault", f"drop {source} -> {destination}")
         self.link(source, destination).blocked = True
 
+    def power_off(self, host: str) -> None:
+        """``host``'s machine dies: its listeners and its sides of connections vanish silently
+        (until the world cuts its links, bytes sent to it meet a dead socket and are reset)."""
+        self.loop.record("fault", f"power off {host}")
+        for address in [a for a in self._listeners if a[0] == host]:
+            self._listeners.pop(address).serving = False
+        for transport in list(self._open.values()):
+            if transport.local[0] == host:
+                transport.power_off()
+            elif transport.remote[0] == host:
+                # Bytes for the dead side are met by no code of it: a reset, once they can cross.
+                transport._peer_context = contextvars.Context()
+
+    def freeze(self, a: str, b: str) -> None:
+        """Both ways blocked, and no connection between them is ever reset for it: what either
+        sent arrives when the link heals, however late."""
+        self.loop.record("fault", f"freeze {a} <-> {b}")
+        for source, destination in ((a, b), (b, a)):
+            link = self.link(source, destination)
+            link.blocked = link.frozen = True
+
     def partition(self, a: str, b: str) -> None:
         self.loop.record("fault", f"partition {a} <-> {b}")
         self.link(a, b).blocked = self.link(b, a).blocked = True
 
     def heal(self, a: str, b: str) -> None:
-        """Links between ``a`` and ``b`` as new: unblocked (stalled bytes go on), usual speed."""
+        """Links between ``a`` and ``b`` as new: unblocked (stalled bytes go on), usual speed; a
+        frozen link stays frozen (another fault's end does not end a freeze: :meth:`thaw` does)."""
         self.loop.record("fault", f"heal {a} <-> {b}")
         for source, destination in ((a, b), (b, a)):
-            self._links[(source, destination)] = _Link(self.latency)
+            frozen = self.link(source, destination).frozen
+            self._links[(source, destination)] = _Link(self.latency, blocked=frozen, frozen=frozen)
         for transport in self._between(a, b):
-            transport.unstall()
+            if not transport._link().frozen:
+                transport.unstall()
+
+    def thaw(self, a: str, b: str) -> None:
+        """A freeze between ``a`` and ``b`` ends: what was sent across goes on, in order."""
+        for source, destination in ((a, b), (b, a)):
+            self.link(source, destination).frozen = False
+        self.heal(a, b)

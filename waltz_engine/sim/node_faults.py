@@ -13,9 +13,18 @@
   node with a session id ZooKeeper never issued (it must be refused, never fence a replica).
 - ``client_restart``: the application's process restarts; a new client resumes from the
   high-water mark the application stored with its state (contexts in flight end unknown).
-- ``storage_crash`` / ``server_crash``: the node dies (it is cut off first, so nothing it says on
-  the way out crosses), a storage node loses its unsynced writes (``SimDisk.crash``), and a new
-  process starts on what stayed.
+- ``storage_crash`` / ``server_crash``: the machine loses power: at once (for a storage node,
+  wherever it is between a write, its sync and its acknowledgement), or for a storage node now
+  and then inside one of its next writes. Nothing it would say crosses, its disk keeps only what
+  was synced (and a torn piece of the last write), its ZooKeeper session expires in its time,
+  none of its code runs again; a new process starts on what stayed.
+- ``server_freeze``: the links of a partition's owner to the storage nodes stall longer than its ZooKeeper
+  session lasts, and no connection gives up on them: it goes on taking appends, its partitions
+  move on, and what it sent arrives after, at fenced replicas.
+- Disk faults of a storage node: ``torn_write`` (the power goes inside one of its next writes),
+  ``bit_flip`` (rot in a segment, sealed or open up to its durable point, or in the control
+  file's partition structs; always the same node in a seed), ``disk_full`` (writes that grow a file fail with ENOSPC for a
+  while), ``slow_sync`` (each fsync takes up to seconds for a while).
 
 The world (:class:`waltz_engine.sim.world.SimWorld`) does what a fault means to its nodes; this
 module only chooses and times them, and heals each.
@@ -38,7 +47,13 @@ NODE_FAULT_KINDS = (
     "server_crash",
     "forged_read",
     "client_restart",
+    "server_freeze",
+    "torn_write",
+    "bit_flip",
+    "disk_full",
+    "slow_sync",
 )
+STORAGE_KINDS = ("storage_crash", "torn_write", "bit_flip", "disk_full", "slow_sync")
 # Moving a partition needs a second server.
 MOVING_KINDS = ("forced_assignment", "partition_bounce")
 CLIENT_KINDS = ("client_restart",)
@@ -47,6 +62,11 @@ MAX_PAUSE_S = 25.0  # beyond the simulated session timeout: some pauses expire t
 MAX_FORCED_S = 30.0
 MAX_BOUNCE_PAUSE_S = 4.0  # a bounce's pause stays within the session timeout
 MAX_DOWN_S = 5.0  # a crashed node's restart comes this long after at most
+# A freeze outlasts the simulated session timeout (10 s), without any connection reset.
+MIN_FREEZE_S = 11.0
+MAX_FREEZE_S = 30.0
+MAX_ZOOKEEPER_RECONNECT_S = 3.0
+MAX_DISK_FAULT_S = 20.0
 
 
 class NodeWorld(Protocol):
@@ -74,7 +94,21 @@ class NodeWorld(Protocol):
 
     async def force_unassign(self, partition_id: int) -> None: ...
 
-    async def crash_storage(self, index: int) -> None: ...
+    async def crash_storage(self, index: int, mid_write: bool | None = None) -> None: ...
+
+    def owner_of(self, partition_id: int) -> int | None: ...
+
+    def freeze_server(self, index: int) -> None: ...
+
+    def thaw_server(self, index: int) -> None: ...
+
+    def flip_bit(self, index: int) -> None: ...
+
+    def fill_disk(self, index: int) -> None: ...
+
+    def free_disk(self, index: int) -> None: ...
+
+    def slow_syncs(self, index: int, slow: bool) -> None: ...
 
     async def restart_storage(self, index: int) -> None: ...
 
@@ -111,10 +145,14 @@ class NodeFaults:
             node = "rogue-0"
         elif kind == "client_restart":
             node = "client-0"
-        elif kind == "storage_crash":
+        elif kind in STORAGE_KINDS:
             node = f"storage-{rng.randrange(world.num_storage_nodes)}"
         elif kind in MOVING_KINDS:
             node = f"partition-{rng.randrange(world.num_partitions)}"
+        elif kind == "server_freeze":
+            # The owner of a partition: a freeze matters where appends are in flight.
+            owner = world.owner_of(rng.randrange(world.num_partitions))
+            node = f"server-{rng.randrange(world.num_servers) if owner is None else owner}"
         else:
             node = f"server-{rng.randrange(world.num_servers)}"
         index = int(node.rsplit("-", 1)[1])
@@ -143,10 +181,28 @@ class NodeFaults:
                 await world.restart_client()
             elif kind == "partition_bounce":
                 await self._bounce(index, rng)
-            elif kind == "storage_crash":
-                await world.crash_storage(index)
+            elif kind in ("storage_crash", "torn_write"):
+                await world.crash_storage(index, True if kind == "torn_write" else None)
                 await asyncio.sleep(rng.uniform(MIN_PAUSE_S, MAX_DOWN_S))
                 await world.restart_storage(index)
+            elif kind == "server_freeze":
+                world.freeze_server(index)
+                await asyncio.sleep(rng.uniform(MIN_FREEZE_S, MAX_FREEZE_S))
+                world.thaw_server(index)
+                # Its connections carry what it sent at once; ZooKeeper's reconnect takes a moment
+                # (it learns its session expired only then), so a deposed server may act meanwhile.
+                await asyncio.sleep(rng.uniform(0.0, MAX_ZOOKEEPER_RECONNECT_S))
+                world.resume_server(index)
+            elif kind == "bit_flip":
+                world.flip_bit(index)
+            elif kind == "disk_full":
+                world.fill_disk(index)
+                await asyncio.sleep(rng.uniform(MIN_PAUSE_S, MAX_DISK_FAULT_S))
+                world.free_disk(index)
+            elif kind == "slow_sync":
+                world.slow_syncs(index, True)
+                await asyncio.sleep(rng.uniform(MIN_PAUSE_S, MAX_DISK_FAULT_S))
+                world.slow_syncs(index, False)
             else:
                 await world.crash_server(index)
                 await asyncio.sleep(rng.uniform(MIN_PAUSE_S, MAX_DOWN_S))
@@ -169,6 +225,9 @@ class NodeFaults:
         await world.force_unassign(partition_id)
 
     async def finish(self) -> None:
-        """Every fault healed: the nodes restarted, resumed, the partitions back to the policy."""
-        for task in self._healing:
-            await task
+        """Every fault healed: the nodes restarted, resumed, the partitions back to the policy;
+        then the first error a healing raised, if one did."""
+        results = await asyncio.gather(*self._healing, return_exceptions=True)
+        for result in results:
+            if isinstance(result, Exception):
+                raise result

@@ -1,20 +1,67 @@
 """What a seed's client does and what it must see: the transactions and the application.
 
 A transaction of the workload is a :class:`SimContext` numbered ``0 .. n-1``; its number is the
-record's header, so the log tells which one a record is. The application (:class:`Application`)
-is durable state, as a database would be: a client that restarts gets the same one and resumes
-from the high-water mark it stored. :func:`check_outcomes` holds every context's final outcome
-against the log the application applied.
+record's header, so the log tells which one a record is, and its data is a payload of its own
+(:func:`payload`: distinct bytes of a drawn size, now and then up to the frame limit). The
+application (:class:`Application`) is durable state, as a database would be: a client that
+restarts gets the same one and resumes from the high-water mark it stored. It reads every
+transaction's data before applying it (``await transaction.data()``, through the server's cache)
+and reports bytes other than the client built. :func:`check_outcomes` holds every context's final
+outcome against the log the application applied.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import random
 from collections.abc import Callable
 
 from waltz_engine.client import Transaction, TransactionBuilder, TransactionContext, WaltzClientCallbacks
-from waltz_engine.client.errors import AuthorizationError, ClientClosedError, OutcomeUnknownError
+from waltz_engine.client.errors import (
+    AuthorizationError,
+    ClientClosedError,
+    DataChecksumError,
+    OutcomeUnknownError,
+)
+from waltz_engine.common.errors import WaltzError
 from waltz_engine.common.reqid import ReqId
+
+# Payload sizes: most small, some of a few KiB, now and then up to the largest append the
+# server's frame limit admits (the world sets that limit: MAX_PAYLOAD_BYTES).
+SMALL_PAYLOAD_BYTES = (8, 256)
+MEDIUM_PAYLOAD_BYTES = (256, 16 * 1024)
+MEDIUM_PAYLOAD_PROBABILITY = 0.08
+LARGE_PAYLOAD_PROBABILITY = 0.015
+AT_LIMIT_PAYLOAD_PROBABILITY = 0.005
+# The world's server admits frames up to this size; an append's message around its data (ids,
+# locks, header, lengths, checksum) is below APPEND_OVERHEAD_BYTES.
+SERVER_FRAME_LIMIT_BYTES = 1024 * 1024
+APPEND_OVERHEAD_BYTES = 256
+MAX_PAYLOAD_BYTES = SERVER_FRAME_LIMIT_BYTES - APPEND_OVERHEAD_BYTES
+# An application retries a data read that failed (the server unreachable for a while) this
+# often, for at most this long, before it reports the read failed.
+DATA_RETRY_S = 1.0
+DATA_READ_LIMIT_S = 300.0
+
+
+def payload_size_bytes(rng: random.Random) -> int:
+    draw = rng.random()
+    if draw < AT_LIMIT_PAYLOAD_PROBABILITY:
+        return MAX_PAYLOAD_BYTES
+    if draw < AT_LIMIT_PAYLOAD_PROBABILITY + LARGE_PAYLOAD_PROBABILITY:
+        return rng.randint(MEDIUM_PAYLOAD_BYTES[1], MAX_PAYLOAD_BYTES)
+    if draw < AT_LIMIT_PAYLOAD_PROBABILITY + LARGE_PAYLOAD_PROBABILITY + MEDIUM_PAYLOAD_PROBABILITY:
+        return rng.randint(*MEDIUM_PAYLOAD_BYTES)
+    return rng.randint(*SMALL_PAYLOAD_BYTES)
+
+
+def payload(number: int, size_bytes: int) -> bytes:
+    """Transaction ``number``'s data: its number, then bytes no other transaction has."""
+    head = number.to_bytes(8, "big")
+    seed = hashlib.blake2b(head, digest_size=8).digest()
+    body = random.Random(seed).randbytes(max(0, size_bytes - len(head)))
+    return (head + body)[:size_bytes]
 
 
 class ApplicationError(Exception):
@@ -37,9 +84,16 @@ class SimContext(TransactionContext):
     ``refuses_retry`` raises :class:`ApplicationError` when the client executes it again.
     ``incarnation`` is the client it was last submitted to (a restart closes the one before)."""
 
-    def __init__(self, number: int, outcome: asyncio.Future[bool], refuses_retry: bool = False) -> None:
+    def __init__(
+        self,
+        number: int,
+        outcome: asyncio.Future[bool],
+        refuses_retry: bool = False,
+        data: bytes | None = None,
+    ) -> None:
         super().__init__()
         self.number = number
+        self.data = number.to_bytes(8, "big") if data is None else data
         self.outcome = outcome
         self.executions = 0
         self.refuses_retry = refuses_retry
@@ -60,7 +114,7 @@ class SimContext(TransactionContext):
 
     def fill(self, builder: TransactionBuilder) -> bool:
         """The transaction's data and locks; False to decline."""
-        builder.set_transaction_data(self.number.to_bytes(8, "big"), RAW)
+        builder.set_transaction_data(self.data, RAW)
         return True
 
     def on_completion(self, result: bool) -> None:
@@ -83,7 +137,11 @@ class Application(WaltzClientCallbacks):
     high-water mark only ever moves to the next transaction. ``on_apply`` is the workload's own
     state change (the bank's balances)."""
 
-    def __init__(self, on_apply: Callable[[Transaction], None] | None = None) -> None:
+    def __init__(
+        self,
+        on_apply: Callable[[Transaction], None] | None = None,
+        payloads: dict[int, bytes] | None = None,
+    ) -> None:
         self.applied: dict[int, list[tuple[int, int, ReqId]]] = {}  # partition -> (txid, header, reqId)
         self.changed = asyncio.Event()
         self.uncaught: list[str] = []
@@ -91,12 +149,49 @@ class Application(WaltzClientCallbacks):
         # Partitions whose feed the servers' ACLs refused this client (WorldShape.acl).
         self.read_refused: set[int] = set()
         self._on_apply = on_apply
+        # Each transaction's data as the client built it (by number); None: data not read.
+        self.payloads = payloads
+        self.data_reads = 0
 
     def get_client_high_water_mark(self, partition_id: int) -> int:
         applied = self.applied.get(partition_id)
         return applied[-1][0] if applied else -1
 
-    def apply_transaction(self, transaction: Transaction) -> None:
+    async def apply_transaction(self, transaction: Transaction) -> None:
+        if self.payloads is not None:
+            await self._read_data(transaction)
+        self._apply(transaction)
+
+    async def _read_data(self, transaction: Transaction) -> None:
+        """The data, as an application reads it before applying: it must be the bytes built."""
+        assert self.payloads is not None
+        loop = asyncio.get_running_loop()
+        deadline_s = loop.time() + DATA_READ_LIMIT_S
+        where = f"partition {transaction.partition_id} txid {transaction.transaction_id}"
+        while True:
+            try:
+                data = await transaction.data()
+                break
+            except ClientClosedError:
+                raise  # the application's process is ending (a restart): applied by the next one
+            except DataChecksumError as e:
+                self.violations.append(f"{where}: damaged data served again and again: {e}")
+                raise
+            except WaltzError as e:
+                if loop.time() + DATA_RETRY_S > deadline_s:
+                    self.violations.append(f"{where}: its data could not be read: {e}")
+                    raise
+                await asyncio.sleep(DATA_RETRY_S)
+        self.data_reads += 1
+        built = self.payloads.get(transaction.header)
+        if built is None or data != built:
+            size = "?" if built is None else len(built)
+            self.violations.append(
+                f"{where} (transaction {transaction.header}): the data read is {len(data)} bytes other "
+                f"than the {size} bytes the client appended"
+            )
+
+    def _apply(self, transaction: Transaction) -> None:
         partition_id = transaction.partition_id
         high_water_mark = self.get_client_high_water_mark(partition_id)
         if transaction.transaction_id != high_water_mark + 1:
@@ -115,6 +210,8 @@ class Application(WaltzClientCallbacks):
         if isinstance(exception, AuthorizationError):
             self.read_refused.add(partition_id)
             return
+        if isinstance(exception, ClientClosedError):
+            return  # a data read cut short by the client's close (a restart): nothing was applied
         self.uncaught.append(f"partition {partition_id} txid {transaction_id}: {exception!r}")
 
     def count(self) -> int:

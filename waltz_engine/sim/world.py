@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from kazoo.client import KazooClient
@@ -30,20 +32,34 @@ from waltz_engine.client.config import WaltzClientConfig
 from waltz_engine.client.errors import AuthorizationError
 from waltz_engine.common.config import Config
 from waltz_engine.common.errors import WaltzError
+from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
+from waltz_engine.disk.partition_info import PARTITION_INFO_SIZE_BYTES, STRUCT1_OFFSET, partition_info_offset
+from waltz_engine.disk.record_format import CHECKPOINT_INTERVAL, INDEX_ENTRY, INDEX_ENTRY_SIZE_BYTES
 from waltz_engine.server.config import ServerConfig
 from waltz_engine.server.server import WaltzServer
 from waltz_engine.sim.bank import Ledger, Transfer
 from waltz_engine.sim.disk import SimDisk
-from waltz_engine.sim.faults import inject_faults
+from waltz_engine.sim.faults import DEFAULT_FAULTS, inject_faults
 from waltz_engine.sim.loop import START_MONOTONIC_S, SimDiskRunner, SimLoop
 from waltz_engine.sim.network import SimNetwork
 from waltz_engine.sim.node_faults import NodeFaults
-from waltz_engine.sim.replicas import check_replicas
-from waltz_engine.sim.workload import Application, ApplicationError, SimContext, check_outcomes
+from waltz_engine.sim.replicas import check_replicas, export_read
+from waltz_engine.sim.workload import (
+    SERVER_FRAME_LIMIT_BYTES,
+    Application,
+    ApplicationError,
+    SimContext,
+    check_outcomes,
+    payload,
+    payload_size_bytes,
+)
 from waltz_engine.sim.zk_model import SimZkClient, SimZooKeeper
 from waltz_engine.storage.client import StorageAdminClient, StorageClient, StorageRpcError
+from waltz_engine.storage.constants import INDEX_SUFFIX, SEGMENT_SUFFIX
 from waltz_engine.storage.node.config import StorageConfig
 from waltz_engine.storage.node.node import StorageNode
+from waltz_engine.storage.segment_scan import _java_div
+from waltz_engine.wire.frame import FRAME_HEADER_SIZE_BYTES
 from waltz_engine.zk.cluster import create_cluster
 from waltz_engine.zk.cluster_manager import force_assign, force_unassign
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
@@ -88,8 +104,20 @@ RESUBMIT_DELAY_S = 1.0
 LAST_EVENTS_SHOWN = 20
 # The simulator's nodes log only what goes wrong.
 NODE_LOG_LEVEL = logging.ERROR
+# Storage nodes roll segments at this size, so seeds have sealed segments as well as open ones.
+SEGMENT_SIZE_THRESHOLD_BYTES = 64 * 1024
+# A storage crash falls inside one of the node's next writes (between a write and its sync) with
+# this probability, in one of its next MAX_WRITES_BEFORE_CRASH writes, if it writes within
+# MID_WRITE_CRASH_WAIT_S; otherwise, and else, the power goes at once (wherever the node is).
+MID_WRITE_CRASH_PROBABILITY = 0.5
+MAX_WRITES_BEFORE_CRASH = 6
+MID_WRITE_CRASH_WAIT_S = 3.0
+# A full disk leaves a node this much room beyond what it holds; a slow sync takes this long.
+DISK_FULL_HEADROOM_BYTES = (0, 4096)
+SLOW_SYNC_MS = (20.0, 2_000.0)
 
 _Node = TypeVar("_Node", StorageNode, WaltzServer, WaltzClient)
+_R = TypeVar("_R")
 # "append": numbered transactions, no locks; "bank": transfers under optimistic locks (sim/bank.py).
 WORKLOADS = ("append", "bank")
 
@@ -102,7 +130,7 @@ class WorldShape:
     transactions: int = DEFAULT_TRANSACTIONS
     # Network faults during the workload; with any, transactions are submitted one by one
     # SUBMIT_INTERVAL_S apart on average, so the faults fall among them.
-    faults: int = 0
+    faults: int = DEFAULT_FAULTS
     workload: str = "append"  # one of WORKLOADS
     # The client's process restarts among the node faults (False: the world as it was before,
     # where the regression seeds found then replay).
@@ -111,6 +139,11 @@ class WorldShape:
     # the client may append to and read all but the last two partitions, only read the one
     # before last (its appends are refused) and neither on the last (its mounts are refused).
     acl: bool = False
+    # Bit flips in the control file's partition structs too (off by default: a rotten current
+    # struct rolls the partition back to the older one, as the original does, and its lost local
+    # low-water mark can make later rot in a record cut synced records as a torn tail; see
+    # docs/reliability.md).
+    control_file_flips: bool = False
 
 
 @dataclass
@@ -137,13 +170,29 @@ class SimWorld:
         self.shape = shape
         self.network = SimNetwork(loop)
         self.zookeeper = SimZooKeeper(loop, trace=lambda event: loop.record("zookeeper", event))
-        self.disks = {f"storage-{n}": SimDisk() for n in range(shape.storage_nodes)}
+        self.sync_latency_ms: dict[str, tuple[float, float] | None] = {}
+        self.disks = {
+            f"storage-{n}": SimDisk(sync_latency_ms=functools.partial(self._sync_latency_ms, f"storage-{n}"))
+            for n in range(shape.storage_nodes)
+        }
         self.settings = ZooKeeperSettings(ZOOKEEPER_HOST, CLUSTER_ROOT, SESSION_TIMEOUT_MS)
         self.storage: list[StorageNode] = []
         self.servers: list[WaltzServer] = []
         self.client: WaltzClient | None = None
         self.ledger = Ledger()
-        self.application = Application(self.ledger.apply if shape.workload == "bank" else None)
+        self.payloads: dict[int, bytes] = {}  # each transaction's data as the client built it
+        self.application = Application(
+            self.ledger.apply if shape.workload == "bank" else None, payloads=self.payloads
+        )
+        # Machines whose power went (the world kills them), and one waiting for a mid-write death.
+        self.dead: set[str] = set()
+        self._dying: dict[str, asyncio.Event] = {}
+        loop.on_crash = self._power_off
+        # The one storage node whose media the world damages (bit flips) and what it damaged;
+        # its control file is damaged once at most (one of a partition's two structs).
+        self.damaged_host: str | None = None
+        self.damage: list[str] = []
+        self._control_damaged = False
         self.contexts: list[SimContext] = []
         self.incarnation = 0  # client restarts so far
         self._client_up = asyncio.Event()
@@ -215,6 +264,24 @@ class SimWorld:
     def _config(self, host: str, keys: dict[str, Any]) -> Config:
         return Config({**self._zookeeper_keys(), **keys}, host)
 
+    async def _as_host(self, host: str, start: Callable[[], Coroutine[Any, Any, _R]]) -> _R:
+        """Start a node as ``host``'s code: its tasks and callbacks die with its machine. A start
+        that fails is a process that exits: what it opened (ports, ZooKeeper) goes with it."""
+        try:
+            return await self.loop.create_task(start(), context=self.loop.host_context(host))
+        except (WaltzError, OSError):
+            self._process_exits(host)
+            raise
+
+    def _process_exits(self, host: str) -> None:
+        self.network.power_off(host)
+        self.zookeeper.kill_host(host)
+        self.loop.kill_host(host)
+
+    def _sync_latency_ms(self, host: str) -> float:
+        slow = self.sync_latency_ms.get(host)
+        return self.loop.rng.uniform(*slow) if slow is not None else 0.0
+
     def _seams(self, host: str) -> dict[str, Any]:
         """What a node of ``host`` is built with: its view of the network, the ZooKeeper model."""
         return {"network": self.network.node(host), "zk_connector": self.zookeeper.connector()}
@@ -255,12 +322,17 @@ class SimWorld:
             "storage.admin.port": STORAGE_ADMIN_PORT,
             "storage.directory": f"/{host}",
             **self._acl_keys("storage"),
+            "storage.segment.size.threshold": SEGMENT_SIZE_THRESHOLD_BYTES,
         }
         storage_config = StorageConfig.from_config(self._config(host, storage_keys))
+        disk = self.disks[host]
         node = StorageNode(
-            storage_config, **self._seams(host), disk=self.disks[host], disk_runner=SimDiskRunner
+            storage_config,
+            **self._seams(host),
+            disk=disk,
+            disk_runner=functools.partial(SimDiskRunner, sync_delay_ms=disk.take_sync_delay_ms),
         )
-        await node.start()
+        await self._as_host(host, node.start)
         return node
 
     async def _start_server(self, number: int) -> WaltzServer:
@@ -270,19 +342,23 @@ class SimWorld:
             "server.advertisedHost": host,
             "server.port": SERVER_PORT,
             **self._acl_keys("server"),
+            "server.maxBufferedBytesPerConnection": SERVER_FRAME_LIMIT_BYTES + FRAME_HEADER_SIZE_BYTES,
         }
         server = WaltzServer(ServerConfig.from_config(self._config(host, server_keys)), **self._seams(host))
-        await server.start()
+        await self._as_host(host, server.start)
         return server
 
     def heal(self) -> None:
         """Every fault ends: links whole, ZooKeeper reachable (nodes stop in a healthy world)."""
         for a, b in self.fault_pairs():
-            self.network.heal(a, b)
+            self.network.thaw(a, b)
         for number in sorted(self.paused):
             self.resume_server(number)
         if self.zookeeper.in_outage:
             self.zookeeper.end_outage()
+        for disk in self.disks.values():
+            disk.capacity_bytes = None
+        self.sync_latency_ms.clear()
 
     async def stop(self) -> None:
         if self.client is not None:
@@ -340,6 +416,11 @@ class SimWorld:
         if zk is not None:
             self.zookeeper.heal(zk)
 
+    def thaw_server(self, number: int) -> None:
+        """A frozen server's links carry again (what it sent arrives); ZooKeeper still waits."""
+        for a, b in self._links_of(f"server-{number}"):
+            self.network.thaw(a, b)
+
     def expire_server_session(self, number: int) -> None:
         zk = self._server_zookeeper(number)
         if zk is not None and zk.client_id is not None:
@@ -361,17 +442,127 @@ class SimWorld:
     async def force_unassign(self, partition_id: int) -> None:
         await self._change_forced(lambda zk: force_unassign(zk, CLUSTER_ROOT, partition_id))
 
-    async def crash_storage(self, number: int) -> None:
-        host = f"storage-{number}"
+    def _power_off(self, host: str) -> None:
+        """``host``'s machine loses power, now, in this turn: its disk keeps only what was synced
+        (and a torn piece of its last write), its connections and listeners vanish without a
+        word, its ZooKeeper session is left to expire, and none of its code runs again (its
+        tasks are cancelled: what they run on the way out finds everything dead)."""
+        if host in self.dead:
+            return
+        self.dead.add(host)
+        rng = self.loop.rng
+        disk = self.disks.get(host)
+        if disk is not None:
+            disk.crash(keep_torn_bytes=rng.randrange(disk.torn_write_size_bytes() + 1))
         for a, b in self._links_of(host):
-            self.network.partition(a, b)  # nothing it says on the way out crosses
-        await self.storage[number].stop()
-        self.disks[host].crash()
+            self.network.partition(a, b)  # until it is back, nothing reaches it or answers
+        self._process_exits(host)
+        dying = self._dying.pop(host, None)
+        if dying is not None:
+            dying.set()
+
+    async def crash_storage(self, number: int, mid_write: bool | None = None) -> None:
+        """A power loss: at once, or inside one of the node's next writes (a torn write)."""
+        host = f"storage-{number}"
+        rng = self.loop.rng
+        if mid_write is None:
+            mid_write = rng.random() < MID_WRITE_CRASH_PROBABILITY
+        if mid_write:
+            died = self._dying[host] = asyncio.Event()
+            self.disks[host].crash_on_write(rng.randint(1, MAX_WRITES_BEFORE_CRASH))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(MID_WRITE_CRASH_WAIT_S):
+                    await died.wait()
+        self._power_off(host)
 
     async def restart_storage(self, number: int) -> None:
-        for a, b in self._links_of(f"storage-{number}"):
-            self.network.heal(a, b)
+        host = f"storage-{number}"
+        self._back_up(host)
         self.storage[number] = await _until_started(lambda: self._start_storage(number))
+
+    def _back_up(self, host: str) -> None:
+        """The machine is back: its links heal (what peers still send to its old connections is
+        answered with a reset)."""
+        self.dead.discard(host)
+        for a, b in self._links_of(host):
+            self.network.heal(a, b)
+
+    # --- disk faults ---------------------------------------------------------------------------
+
+    def flip_bit(self, number: int) -> None:
+        """Rot on one storage node (the same one all seed long, so a quorum stays whole): a bit
+        of a record or index entry the node knows is durable changes in place, in a sealed
+        segment or in the open one up to its durable point (the last checkpoint or the local
+        low-water mark: past it, rot looks like a torn write, which recovery rightly cuts), or
+        (``control_file_flips``) a bit of a partition's struct in the control file."""
+        host = f"storage-{number}" if self.damaged_host is None else self.damaged_host
+        self.damaged_host = host
+        disk = self.disks[host]
+        node = self.storage[int(host.rsplit("-", 1)[1])]
+        rng = self.loop.rng
+        if host in self.dead or node.manager is None:
+            return
+        files = [path for path in disk.files() if path.name.endswith((SEGMENT_SUFFIX, INDEX_SUFFIX))]
+        if self.shape.control_file_flips and not self._control_damaged:
+            files += [path for path in disk.files() if path.name.endswith(".ctl")]
+        if not files:
+            return
+        path = rng.choice(files)
+        size_bytes = disk.file_size_bytes(path)
+        if path.name.endswith(".ctl"):
+            offset = _control_struct_offset(rng, size_bytes)
+            self._control_damaged = True
+        else:
+            end = self._durable_end(disk, node, path)
+            if end <= HEADER_SIZE_BYTES:
+                return  # nothing known durable in it yet
+            offset = rng.randrange(HEADER_SIZE_BYTES, end)
+        bit = rng.randrange(8)
+        disk.flip_bit(path, offset, bit)
+        self.damage.append(f"{host}:{path} byte {offset} bit {bit}")
+        self.loop.record("fault", f"bit flip {host}:{path} byte {offset} bit {bit}")
+
+    @staticmethod
+    def _durable_end(disk: SimDisk, node: StorageNode, path: Path) -> int:
+        """The end of the bytes of ``path`` (a segment's data or index) that hold records the node
+        knows are durable: all of a sealed segment; the open one's up to its durable point."""
+        assert node.manager is not None
+        first = int(path.stem)
+        directory = path.parent
+        starts = sorted(int(p.stem) for p in disk.glob(directory, f"*{SEGMENT_SUFFIX}"))
+        index = directory / f"{path.stem}{INDEX_SUFFIX}"
+        if first != starts[-1]:
+            return disk.file_size_bytes(path)  # sealed
+        partition = node.manager.partition(int(directory.name))
+        local_low_water_mark = partition.last_session_info().local_low_water_mark
+        max_transaction_id = partition.max_transaction_id()
+        # As start-up recovery reckons it (segment_scan.recovery_window).
+        checkpoint = _java_div(max_transaction_id - 1, CHECKPOINT_INTERVAL) * CHECKPOINT_INTERVAL
+        durable = max(checkpoint - 1, local_low_water_mark)
+        if max_transaction_id <= local_low_water_mark:
+            durable = max_transaction_id
+        if durable < first:
+            return 0
+        if path.name.endswith(INDEX_SUFFIX):
+            return HEADER_SIZE_BYTES + INDEX_ENTRY_SIZE_BYTES * (durable + 1 - first)
+        entries = disk.read_bytes(index)
+        position = HEADER_SIZE_BYTES + INDEX_ENTRY_SIZE_BYTES * (durable + 1 - first)
+        if durable + 1 > max_transaction_id or position + INDEX_ENTRY_SIZE_BYTES > len(entries):
+            return disk.file_size_bytes(path)  # every record of it is durable
+        return int(INDEX_ENTRY.unpack_from(entries, position)[0])
+
+    def fill_disk(self, number: int) -> None:
+        disk = self.disks[f"storage-{number}"]
+        disk.capacity_bytes = disk.used_bytes() + self.loop.rng.randint(*DISK_FULL_HEADROOM_BYTES)
+        self.loop.record("fault", f"disk full storage-{number} at {disk.capacity_bytes} bytes")
+
+    def free_disk(self, number: int) -> None:
+        self.disks[f"storage-{number}"].capacity_bytes = None
+        self.loop.record("fault", f"disk room again storage-{number}")
+
+    def slow_syncs(self, number: int, slow: bool) -> None:
+        self.sync_latency_ms[f"storage-{number}"] = SLOW_SYNC_MS if slow else None
+        self.loop.record("fault", f"syncs {'slow' if slow else 'fast'} storage-{number}")
 
     async def forge_reads(self) -> None:
         """A rogue client that knows the cluster key reads with a session id nobody issued."""
@@ -399,23 +590,46 @@ class SimWorld:
                 await rogue.close()
 
     async def crash_server(self, number: int) -> None:
-        self.pause_server(number)
-        await self.servers[number].stop()
+        self._power_off(f"server-{number}")
 
     async def restart_server(self, number: int) -> None:
-        self.resume_server(number)
+        self._back_up(f"server-{number}")
         self.servers[number] = await _until_started(lambda: self._start_server(number))
+
+    def owner_of(self, partition_id: int) -> int | None:
+        """The server that has ``partition_id`` mounted now, if one has."""
+        for number, server in enumerate(self.servers):
+            core = server.core
+            if number not in self.paused and core is not None and partition_id in core.partitions:
+                return number
+        return None
+
+    def freeze_server(self, number: int) -> None:
+        """The server's links to the storage nodes stall (a stalled switch, a frozen storage
+        network), and no connection gives up on them; ZooKeeper stops hearing it too. It goes on
+        taking its clients' appends and sending them on; when the freeze outlasts its session,
+        its partitions move to another server, and what it sent arrives after, at storage nodes
+        a newer store session has fenced."""
+        self.paused.add(number)
+        server = f"server-{number}"
+        for a, b in self._links_of(server):
+            if a != CLIENT_HOST:
+                self.network.freeze(a, b)
+        zk = self._server_zookeeper(number)
+        if zk is not None:
+            self.zookeeper.isolate(zk)
 
     def _contexts(self) -> list[SimContext]:
         rng = self.loop.rng
         contexts: list[SimContext] = []
         for number in range(self.shape.transactions):
             outcome, refuses_retry = self.loop.create_future(), rng.random() < REFUSES_RETRY_PROBABILITY
+            data = self.payloads[number] = payload(number, payload_size_bytes(rng))
             if self.shape.workload == "bank":
                 self.ledger.plan(number, rng)
-                contexts.append(Transfer(number, outcome, refuses_retry, self.ledger))
+                contexts.append(Transfer(number, outcome, refuses_retry, self.ledger, data))
             else:
-                contexts.append(SimContext(number, outcome, refuses_retry))
+                contexts.append(SimContext(number, outcome, refuses_retry, data))
         return contexts
 
     async def _submit(self, context: SimContext) -> None:
@@ -467,11 +681,36 @@ class SimWorld:
         return violations + self.forged_served + self.close_failures + self.ledger.violations
 
     def check_replicas(self) -> list[str]:
-        """The storage nodes' records against the client's log (while the nodes run)."""
+        """The storage nodes' records against the client's log and data (while the nodes run)."""
         violations: list[str] = []
+        damaged = None if self.damaged_host is None else int(self.damaged_host.rsplit("-", 1)[1])
         for partition_id in range(self.shape.partitions):
             committed = self.application.applied.get(partition_id, [])
-            violations += check_replicas(self.storage, partition_id, committed)
+            violations += check_replicas(self.storage, partition_id, committed, self.payloads, damaged)
+        return violations
+
+    async def export_read(self) -> list[str]:
+        """The committed range as an export reads it from each replica's admin port (records,
+        their headers, data and checksums): what is served must be what the client built."""
+        violations: list[str] = []
+        for number in range(self.shape.storage_nodes):
+            admin = StorageAdminClient(
+                f"storage-{number}",
+                STORAGE_ADMIN_PORT,
+                None,
+                self.key,
+                self.shape.partitions,
+                network=self.network.node("operator"),
+            )
+            await admin.open()
+            try:
+                for partition_id in range(self.shape.partitions):
+                    committed = self.application.applied.get(partition_id, [])
+                    violations += await export_read(
+                        admin, f"storage-{number}", partition_id, committed, self.payloads
+                    )
+            finally:
+                await admin.close()
         return violations
 
 
@@ -481,22 +720,36 @@ def _committed(context: SimContext) -> bool:
 
 
 async def _until_started(start: Callable[[], Awaitable[_Node]]) -> _Node:
-    """A supervisor restarts a node until it starts (it cannot while ZooKeeper is out)."""
+    """A supervisor restarts a node until it starts (it cannot while ZooKeeper is out, nor while
+    its disk is full)."""
     while True:
         try:
             return await start()
-        except WaltzError:
+        except (WaltzError, OSError):
             await asyncio.sleep(RESTART_RETRY_S)
+
+
+def _control_struct_offset(rng: Any, size_bytes: int) -> int:
+    """A byte of one of a partition's two info structs in the control file (not of the file's
+    header: a damaged header is a node that refuses to start, the operator's to repair, not in
+    the schedule; nor of the partition's first 4 bytes, its id)."""
+    partitions = max(1, (size_bytes - HEADER_SIZE_BYTES) // PARTITION_INFO_SIZE_BYTES)
+    start = partition_info_offset(rng.randrange(partitions)) + STRUCT1_OFFSET
+    return min(size_bytes - 1, start + int(rng.randrange(PARTITION_INFO_SIZE_BYTES - STRUCT1_OFFSET)))
 
 
 def _end_leftovers(loop: SimLoop) -> None:
     """What a node that did not stop cleanly left running ends on its own loop (not in a later
     seed's, or in the garbage collector at an arbitrary moment after the loop closed)."""
+    loop.bury_the_dead()
     leftovers = asyncio.all_tasks(loop)
     for task in leftovers:
         task.cancel()
     if leftovers:
         loop.run_until_complete(asyncio.wait(leftovers, timeout=LEFTOVER_LIMIT_S))
+    for task in leftovers:
+        if task.done() and not task.cancelled():
+            task.exception()  # read: a task may end in its closed connection's error
     gc.collect()  # coroutines never scheduled close while their loop still runs callbacks
     loop.run_until_complete(asyncio.sleep(0))
 
@@ -549,8 +802,20 @@ def run_seed(seed: int, shape: WorldShape | None = None) -> SeedResult:
                         await nodes.finish()  # every crashed node restarted, every pause over
                 except TimeoutError:
                     late.append(f"a crashed node did not restart within {HEAL_LIMIT_S:.0f} s")
+                except Exception as e:  # a fault's healing that fails is a finding, not the end
+                    late.append(f"healing a fault raised {e!r}")
                 world.heal()
-                late += world.check_replicas()
+                try:
+                    late += world.check_replicas()
+                except Exception as e:  # a replica that cannot be read at all is a finding
+                    late.append(f"reading the replicas raised {e!r} (dead: {sorted(world.dead)})")
+                try:
+                    async with asyncio.timeout(STOP_LIMIT_S):
+                        late += await world.export_read()
+                except TimeoutError:
+                    late.append(f"the export read did not end within {STOP_LIMIT_S:.0f} s of virtual time")
+                except Exception as e:
+                    late.append(f"the export read raised {e!r}")
                 try:
                     async with asyncio.timeout(STOP_LIMIT_S):
                         await world.stop()

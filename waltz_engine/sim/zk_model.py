@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ from kazoo.exceptions import (
 )
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import EventType, KazooState, KeeperState, WatchedEvent, ZnodeStat
+
+from waltz_engine.sim.loop import CURRENT_HOST, Incarnation
 
 if TYPE_CHECKING:
     from waltz_engine.zk.connection import ZooKeeperConnector, ZooKeeperSettings
@@ -165,6 +168,28 @@ class SimZooKeeper:
         self.trace(f"zookeeper client {client.client_number} reconnects")
         self._reconnect_reachable()
 
+    def kill(self, client: SimZkClient) -> None:
+        """The client's machine died: the ensemble stops hearing it and expires its session after
+        its timeout (never closed politely), and nothing more is delivered to the dead process."""
+        self.trace(f"zookeeper client {client.client_number} dies")
+        self._started.pop(client.client_number, None)
+        client._started = client._connected = False
+        client._listeners.clear()
+        client._data_watchers.clear()
+        client._child_watchers.clear()
+        session = client._session
+        if session is not None and not session.expired:
+            self._schedule_expiry(session)
+
+    def kill_host(self, host: str) -> None:
+        """Every client made by ``host``'s code dies with its machine (:meth:`kill`)."""
+        clients = {c.client_number: c for c in self._started.values() if c.host_name == host}
+        clients.update(
+            (s.client.client_number, s.client) for s in self._sessions.values() if s.client.host_name == host
+        )
+        for number in sorted(clients):
+            self.kill(clients[number])
+
     def expire(self, session_id: int) -> None:
         """The ensemble expires a session now: its ephemerals go. A connected client is dropped (an
         ensemble expires only sessions it stopped hearing from) and learns on reconnecting."""
@@ -198,8 +223,9 @@ class SimZooKeeper:
 
     def _schedule_expiry(self, session: _Session) -> None:
         if session.expiry is None and not session.expired:
+            # The ensemble's own timer: in no host's context, so no host's death cancels it.
             session.expiry = self.loop().call_later(
-                session.timeout_ms / 1000, self.expire, session.session_id
+                session.timeout_ms / 1000, self.expire, session.session_id, context=contextvars.Context()
             )
 
     def _cancel_expiry(self, session: _Session) -> None:
@@ -226,12 +252,13 @@ class SimZooKeeper:
     def loop(self) -> asyncio.AbstractEventLoop:
         return self._loop if self._loop is not None else asyncio.get_running_loop()
 
-    def deliver(self, callback: Callable[..., Any], *args: Any) -> None:
+    def deliver(self, callback: Callable[..., Any], *args: Any, host: Incarnation | None = None) -> None:
+        """Run ``callback`` on the loop, as the code of ``host`` (the client's) in the simulator."""
         loop = self.loop()
         if loop.is_closed():
             return  # a session ended after its loop: nobody is left to watch
         if asyncio._get_running_loop() is loop:
-            loop.call_soon(callback, *args)
+            loop.call_soon(callback, *args, context=host.context if host is not None else None)
         else:  # a worker thread of a real loop (the tests that compare with a real ZooKeeper)
             loop.call_soon_threadsafe(callback, *args)
 
@@ -330,6 +357,7 @@ class SimZkClient:
     def __init__(self, ensemble: SimZooKeeper, client_number: int, session_timeout_ms: int) -> None:
         self._zk = ensemble
         self.client_number = client_number
+        self.host = CURRENT_HOST.get()  # whose process made it (None: the world's, or a test's)
         self._timeout_ms = session_timeout_ms
         self._session: _Session | None = None
         self._connected = False
@@ -339,6 +367,10 @@ class SimZkClient:
         self._listeners: dict[Listener, None] = {}
         self._data_watchers: dict[str, dict[Watcher, None]] = {}
         self._child_watchers: dict[str, dict[Watcher, None]] = {}
+
+    @property
+    def host_name(self) -> str | None:
+        return self.host.host if self.host is not None else None
 
     # --- lifecycle ----------------------------------------------------------------------------------
 
@@ -505,7 +537,7 @@ class SimZkClient:
             watchers.extend(self._child_watchers.pop(path, {}))
         event = WatchedEvent(event_type, self._client_state, path)
         for watcher in watchers:
-            self._zk.deliver(watcher, event)
+            self._zk.deliver(watcher, event, host=self.host)
 
     def _reset_watchers(self) -> None:
         """kazoo fires and forgets every watch when the connection drops (event type NONE)."""
@@ -515,11 +547,11 @@ class SimZkClient:
         self._child_watchers, self._data_watchers = {}, {}
         event = WatchedEvent(EventType.NONE, self._client_state, None)
         for watcher in watchers:
-            self._zk.deliver(watcher, event)
+            self._zk.deliver(watcher, event, host=self.host)
 
     def _change_state(self, state: str) -> None:
         self._state = state
-        self._zk.deliver(self._tell_listeners, state)
+        self._zk.deliver(self._tell_listeners, state, host=self.host)
 
     def _tell_listeners(self, state: str) -> None:
         for listener in list(self._listeners):
@@ -577,7 +609,7 @@ class DataWatch:
 
     def _on_state(self, state: str) -> None:
         if state == KazooState.CONNECTED:
-            self._client._zk.deliver(self._get_data)
+            self._client._zk.deliver(self._get_data, host=self._client.host)
 
     def _on_event(self, event: WatchedEvent) -> None:
         self._get_data(event)
@@ -591,7 +623,7 @@ class DataWatch:
             except NoNodeError:
                 data, stat = None, self._client.exists(self._path, self._on_event)
                 if stat is not None:  # created between the two calls
-                    self._client._zk.deliver(self._get_data)
+                    self._client._zk.deliver(self._get_data, host=self._client.host)
                     return
         except (ConnectionLoss, ConnectionClosedError):
             return  # kazoo retries until connected; the CONNECTED listener reads again

@@ -24,6 +24,7 @@ from typing import NamedTuple
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.disk.record_format import RECORD_HEADER_SIZE_BYTES
 from waltz_engine.disk.segment_reader import SegmentReader, SegmentRecord
+from waltz_engine.net.channel import ConnectionClosedError
 from waltz_engine.storage.client import StorageAdminClient, StorageClient, StorageRpcError
 from waltz_engine.storage.constants import SEGMENT_SUFFIX
 from waltz_engine.storage.segment import CORRUPT_RECORD_MESSAGE
@@ -74,8 +75,8 @@ async def forge_frames(
                     f"{host}:{port} served a forged {name} (session id {FORGED_SESSION_ID}) on "
                     f"partition {partition_id}"
                 )
-    except (OSError, TimeoutError, StorageRpcError):
-        return refused
+    except (OSError, TimeoutError, StorageRpcError, ConnectionClosedError):
+        return refused  # refused or cut off (the node went down meanwhile): nothing was served
     finally:
         await rogue.close()
     for _ in range(FUZZ_CONNECTIONS):

@@ -28,6 +28,8 @@ class SmokeReport:
     directory: str
     schedule: list[Fault]
     faults_injected: dict[str, int] = field(default_factory=dict)
+    # Faults whose target was down (another fault's doing) when their time came.
+    faults_skipped: dict[str, int] = field(default_factory=dict)
     write_elapsed_s: float = 0.0
     committed: int = 0
     failed: int = 0
@@ -49,9 +51,15 @@ class SmokeReport:
 
     def lines(self) -> list[str]:
         faults = " ".join(f"{kind}={n}" for kind, n in self.faults_injected.items())
+        skipped = " ".join(f"{kind}={n}" for kind, n in self.faults_skipped.items())
         lines = [
             f"% SEED {self.seed} (directory {self.directory})",
             f"% FAULTS total={sum(self.faults_injected.values())} {faults}",
+            *(
+                [f"% SKIPPED total={sum(self.faults_skipped.values())} {skipped} (target down)"]
+                if sum(self.faults_skipped.values())
+                else []
+            ),
             f"% WRITE elapsed[s]={self.write_elapsed_s:.1f} transactions={self.committed} "
             f"tps={self.tps:.1f} latency[ms] p50={self.latency_p50_ms:.1f} p99={self.latency_p99_ms:.1f} "
             f"retries={self.retries} failed={self.failed}",
@@ -69,6 +77,7 @@ class SmokeReport:
             "directory": self.directory,
             "schedule": [f.to_json() for f in self.schedule],
             "faults_injected": self.faults_injected,
+            "faults_skipped": self.faults_skipped,
             "write_elapsed_s": round(self.write_elapsed_s, 3),
             "transactions": self.committed,
             "failed": self.failed,

@@ -106,6 +106,7 @@ class SmokeRun:
         self.server_proxies: dict[str, TcpProxy] = {}
         self.clients: list[ClientProcess] = []
         self.injected: list[Fault] = []
+        self.skipped: list[Fault] = []  # their target was down when their time came
         self.committed: dict[str, list[str]] = {}
         self.unknown: set[str] = set()  # outcomes left unknown: in the log or not, either is right
         self.node_state = {node.name: UP for node in self.cluster.nodes} | {ZOOKEEPER: UP}
@@ -194,7 +195,7 @@ class SmokeRun:
         progress = asyncio.create_task(self._progress())
         await self._until(self._writing_done, None, "")
         for fault, task in tasks.items():
-            if fault not in self.injected:
+            if fault not in self.injected and fault not in self.skipped:
                 task.cancel()  # not begun yet: it would outlast the workload
         results = await asyncio.gather(*tasks.values(), return_exceptions=True)
         failures = fault_failures(list(tasks), results)
@@ -204,6 +205,7 @@ class SmokeRun:
         self.report.write_elapsed_s = self.elapsed_s()
         progress.cancel()
         self.report.faults_injected = count_by_kind(self.injected)
+        self.report.faults_skipped = count_by_kind(self.skipped)
         self.say(f"{self.states()} faults over: {len(self.injected)} injected; stopping the writers")
         for client in self.clients:
             await client.send(workload.STOP)
@@ -219,6 +221,13 @@ class SmokeRun:
 
     async def _fault(self, fault: Fault) -> None:
         await asyncio.sleep(max(0.0, fault.at_s - self.elapsed_s()))
+        if fault.kind is not FaultKind.STORAGE_DISCONNECT and self.node_state.get(fault.target) == DOWN:
+            # Another fault has it down (killed, paused, ZooKeeper stopped): this one cannot be
+            # injected, which says nothing about the cluster. Skipped, and said so. (A storage
+            # disconnect is aimed at a down node's proxy on purpose: it is injected.)
+            self.skipped.append(fault)
+            self.say(f"{self.states()} fault skipped: {fault.describe()} ({fault.target} is down)")
+            return
         self.injected.append(fault)
         await self._inject(fault)
         self.say(f"{self.states()} fault {len(self.injected)}: {fault.describe()}")
