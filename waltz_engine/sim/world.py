@@ -224,7 +224,7 @@ class SimWorld:
         self.network.principals[CLIENT_HOST] = SIM_CLIENT_PRINCIPAL
         self.network.principals[ROGUE_HOST] = SIM_ROGUE_PRINCIPAL
         entries = [
-            *make_entries(SIM_OPERATOR_PRINCIPAL, ["admin"], "*", deny=False),
+            *make_entries(SIM_OPERATOR_PRINCIPAL, ["admin", "read"], "*", deny=False),
             *make_entries(SIM_CLIENT_PRINCIPAL, ["read"], f"0-{partitions - 2}", deny=False),
             *make_entries(SIM_CLIENT_PRINCIPAL, ["append"], f"0-{partitions - 3}", deny=False),
         ]
