@@ -26,13 +26,19 @@ from store_cluster_support import (
 )
 from test_store_replication import GENERATION, Appender, register_nodes
 
+from waltz_engine.server import config as server_config
 from waltz_engine.server.store import StoreConfig, StorePartition
 from waltz_engine.server.store.config import DEFAULT_LOW_WATER_MARK_INTERVAL_MS
 from waltz_engine.server.store.store_session import FAILED_TRANSACTION_ID
+from waltz_engine.storage.cleaner import DEFAULT_RETENTION_CHECK_INTERVAL_MS
 from waltz_engine.storage.client import SessionInfo
+from waltz_engine.storage.constants import DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES
+from waltz_engine.storage.tier.settings import DEFAULT_TIER_BYTES_PER_SECOND, DEFAULT_TIER_CHECK_INTERVAL_MS
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
 from waltz_engine.zk.paths import ClusterPaths
 
+# The promise of docs/operations.md section 9: retention and the tier act within 2 minutes.
+LAG_BOUND_MS = 120_000
 NUM_NODES = 3
 NUM_PARTITIONS = 2
 BUSY = 0
@@ -106,6 +112,17 @@ def _session_id(partition: StorePartition) -> int:
     session = partition.status()["session"]
     assert isinstance(session, dict)
     return int(session["session_id"])
+
+
+def test_the_default_terms_add_up_to_less_than_two_minutes() -> None:
+    """The lag of the mark, then the cleaner's round (retention) or the tier's round and the
+    upload of one default segment at the default rate (the tier); the test below shows the
+    mark's term on real nodes."""
+    mark_ms = StoreConfig().low_water_mark_interval_ms
+    assert mark_ms == server_config.StoreSettings().low_water_mark_interval_ms == 20_000
+    assert mark_ms + DEFAULT_RETENTION_CHECK_INTERVAL_MS == 80_000 < LAG_BOUND_MS
+    upload_ms = DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES * 1000 // DEFAULT_TIER_BYTES_PER_SECOND
+    assert mark_ms + DEFAULT_TIER_CHECK_INTERVAL_MS + upload_ms < 90_000 < LAG_BOUND_MS
 
 
 def test_marks_reach_the_replicas_on_the_default_interval(cluster: StorageCluster, zk: KazooClient) -> None:
