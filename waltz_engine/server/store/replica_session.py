@@ -81,9 +81,15 @@ class _Batch(NamedTuple):
 
 class ReplicaSession(LatencyWeightedRoute):
     def __init__(
-        self, replica_id: ReplicaId, session_id: int, connections: StorageConnections, config: StoreConfig
+        self,
+        replica_id: ReplicaId,
+        session_id: int,
+        connections: StorageConnections,
+        config: StoreConfig,
+        mark_phase: float = 0.0,
     ) -> None:
         super().__init__()
+        assert 0.0 <= mark_phase < 1.0, mark_phase
         self.replica_id = replica_id
         self.session_id = session_id
         self.state = STATE_CONNECTING
@@ -102,8 +108,11 @@ class ReplicaSession(LatencyWeightedRoute):
         self._task: asyncio.Task[None] | None = None
         self.recovered = asyncio.Event()
         # The committed prefix this replica was last told (SET_LOW_WATER_MARK), and when it may be
-        # told again; 0 s: only a new session tells it.
+        # told again; 0 s: only a new session tells it. The replicas of a session are told at
+        # staggered times (``mark_phase``, a fraction of the interval, earlier for each replica),
+        # so that the batch that waits for a mark waits on one replica only, not on a quorum.
         self._mark_interval_s = config.low_water_mark_interval_ms / 1000
+        self._mark_phase_s = mark_phase * self._mark_interval_s
         self.marked = NO_TRANSACTION_ID
         self._mark_due_s = 0.0
         self.marks_sent = 0
@@ -197,6 +206,7 @@ class ReplicaSession(LatencyWeightedRoute):
             self._next_transaction_id = await recovery.recover(self.replica_id, connection) + 1
             # The recovery set the replica's low-water mark to the resolved mark, its max txid.
             self._marked_now(self._next_transaction_id - 1)
+            self._mark_due_s -= self._mark_phase_s
             await recovery.end(self.replica_id)
             self._recovery = None
             self.recovered.set()
