@@ -156,33 +156,12 @@ def test_marks_reach_the_replicas_on_the_default_interval(cluster: StorageCluste
     asyncio.run(go())
 
 
-def test_idle_partition_gets_nothing_once_marked(cluster: StorageCluster, zk: KazooClient) -> None:
-    register_nodes(zk, cluster)
-    config = TEST_STORE_CONFIG._replace(low_water_mark_interval_ms=SHORT_INTERVAL_MS)
-
-    async def go() -> None:
-        store = await open_store(zk, cluster.root, config)
-        try:
-            partition = store.partition(BUSY)
-            await partition.set_generation(GENERATION)
-            await partition.ensure_open()
-            appender = Appender(partition)
-            session_id = _session_id(partition)
-            for _ in range(3):  # marks between batches of a busy partition, then after the last
-                last = await _append(appender, 20)
-            await _marked_everywhere(cluster.nodes, session_id, last)
-            version = _znode_version(zk, cluster.root, BUSY)
-            before = [await _traffic(node, BUSY) for node in cluster.nodes]
-            await asyncio.sleep(QUIET_PROBE_S)  # ten intervals with nothing new to tell
-            assert [await _traffic(node, BUSY) for node in cluster.nodes] == before
-            assert _znode_version(zk, cluster.root, BUSY) == version
-        finally:
-            await store.close()
-
-    asyncio.run(go())
-
-
-def test_a_down_replica_stalls_neither_appends_nor_marks(cluster: StorageCluster, zk: KazooClient) -> None:
+def test_quiet_once_marked_and_a_down_replica_stalls_nothing(
+    cluster: StorageCluster, zk: KazooClient
+) -> None:
+    """A short interval: marks between the batches of a busy partition and after the last; then
+    nothing while it stays idle; then, with a replica killed, the appends commit and the two
+    others are told as before."""
     register_nodes(zk, cluster)
     config = TEST_STORE_CONFIG._replace(low_water_mark_interval_ms=SHORT_INTERVAL_MS)
     down, *up = cluster.nodes
@@ -192,8 +171,18 @@ def test_a_down_replica_stalls_neither_appends_nor_marks(cluster: StorageCluster
         try:
             partition = store.partition(BUSY)
             await partition.set_generation(GENERATION)
+            await partition.ensure_open()
             appender = Appender(partition)
-            await _append(appender, 10)
+            session_id = _session_id(partition)
+            for _ in range(3):
+                last = await _append(appender, 20)
+            await _marked_everywhere(cluster.nodes, session_id, last)
+            version = _znode_version(zk, cluster.root, BUSY)
+            before = [await _traffic(node, BUSY) for node in cluster.nodes]
+            await asyncio.sleep(QUIET_PROBE_S)  # ten intervals with nothing new to tell
+            assert [await _traffic(node, BUSY) for node in cluster.nodes] == before
+            assert _znode_version(zk, cluster.root, BUSY) == version
+
             down.kill()
             # Every append commits on the two left (the session rolls once: its recovery waits for
             # a quorum, not for the dead node), and they are told the new committed prefix.
