@@ -65,6 +65,10 @@ class SlicePartition(InputPartition):
         self.part = part
 
 
+# Spark's setting that reports a Python worker's error as its "module.Class: message" line alone.
+HIDE_TRACEBACK_CONF = "spark.sql.execution.pyspark.udf.hideTraceback.enabled"
+
+
 def _input_partitions(parts: Sequence[Slice]) -> list[InputPartition]:
     return [SlicePartition(p) for p in parts]
 
@@ -264,7 +268,13 @@ class WaltzDataSource(DataSource):
 
 
 def register(spark: SparkSession) -> None:
+    """Register the ``waltz`` source; turn on filter pushdown and, unless the session sets it,
+    hide Python workers' tracebacks, so that an error's first line ends with the source's own
+    message (``spark.plan.OptionsError: unknown option(s) ...``) instead of a traceback whose
+    last line it is."""
     spark.conf.set(PUSHDOWN_CONF, "true")
+    if spark.conf.get(HIDE_TRACEBACK_CONF, None) is None:
+        spark.conf.set(HIDE_TRACEBACK_CONF, "true")
     spark.dataSource.register(WaltzDataSource)
 
 

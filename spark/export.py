@@ -68,6 +68,8 @@ class ExportError(WaltzError):
 _PYTHON_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
 # Ours say what is wrong with the log; Java's and Spark's own wrappers only that a task failed.
 _OWN_ERROR_PREFIXES = ("spark.", "waltz_engine.")
+# One of ours anywhere in a line (with hidden tracebacks Spark puts it after its own words).
+_OWN_ERROR = re.compile(r"(?:^|\s)((?:spark|waltz_engine)\.[\w.]*(?:Error|Exception)): (.+)$")
 CORRUPT_RECORD_ADVICE = (
     "; `waltz inspect verify DIR` shows the damage, `--on-corrupt skip` exports without such records"
 )
@@ -77,7 +79,7 @@ def task_failure(report: str) -> str | None:
     """The one line that says why a Spark task failed, from Spark's (very long) report of it."""
     found: list[tuple[str, str]] = []
     for line in report.splitlines():
-        match = _PYTHON_ERROR_LINE.match(line.strip())
+        match = _OWN_ERROR.search(line.strip()) or _PYTHON_ERROR_LINE.match(line.strip())
         if match is not None:
             found.append((match.group(1), match.group(2).strip()))
     for name, message in found:

@@ -114,6 +114,7 @@ MEASURED_FILE_COST_S = {
     "backup/test_backup_cluster.py": 65,
     "nodes/test_decommission_resumed.py": 45,
     "nodes/test_nodes_come_and_go.py": 45,
+    "nodes/test_moves_after_retention.py": 45,
     "bench/test_bench_clients.py": 45,
     "backup/test_backup_disaster.py": 40,
     "tier/test_tier_cluster.py": 40,

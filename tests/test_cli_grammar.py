@@ -163,3 +163,21 @@ def test_a_default_is_stated_once() -> None:
                 and option.show_default is not False
             )
             assert not (says_default and shown and not option.hidden), f"{path} {option.opts[0]}"
+
+
+OWN_LINE = ("Example", "- ", "* ", "• ", "$ ")
+
+
+@pytest.mark.parametrize("path", sorted(LEAVES))
+def test_help_paragraphs_are_wrapped_once(path: str) -> None:
+    """On a terminal wide enough for any paragraph, a help paragraph is one line (apart from
+    examples and list items): a line break the docstring's source wrapping left in would come
+    back as ragged text on every terminal, wrapped twice (issue 31)."""
+    result = CliRunner().invoke(app, [*path.split()[1:], "--help"], env={"COLUMNS": "1000"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    description = lines[: next(i for i, line in enumerate(lines) if line.lstrip().startswith("╭"))]
+    text = [line.strip() for line in description if not line.strip().startswith("Usage:")]
+    for before, line in zip(text, text[1:], strict=False):
+        if before and line and not line.startswith(OWN_LINE):
+            pytest.fail(f"`{path} --help` breaks a paragraph before {line!r}:\n{result.output}")

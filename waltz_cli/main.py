@@ -10,8 +10,9 @@ from typing import Any
 
 import typer
 
+from waltz_cli import INTERRUPTED_EXIT
 from waltz_cli.options import CONTEXT_SETTINGS, WaltzGroup
-from waltz_cli.output import warn
+from waltz_cli.output import fail, warn
 from waltz_engine import __version__
 
 _app = typer.Typer(
@@ -102,10 +103,18 @@ def __getattr__(name: str) -> Any:
 
 
 def main() -> None:
-    # From here on a Ctrl-C is Python's KeyboardInterrupt again: WaltzGroup turns it into one line.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # The command's modules are imported under the start-up handler (one line, exit 130), then a
+    # Ctrl-C is Python's KeyboardInterrupt again, so that a running command cleans up after
+    # itself: WaltzGroup turns it into one line, and so does this for what happens outside it.
     _register(_command_named(sys.argv[1:]))
-    _app(prog_name="waltz")
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _app(prog_name="waltz")
+    except KeyboardInterrupt:
+        try:
+            fail("interrupted", INTERRUPTED_EXIT)
+        except typer.Exit as done:  # outside the app: nobody else turns it into the exit status
+            sys.exit(done.exit_code)
 
 
 if __name__ == "__main__":

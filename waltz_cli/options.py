@@ -169,11 +169,45 @@ class WaltzGroup(TyperGroup):
         except KeyboardInterrupt:  # click would print "Aborted!" and exit 1
             fail("interrupted", INTERRUPTED_EXIT)
 
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None and command.help:
+            command.help = unwrap_help(command.help)
+        return command
+
     def resolve_command(self, ctx: Any, args: list[str]) -> tuple[str | None, Any, list[str]]:
         name, command, rest = super().resolve_command(ctx, args)
         if command is not None and not isinstance(command, TyperGroup):
             rest = _rewrite_aliases(command, rest)
         return name, command, rest
+
+
+# A help line starting so begins a line of its own; every other line break in a paragraph goes.
+_OWN_LINE_PREFIXES = ("Example", "- ", "* ", "• ", " ", "$ ")
+
+
+def unwrap_help(text: str) -> str:
+    """A docstring's paragraphs as single lines, so the terminal wraps them once.
+
+    Docstrings are wrapped in the source at the code's width; typer keeps those line breaks past
+    the first paragraph and rich wraps the lines again at the terminal's width: ragged text
+    ("wrapped twice"). Examples, list items and indented lines keep their own lines.
+    """
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    joined = []
+    for paragraph in paragraphs:
+        if paragraph.startswith("\b"):  # click's "do not rewrap" marker
+            joined.append(paragraph)
+            continue
+        lines = paragraph.split("\n")
+        out = [lines[0]]
+        for line in lines[1:]:
+            if line.startswith(_OWN_LINE_PREFIXES):
+                out.append(line)
+            else:
+                out[-1] = f"{out[-1]} {line.strip()}"
+        joined.append("\n".join(out))
+    return "\n\n".join(joined)
 
 
 def group(help: str) -> typer.Typer:

@@ -22,7 +22,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from waltz_engine.common.errors import WaltzError
+from waltz_engine.common.errors import WaltzError, without_java_class
 
 # A pipe or file gets whole lines: rich would otherwise fold everything at 80 columns.
 PIPE_WIDTH_COLUMNS = 100_000
@@ -129,7 +129,8 @@ def one_line_errors(func: Callable[P, R]) -> Callable[P, R]:
         try:
             return func(*args, **kwargs)
         except WaltzError as e:
-            fail(str(e))
+            # A storage node's failure reads without the Java class name its wire carries.
+            fail(without_java_class(str(e)))
         except BrokenPipeError:
             closed_pipe()
         except OSError as e:

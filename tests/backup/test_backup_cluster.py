@@ -6,6 +6,7 @@ every file operation that never leave a half-visible backup."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing
 import os
@@ -64,6 +65,14 @@ def restored_rows(directory: Path, key: str, partitions: int) -> list[tuple]:
             for r in manager.partition(p).records(0, 10**6):
                 rows.append((p, r.transaction_id, *r.req_id[:2], r.req_id.seq_num, r.header, r.data.hex()))
     return rows
+
+
+def _snapshot(directory: Path) -> dict[str, str]:
+    """Every file's SHA-256 and every directory under ``directory``."""
+    return {
+        str(p.relative_to(directory)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.rglob("*"))
+    }
 
 
 def test_create_under_appends_then_incremental_verify_list_restore(
@@ -132,8 +141,11 @@ def test_create_under_appends_then_incremental_verify_list_restore(
     data = bytearray(segment.read_bytes())
     data[200] ^= 0xFF
     segment.write_bytes(bytes(data))
+    before = _snapshot(tmp_path / "backup")
     bad = run_waltz_cli("backup", "verify", url)
     assert bad.returncode == 1 and f"0/{segment.name}: checksum mismatch" in bad.stdout
+    assert run_waltz_cli("backup", "list", url).returncode == 0
+    assert _snapshot(tmp_path / "backup") == before  # checks never write (issue 31)
     refused = run_waltz_cli("backup", "restore", url, "--to", str(tmp_path / "again"))
     assert refused.returncode == 1 and "damaged" in refused.stderr and "Traceback" not in refused.stderr
     refused = run_waltz_cli("backup", "restore", url, "--to", str(whole))
@@ -163,7 +175,8 @@ def test_a_storage_node_restored_from_a_backup_catches_up(cluster: LocalCluster,
     try:
         key = cli_json("backup", "list", url)["cluster_key"]
         sums = [
-            replica_checksums(s.directory / "data", uuid.UUID(key), NUM_PARTITIONS) for s in cluster.storages
+            replica_checksums(s.directory / "data", uuid.UUID(key), NUM_PARTITIONS).checksums
+            for s in cluster.storages
         ]
         assert sums[0] == sums[1] == sums[2]
     finally:

@@ -93,3 +93,41 @@ def test_a_loop_that_stops_while_the_call_waits_gives_client_closed() -> None:
     assert not caller.is_alive(), "the call waited on a stopped loop"
     assert isinstance(outcome[0], ClientClosedError)
     loop.close()
+
+
+SECOND_CTRL_C = """
+import asyncio, os, signal, threading, time
+from waltz_engine.client import WaltzClientCallbacks
+from waltz_engine.client.pytest_plugin import WaltzMockHarness
+
+class Ignore(WaltzClientCallbacks):
+    def get_client_high_water_mark(self, partition_id):
+        return -1
+    def apply_transaction(self, transaction):
+        pass
+    def uncaught_exception(self, partition_id, transaction_id, exception):
+        pass
+
+client = WaltzMockHarness().client(Ignore())
+async def slow_close():
+    await asyncio.sleep(60)
+client._client.close = slow_close  # a close that waits on something slow
+threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+started = time.monotonic()
+client.close()
+print(f"closed in {time.monotonic() - started:.1f} s")
+"""
+
+
+def test_a_second_ctrl_c_during_close_gives_the_close_up_quietly() -> None:
+    """A program's second Ctrl-C while `SyncWaltzClient.close` waits: no traceback, no
+    "coroutine was never awaited"; close returns once the loop's tasks are cancelled (issue 31)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", SECOND_CTRL_C], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0 and done.stdout.startswith("closed in"), done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and "never awaited" not in done.stderr, done.stderr
+    assert float(done.stdout.split()[2]) < BOUND_S

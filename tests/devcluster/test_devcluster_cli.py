@@ -126,6 +126,7 @@ def test_up_with_replicas_and_set_places_partitions_and_configures_every_node(tm
     directory = tmp_path / "dev"
     topology = ["--storages", "3", "--servers", "1", "--partitions", "3", "--replicas", "2"]
     settings = ["--set", f"storage.segment.size.threshold={SEGMENT_BYTES}", "--set", "bogus.key=x"]
+    settings += ["--set", "server.feedCacheSize=1234"]
     try:
         result = run_waltz_cli("dev", "up", "--detach", "--dir", str(directory), *topology, *settings)
         ok(result)
@@ -136,9 +137,16 @@ def test_up_with_replicas_and_set_places_partitions_and_configures_every_node(tm
             assigned = store_metadata.read_replica_assignments(zk, cluster.cluster_root).as_dict()
         holders = [tuple(sorted(n for n, held in assigned.items() if p in held)) for p in range(3)]
         assert [len(nodes) for nodes in holders] == [2, 2, 2] and len(set(holders)) == 3  # spread
-        for node in cluster.nodes:
+        # Each key goes only to the YAML of the node kind that reads it (the other would warn about
+        # it); a key no node reads goes to both, whose warnings name it.
+        for node in cluster.storages:
             written = yaml.safe_load(node.config_path.read_text(encoding="utf-8"))
             assert written["storage.segment.size.threshold"] == SEGMENT_BYTES and written["bogus.key"] == "x"
+            assert "server.feedCacheSize" not in written
+        for node in cluster.servers:
+            written = yaml.safe_load(node.config_path.read_text(encoding="utf-8"))
+            assert written["server.feedCacheSize"] == 1234 and written["bogus.key"] == "x"
+            assert "storage.segment.size.threshold" not in written
         # A dev cluster's servers re-replicate a storage node lost for 10 s (issue 24).
         assert all(
             yaml.safe_load(node.config_path.read_text(encoding="utf-8"))["server.autoRecovery.graceMs"]
@@ -233,3 +241,25 @@ def test_ctrl_c_while_a_detached_up_starts_stops_zookeeper(tmp_path: Path) -> No
         assert not LocalCluster.open(directory).is_running()
     finally:
         _stop(up, directory)
+
+
+def test_the_docs_name_the_node_kind_that_reads_each_key() -> None:
+    """docs/cli.md lists every key a storage node or a server reads under that kind (issue 31)."""
+    from waltz_engine.server import config as server_config
+    from waltz_engine.storage.node import config as storage_config
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text(encoding="utf-8")
+    section = text.split("## Which node reads each key", 1)[1].split("\n## ", 1)[0]
+    items = {line.split(":", 1)[0]: line for line in " ".join(section.split()).split("- ")[1:]}
+    storage_line = next(v for k, v in items.items() if k.startswith("Storage nodes"))
+    server_line = next(v for k, v in items.items() if k.startswith("Servers"))
+    both_line = items["Both"]
+    shared = set(storage_config.KNOWN_KEYS) & set(server_config.KNOWN_KEYS)
+    for keys, prefixes, line in (
+        (storage_config.KNOWN_KEYS, storage_config.KNOWN_PREFIXES, storage_line),
+        (server_config.KNOWN_KEYS, server_config.KNOWN_PREFIXES, server_line),
+    ):
+        for key in keys:
+            assert f"`{key}`" in (both_line if key in shared else line), key
+        for prefix in prefixes:
+            assert f"`{prefix}*`" in line, prefix

@@ -89,6 +89,9 @@ def test_transaction_and_limit_select_records(vectors: Path) -> None:
     assert one[0]["data_hex"] == b"p0-t100".hex()
     first = run_json("segment", path, "--max", "3")["records"]
     assert [r["transaction_id"] for r in first] == [84, 85, 86]
+    # --transaction with --max: that many from the transaction on (the README's example).
+    three = run_json("segment", path, "--transaction", "100", "--max", "3")["records"]
+    assert [r["transaction_id"] for r in three] == [100, 101, 102]
     # --limit, the name before --max, is a hidden alias.
     assert run_json("segment", path, "--limit", "3")["records"] == first
 

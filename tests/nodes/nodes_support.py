@@ -9,10 +9,12 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
+import yaml
 from cluster_support import CLI_TIMEOUT_S, run_cli_each, waltz_cli_command
 
 from waltz_engine.client import SyncWaltzClient, TransactionContext, WaltzClientCallbacks
@@ -172,3 +174,25 @@ def kill_at(arguments: list[str], line: str) -> list[str]:
         process.wait(CLI_TIMEOUT_S)
     assert any(line in s for s in seen), "".join(seen)
     return seen
+
+
+# How often a wait looks again.
+WAIT_POLL_S = 0.2
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout_ms: int) -> None:
+    """Until ``check()`` (bounded: fails naming ``what``)."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    while not check():
+        assert time.monotonic() < deadline, f"not within {timeout_ms} ms: {what}"
+        time.sleep(WAIT_POLL_S)
+
+
+def short_session_config(cluster: LocalCluster, directory: Path, session_timeout_ms: int) -> str:
+    """The cluster's client config with a short ZooKeeper session: the replica mover lease of a
+    killed decommission goes with it."""
+    config = yaml.safe_load(cluster.client_config_path.read_text(encoding="utf-8"))
+    config["zookeeper.sessionTimeout"] = session_timeout_ms
+    path = directory / "tools.yml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return str(path)

@@ -12,10 +12,8 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-import yaml
 from cluster_support import local_cluster, run_waltz_cli
 from nodes_support import (
     assert_nothing_lost,
@@ -25,6 +23,7 @@ from nodes_support import (
     node_holds,
     preload,
     replica_sets,
+    short_session_config,
 )
 
 from waltz_engine.ops.devcluster import LocalCluster
@@ -68,12 +67,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: str) -> Iterato
 
 @pytest.fixture(scope="module")
 def tools_config(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The cluster's client config with the short session the decommission's lease lives by."""
-    config = yaml.safe_load(cluster.client_config_path.read_text(encoding="utf-8"))
-    config["zookeeper.sessionTimeout"] = LEASE_SESSION_TIMEOUT_MS
-    path = Path(tmp_path_factory.mktemp("tools")) / "tools.yml"
-    path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    return str(path)
+    return short_session_config(cluster, tmp_path_factory.mktemp("tools"), LEASE_SESSION_TIMEOUT_MS)
 
 
 def moved_to_the_free_node(before: dict[int, set[str]], leaving: str, nodes: set[str]) -> dict[int, set[str]]:

@@ -16,6 +16,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 
+import nodes_support
 import pytest
 from cluster_support import local_cluster
 from nodes_support import (
@@ -34,7 +35,6 @@ REPLICAS = 3
 GRACE_MS = 20_000
 # What the issue allows after the grace for every partition to have its replicas again.
 RECOVERY_MS = GRACE_MS + 60_000
-POLL_S = 0.2
 # Records for the moves to copy besides what the load appends.
 PRELOAD_TRANSACTIONS = 100
 PRELOAD_BYTES = 200
@@ -55,11 +55,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: str) -> Iterato
         yield c
 
 
-def wait_for(what: str, check: Callable[[], bool], timeout_ms: int = RECOVERY_MS) -> None:
-    deadline = time.monotonic() + timeout_ms / 1000
-    while not check():
-        assert time.monotonic() < deadline, f"not within {timeout_ms} ms: {what}"
-        time.sleep(POLL_S)
+def wait_for(what: str, check: Callable[[], bool]) -> None:
+    nodes_support.wait_for(what, check, RECOVERY_MS)
 
 
 def server_logs(cluster: LocalCluster) -> str:

@@ -1,5 +1,6 @@
 """`waltz cluster under-replicated` (issue 24 item 3) against real processes: a replica taken
-offline and a node killed are each named with why; a healthy cluster reports none; exit 0 always."""
+offline and a node killed are each named with why; a healthy cluster reports none and exits 0,
+an under-replicated one exits 1 (monitoring alerts on it) with a short detail column."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 from cluster_support import append_lines, local_cluster, run_waltz_cli
 
+from waltz_cli.commands.cluster import DETAIL_MAX_CHARS
 from waltz_engine.ops.devcluster import LocalCluster
 
 PARTITIONS = 2
@@ -23,9 +25,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: str) -> Iterato
         yield c
 
 
-def report(cluster: LocalCluster) -> dict[str, object]:
+def report(cluster: LocalCluster, exit_code: int = 0) -> dict[str, object]:
     done = run_waltz_cli("cluster", "under-replicated", "--json", "-c", str(cluster.client_config_path))
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == exit_code, done.stderr
     result: dict[str, object] = json.loads(done.stdout)
     return result
 
@@ -40,7 +42,7 @@ def test_a_healthy_cluster_has_no_under_replicated_partition(cluster: LocalClust
     result = report(cluster)
     assert result["partitions_checked"] == PARTITIONS and result["under_replicated_count"] == 0, result
     done = run_waltz_cli("cluster", "under-replicated", "-c", str(cluster.client_config_path))
-    assert "no partition is under-replicated (2 checked)" in done.stdout
+    assert done.returncode == 0 and "no partition is under-replicated (2 checked)" in done.stdout
     verify = run_waltz_cli("cluster", "verify", "-c", str(cluster.client_config_path))
     assert verify.returncode == 0 and "under-replicated partitions: 0" in verify.stdout, verify.stdout
 
@@ -54,12 +56,14 @@ def test_an_offline_replica_and_a_dead_node_are_named(cluster: LocalCluster) -> 
     assert done.returncode == 0, done.stderr
     last.kill()
     try:
-        result = missing(report(cluster))
+        result = missing(report(cluster, exit_code=1))
         assert (first_name, "offline") in result[1], result
         assert all((last_name, "down") in result[p] for p in range(PARTITIONS)), result
         assert (first_name, "offline") not in result[0]
         text = run_waltz_cli("cluster", "under-replicated", "-c", config)
-        assert text.returncode == 0 and "down" in text.stdout and "offline" in text.stdout
+        assert text.returncode == 1 and "down" in text.stdout and "offline" in text.stdout, text.stderr
+        cells = [line.split("│")[5].strip() for line in text.stdout.splitlines() if line.count("│") == 6]
+        assert cells and all(len(cell) <= DETAIL_MAX_CHARS for cell in cells), text.stdout
         # `cluster verify` and `top` show the count too (verify fails: a node is down).
         verify = run_waltz_cli("cluster", "verify", "--json", "-c", config)
         assert verify.returncode == 1 and json.loads(verify.stdout)["under_replicated_count"] == PARTITIONS

@@ -143,10 +143,16 @@ def _cli(cluster: LocalCluster, *args: str) -> str:
 
 
 def _check_refusal_and_dry_run(
-    cluster: LocalCluster, firsts: dict[str, list[int]], last: int, bound: int, watermark: int
+    cluster: LocalCluster,
+    firsts: dict[str, list[int]],
+    last: int,
+    bound: int,
+    watermark: int,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A bound above the high-water mark + 1 is refused without --force; --dry-run changes nothing
-    and lists, per storage directory, the segments below the export's watermark + 1."""
+    and lists, per replica as its node reports it, the segments below the export's watermark + 1."""
     where = ["-z", cluster.zookeeper, "-r", cluster.cluster_root]
     too_high = CliRunner().invoke(
         retention_cli.app, ["set", "-p", str(PARTITION), "--before", "999999", *where]
@@ -157,27 +163,38 @@ def _check_refusal_and_dry_run(
         f"records {last + 1}..999998 would go as soon as they are written "
         f"(give --before {last + 1} at most, or --force)\n"
     )
-    directories = [
-        arg for node in cluster.storages for arg in ("--storage-dir", str(node.directory / "data"))
-    ]
+    # The dry run reads the cluster the environment names from its nodes, over the network: a
+    # `.waltz-dev` of another cluster in the working directory is not read (issue 31).
+    other = tmp_path / ".waltz-dev"
+    (other / "storage-0" / "data" / str(PARTITION)).mkdir(parents=True)
+    (other / "client.yml").write_text(
+        f"zookeeper.connectString: {cluster.zookeeper}\ncluster.root: /elsewhere\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WALTZ_CONFIG", str(cluster.client_config_path))
+    storages = [node.connect_string for node in cluster.storages]
     for before in (str(bound), "999999"):
-        dry = _cli(
-            cluster, "set", "-p", str(PARTITION), "--before", before, "--dry-run", "--force", *directories
+        result = CliRunner().invoke(
+            retention_cli.app, ["set", "-p", str(PARTITION), "--before", before, "--dry-run", "--force"]
         )
-        lines = dry.splitlines()
+        assert result.exit_code == 0, result.output
+        lines = result.output.splitlines()
         assert lines[0] == (
             f"dry run, nothing changed: partition {PARTITION}: records below {before} could be removed "
             f"(exports keep what they have not read: below {watermark + 1} only)"
         )
-        for node, line in zip(cluster.storages, lines[1:], strict=True):
+        expected_lines = []
+        for node in cluster.storages:
             kept = _expected_firsts(firsts[node.name], last, watermark + 1)
             going = [f for f in firsts[node.name] if f < kept[0]]
             ranges = ", ".join(f"{f}..{n - 1}" for f, n in zip(going, [*going[1:], kept[0]], strict=True))
-            assert line == f"{node.directory / 'data'}: segments that may go: {ranges}"
+            expected_lines.append(f"{node.connect_string}: segments that may go now: {ranges}")
+        assert sorted(lines[1:]) == sorted(expected_lines), (storages, lines)
+    monkeypatch.undo()
     assert '"bound": null' in _cli(cluster, "show", "--json")  # nothing was set
 
 
-def test_retention_end_to_end(cluster: LocalCluster) -> None:
+def test_retention_end_to_end(cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     context = _context(cluster)
     asyncio.run(_commit_many(cluster, NUM_TRANSACTIONS))
     last = NUM_TRANSACTIONS - 1
@@ -194,7 +211,7 @@ def test_retention_end_to_end(cluster: LocalCluster) -> None:
     with connect(cluster.zookeeper_settings()) as zk:
         payload = DataWriter().write_int8(1).write_int32(1).write_int32(PARTITION).write_int64(watermark)
         zk.create(f"{exports_path(cluster.cluster_root)}/{EXPORT_ID}", payload.to_bytes(), makepath=True)
-    _check_refusal_and_dry_run(cluster, firsts, last, bound, watermark)
+    _check_refusal_and_dry_run(cluster, firsts, last, bound, watermark, tmp_path, monkeypatch)
     _cli(cluster, "set", "--partition", str(PARTITION), "--before", str(bound))
     for node in cluster.storages:
         expected = _expected_firsts(firsts[node.name], last, watermark + 1)

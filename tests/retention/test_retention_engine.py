@@ -176,3 +176,31 @@ def test_an_empty_partition_can_start_late_and_reopens(tmp_path: Path) -> None:
         assert _segment_files(reopened.partition(0)) == [f"{40:019d}.idx", f"{40:019d}.seg"]
     finally:
         reopened.close()
+
+
+def test_a_dry_run_reads_segment_spans_from_our_nodes_gauges_and_reports_java_nodes_unknown() -> None:
+    """`retention set --dry-run` over the network (issue 31): our node's `head-segment-spans`
+    gauge gives the spans; a Java 0.13.2 node has none, and its segments are unknown."""
+    from waltz_engine.ops.retention_report import removals_from_gauges
+    from waltz_engine.storage.node.partition_worker import SEGMENT_SPANS_GAUGE, metric_group
+
+    group = metric_group(0)
+
+    def gauges(spans: list[list[int]], segments: int, local: int) -> dict[str, object]:
+        return {
+            f"{group}.{SEGMENT_SPANS_GAUGE}": {"value": {"spans": spans, "segments": segments}},
+            f"{group}.local-low-water-mark": {"value": local},
+        }
+
+    spans = [[0, 9], [10, 19], [20, 29], [30, 34]]
+    ours = removals_from_gauges("n1", gauges(spans, 4, 34), 0, 25)
+    assert (ours.going, ours.why) == ([(0, 9), (10, 19)], None)
+    # The local low-water mark holds back what is not known committed there.
+    assert removals_from_gauges("n1", gauges(spans, 4, 12), 0, 25).going == [(0, 9)]
+    # Never the newest: with every span listed the last stays; with more segments than listed, not.
+    assert removals_from_gauges("n1", gauges(spans, 4, 99), 0, 99).going == [(0, 9), (10, 19), (20, 29)]
+    truncated = removals_from_gauges("n1", gauges(spans, 9, 99), 0, 99)
+    assert len(truncated.going or []) == 4 and truncated.more
+    assert not removals_from_gauges("n1", gauges(spans, 9, 99), 0, 25).more
+    java = removals_from_gauges("n2", {f"{group}.local-low-water-mark": {"value": 34}}, 0, 25)
+    assert java.going is None and java.why is not None and "Java" in java.why

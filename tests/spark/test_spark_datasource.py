@@ -86,6 +86,16 @@ def test_without_a_cluster_the_bound_must_be_given_not_the_low_water_mark(storag
         ReadOptions.parse({"path": str(storage)})
 
 
+def test_a_source_error_names_the_waltz_message_on_its_first_line(
+    session: SparkSession, storage: Path
+) -> None:
+    """`register` hides Python workers' tracebacks unless the session sets it (issue 31)."""
+    with pytest.raises(Exception) as failure:  # noqa: PT011 - Spark's own exception class
+        read(session, path=str(storage), partiton="1")
+    first = str(failure.value).splitlines()[0]
+    assert "spark.plan.OptionsError: unknown option(s) partiton" in first, str(failure.value)
+
+
 def test_unknown_options_are_rejected_with_the_known_ones(storage: Path) -> None:
     with pytest.raises(OptionsError, match=r"unknown option\(s\) partiton: .*\bpartitions\b"):
         ReadOptions.parse({"path": str(storage), "to_txid": "1", "partiton": "2"})
@@ -150,6 +160,10 @@ def test_corrupt_record_fails_or_is_skipped(session: SparkSession, storage: Path
     with pytest.raises(Exception, match="checksum mismatch") as failure:
         read(session, path=str(storage), partitions="1", to_txid=BEYOND_EVERY_TXID)
     assert "transaction 0" in str(failure.value)
+    # The source's own message follows Spark's one framing line, with no traceback (issue 31).
+    lines = str(failure.value).splitlines()
+    assert lines[1].startswith("spark.segments.CorruptRecordError: "), lines
+    assert "Traceback" not in str(failure.value)
     rows = read(session, path=str(storage), partitions="1", to_txid=BEYOND_EVERY_TXID, on_corrupt="skip")
     assert [r["transaction_id"] for r in rows] == list(range(1, 70))
 

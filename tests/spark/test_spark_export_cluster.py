@@ -387,3 +387,35 @@ def test_ctrl_c_stops_a_network_export_removes_staging_and_says_one_line(
     lines = (stdout + stderr).strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: interrupted"), lines
     assert not (output / STATE_DIR_NAME / "staging").exists()
+
+
+README = TESTS_DIR.parents[1] / "README.md"
+README_SPARK_BLOCK = "```python\nfrom spark.datasource import register"
+
+
+def test_the_readme_spark_block_runs_and_its_stream_has_finished_when_it_returns(
+    cluster: LocalCluster, session: SparkSession, tmp_path: Path
+) -> None:
+    """README's Spark block, run as written with its named placeholders given this cluster's
+    values: the availableNow stream has written every committed row when the block returns
+    (it awaits termination; issue 31)."""
+    text = README.read_text(encoding="utf-8")
+    block = text[text.index(README_SPARK_BLOCK) + len("```python\n") :]
+    block = block[: block.index("```")]
+    placeholders = {
+        "ZOOKEEPER": cluster.zookeeper,
+        "CLUSTER_ROOT": cluster.cluster_root,
+        "CLIENT_CONFIG": str(cluster.client_config_path),
+        "OUTPUT_DIR": str(tmp_path / "out"),
+        "CHECKPOINT_DIR": str(tmp_path / "ckpt"),
+    }
+    # The placeholders are named as such, on the block's own lines: replace those lines.
+    assert "# Placeholders:" in block
+    ours = [line for line in block.splitlines() if line.startswith(tuple(placeholders))]
+    assert all(name in " ".join(ours) for name in placeholders), ours
+    code = "".join(f"{name} = {value!r}\n" for name, value in placeholders.items())
+    code += "\n".join(line for line in block.splitlines() if line not in ours)
+    append(cluster, {p: [f"p{p}-readme-{i}" for i in range(3)] for p in PARTITIONS})
+    exec(compile(code, "README.md", "exec"), {"spark": session})  # noqa: S102 - the README's code
+    written = session.read.schema(SPARK_SCHEMA).parquet(placeholders["OUTPUT_DIR"])
+    assert written.count() == len(tailed(cluster))

@@ -81,6 +81,12 @@ def test_a_failed_job_is_told_in_one_line_from_the_tasks_own_error() -> None:
     assert task_failure(SPARK_TASK_FAILURE) == (
         "/data/1/00.seg: partition 1 transaction 0: record checksum mismatch" + CORRUPT_RECORD_ADVICE
     )
+    # With hidden tracebacks (what `register` turns on), Spark puts the error after its own words.
+    hidden = (
+        "org.apache.spark.api.python.PythonException: [PYTHON_EXCEPTION] An exception was thrown from "
+        "the Python worker: spark.segments.CorruptRecordError: /data/1/00.seg: record checksum mismatch\n"
+    )
+    assert task_failure(hidden) == "/data/1/00.seg: record checksum mismatch" + CORRUPT_RECORD_ADVICE
     other = "java.lang.OutOfMemoryError: Java heap space\nValueError: bad value\n"
     assert task_failure(other) == "ValueError: bad value"  # the last Python-looking error
     assert task_failure("nothing recognizable") is None

@@ -29,10 +29,10 @@ def _storage(directory: Path, count: int) -> Path:
 
 def test_equal_copies_have_equal_checksums_and_a_difference_shows(tmp_path: Path) -> None:
     one, two, longer = (_storage(tmp_path / name, n) for name, n in (("one", 40), ("two", 40), ("long", 41)))
-    sums = replica_checksums(one, KEY, NUM_PARTITIONS)
+    sums = replica_checksums(one, KEY, NUM_PARTITIONS).checksums
     assert sorted(sums) == [0, 2]  # every assigned partition by default
-    assert sums == replica_checksums(two, KEY, NUM_PARTITIONS)
-    assert replica_checksums(longer, KEY, NUM_PARTITIONS, [0])[0] != sums[0]
+    assert sums == replica_checksums(two, KEY, NUM_PARTITIONS).checksums
+    assert replica_checksums(longer, KEY, NUM_PARTITIONS, [0]).checksums[0] != sums[0]
     assert sums[2] == 0  # an empty partition: CRC-32 of no bytes
 
     # The CRC covers exactly the segment bytes after the 128-byte header (Segment.checksum).

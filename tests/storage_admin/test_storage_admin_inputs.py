@@ -14,10 +14,12 @@ from typer.testing import CliRunner, Result
 
 from waltz_cli.main import app
 from waltz_engine.common.address import AddressError, HostPort, parse_host_port
+from waltz_engine.common.errors import without_java_class
 from waltz_engine.storage import admin_ops
 from waltz_engine.storage.admin_ops import PartitionStatus, StorageAdminError, StorageNode
 from waltz_engine.zk import store_metadata
 from waltz_engine.zk.cluster import create_cluster
+from waltz_engine.zk.retention import retained_start_in
 
 NUM_PARTITIONS = 4
 LOCALHOST = "127.0.0.1"
@@ -119,6 +121,42 @@ def test_partition_status_from_metrics() -> None:
     assert (statuses[0].is_assigned, statuses[0].is_available) == (True, True)
     assert (statuses[1].is_assigned, statuses[1].is_available) == (True, False)
     assert statuses[0].to_json()["session_id"] == big
+
+
+def test_a_node_that_says_nothing_of_retention_cannot_start_a_log_late() -> None:
+    """A Java 0.13.2 node's metrics have neither our node gauge nor a partition's
+    first-transaction-id: a copy past retention is refused to it (replica_mover, recovery)."""
+    address = HostPort("h", 1)
+    java = _metrics({admin_ops.GAUGE_PARTITION_IDS: [0], "waltz-storage.partition-0.flags": 5})
+    ours = _metrics({admin_ops.GAUGE_PARTITION_IDS: [], "waltz-storage.waltz-storage-starts-late": True})
+    older = _metrics(
+        {admin_ops.GAUGE_PARTITION_IDS: [0], "waltz-storage.partition-0.first-transaction-id": 70}
+    )
+    assert [admin_ops.starts_late(m) for m in (java, ours, older)] == [False, True, True]
+    with_gauges = {
+        **older["gauges"],
+        **{f"waltz-storage.partition-0.{k}": {"value": 1} for k in ("session-id", "low-water-mark", "flags")},
+        "waltz-storage.partition-0.local-low-water-mark": {"value": 1},
+    }
+    (status,) = admin_ops.partition_status_from_metrics({"gauges": with_gauges}, address)
+    assert status.first_transaction_id == 70
+
+
+def test_a_node_failure_reads_without_the_java_class_name() -> None:
+    wire = (
+        "Partition 0 failed to recover. record list request to h:1: com.wepay.waltz.storage.exception."
+        "StorageException: transaction 0 of partition 0 is below the retained start 170 "
+        "(removed by retention)"
+    )
+    assert without_java_class(wire) == (
+        "Partition 0 failed to recover. record list request to h:1: transaction 0 of partition 0 is "
+        "below the retained start 170 (removed by retention)"
+    )
+    assert (
+        without_java_class("java.lang.Exception: Partition:0 is not assigned.")
+        == "Partition:0 is not assigned."
+    )
+    assert retained_start_in(without_java_class(wire)) == retained_start_in(wire) == 170
 
 
 @pytest.mark.parametrize(

@@ -14,11 +14,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from storage_node_support import StorageNodeProcess, client_ssl, create_test_cluster, make_records
+from storage_node_support import (
+    StorageNodeProcess,
+    client_ssl,
+    create_test_cluster,
+    directory_digest,
+    make_records,
+)
 from typer.testing import CliRunner, Result
 
 from waltz_cli.main import app
 from waltz_engine.common.address import HostPort
+from waltz_engine.disk.record_format import RECORD_OVERHEAD_BYTES
 from waltz_engine.storage.admin_ops import (
     SESSION_CHANGE_ATTEMPTS,
     StorageAdminError,
@@ -119,8 +126,9 @@ async def _write(
         await client.close()
 
 
-async def _data_bytes(node: StorageNodeProcess, partition_id: int, count: int) -> int:
-    """The data size of the node's first ``count`` records of the partition (all there)."""
+async def _moved_bytes(node: StorageNodeProcess, partition_id: int, count: int) -> int:
+    """The size of the node's first ``count`` records of the partition (all there), each whole:
+    what a copy moves."""
     client = node.admin_client()
     await client.open()
     try:
@@ -128,7 +136,7 @@ async def _data_bytes(node: StorageNodeProcess, partition_id: int, count: int) -
     finally:
         await client.close()
     assert [r.transaction_id for r in records] == list(range(count))
-    return sum(len(r.data) for r in records)
+    return sum(RECORD_OVERHEAD_BYTES + len(r.data) for r in records)
 
 
 # --- list --------------------------------------------------------------------------------------
@@ -212,7 +220,10 @@ def test_max_transaction_id_online_and_offline(cluster: Cluster) -> None:
     )
     cluster.ok("availability", "-s", data(a), "-p", "3", "--offline")
     try:
+        # A check: the node's files are as they were after it (issue 31).
+        before = directory_digest(a.directory)
         as_json = json.loads(cluster.ok(*base, "--offline", "--json").stdout)
+        assert directory_digest(a.directory) == before
         assert as_json == {
             "storage": data(a),
             "admin": admin(a),
@@ -368,8 +379,8 @@ def test_a_replica_move_copies_the_tail_appended_meanwhile_at_the_same_rate(clus
         mover = Mover(zk, cluster.root, layout.context(client_ssl()), bytes_per_second=1, say=said.append)
         b.run(mover.copy(layout, ReplicaMove(1, data(a), data(b))))
     try:
-        assert sum(limited) == b.run(_data_bytes(b, 1, start + first + tail))
-        assert max(limited) <= COPY_BATCH_SIZE * RECORD_DATA_SIZE_BYTES
+        assert sum(limited) == b.run(_moved_bytes(b, 1, start + first + tail))
+        assert max(limited) <= COPY_BATCH_SIZE * (RECORD_OVERHEAD_BYTES + RECORD_DATA_SIZE_BYTES)
         tail_passes = [line for line in said if "copying the tail appended meanwhile" in line]
         assert len(tail_passes) == 2 and f"from {start + first} at most 1 bytes/s" in tail_passes[0], said
         online = max_transaction_id(context, HostPort(b.host, b.admin_port), b.port, 1, offline=False)

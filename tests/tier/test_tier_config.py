@@ -4,6 +4,9 @@ one line that says how to install pyarrow when the URL is set without it."""
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,6 +42,7 @@ def test_off_by_default_and_read_when_the_url_is_set() -> None:
     ("key", "value", "says"),
     [
         ("storage.tier.url", " ", "must not be empty"),
+        ("storage.tier.url", "bogus://b/p", "unknown URL scheme 'bogus://'"),
         ("storage.tier.local.bytes", -1, "must not be negative"),
         ("storage.tier.bytes.per.second", 0, "storage.tier.bytes.per.second"),
         ("storage.tier.cache.bytes", 0, "storage.tier.cache.bytes"),
@@ -49,6 +53,21 @@ def test_bad_values_are_one_line_errors(key: str, value: Any, says: str) -> None
     with pytest.raises(ConfigError, match=says) as raised:
         _load(**keys)
     assert "\n" not in str(raised.value)
+
+
+def test_a_node_with_a_url_that_can_never_work_stops_at_start_with_one_line(tmp_path: Path) -> None:
+    """`bogus://` is refused before the node starts (it would otherwise retry forever)."""
+    config = tmp_path / "storage.yml"
+    keys = {**BASE, "storage.directory": str(tmp_path / "data"), "storage.tier.url": "bogus://b/p"}
+    config.write_text("".join(f"{key}: {value}\n" for key, value in keys.items()))
+    done = subprocess.run(
+        [sys.executable, "-m", "waltz_cli", "storage", "start", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert done.stderr.count("\n") == 1 and "unknown URL scheme 'bogus://'" in done.stderr, done.stderr
 
 
 def test_the_url_without_pyarrow_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -18,7 +18,7 @@ from waltz_cli.options import (
     JsonOption,
     cluster_command,
 )
-from waltz_cli.output import console, counting_progress, human_size, one_line_errors, print_json
+from waltz_cli.output import console, counting_progress, err_console, human_size, one_line_errors, print_json
 from waltz_engine.net.tls import TlsConfig
 from waltz_engine.ops.backup import (
     DEFAULT_SEGMENT_SIZE_BYTES,
@@ -29,8 +29,12 @@ from waltz_engine.ops.backup import (
     verify_backup,
 )
 from waltz_engine.ops.tool_config import load_tool_config
+from waltz_engine.storage.constants import DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES
 from waltz_engine.storage.network_reader import ClusterAccess
 from waltz_engine.zk.partition_ranges import parse_partition_ranges
+
+if TYPE_CHECKING:
+    from waltz_engine.zk.connection import ZooKeeperSettings
 
 app = options.group(help="Backups of the committed log: create (incremental), verify, restore, list.")
 
@@ -138,36 +142,76 @@ def restore(
             "log resumes at the backup's end (needs the cluster: -c/-z/-r). Stop the servers first.",
         ),
     ] = False,
+    storage_config: Annotated[
+        Path | None,
+        typer.Option(
+            "--storage-config",
+            help="The YAML of the storage node that starts on the directory: its segments are "
+            "written at its storage.segment.size.threshold, and its cluster's retention bounds apply.",
+        ),
+    ] = None,
     cluster: Cluster = FROM_OPTIONS,
     as_json: JsonOption = False,
 ) -> None:
     """Restore a backup into a storage directory a storage node starts on (ours or the original's).
 
-    Then point the node's storage.directory at it and start the node; the server's next store
-    session catches it up from the other replicas (docs/operations.md). When no replica is left
-    to catch up from, restore every node with --all-replicas-lost (docs/operations.md §5).
+    The records are written anew in the node's segment size (--storage-config; else the default
+    threshold) with new indexes, each record checked (both checksums) as it is read. No record
+    below a partition's retention bound is restored: the bounds are read from the cluster that
+    --storage-config or -c/-z names (without either, the node's cleaner removes whole segments
+    below them when it starts). Then point the node's storage.directory at it and start the node;
+    the server's next store session catches it up from the other replicas (docs/operations.md).
+    When no replica is left to catch up from, restore every node with --all-replicas-lost
+    (docs/operations.md §5).
 
-    Example: waltz backup restore s3://bucket/waltz-backup --to /var/lib/waltz/storage --to-txid 41999
+    Example: waltz backup restore s3://bucket/backup --to /var/lib/waltz/storage --storage-config storage.yml
     """
     wanted = parse_partition_ranges(partitions) if partitions is not None else None
     session_ids = None
     if all_replicas_lost:
         settings = cluster.settings()
         session_ids = issued_sessions(url, settings, _client_tls(cluster.config))
+    segment_size_bytes, bounds_from = _restore_target(storage_config, cluster)
     with counting_progress("restoring (files)", as_json) as progress:
         summary = restore_backup(
-            url, to, to_txid=to_txid, partitions=wanted, session_ids=session_ids, progress=progress
+            url,
+            to,
+            to_txid=to_txid,
+            partitions=wanted,
+            session_ids=session_ids,
+            progress=progress,
+            segment_size_bytes=segment_size_bytes,
+            retention_from=bounds_from,
         )
     if as_json:
         print_json(summary.to_json())
         return
+    if bounds_from is None:
+        err_console.print(
+            "note: retention bounds not read (no --storage-config or -c/-z): the node's cleaner "
+            "removes whole segments below them when it starts",
+            soft_wrap=True,
+            markup=False,
+        )
     for p, span in sorted(summary.partitions.items()):
         first, last = span["first_txid"], span["last_txid"]
         held = f"transactions {first}..{last}" if last >= first else "no transactions (empty partition)"
         console.print(f"partition {p}: {held}")
     console.print(
-        f"restored backup {summary.sequence} into {to}: {summary.files} file(s), {human_size(summary.bytes)}"
+        f"restored backup {summary.sequence} into {to}: {summary.files} file(s), "
+        f"{human_size(summary.bytes)}, written in segments of {human_size(segment_size_bytes)}"
     )
+
+
+def _restore_target(storage_config: Path | None, cluster: Cluster) -> tuple[int, ZooKeeperSettings | None]:
+    """The node's segment size, and where to read the retention bounds (None: nowhere named)."""
+    if storage_config is not None:
+        from waltz_engine.storage.node.config import StorageConfig
+
+        node = StorageConfig.load(storage_config)
+        return node.segment_size_threshold_bytes, node.zookeeper
+    named = cluster.config is not None or cluster.zookeeper is not None
+    return DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES, cluster.settings() if named else None
 
 
 @app.command("list")

@@ -36,6 +36,8 @@ MS_PER_S = 1000
 PASSED = "Passed"
 FAILED = "Failed"
 EXIT_VERIFY_FAILED = 1
+EXIT_UNDER_REPLICATED = 1  # `under-replicated` found some: monitoring alerts on the exit code
+DETAIL_MAX_CHARS = 60  # the under-replicated table's detail cell (--json has the whole text)
 
 
 def read_view(cluster: Cluster) -> ClusterView:
@@ -118,7 +120,7 @@ def under_replicated(
 ) -> None:
     """Partitions whose caught-up, reachable replicas are fewer than their assigned count, with
     each missing replica and why (down, behind by N, offline, unassigned on the node, damaged).
-    Exits 0 either way: it reports, it does not judge.
+    Exits 1 when any partition is under-replicated, 0 when none is (for monitoring scripts).
 
     Example: waltz cluster under-replicated -c tools.yml --json
     """
@@ -134,6 +136,8 @@ def under_replicated(
     report = _replication(cluster, view, wanted)
     if as_json:
         print_json(report.to_json())
+        if report.under_replicated:
+            raise typer.Exit(EXIT_UNDER_REPLICATED)
         return
     if not report.under_replicated:
         say(f"no partition is under-replicated ({len(report.partitions)} checked)")
@@ -150,10 +154,19 @@ def under_replicated(
                     caught_up,
                     replica.storage,
                     replica.state,
-                    replica.detail,
+                    _short(replica.detail),
                 )
                 table.add_row(*(Text(cell) for cell in cells))
     console.print(table)
+    raise typer.Exit(EXIT_UNDER_REPLICATED)
+
+
+def _short(detail: str) -> str:
+    """A table cell of at most DETAIL_MAX_CHARS characters (--json has the whole text)."""
+    first_line = detail.split("\n", 1)[0]
+    if len(first_line) > DETAIL_MAX_CHARS:
+        return first_line[: DETAIL_MAX_CHARS - 1] + "…"
+    return first_line if first_line == detail else first_line + "…"
 
 
 def _render(report: VerifyReport, under_replicated: int | None) -> None:

@@ -104,8 +104,8 @@ def up(
             "--set",
             metavar="KEY=VALUE",
             parser=_setting,
-            help="A configuration key for every node's YAML, e.g. storage.segment.size.threshold=1048576 "
-            "(repeatable; saved with the cluster).",
+            help="A configuration key for the YAML of the nodes that read it (storage nodes or servers), "
+            "e.g. storage.segment.size.threshold=1048576 (repeatable; saved with the cluster).",
         ),
     ] = None,
     directory: DirOption = Path(DEFAULT_DIRECTORY),

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from waltz_cli import options
 from waltz_cli.commands import frame as frame_command
-from waltz_cli.options import JsonOption, TransactionOption
+from waltz_cli.options import JsonOption
 from waltz_cli.output import console, fail, human_size, one_line_errors, print_json
 from waltz_engine.common.decoder import load_decoder
 from waltz_engine.ops.inspect import inspect_control, inspect_segment, segment_stats, verify
@@ -91,8 +91,15 @@ def _render_control(result: dict[str, Any]) -> None:
 @one_line_errors
 def segment(
     path: Annotated[Path, typer.Argument(help="A segment data file (<partition dir>/<first txid>.seg).")],
-    transaction: TransactionOption = None,
-    limit: Annotated[int | None, typer.Option("--max", min=0, help="Show at most N records.")] = None,
+    transaction: Annotated[
+        int | None,
+        typer.Option(
+            "--transaction", "-t", min=0, help="Start at this transaction id (alone: show only it)."
+        ),
+    ] = None,
+    limit: Annotated[
+        int | None, typer.Option("--max", min=0, help="Show at most N records (from --transaction).")
+    ] = None,
     decoder: Annotated[
         str | None,
         typer.Option(

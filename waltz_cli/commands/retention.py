@@ -7,7 +7,6 @@ ZooKeeper, and each storage node's cleaner removes whole segments below the effe
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -23,8 +22,13 @@ from waltz_cli.options import (
     cluster_command,
 )
 from waltz_cli.output import console, fail, one_line_errors, print_json
-from waltz_engine.common.config import DEV_CLUSTER_DIRECTORY
-from waltz_engine.ops.retention_report import RetentionReport, read_retentions, replica_starts, segments_below
+from waltz_engine.ops.retention_report import (
+    ReplicaRemovals,
+    RetentionReport,
+    read_retentions,
+    replica_removals,
+    replica_starts,
+)
 from waltz_engine.storage import admin_ops
 from waltz_engine.storage.network_reader import ClusterAccess, committed_high_water_marks
 from waltz_engine.zk import retention
@@ -36,7 +40,6 @@ app = options.group(help="Log retention: which records the storage nodes may rem
 
 DEFAULT_TIMEOUT_MS = 10_000
 NONE_TEXT = "-"
-DEV_STORAGE_DATA_GLOB = "storage-*/data"  # a dev cluster's storage nodes' data directories
 
 
 def say(message: str) -> None:
@@ -64,22 +67,21 @@ def set_(
     dry_run: Annotated[
         bool,
         typer.Option(
-            "--dry-run", help="Change nothing; list the segments the bound would let the cleaners remove."
+            "--dry-run",
+            help="Change nothing; list, per replica, the segments the bound would let its cleaner "
+            "remove (asked of the storage nodes of the cluster named, over the network).",
         ),
     ] = False,
-    storage_dirs: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--storage-dir",
-            help="A storage node's data directory for --dry-run (repeat; default: the dev cluster's).",
-        ),
-    ] = None,
     cluster: Cluster = FROM_OPTIONS,
+    ssl_config: SslConfigOption = None,
 ) -> None:
     """Let the storage nodes remove records of a partition below --before (unexported ones stay).
 
     A bound above the partition's committed high-water mark + 1 is refused without --force: it
     would let records go as soon as they are written.
+
+    --dry-run reads the cluster -c/-z (or the environment) names, from its storage nodes' admin
+    ports: a Java node lists no segment spans, and its segments are reported as unknown.
 
     Example: waltz retention set -p 0 --before 100000 --dry-run
 
@@ -105,19 +107,28 @@ def set_(
     if not dry_run:
         console.print(f"partition {partition}: records below {before} may be removed")
         return
-    _dry_run(partition, effective_bound(before, list(watermarks.values())) or 0, before, storage_dirs)
+    limit = effective_bound(before, list(watermarks.values())) or 0
+    tls = cluster.tls_context(ssl_config)
+    _dry_run(
+        partition,
+        limit,
+        before,
+        asyncio.run(replica_removals(layout, tls, cluster.timeout_ms, partition, limit)),
+    )
 
 
-def _dry_run(partition: int, limit: int, before: int, storage_dirs: list[Path] | None) -> None:
+def _dry_run(partition: int, limit: int, before: int, replicas: list[ReplicaRemovals]) -> None:
     kept = f" (exports keep what they have not read: below {limit} only)" if limit < before else ""
     say(f"dry run, nothing changed: partition {partition}: records below {before} could be removed{kept}")
-    directories = storage_dirs or sorted(Path(DEV_CLUSTER_DIRECTORY).glob(DEV_STORAGE_DATA_GLOB))
-    if not directories:
-        fail("no storage directory to list segments from: give --storage-dir (a storage node's data dir)")
-    for directory in directories:
-        going = segments_below(directory, partition, limit)
-        listed = ", ".join(f"{first}..{last}" for first, last in going) or "none"
-        say(f"{directory}: segments that may go: {listed}")
+    if not replicas:
+        say(f"partition {partition} has no replica assigned in ZooKeeper")
+    for replica in replicas:
+        if replica.going is None:
+            say(f"{replica.storage}: segments that may go: unknown ({replica.why})")
+            continue
+        listed = ", ".join(f"{first}..{last}" for first, last in replica.going) or "none"
+        more = " and later ones (the node lists only its oldest segments)" if replica.more else ""
+        say(f"{replica.storage}: segments that may go now: {listed}{more}")
 
 
 @app.command("clear")

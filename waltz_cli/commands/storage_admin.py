@@ -551,13 +551,24 @@ def checksum(
         int | None,
         typer.Option("--to", min=0, help="With --online: the last txid (default: the committed mark now)."),
     ] = None,
+    repair: Annotated[
+        bool,
+        typer.Option(
+            "--repair",
+            help="First do what the node's start does (cut a torn tail, rebuild the index, remove "
+            "interrupted files), in every assigned partition; list what changed.",
+        ),
+    ] = False,
     ssl_config: SslConfigOption = None,
     cluster: Cluster = FROM_OPTIONS,
     as_json: JsonOption = False,
 ) -> None:
     """Per partition, CRC-32 over all segment bytes after the headers: equal on equal replicas.
 
-    The node must be stopped (its control file is locked while it runs). With --online, every
+    The node must be stopped (its control file is locked while it runs). A check: nothing in the
+    directory is written; damage (a torn tail, an index that differs from the records, interrupted
+    or missing files, rot) exits 1 naming it. --repair first repairs what the node's start would
+    (rot stays: refill it with recover-partition). With --online, every
     replica of a committed range is read from the running nodes' admin ports (RECORD_LIST: Java
     nodes too) in chunks while writes go on, and compared by records; exit 1 when replicas differ
     (naming the first txid that differs) or one is behind.
@@ -567,8 +578,8 @@ def checksum(
     """
     ids = parse_partition_ranges(partition) if partition is not None else None
     if online:
-        if directory is not None:
-            fail("--online reads the running nodes: give no storage directory")
+        if directory is not None or repair:
+            fail("--online reads the running nodes: give no storage directory and no --repair")
         _online_checksum(ids, from_txid, to_txid, cluster, ssl_config, as_json)
         return
     if directory is None:
@@ -576,10 +587,16 @@ def checksum(
     layout = _read_layout(cluster)
     if ids is not None:
         admin_ops.check_partitions(ids, layout.num_partitions)
-    sums = admin_ops.replica_checksums(directory, layout.key, layout.num_partitions, ids)
+    result = admin_ops.replica_checksums(directory, layout.key, layout.num_partitions, ids, repair=repair)
+    sums = result.checksums
     if as_json:
-        print_json({"checksums": [{"partition_id": p, "checksum": c} for p, c in sums.items()]})
+        checksums = [{"partition_id": p, "checksum": c} for p, c in sums.items()]
+        print_json(
+            {"checksums": checksums, "repaired": result.repaired} if repair else {"checksums": checksums}
+        )
         return
+    for line in result.repaired:
+        _say(f"repaired: {line}")
     if not sums:
         _say(f"no partitions assigned in {directory}")
         return

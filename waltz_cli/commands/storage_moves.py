@@ -15,6 +15,7 @@ from waltz_cli.options import (
     cluster_command,
 )
 from waltz_cli.output import console, err_console, one_line_errors, print_json
+from waltz_engine.common.errors import without_java_class
 
 
 @one_line_errors
@@ -28,7 +29,13 @@ def decommission(
         bool, typer.Option("--delete-files", help="The node deletes each moved partition's files.")
     ] = False,
     bytes_per_second: Annotated[
-        int, typer.Option("--bytes-per-second", min=0, help="Bound on each copy's rate (0: none).")
+        int,
+        typer.Option(
+            "--bytes-per-second",
+            min=0,
+            help="Bound on the bytes each copy moves a second: whole records, 40 bytes of header and "
+            "checksums each with its data (0: none).",
+        ),
     ] = 0,
     cluster: Cluster = FROM_OPTIONS,
     ssl_config: SslConfigOption = None,
@@ -39,15 +46,17 @@ def decommission(
 
     Each partition gets a new replica on a live node (another group where the cluster has one),
     copied online, assigned, and caught up before the node leaves the assignment and is told it
-    no longer holds the partition (its files are kept unless --delete-files). Exit 1 when the node
-    still holds partitions at the end.
+    no longer holds the partition (its files are kept unless --delete-files). Once retention ran
+    the copy starts at the retained start (the new replica's log begins there; a Java 0.13.2
+    target is refused); a range only in the tier is read back from it (the plan printed first
+    says how much). Exit 1 when the node still holds partitions at the end.
 
     Example: waltz storage decommission -c tools.yml -s storage-3:55280 --wait
     """
     from waltz_engine.ops.decommission import decommission as run
 
     def say(line: str) -> None:
-        err_console.print(line, soft_wrap=True, markup=False)
+        err_console.print(without_java_class(line), soft_wrap=True, markup=False)
 
     result = run(
         cluster.settings(),

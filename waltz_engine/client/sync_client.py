@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import threading
 from collections.abc import Coroutine, Iterable
 from typing import Any, TypeVar
@@ -19,6 +20,10 @@ T = TypeVar("T")
 
 # Joining the loop thread at close: the client's own close is bounded by its timeouts.
 LOOP_THREAD_JOIN_TIMEOUT_S = 30.0
+# A close given up (a second Ctrl-C): how long the loop gets to end its tasks cancelled.
+ABANDONED_CLOSE_TIMEOUT_S = 2.0
+
+log = logging.getLogger(__name__)
 
 
 class SyncWaltzClient:
@@ -109,11 +114,31 @@ class SyncWaltzClient:
         return self._run(_call(self._client.get_partitions))
 
     def close(self) -> None:
-        if not self._loop.is_closed():
-            try:
-                self._run(self._client.close())
-            finally:
-                self._stop_loop()
+        """Close the client (see :meth:`WaltzClient.close`) and stop its loop.
+
+        A Ctrl-C while it waits (a program's second one, the first having ended its work) gives
+        the graceful close up instead of raising: the client's tasks are cancelled and awaited
+        on its loop, which then stops; undecided transactions' outcomes stay unknown.
+        """
+        if self._loop.is_closed():
+            return
+        try:
+            self._run(self._client.close())
+        except KeyboardInterrupt:
+            log.warning("Waltz client close interrupted: not waiting for it to finish")
+            self._cancel_tasks()
+        finally:
+            self._stop_loop()
+
+    def _cancel_tasks(self) -> None:
+        """Cancel every task on the loop and let them end (bounded; a further Ctrl-C ends the wait)."""
+        if not self._thread.is_alive():
+            return
+        done = asyncio.run_coroutine_threadsafe(_cancel_all(ABANDONED_CLOSE_TIMEOUT_S), self._loop)
+        try:
+            done.result(ABANDONED_CLOSE_TIMEOUT_S * 2)
+        except (KeyboardInterrupt, concurrent.futures.TimeoutError):
+            done.cancel()
 
     def __enter__(self) -> SyncWaltzClient:
         return self
@@ -126,6 +151,16 @@ class SyncWaltzClient:
         self._thread.join(LOOP_THREAD_JOIN_TIMEOUT_S)
         self._loop.close()
         self._consumers.shutdown(wait=False, cancel_futures=True)
+
+
+async def _cancel_all(timeout_s: float) -> None:
+    """Cancel the loop's other tasks and wait (at most ``timeout_s``) for them to end."""
+    me = asyncio.current_task()
+    tasks = [task for task in asyncio.all_tasks() if task is not me]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout_s)
 
 
 async def _call(function: Any) -> Any:

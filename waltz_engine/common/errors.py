@@ -4,6 +4,8 @@ Every error a user can trigger with bad input derives from :class:`WaltzError`; 
 turns those into one-line messages. Anything else escaping is a bug.
 """
 
+import re
+
 
 class WaltzError(Exception):
     """Base of every expected, user-facing error."""
@@ -23,3 +25,13 @@ class FormatError(WaltzError):
 
 class StorageError(WaltzError):
     """A storage operation was refused (out-of-order append, bad watermark, ...)."""
+
+
+# The Java class names a storage node's FAILURE message begins with (the original's wire: servers
+# parse what follows, so nodes keep them); ``without_java_class`` drops them where a person reads.
+_JAVA_CLASS_PREFIX = re.compile(r"\b(?:com\.wepay\.waltz|java\.(?:lang|io))\.[\w.$]*: ")
+
+
+def without_java_class(text: str) -> str:
+    """``text`` without the ``com.wepay.…Exception: `` prefixes of the original's wire."""
+    return _JAVA_CLASS_PREFIX.sub("", text)

@@ -61,6 +61,22 @@ def _import_pyarrow(feature: str) -> tuple[ModuleType, ModuleType]:
     return pyarrow, pyarrow.fs
 
 
+# The URL schemes pyarrow's ``FileSystem.from_uri`` opens; any other can never work.
+STORE_URL_SCHEMES = ("file", "s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss")
+
+
+def url_scheme_problem(url: str) -> str | None:
+    """Why ``url`` can never name a store (an unknown scheme), or None: checked at start, so a
+    typo stops a node with one line instead of failing every later attempt."""
+    if "://" not in url:
+        return None  # a local path
+    scheme = url.split("://", 1)[0].lower()
+    if scheme in STORE_URL_SCHEMES:
+        return None
+    schemes = ", ".join(f"{known}://" for known in STORE_URL_SCHEMES)
+    return f"unknown URL scheme '{scheme}://': give a local path or a {schemes} URL"
+
+
 def _open_filesystem(url: str, pyarrow: ModuleType, fs_module: ModuleType) -> tuple[pafs.FileSystem, str]:
     if "://" not in url:
         return fs_module.LocalFileSystem(), str(Path(url).expanduser().resolve())

@@ -123,6 +123,8 @@ async def _decommission(
     if planned:
         targets = ", ".join(f"{m.partition_id} to {m.target}" for m in planned)
         mover.say(f"{name}: moving partitions {targets}")
+        for move in planned:
+            mover.say(await mover.describe(layout, move))
     settled = settled_moves(layout, recorded)
     recorded = await asyncio.to_thread(replica_moves.add_moves, zk, mover.root, planned, settled)
     ours = sorted((m for m in recorded if m.source == name), key=lambda m: m.partition_id)

@@ -120,11 +120,14 @@ def inspect_segment(
 ) -> dict[str, Any]:
     """A segment's headers, records (in file order) and problems as a JSON-ready dict.
 
-    ``transaction`` keeps only that txid (found through the index when it has it);
-    ``limit`` stops after that many records. ``decoder`` turns each record's data into
-    something to show; if it raises, the record gets a ``decode_error`` instead.
+    ``transaction`` starts at that txid (found through the index when it has it) and, without
+    ``limit``, keeps only it; ``limit`` stops after that many records (``--transaction 60 --max
+    3``: 60, 61 and 62). ``decoder`` turns each record's data into something to show; if it
+    raises, the record gets a ``decode_error`` instead.
     """
     assert limit is None or limit >= 0
+    if transaction is not None and limit is None:
+        limit = 1
     with SegmentReader(Path(path)) as reader:
         records: list[dict[str, Any]] = []
         problems = [_problem_json(p) for p in reader.header_problems]
@@ -134,10 +137,10 @@ def inspect_segment(
             txid = (
                 item.record.record.transaction_id if isinstance(item, SegmentRecord) else item.transaction_id
             )
-            if transaction is not None and txid is not None and txid > transaction:
-                break
-            if transaction is not None and txid != transaction:
+            if transaction is not None and (txid is None or txid < transaction):
                 continue
+            if transaction is not None and not records and txid != transaction:
+                break  # the segment has no record ``transaction``
             if isinstance(item, SegmentRecord):
                 records.append(_record_json(item, decoder))
             else:

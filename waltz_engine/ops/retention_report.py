@@ -9,7 +9,6 @@ engine itself imports that module.
 from __future__ import annotations
 
 import ssl
-from pathlib import Path
 from typing import Any, NamedTuple
 
 from kazoo.client import KazooClient
@@ -17,8 +16,7 @@ from kazoo.client import KazooClient
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.storage import admin_ops
 from waltz_engine.storage.admin_ops import StoreLayout
-from waltz_engine.storage.constants import SEGMENT_NAME_DIGITS, SEGMENT_SUFFIX
-from waltz_engine.storage.node.partition_worker import metric_group
+from waltz_engine.storage.node.partition_worker import SEGMENT_SPANS_GAUGE, metric_group
 from waltz_engine.zk.export_watermarks import read_export_watermarks
 from waltz_engine.zk.retention import (
     PartitionRetention,
@@ -28,6 +26,7 @@ from waltz_engine.zk.retention import (
 )
 
 FIRST_TRANSACTION_ID_GAUGE = "first-transaction-id"
+LOCAL_LOW_WATER_MARK_GAUGE = "local-low-water-mark"
 
 
 class ReplicaStart(NamedTuple):
@@ -61,6 +60,62 @@ def read_retentions(client: KazooClient, root: str, layout: StoreLayout) -> list
     )
 
 
+class ReplicaRemovals(NamedTuple):
+    """What one replica's cleaner would remove under a bound, as its node reports it now."""
+
+    storage: str  # data connect string
+    going: list[tuple[int, int]] | None  # (first, last) txids; None: unknown (see why)
+    why: str | None  # a Java node lists no segment spans, or the node did not answer
+    more: bool = False  # every segment the node listed may go, and it has more than it listed
+
+
+async def replica_removals(
+    layout: StoreLayout, ssl_context: ssl.SSLContext, timeout_ms: int, partition_id: int, limit: int
+) -> list[ReplicaRemovals]:
+    """Per replica of ``partition_id`` (ZooKeeper's assignment), the local segments its cleaner
+    would remove below ``limit``, read from its node's admin metrics over the network (wholly
+    below ``limit`` and the replica's local low-water mark + 1, never the newest). Reads only."""
+    context = layout.context(ssl_context, timeout_ms)
+    result: list[ReplicaRemovals] = []
+    for storage, partition_ids in sorted(layout.assignments.items()):
+        if partition_id not in partition_ids:
+            continue
+        if storage not in layout.admin_ports:
+            result.append(ReplicaRemovals(storage, None, "no admin port registered in ZooKeeper"))
+            continue
+        try:
+            async with admin_ops.admin_client(context, layout.admin_address(storage)) as admin:
+                gauges = (await admin.metrics()).get("gauges", {})
+        except (WaltzError, OSError) as e:
+            result.append(ReplicaRemovals(storage, None, f"not answering: {e}"))
+            continue
+        result.append(removals_from_gauges(storage, gauges, partition_id, limit))
+    return result
+
+
+def removals_from_gauges(
+    storage: str, gauges: dict[str, Any], partition_id: int, limit: int
+) -> ReplicaRemovals:
+    """What a replica's cleaner would remove below ``limit``, from its node's metrics gauges: unknown
+    when they list no segment spans (a Java 0.13.2 node has no such gauge, nor any message that
+    lists segments)."""
+    listed = _gauge(gauges, partition_id, SEGMENT_SPANS_GAUGE)
+    local = _gauge(gauges, partition_id, LOCAL_LOW_WATER_MARK_GAUGE)
+    if not isinstance(listed, dict) or not isinstance(local, int):
+        return ReplicaRemovals(storage, None, "its node lists no segment spans: a Java node")
+    pairs = [(int(first), int(last)) for first, last in listed["spans"]]
+    # Only the oldest are listed: when more exist, every listed one is sealed (the newest segment,
+    # which never goes, is not among them).
+    newest = [(-1, -1)] if int(listed["segments"]) > len(pairs) else []
+    going = removable_head_segments([*pairs, *newest], limit, local)
+    return ReplicaRemovals(storage, pairs[:going], None, more=bool(newest) and going == len(pairs))
+
+
+def _gauge(gauges: dict[str, Any], partition_id: int, name: str) -> Any:
+    entry = gauges.get(f"{metric_group(partition_id)}.{name}")
+    return entry.get("value") if isinstance(entry, dict) else None
+
+
 async def replica_starts(
     layout: StoreLayout, ssl_context: ssl.SSLContext, timeout_ms: int
 ) -> dict[int, list[ReplicaStart]]:
@@ -84,17 +139,3 @@ async def replica_starts(
             missing = None if first is not None or error else "no first-transaction-id metric"
             result.setdefault(partition_id, []).append(ReplicaStart(storage, first, error or missing))
     return result
-
-
-def segments_below(data_directory: Path, partition_id: int, limit: int) -> list[tuple[int, int]]:
-    """(first, last) txids of the segments of ``partition_id`` in a storage data directory that a
-    cleaner may remove below ``limit``: those wholly below it, never the newest (the writable
-    one). A replica also keeps what lies above its own low-water mark, which a directory alone
-    does not tell: this is what the bound allows, at most."""
-    names = (data_directory / str(partition_id)).glob(f"*{SEGMENT_SUFFIX}")
-    firsts = sorted(int(p.stem) for p in names if len(p.stem) == SEGMENT_NAME_DIGITS and p.stem.isdigit())
-    if not firsts:
-        return []
-    sealed = [(first, following - 1) for first, following in zip(firsts, firsts[1:], strict=False)]
-    newest = (firsts[-1], max(firsts[-1], limit))  # its end is unknown here; it never goes anyway
-    return sealed[: removable_head_segments([*sealed, newest], limit, limit - 1)]

@@ -415,7 +415,9 @@ class SmokeRun:
         key = await self._cluster_key()
         await self.on_nodes(self.cluster.down)
         sums = {
-            node.name: replica_checksums(node.directory / DATA_DIR_NAME, key, self.options.partitions)
+            node.name: replica_checksums(
+                node.directory / DATA_DIR_NAME, key, self.options.partitions
+            ).checksums
             for node in self.cluster.storages
         }
         self._record(checks.check_replicas(sums))

@@ -74,13 +74,22 @@ class RetentionCleaner:
             except Exception:
                 log.exception("retention cleaner round failed; retrying next round")
 
-    async def run_once(self) -> Removed:
+    async def refresh_bounds(self) -> bool:
+        """Read the bounds now and tell the workers (a partition taken offline for a copy that
+        may start at the retained start); False, the last known kept, when ZooKeeper does not
+        answer."""
         try:
             self._bounds = await asyncio.to_thread(self._read_bounds)
         except (KazooException, WaltzError, OSError, TimeoutError) as e:
-            log.warning("retention cleaner: cannot read bounds from ZooKeeper, skipping this round: %s", e)
-            return {}
+            log.warning("retention cleaner: cannot read bounds from ZooKeeper: %s", e)
+            return False
         self.apply_bounds()
+        return True
+
+    async def run_once(self) -> Removed:
+        if not await self.refresh_bounds():
+            log.warning("retention cleaner: skipping this round")
+            return {}
         removed: Removed = {}
         for partition_id, worker in sorted(self._workers().items()):
             bound = self._bounds.get(partition_id)

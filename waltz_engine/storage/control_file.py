@@ -167,11 +167,19 @@ class ControlFile:
         *,
         clock_ms: Callable[[], int] = now_ms,
         disk: Disk = OS_DISK,
+        read_only: bool = False,
     ) -> ControlFile:
-        """Create the file when shorter than a header, else verify key and partition count."""
+        """Create the file when shorter than a header, else verify key and partition count.
+
+        ``read_only`` (with a read-only ``disk``): a file shorter than a header is refused."""
         assert num_partitions >= 0
         file = disk.open_locked(path)
         try:
+            if read_only and file.size_bytes() < HEADER_SIZE_BYTES:
+                raise StorageError(
+                    f"{path}: the control file is shorter than its header ({file.size_bytes()} bytes): "
+                    "not a formatted storage directory"
+                )
             return cls._load(path, file, key, num_partitions, clock_ms)
         except BaseException:
             file.close()

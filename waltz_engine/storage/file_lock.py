@@ -56,23 +56,28 @@ class HeaderLock:
         self._identity = identity
 
     @classmethod
-    def open(cls, path: Path) -> HeaderLock:
-        """Open (creating if absent) and lock ``path``, or raise StorageError naming the holder."""
+    def open(cls, path: Path, *, shared: bool = False) -> HeaderLock:
+        """Open (creating if absent) and lock ``path``, or raise StorageError naming the holder.
+
+        ``shared``: open read-only, never create, and take a read lock (the read-only open of a
+        stopped node's directory): it conflicts with a running node's lock as the write lock does.
+        """
         with _registry_guard:
             try:
                 st = os.stat(path)
             except FileNotFoundError:
-                pass
+                if shared:
+                    raise StorageError(f"{path.parent} is not a storage directory (no {path.name})") from None
             else:
                 if (st.st_dev, st.st_ino) in _locked_files:
                     raise _in_use(path.parent, os.getpid())
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+            fd = os.open(path, os.O_RDONLY) if shared else os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
             st = os.fstat(fd)
             identity = (st.st_dev, st.st_ino)
             try:
                 fcntl.lockf(
                     fd,
-                    fcntl.LOCK_EX | fcntl.LOCK_NB,
+                    (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB,
                     CONTROL_LOCK_SIZE_BYTES,
                     CONTROL_LOCK_START_BYTES,
                     os.SEEK_SET,

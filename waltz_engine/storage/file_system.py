@@ -126,6 +126,63 @@ class OsDisk:
 OS_DISK = OsDisk()
 
 
+class ReadOnlyWriteError(AssertionError):
+    """Code under a read-only open tried to change a file: a bug (a check must never write)."""
+
+
+class _RefusesWrites:
+    """A descriptor opened ``O_RDONLY``; a write is refused before the kernel would refuse it."""
+
+    def pwrite(self, data: Bytes, offset: int) -> int:
+        raise ReadOnlyWriteError("a read-only open tried to write a file")
+
+    def truncate(self, size_bytes: int) -> None:
+        raise ReadOnlyWriteError("a read-only open tried to truncate a file")
+
+    def fsync(self) -> None:
+        """Nothing of ours to make durable (closing a control file syncs it)."""
+
+    def fdatasync(self) -> None:
+        raise ReadOnlyWriteError("a read-only open tried to sync a file's writes")
+
+
+class ReadOnlyOsFile(_RefusesWrites, OsFile):
+    """A file of a read-only open."""
+
+
+class ReadOnlyLockedOsFile(_RefusesWrites, LockedOsFile):
+    """A control file opened read-only under a shared lock on its header."""
+
+
+class ReadOnlyOsDisk(OsDisk):
+    """The machine's file system, for the read-only open (``StorageManager.open_read_only``):
+    files open ``O_RDONLY``, the control file under a shared lock (a running node's lock
+    conflicts with it), and every call that would create, rename or remove a name fails."""
+
+    def open(self, path: Path, *, create: bool = False, exclusive: bool = False) -> OsFile:
+        if create:
+            raise ReadOnlyWriteError(f"a read-only open tried to create {path}")
+        return ReadOnlyOsFile(os.open(path, os.O_RDONLY))
+
+    def fsync_directory(self, directory: Path) -> None:
+        raise ReadOnlyWriteError(f"a read-only open tried to sync {directory}")
+
+    def rename(self, source: Path, target: Path) -> None:
+        raise ReadOnlyWriteError(f"a read-only open tried to rename {source}")
+
+    def unlink(self, path: Path, *, missing_ok: bool = False) -> None:
+        raise ReadOnlyWriteError(f"a read-only open tried to remove {path}")
+
+    def mkdir(self, directory: Path, *, parents: bool = False) -> None:
+        raise ReadOnlyWriteError(f"a read-only open tried to create {directory}")
+
+    def open_locked(self, path: Path) -> LockedOsFile:
+        return ReadOnlyLockedOsFile(HeaderLock.open(path, shared=True))
+
+
+READ_ONLY_OS_DISK = ReadOnlyOsDisk()
+
+
 class ClosedFile:
     """The handle of a file that is not open: every call fails as on a closed descriptor."""
 

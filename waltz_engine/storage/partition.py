@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 from waltz_engine.common.crc import crc32, to_signed32
 from waltz_engine.common.errors import StorageError
 from waltz_engine.common.record import Record, RecordHeader
+from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
 from waltz_engine.storage.constants import (
     DEFAULT_SEGMENT_CACHE_CAPACITY,
     DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES,
@@ -80,6 +81,10 @@ class Partition:
         self._refill: RefillCopy | None = None
         # Head segments evicted to the tier, read back on demand (``waltz_engine.storage.tier``).
         self.tier: TierSegments | TierPending | None = None
+        # A read-only open (``read_only``): what an open for writing would change, one line each
+        # (the kept damage is in ``damage`` as for any open). Never written to.
+        self.read_only = False
+        self.findings: list[str] = []
 
     @property
     def partition_id(self) -> int:
@@ -96,11 +101,18 @@ class Partition:
         segment_cache_capacity: int = DEFAULT_SEGMENT_CACHE_CAPACITY,
         clock_ms: Callable[[], int] = now_ms,
         disk: Disk = OS_DISK,
+        read_only: bool = False,
     ) -> Partition:
-        """Open (recovering) every segment in ``directory``; create segment 0 if there is none."""
+        """Open (recovering) every segment in ``directory``; create segment 0 if there is none.
+
+        ``read_only`` (with a read-only ``disk``): check the same files the same way and write
+        nothing; what the open would have changed is in ``findings``. Only for reading:
+        ``checksum``, ``segments``, ``damage_report``.
+        """
         partition = cls(
             key, directory, info, segment_size_threshold_bytes, segment_cache_capacity, clock_ms, disk
         )
+        partition.read_only = read_only
         try:
             partition._load()
         except BaseException:
@@ -111,6 +123,9 @@ class Partition:
 
     def _load(self) -> None:
         directory = self.directory
+        if self.read_only:
+            self._check_read_only()
+            return
         self._disk.mkdir(directory)
         clean_interrupted_files(directory, self._disk)
         local_low_water_mark = self.info.current.local_low_water_mark
@@ -121,6 +136,45 @@ class Partition:
                 self.key, self.partition_id, seg_path, idx_path, 0, self._clock_ms, self._disk
             )
             seg_paths = [seg_path]
+        self._open_segments(seg_paths, local_low_water_mark)
+        self._segments[-1].writable = True
+        for damaged in self.damage_report():
+            log.warning(
+                "partition %d: %s; its bytes are kept and its damaged records are not served: "
+                "refill it from a healthy replica (waltz storage recover-partition)",
+                self.partition_id,
+                damaged.describe(),
+            )
+
+    def _check_read_only(self) -> None:
+        """The read-only open: what ``_load`` would find, clean, create and recover, written down."""
+        directory = self.directory
+        if not self._disk.exists(directory):
+            self.findings.append(f"partition directory {directory.name} is missing")
+            return
+        self.findings += clean_interrupted_files(directory, self._disk, read_only=True)
+        seg_paths = sorted(self._disk.glob(directory, "*" + SEGMENT_SUFFIX), key=first_transaction_id_of)
+        if seg_paths and self._disk.file_size_bytes(seg_paths[-1]) < HEADER_SIZE_BYTES:
+            seg_paths.pop()  # its creation was interrupted (listed above)
+        if not seg_paths:
+            self.findings.append("no segment files (an open for writing creates segment 0)")
+            return
+        lone = [p.name for p in seg_paths if not self._disk.exists(p.with_suffix(INDEX_SUFFIX))]
+        if lone:
+            self.findings.append(f"data file without its index file: {', '.join(lone)}")
+            return
+        local_low_water_mark = self.info.current.local_low_water_mark
+        self._open_segments(seg_paths, local_low_water_mark)
+        for segment in self._segments:
+            self.findings += segment.repairs
+        last = self._segments[-1].max_transaction_id
+        if last < local_low_water_mark:
+            self.findings.append(
+                f"the segments end at transaction {last}, below the local low-water mark "
+                f"{local_low_water_mark} (segments missing)"
+            )
+
+    def _open_segments(self, seg_paths: list[Path], local_low_water_mark: int) -> None:
         for i, seg_path in enumerate(seg_paths):
             # A sealed segment ends where the next one starts: checked, never written, so damage
             # in it can neither cut records nor leave a gap between segments.
@@ -134,14 +188,6 @@ class Partition:
             self.damage.add(segment.first_transaction_id, segment.damages)
             if len(self._segments) > 1:
                 self._cache.touch(self._segments[-2])
-        self._segments[-1].writable = True
-        for damaged in self.damage_report():
-            log.warning(
-                "partition %d: %s; its bytes are kept and its damaged records are not served: "
-                "refill it from a healthy replica (waltz storage recover-partition)",
-                self.partition_id,
-                damaged.describe(),
-            )
 
     def _evict(self, segment: Segment) -> None:
         if not segment.writable and not segment.closed:
@@ -221,6 +267,7 @@ class Partition:
             self._threshold_bytes,
             sealed_end=sealed_end,
             disk=self._disk,
+            read_only=self.read_only,
         )
 
     def _new_segment(self, first: int) -> Segment:
@@ -403,6 +450,14 @@ class Partition:
         ``/health`` and the metrics, read on the event loop."""
         ends = {s.first_transaction_id: s.max_transaction_id for s in list(self._segments)}
         return self.damage.report(lambda first: ends.get(first, -1))
+
+    def head_segment_spans(self, max_spans: int) -> dict[str, Any]:
+        """The oldest ``max_spans`` local segments' [first, max] txids and how many segments there
+        are, for the metrics gauge the dry runs read (``waltz retention set --dry-run``). Takes no
+        partition lock, as :meth:`damage_report`."""
+        segments = list(self._segments)
+        spans = [[s.first_transaction_id, s.max_transaction_id] for s in segments[:max_spans]]
+        return {"spans": spans, "segments": len(segments)}
 
     def damage_json(self) -> list[dict[str, Any]]:
         """:meth:`damage_report` for the metrics gauge (``waltz storage list`` reads it)."""

@@ -36,21 +36,27 @@ def file_head(disk: Disk, path: Path) -> bytes:
         file.close()
 
 
-def clean_interrupted_files(directory: Path, disk: Disk) -> None:
-    """Remove what a crash can leave half made, which the original would refuse to open.
+def clean_interrupted_files(directory: Path, disk: Disk, *, read_only: bool = False) -> list[str]:
+    """Remove what a crash can leave half made, which the original would refuse to open; what
+    was (``read_only``: would be) removed, one line each.
 
     * an ``.idx`` without its ``.seg``: a truncate died between deleting the two files, or a
       rollover died between creating them; no data was ever stored under that name;
     * the newest segment with a ``.seg`` shorter than a header: a rollover died while
       creating it (records are written only after both headers are synced).
     """
-    for idx_path in disk.glob(directory, "*" + INDEX_SUFFIX):
+    found: list[str] = []
+    for idx_path in sorted(disk.glob(directory, "*" + INDEX_SUFFIX)):
         if not disk.exists(idx_path.with_suffix(SEGMENT_SUFFIX)):
-            log.warning("removing index file without data file (interrupted): %s", idx_path)
-            disk.unlink(idx_path)
+            found.append(f"index file without its data file (interrupted): {idx_path.name}")
+            if not read_only:
+                log.warning("removing index file without data file (interrupted): %s", idx_path)
+                disk.unlink(idx_path)
     seg_paths = sorted(disk.glob(directory, "*" + SEGMENT_SUFFIX))
     if seg_paths and disk.file_size_bytes(seg_paths[-1]) < HEADER_SIZE_BYTES:
-        log.warning("removing segment whose creation was interrupted: %s", seg_paths[-1])
-        disk.unlink(seg_paths[-1].with_suffix(INDEX_SUFFIX), missing_ok=True)
-        disk.unlink(seg_paths[-1])
-    clean_interrupted_refills(directory, disk)
+        found.append(f"segment whose creation was interrupted: {seg_paths[-1].name}")
+        if not read_only:
+            log.warning("removing segment whose creation was interrupted: %s", seg_paths[-1])
+            disk.unlink(seg_paths[-1].with_suffix(INDEX_SUFFIX), missing_ok=True)
+            disk.unlink(seg_paths[-1])
+    return found + clean_interrupted_refills(directory, disk, read_only=read_only)

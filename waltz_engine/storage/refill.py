@@ -36,26 +36,36 @@ def refill_path(path: Path) -> Path:
     return path.with_name(path.name + REFILL_SUFFIX)
 
 
-def clean_interrupted_refills(directory: Path, disk: Disk) -> None:
-    """Settle what a crash during a refill left (see the module's docstring)."""
-    changed = False
+def clean_interrupted_refills(directory: Path, disk: Disk, *, read_only: bool = False) -> list[str]:
+    """Settle what a crash during a refill left (see the module's docstring); what was
+    (``read_only``: would be) settled, one line each."""
+    found: list[str] = []
+    settled: set[Path] = set()
     for idx_copy in sorted(disk.glob(directory, f"*{INDEX_SUFFIX}{REFILL_SUFFIX}")):
         idx_path = idx_copy.with_name(idx_copy.name[: -len(REFILL_SUFFIX)])
         seg_copy = refill_path(idx_path.with_suffix(SEGMENT_SUFFIX))
         if disk.exists(seg_copy):
-            log.warning("removing an unfinished refill of %s (the segment is as it was)", idx_path.stem)
-            disk.unlink(idx_copy)
-            disk.unlink(seg_copy)
+            settled.add(seg_copy)
+            found.append(f"an unfinished refill of {idx_path.stem} (the segment is as it was)")
+            if not read_only:
+                log.warning("removing an unfinished refill of %s (the segment is as it was)", idx_path.stem)
+                disk.unlink(idx_copy)
+                disk.unlink(seg_copy)
         else:
-            log.warning("finishing the refill of %s: its data file is in, now its index", idx_path.stem)
-            disk.rename(idx_copy, idx_path)
-        changed = True
+            found.append(f"an interrupted refill of {idx_path.stem}: its data file is in, not its index")
+            if not read_only:
+                log.warning("finishing the refill of %s: its data file is in, now its index", idx_path.stem)
+                disk.rename(idx_copy, idx_path)
     for seg_copy in sorted(disk.glob(directory, f"*{SEGMENT_SUFFIX}{REFILL_SUFFIX}")):
-        log.warning("removing an unfinished refill: %s", seg_copy.name)
-        disk.unlink(seg_copy)
-        changed = True
-    if changed:
+        if seg_copy in settled:
+            continue
+        found.append(f"an unfinished refill: {seg_copy.name}")
+        if not read_only:
+            log.warning("removing an unfinished refill: %s", seg_copy.name)
+            disk.unlink(seg_copy)
+    if found and not read_only:
         disk.fsync_directory(directory)
+    return found
 
 
 class RefillCopy:

@@ -94,10 +94,10 @@ class ReplicaMover:
         p = move.partition_id
         layout = await self.layout()
         replaced = False
-        if move.target not in _holders(layout, p):
+        if move.target not in holders(layout, p):
             await self.copy(layout, move)
             source_node = await self.node(layout, move.source)
-            if source_node is not None and move.source in _holders(layout, p):
+            if source_node is not None and move.source in holders(layout, p):
                 self.say(f"partition {p}: assigning {move.target} beside {move.source}")
                 await asyncio.to_thread(change_replicas, self.zk, self.root, [(move.target, p)])
             else:
@@ -107,7 +107,7 @@ class ReplicaMover:
                 )
                 replaced = True
             layout = await self.layout()
-        leaving = move.source in _holders(layout, p)
+        leaving = move.source in holders(layout, p)
         if leaving or replaced:
             # A replica in place of an unreachable one is not moved until caught up either.
             await self._await_caught_up(layout, move)
@@ -127,11 +127,21 @@ class ReplicaMover:
         if target_node is None:
             raise MoveError(f"partition {p}: the target {move.target} does not answer; run again later")
         target = layout.resolve_node(move.target)
+        source_node = await self.node(layout, source)
+        source_status = _status(source_node, p) if source_node is not None else None
+        retained_start = source_status.first_transaction_id if source_status is not None else None
+        if retained_start and not target_node.starts_late:
+            raise MoveError(
+                f"partition {p}: retention removed transactions 0..{retained_start - 1} from {source}, "
+                f"and the target {move.target} is a Java 0.13.2 storage node, which cannot begin a log "
+                f"at {retained_start}: move the replica to a Waltz for Python node"
+            )
         status = _status(target_node, p)
         if status is None or not status.is_assigned:
             await admin_ops.add_partitions(self.context, target.admin, [p])
-        if status is None or not status.is_assigned or status.is_available:
-            await admin_ops.set_availability(self.context, target.admin, [p], online=False)
+        # Offline even when it already is (a resumed move): the node then reads the retention
+        # bound, which lets its copy begin at the source's retained start.
+        await admin_ops.set_availability(self.context, target.admin, [p], online=False)
         rate = f" at most {self.bytes_per_second} bytes/s" if self.bytes_per_second else ""
         what = f"copying from {source} to {move.target}"
         for _ in range(MAX_COPY_PASSES):
@@ -160,6 +170,34 @@ class ReplicaMover:
         await admin_ops.set_availability(self.context, target.admin, [p], online=True)
         self.say(f"partition {p}: {move.target} holds up to {result.final}; online")
 
+    async def describe(self, layout: StoreLayout, move: ReplicaMove) -> str:
+        """What ``move``'s copy costs, for the plan a mover prints: where it starts (the
+        retained start once retention ran) and what of it is in the tier only."""
+        p = move.partition_id
+        try:
+            source = await self._copy_source(layout, move)
+        except MoveError as e:
+            return str(e)
+        node = await self.node(layout, source)
+        status = _status(node, p) if node is not None else None
+        if status is None:
+            return f"partition {p}: copied from {source}"
+        start = status.first_transaction_id or 0
+        where = f"from the retained start {start} (retention removed below)" if start else "from 0"
+        line = f"partition {p}: copied from {source} {where}"
+        usage = status.usage
+        if usage is None:
+            return line
+        local, evicted = usage["local_bytes"], usage["evicted_bytes"]
+        line += f", about {local + evicted} bytes"
+        if evicted:
+            line += (
+                f"; {evicted} of them ({usage['evicted_segments']} segments) are in the tier only: "
+                f"{source} downloads them, {move.target} writes them to its local disk, and a "
+                f"{move.target} with a tier uploads them again under its own prefix"
+            )
+        return line
+
     async def _committed_on(self, layout: StoreLayout, storage: str, p: int) -> int | None:
         """How far ``storage`` holds ``p``'s committed transactions: the network reader's bound
         (the servers' committed high-water mark where its store session is current), but no
@@ -180,7 +218,7 @@ class ReplicaMover:
         """A replica that answers, holds the partition available and undamaged: another node
         than the one leaving when there is one."""
         p = move.partition_id
-        others = [s for s in _holders(layout, p) if s not in (move.source, move.target)]
+        others = [s for s in holders(layout, p) if s not in (move.source, move.target)]
         for storage in [*others, move.source]:
             node = await self.node(layout, storage)
             status = _status(node, p) if node is not None else None
@@ -207,7 +245,7 @@ class ReplicaMover:
         """Until the target holds every transaction any other answering replica held when the
         wait began (committed ones are on a quorum, so on one of those)."""
         p = move.partition_id
-        others = [s for s in _holders(layout, p) if s != move.target]
+        others = [s for s in holders(layout, p) if s != move.target]
         held = [await self._max_txid(layout, s, p) for s in others]
         goal = max((h for h in held if h is not None), default=-1)
         self.say(f"partition {p}: waiting for {move.target} to catch up to {goal}")
@@ -243,8 +281,8 @@ class ReplicaMover:
 
 def release_only(layout: StoreLayout, move: ReplicaMove) -> bool:
     """Whether all that is left of ``move`` is telling its source node."""
-    holders = _holders(layout, move.partition_id)
-    return move.target in holders and move.source not in holders
+    held_by = holders(layout, move.partition_id)
+    return move.target in held_by and move.source not in held_by
 
 
 def settled_moves(layout: StoreLayout, recorded: Iterable[ReplicaMove]) -> list[ReplicaMove]:
@@ -258,7 +296,7 @@ def under_way(layout: StoreLayout, recorded: Iterable[ReplicaMove]) -> set[int]:
     return {m.partition_id for m in recorded if not release_only(layout, m)}
 
 
-def _holders(layout: StoreLayout, partition_id: int) -> list[str]:
+def holders(layout: StoreLayout, partition_id: int) -> list[str]:
     return sorted(s for s, ids in layout.assignments.items() if partition_id in ids)
 
 
@@ -282,9 +320,9 @@ def plan_moves(
     source_group = layout.groups.get(source)
     moves = []
     for p in sorted(set(layout.assignments.get(source, ())) - set(skip)):
-        holders = set(_holders(layout, p))
-        groups_used = {layout.groups.get(s) for s in holders - {source}}
-        candidates = [s for s in sorted(live) if s not in holders and s in layout.admin_ports]
+        held_by = set(holders(layout, p))
+        groups_used = {layout.groups.get(s) for s in held_by - {source}}
+        candidates = [s for s in sorted(live) if s not in held_by and s in layout.admin_ports]
         if not candidates:
             raise MoveError(f"partition {p}: no live storage node that does not hold it already")
 

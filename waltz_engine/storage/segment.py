@@ -43,7 +43,13 @@ from waltz_engine.disk.record_format import (
 from waltz_engine.disk.segment_reader import first_txid_from_name
 from waltz_engine.storage.damage import Damage
 from waltz_engine.storage.file_system import CLOSED_FILE, OS_DISK, Disk
-from waltz_engine.storage.segment_scan import check_record, check_sealed, plan_recovery
+from waltz_engine.storage.segment_scan import (
+    RecoveryPlan,
+    check_record,
+    check_sealed,
+    index_entry_count,
+    plan_recovery,
+)
 from waltz_engine.storage.wire_span import WireRecords, read_wire_span
 
 # The most bytes one read of a span of records loads; a span is shortened to fit, and a single
@@ -141,6 +147,8 @@ class Segment:
         self.header_damaged = False
         # Why the segment is another cluster's or partition's (a sealed one: no record served).
         self.foreign: str | None = None
+        # What start-up recovery would write, found by a read-only open (which writes nothing).
+        self.repairs: list[str] = []
 
     # --- opening -------------------------------------------------------------------------
 
@@ -156,6 +164,7 @@ class Segment:
         *,
         sealed_end: int | None = None,
         disk: Disk = OS_DISK,
+        read_only: bool = False,
     ) -> Segment:
         """Open both files and check them; the damage found is in ``segment.damages``.
 
@@ -165,6 +174,9 @@ class Segment:
         and refused on reads until a refill replaces the segment. A header naming another
         cluster or partition stops the open of the last segment (its records would be appended
         to and served); a sealed one opens with every record refused.
+
+        ``read_only``: the last segment's recovery is planned, never written; what it would
+        write is in ``segment.repairs`` (the read-only open, ``StorageManager.open_read_only``).
         """
         first = first_transaction_id_of(seg_path)
         seg_file = idx_file = CLOSED_FILE
@@ -183,7 +195,7 @@ class Segment:
             segment = cls(seg_path, idx_path, header, seg_file, idx_file, segment_size_threshold_bytes, disk)
             segment.header_damaged = bool(damages)
             if sealed_end is None:
-                damages += segment._recover(local_low_water_mark)
+                damages += segment._recover(local_low_water_mark, read_only=read_only)
             else:
                 if foreign is not None:
                     segment.foreign = f"{foreign}: {FOREIGN_SEGMENT}"
@@ -232,7 +244,7 @@ class Segment:
                 foreign = f"{name} header: {what} {value}, expected {expected}"
         return header._replace(key=key, partition_id=partition_id, first_transaction_id=first), foreign
 
-    def _recover(self, local_low_water_mark: int) -> list[Damage]:
+    def _recover(self, local_low_water_mark: int, *, read_only: bool = False) -> list[Damage]:
         """The original's ``Segment.recover`` for the last segment: validate from the last stable
         point, rebuild the index entries there, cut a torn tail (see ``segment_scan``).
 
@@ -246,6 +258,11 @@ class Segment:
         append, §2.7). A bad record that whole ones follow is not a tail: it is kept and reported.
         """
         plan = plan_recovery(self._seg_file, self._idx_file, self.first_transaction_id, local_low_water_mark)
+        self._next_transaction_id = plan.next_transaction_id
+        self._next_offset = plan.next_offset
+        if read_only:
+            self.repairs = self._planned_repairs(plan)
+            return plan.damages
         for first, entries in plan.index_runs:
             if entries:
                 pwrite_all(self._idx_file, entries, self._index_position(first))
@@ -253,9 +270,37 @@ class Segment:
         if plan.cut:
             self._seg_file.truncate(plan.next_offset)
         self.flush()
-        self._next_transaction_id = plan.next_transaction_id
-        self._next_offset = plan.next_offset
         return plan.damages
+
+    def _planned_repairs(self, plan: RecoveryPlan) -> list[str]:
+        """What applying ``plan`` would change in the files, one line each (nothing: none)."""
+        name = self.seg_path.name
+        repairs: list[str] = []
+        data_end = self._seg_file.size_bytes()
+        if plan.cut and data_end > plan.next_offset:
+            repairs.append(
+                f"{name}: torn tail: {data_end - plan.next_offset} bytes after transaction "
+                f"{plan.next_transaction_id - 1} (offset {plan.next_offset})"
+            )
+        entries, partial = index_entry_count(self._idx_file)
+        wanted = plan.next_transaction_id - self.first_transaction_id
+        stale = [
+            (first, first + len(run) // INDEX_ENTRY_SIZE_BYTES - 1)
+            for first, run in plan.index_runs
+            if run and pread_upto(self._idx_file, len(run), self._index_position(first)) != run
+        ]
+        if entries < wanted:
+            repairs.append(f"{name}: the index lists {entries} of {wanted} transactions")
+        elif entries > wanted or partial:
+            extra = entries - wanted
+            repairs.append(
+                f"{name}: the index lists {extra} transactions past the last record"
+                + (f" and {partial} bytes of a partial entry" if partial else "")
+            )
+        elif stale:
+            first, last = stale[0]
+            repairs.append(f"{name}: index entries of transactions {first}-{last} differ from the records")
+        return repairs
 
     def _check_record(self, offset: int, transaction_id: int) -> int:
         """The size of the whole record ``transaction_id`` at ``offset``, or -1."""

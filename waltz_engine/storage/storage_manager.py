@@ -22,7 +22,7 @@ from waltz_engine.storage.constants import (
     now_ms,
 )
 from waltz_engine.storage.control_file import ControlFile, PartitionInfo
-from waltz_engine.storage.file_system import OS_DISK, Disk
+from waltz_engine.storage.file_system import OS_DISK, READ_ONLY_OS_DISK, Disk
 from waltz_engine.storage.partition import Partition
 
 
@@ -39,8 +39,10 @@ class StorageManager:
         segment_cache_capacity: int = DEFAULT_SEGMENT_CACHE_CAPACITY,
         clock_ms: Callable[[], int] = now_ms,
         disk: Disk = OS_DISK,
+        read_only: bool = False,
     ) -> None:
         self.directory = Path(directory)
+        self.read_only = read_only
         self._disk = disk
         self._threshold_bytes = segment_size_threshold_bytes
         self._cache_capacity = segment_cache_capacity
@@ -49,7 +51,12 @@ class StorageManager:
         self._partitions: dict[int, Partition] = {}
         self._running = True
         self.control_file = ControlFile.open(
-            self.directory / CONTROL_FILE_NAME, key, num_partitions, clock_ms=clock_ms, disk=disk
+            self.directory / CONTROL_FILE_NAME,
+            key,
+            num_partitions,
+            clock_ms=clock_ms,
+            disk=disk,
+            read_only=read_only,
         )
         try:
             for partition_id in range(self.control_file.num_partitions):
@@ -58,6 +65,29 @@ class StorageManager:
         except BaseException:
             self.close()
             raise
+
+    @classmethod
+    def open_read_only(cls, directory: Path, key: uuid.UUID, num_partitions: int) -> StorageManager:
+        """The one read-only open of a stopped node's directory, for every command that only checks.
+
+        The same checks as a node's start, and nothing written: no directory or segment 0
+        created, no interrupted file cleaned, no torn tail cut, no index rebuilt, the control
+        file opened read-only under a shared lock (a running node's lock refuses it). What a
+        writing open would have changed is in each partition's ``findings``; the damage it
+        keeps in ``damage_report()``. Only for reading; any write is a bug and fails.
+        """
+        return cls(directory, key, num_partitions, disk=READ_ONLY_OS_DISK, read_only=True)
+
+    def findings(self) -> dict[int, list[str]]:
+        """Per assigned partition, what a writing open would change and the damage it would keep
+        (empty lists: nothing); one line each."""
+        with self._lock:
+            self._check_running()
+            partitions = dict(self._partitions)
+        return {
+            p: [*partition.findings, *(d.describe() for d in partition.damage_report())]
+            for p, partition in sorted(partitions.items())
+        }
 
     @property
     def key(self) -> uuid.UUID:
@@ -119,6 +149,7 @@ class StorageManager:
             segment_cache_capacity=self._cache_capacity,
             clock_ms=self._clock_ms,
             disk=self._disk,
+            read_only=self.read_only,
         )
 
     def set_partition_assignment(
@@ -126,6 +157,7 @@ class StorageManager:
     ) -> None:
         """PARTITION_ASSIGNMENT: assign (create dir + first segment, set ASSIGNED) or unassign
         (reset the control structs, close, optionally delete the segment files)."""
+        assert not self.read_only
         with self._lock:
             self._check_running()
             for partition_id in partition_ids:
@@ -143,6 +175,7 @@ class StorageManager:
 
     def set_partition_available(self, partition_ids: Iterable[int], available: bool) -> None:
         """PARTITION_AVAILABLE: set or clear the AVAILABLE flag of each partition (persisted)."""
+        assert not self.read_only
         with self._lock:
             self._check_running()
             for partition_id in partition_ids:

@@ -123,6 +123,11 @@ def finish_move(client: KazooClient, root: str, move: ReplicaMove) -> None:
     update_moves(client, root, lambda current: [m for m in current if m != move])
 
 
+def replace_move(client: KazooClient, root: str, move: ReplicaMove, by: ReplicaMove) -> None:
+    """``by`` in place of ``move`` (a mover taking over a stale move), if it is still recorded."""
+    update_moves(client, root, lambda current: [by if m == move else m for m in current])
+
+
 # --- the lease -----------------------------------------------------------------------------------
 
 

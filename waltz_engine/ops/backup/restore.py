@@ -19,12 +19,24 @@ transaction, and the partition resumes there. What was committed after the backu
 from __future__ import annotations
 
 import asyncio
+import shutil
 import tempfile
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from waltz_engine.common.record import Record
+from waltz_engine.disk.segment_reader import (
+    KIND_INDEX_BEYOND_DATA,
+    KIND_INDEX_MISMATCH,
+    KIND_INDEX_MISSING,
+    KIND_INDEX_PARTIAL_ENTRY,
+    KIND_UNINDEXED_RECORD,
+    SegmentProblem,
+    SegmentReader,
+)
 from waltz_engine.net.tls import TlsConfig, client_context
 from waltz_engine.ops.backup.manifest import NO_TRANSACTION, BackupError, require_latest
 from waltz_engine.ops.backup.store import BackupStore
@@ -32,12 +44,15 @@ from waltz_engine.ops.backup.verify import fetch_checked
 from waltz_engine.storage.admin_ops import StorageAdminError, StorageContext, admin_client, read_store_layout
 from waltz_engine.storage.admin_ops.layout import StoreLayout
 from waltz_engine.storage.client import StorageRpcError
+from waltz_engine.storage.constants import DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES
 from waltz_engine.storage.node.partition_worker import METRIC_GROUP_PREFIX as PARTITION_GAUGE_PREFIX
+from waltz_engine.storage.partition import Partition
 from waltz_engine.storage.storage_manager import StorageManager
 from waltz_engine.zk.cluster import read_server_descriptors
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
 from waltz_engine.zk.java_io import JavaHashMap
 from waltz_engine.zk.payloads import UNRESOLVED_HIGH_WATER_MARK, PartitionMetadata, ReplicaId, ReplicaState
+from waltz_engine.zk.retention import read_effective_bounds
 from waltz_engine.zk.store_metadata import (
     read_partition_metadata,
     read_replica_assignments,
@@ -55,6 +70,19 @@ RESTORED_SESSION_ID = -1
 SURVIVOR_CHECK_TIMEOUT_MS = 3_000
 # The store session of a re-created cluster's partition that never had one.
 FIRST_SESSION_ID = 0
+# The records of a restore are appended (and synced) in batches of at most this many, or bytes.
+REWRITE_BATCH_RECORDS = 4096
+REWRITE_BATCH_BYTES = 8 * 1024 * 1024
+# What a segment reader finds wrong with a backup's index, which a restore does not use.
+_INDEX_PROBLEMS = frozenset(
+    {
+        KIND_INDEX_MISSING,
+        KIND_INDEX_PARTIAL_ENTRY,
+        KIND_INDEX_MISMATCH,
+        KIND_INDEX_BEYOND_DATA,
+        KIND_UNINDEXED_RECORD,
+    }
+)
 
 
 @dataclass
@@ -65,6 +93,9 @@ class RestoreSummary:
     files: int = 0
     bytes: int = 0
     partitions: dict[int, dict[str, int]] = field(default_factory=dict)
+    segment_size_bytes: int = DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES
+    # Whether the cluster's retention bounds were read (and no record below them restored).
+    retention_bounds_read: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -73,6 +104,8 @@ class RestoreSummary:
             "sequence": self.sequence,
             "files": self.files,
             "bytes": self.bytes,
+            "segment_size_bytes": self.segment_size_bytes,
+            "retention_bounds_read": self.retention_bounds_read,
             "partitions": {str(p): v for p, v in sorted(self.partitions.items())},
         }
 
@@ -175,8 +208,21 @@ def restore_backup(
     partitions: Sequence[int] | None = None,
     session_ids: Mapping[int, int] | None = None,
     progress: Progress | None = None,
+    segment_size_bytes: int = DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES,
+    retention_from: ZooKeeperSettings | None = None,
 ) -> RestoreSummary:
-    """``session_ids``: see the module's docstring (None: the restored copies do not vote)."""
+    """``session_ids``: see the module's docstring (None: the restored copies do not vote).
+
+    The records are written anew, as the node that starts on ``directory`` writes them: in
+    segments of ``segment_size_bytes`` (its ``storage.segment.size.threshold``) with indexes of
+    their own, so its retention and tier treat them as any replica's. What was downloaded is
+    checked against the manifest (each file's SHA-256) and, as it is read, record by record (both
+    checksums, txids in sequence). ``retention_from``: the backup's cluster, whose effective
+    retention bounds are read: no record below a partition's bound is restored, its log begins
+    there, so the replica never serves what retention removed everywhere else.
+    """
+    if segment_size_bytes <= 0:
+        raise BackupError(f"the segment size must be positive, got {segment_size_bytes}")
     store = BackupStore(url)
     manifest = require_latest(store)
     wanted = sorted(manifest.partitions) if partitions is None else sorted(set(partitions))
@@ -197,36 +243,119 @@ def restore_backup(
                 f"partition {p}: the backup starts at transaction {entry.first_txid}, "
                 f"--to-txid {to_txid} is before it"
             )
-    summary = RestoreSummary(url, str(directory), manifest.sequence)
-    names = [name for p in wanted for name in manifest.partitions[p].files()]
+    bounds = {} if retention_from is None else _retention_bounds(retention_from, manifest.cluster_key)
+    summary = RestoreSummary(
+        url,
+        str(directory),
+        manifest.sequence,
+        segment_size_bytes=segment_size_bytes,
+        retention_bounds_read=retention_from is not None,
+    )
+    # The data files only: the node gets indexes of its own segments.
+    names = [seg for p in wanted for seg in manifest.partitions[p].segments]
     problems: list[str] = []
     directory.mkdir(parents=True, exist_ok=True)
-    # The files go to a scratch directory beside the target, and move in once all are checked.
+    # Everything is built in a scratch directory beside the target, and moves in once whole.
     with tempfile.TemporaryDirectory(prefix=".restoring-", dir=directory) as scratch_name:
         scratch = Path(scratch_name)
+        downloads, built = scratch / "backup", scratch / "store"
         for name in names:
-            if fetch_checked(store, manifest, name, scratch / name, problems):
+            if fetch_checked(store, manifest, name, downloads / name, problems):
                 summary.bytes += manifest.files[name].size
             summary.files += 1
             if progress is not None:
                 progress(summary.files, len(names))
-        if problems:
-            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            raise BackupError(
-                f"the backup is damaged, nothing restored: {problems[0]}{more}; "
-                "run 'waltz backup verify' for the whole list"
-            )
-        for p in wanted:
-            (scratch / str(p)).rename(directory / str(p))
-    with StorageManager(directory, manifest.cluster_key, manifest.num_partitions) as manager:
-        manager.set_partition_assignment(wanted, True)
-        for p in wanted:
-            partition = manager.partition(p)
-            last = partition.max_transaction_id()
-            if to_txid is not None and to_txid < last:
-                last = partition.truncate(to_txid)
-            session_id = RESTORED_SESSION_ID if session_ids is None else session_ids[p]
-            partition.set_low_water_mark(session_id, last)
-            summary.partitions[p] = {"first_txid": partition.first_transaction_id(), "last_txid": last}
-        manager.set_partition_available(wanted, True)
+        _raise_damaged(problems)
+        built.mkdir()
+        with StorageManager(
+            built,
+            manifest.cluster_key,
+            manifest.num_partitions,
+            segment_size_threshold_bytes=segment_size_bytes,
+        ) as manager:
+            manager.set_partition_assignment(wanted, True)
+            for p in wanted:
+                entry = manifest.partitions[p]
+                last = entry.last_txid if to_txid is None else min(entry.last_txid, to_txid)
+                bound = bounds.get(p, 0)
+                partition = manager.partition(p)
+                _rewrite(
+                    partition, [downloads / name for name in entry.segments], entry.first_txid, bound, last
+                )
+                session_id = RESTORED_SESSION_ID if session_ids is None else session_ids[p]
+                partition.set_low_water_mark(session_id, last)
+                summary.partitions[p] = {"first_txid": partition.first_transaction_id(), "last_txid": last}
+                shutil.rmtree(downloads / str(p), ignore_errors=True)
+            manager.set_partition_available(wanted, True)
+        for built_entry in sorted(built.iterdir()):
+            built_entry.rename(directory / built_entry.name)
     return summary
+
+
+def _retention_bounds(settings: ZooKeeperSettings, key: uuid.UUID) -> dict[int, int]:
+    """Partition → effective retention bound of the cluster ``settings`` name, the backup's."""
+    with connect(settings) as client:
+        params = read_store_params(client, settings.cluster_root)
+        if params.key != key:
+            raise BackupError(
+                f"the cluster at {settings.cluster_root} (key {params.key}) is not the backup's (key {key}): "
+                "give the configuration of a node of the backup's cluster"
+            )
+        return read_effective_bounds(client, settings.cluster_root, params.num_partitions)
+
+
+def _raise_damaged(problems: list[str]) -> None:
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise BackupError(
+            f"the backup is damaged, nothing restored: {problems[0]}{more}; "
+            "run 'waltz backup verify' for the whole list"
+        )
+
+
+def _rewrite(partition: Partition, segments: Sequence[Path], first: int, bound: int, last: int) -> None:
+    """Append the backup's records from ``max(first, bound)`` up to ``last`` to the empty
+    ``partition`` (its log begun there), each record checked as it is read."""
+    begin = min(max(first, bound), last + 1)
+    if begin > 0:
+        partition.start_at(begin)
+    batch: list[Record] = []
+    batch_bytes = 0
+    expected = first
+    for path in segments:
+        with SegmentReader(path) as reader:
+            for item in reader.scan():
+                if isinstance(item, SegmentProblem):
+                    if item.kind in _INDEX_PROBLEMS:
+                        continue  # the backup's index is not used: the node writes its own
+                    _raise_damaged([f"{path.parent.name}/{path.name}: {item.message}"])
+                    continue
+                record = item.record.record
+                if record.transaction_id != expected:
+                    _raise_damaged(
+                        [
+                            f"{path.parent.name}/{path.name}: transaction {record.transaction_id} where "
+                            f"{expected} was due"
+                        ]
+                    )
+                expected += 1
+                if record.transaction_id > last:
+                    break
+                if record.transaction_id < begin:
+                    continue
+                batch.append(record)
+                batch_bytes += len(record.data)
+                if len(batch) >= REWRITE_BATCH_RECORDS or batch_bytes >= REWRITE_BATCH_BYTES:
+                    partition.append(batch)
+                    batch, batch_bytes = [], 0
+        if expected > last:
+            break
+    if batch:
+        partition.append(batch)
+    if partition.max_transaction_id() != last:
+        _raise_damaged(
+            [
+                f"partition {partition.partition_id}: the manifest says transactions up to {last}, the "
+                f"segments hold up to {expected - 1}"
+            ]
+        )

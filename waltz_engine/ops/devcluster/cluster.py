@@ -54,7 +54,7 @@ from waltz_engine.ops.devcluster.nodes import (
     launch_node_process,
     port_taken,
 )
-from waltz_engine.ops.devcluster.settings import partitions_of
+from waltz_engine.ops.devcluster.settings import SERVER_NODE, STORAGE_NODE, partitions_of, settings_for
 from waltz_engine.storage.admin_ops import add_partitions, client_ssl_context, read_store_layout
 from waltz_engine.zk import store_metadata
 from waltz_engine.zk.cluster import create_cluster, delete_cluster, read_cluster_params
@@ -109,8 +109,9 @@ class LocalCluster:
     """ZooKeeper, ``storages`` storage nodes (group 0; each partition on ``replicas`` of them,
     default all) and ``servers`` servers, all under ``directory``.
 
-    ``settings``: extra keys for every node's YAML (saved with the cluster; ``None`` keeps the
-    saved ones). ``zookeeper`` given: use that ZooKeeper (e.g. a test session's) instead of starting one.
+    ``settings``: extra keys for the YAML of the nodes that read them (saved with the cluster;
+    ``None`` keeps the saved ones). ``zookeeper`` given: use that ZooKeeper (e.g. a test
+    session's) instead of starting one.
     ``base_port`` given: ZooKeeper on it, then 3 ports per storage node and 2 per server;
     otherwise free ports. On a directory that already holds a cluster the saved topology and
     ports win (a mismatch with what was asked is an error). ``launcher`` starts each node process.
@@ -451,7 +452,7 @@ class LocalCluster:
                 "storage.admin.port": node.admin_port,
                 "storage.jetty.port": node.jetty_port,
                 "storage.directory": str(node.data_directory),
-                **self.settings,
+                **settings_for(STORAGE_NODE, self.settings),
                 **self.storage_config,
             }
             self._write_yaml(node.config_path, config)
@@ -465,7 +466,7 @@ class LocalCluster:
                 "storage.initialRetryInterval": SERVER_STORAGE_INITIAL_RETRY_MS,
                 "storage.maxRetryInterval": SERVER_STORAGE_MAX_RETRY_MS,
                 **self.server_config,
-                **self.settings,
+                **settings_for(SERVER_NODE, self.settings),
             }
             self._write_yaml(node.config_path, config)
 

@@ -59,6 +59,34 @@ def unknown_keys(settings: Mapping[str, Any]) -> list[str]:
     return Config(dict(settings), "--set").unknown_keys(known, prefixes)
 
 
+STORAGE_NODE = "storage"
+SERVER_NODE = "server"
+
+
+def settings_for(kind: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``--set`` keys a node of ``kind`` (storage or server) reads, for its YAML alone: a
+    key one kind reads is not written for the other (which would warn about it). A key no node
+    reads goes to both, whose warnings name it (as `dev up` does)."""
+    from waltz_engine.server import config as server_config
+    from waltz_engine.storage.node import config as storage_config
+
+    assert kind in (STORAGE_NODE, SERVER_NODE)
+    readers = {
+        STORAGE_NODE: (storage_config.KNOWN_KEYS, storage_config.KNOWN_PREFIXES),
+        SERVER_NODE: (server_config.KNOWN_KEYS, server_config.KNOWN_PREFIXES),
+    }
+
+    def reads(node_kind: str, key: str) -> bool:
+        keys, prefixes = readers[node_kind]
+        return key in keys or key.startswith(prefixes)
+
+    return {
+        key: value
+        for key, value in settings.items()
+        if reads(kind, key) or not any(reads(other, key) for other in readers)
+    }
+
+
 def replica_indexes(partition: int, storages: int, replicas: int) -> list[int]:
     """The storage nodes (indexes) of ``partition``: ``replicas`` consecutive ones, starting one
     further along for each partition, so that every node holds about as many partitions."""

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
         plan_sync,
         remove_partitions,
         set_availability,
+        starts_late,
         sync_partitions,
         validate,
     )
@@ -103,6 +104,7 @@ _EXPORTS = {
     "plan_sync": "operations",
     "remove_partitions": "operations",
     "set_availability": "operations",
+    "starts_late": "operations",
     "sync_partitions": "operations",
     "validate": "operations",
     "RecoveryProgress": "recovery",
@@ -153,6 +155,7 @@ __all__ = [
     "remove_partitions",
     "replica_checksums",
     "set_availability",
+    "starts_late",
     "sync_partitions",
     "validate",
 ]

@@ -53,6 +53,10 @@ def _is_transient(error: BaseException) -> bool:
 
 
 _GAUGE_PARTITION_PREFIX = "waltz-storage.partition-"
+# Our storage node's gauges (the original has neither): a partition's retained start, and the
+# node's "I can begin a log late" (see ``starts_late``).
+FIRST_TRANSACTION_ID_GAUGE = "first-transaction-id"
+STARTS_LATE_GAUGE = "waltz-storage.waltz-storage-starts-late"
 # How the client words a lost connection (``StorageRpcError("<client> <host:port>: disconnected (...)")``).
 _DISCONNECTED = ": disconnected ("
 
@@ -145,6 +149,9 @@ class PartitionStatus(NamedTuple):
     damaged: tuple[SegmentDamage, ...] = ()
     # Local and tier segments and bytes (issue 25; None from a node that does not say).
     usage: dict[str, int] | None = None
+    # The first txid it holds, above 0 once retention removed its head (None: a node that does
+    # not say, the original's, which never removes any).
+    first_transaction_id: int | None = None
 
     @property
     def is_assigned(self) -> bool:
@@ -164,6 +171,7 @@ class PartitionStatus(NamedTuple):
             "is_available": self.is_available,
             "damaged": [d.to_json() for d in self.damaged],
             "usage": self.usage,
+            "first_transaction_id": self.first_transaction_id,
         }
 
     def describe_usage(self) -> tuple[str, str]:
@@ -187,6 +195,8 @@ class NodePartitions(NamedTuple):
     address: HostPort  # where its admin port was reached
     partitions: list[PartitionStatus]
     storage: str | None = None  # its data connect string as registered in ZooKeeper, if known
+    # Whether the node can begin a partition's log above 0 (ours; the original's cannot).
+    starts_late: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -242,12 +252,36 @@ def partition_status_from_metrics(metrics: dict[str, Any], address: HostPort) ->
         )
         damaged = damaged_segments(metrics, partition_id, address)
         usage = _usage(gauges.get(f"{_GAUGE_PARTITION_PREFIX}{partition_id}.{USAGE_GAUGE}"))
+        first = gauges.get(f"{_GAUGE_PARTITION_PREFIX}{partition_id}.{FIRST_TRANSACTION_ID_GAUGE}")
+        first_value = first.get("value") if isinstance(first, dict) else None
         statuses.append(
             PartitionStatus(
-                partition_id, session_id, low_water_mark, local_low_water_mark, flags, damaged, usage
+                partition_id,
+                session_id,
+                low_water_mark,
+                local_low_water_mark,
+                flags,
+                damaged,
+                usage,
+                first_value if isinstance(first_value, int) and not isinstance(first_value, bool) else None,
             )
         )
     return statuses
+
+
+def starts_late(metrics: dict[str, Any]) -> bool:
+    """Whether the node of these metrics can begin a partition's log above transaction 0 (a
+    replica filled after retention removed the head elsewhere): ours say so with a gauge; a Java
+    0.13.2 node has neither it nor any partition's ``first-transaction-id``."""
+    gauges = metrics.get("gauges")
+    if not isinstance(gauges, dict):
+        return False
+    if STARTS_LATE_GAUGE in gauges:
+        return True
+    return any(
+        name.startswith(_GAUGE_PARTITION_PREFIX) and name.endswith(f".{FIRST_TRANSACTION_ID_GAUGE}")
+        for name in gauges
+    )
 
 
 def _usage(entry: Any) -> dict[str, int] | None:
@@ -284,7 +318,9 @@ async def list_partitions(
             metrics = await call_node(context, f"metrics request to {address}", admin.metrics())
     except NodeCallFailure as e:
         raise StorageAdminError(f"Cannot fetch partition ownership for {address}: {e}") from None
-    return NodePartitions(address, partition_status_from_metrics(metrics, address), storage)
+    return NodePartitions(
+        address, partition_status_from_metrics(metrics, address), storage, starts_late(metrics)
+    )
 
 
 async def list_all_partitions(context: StorageContext, layout: StoreLayout) -> list[NodePartitions]:

@@ -11,9 +11,10 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 from waltz_engine.common.address import HostPort
+from waltz_engine.disk.record_format import RECORD_OVERHEAD_BYTES
 from waltz_engine.storage.admin_ops.layout import (
     DEFAULT_RECOVERY_BATCH_SIZE,
     MAX_RECOVERY_BATCH_SIZE,
@@ -29,12 +30,14 @@ from waltz_engine.storage.admin_ops.operations import (
     call_node,
     damaged_segments,
     data_client,
+    starts_late,
 )
 from waltz_engine.storage.client import StorageAdminClient, StorageClient
 from waltz_engine.storage.constants import CONTROL_FILE_NAME
 from waltz_engine.storage.damage import SegmentDamage
 from waltz_engine.storage.storage_manager import StorageManager
 from waltz_engine.zk.partition_ranges import format_partition_ranges
+from waltz_engine.zk.retention import retained_start_in
 
 # --- recovery --------------------------------------------------------------------------------
 
@@ -98,6 +101,77 @@ class _RecoveryState:
     cut_above_source: bool = False
     # Copy up to here rather than the source's local low-water mark, if higher (recover_partition).
     up_to: int | None = None
+    # The retained start the destination's log was begun at (retention removed what is below).
+    started_late: int | None = None
+
+
+# How a storage node of ours words its refusal to begin an empty log above its retention bound
+# (``PartitionWorker._start_late``).
+_RETENTION_BOUND_REFUSAL = "above the retention bound"
+
+
+class _Gap(NamedTuple):
+    """The destination holds up to ``current``; the source holds from ``retained_start`` on."""
+
+    partition_id: int
+    current: int
+    retained_start: int
+    source: HostPort
+    destination: HostPort
+
+    def describe(self) -> str:
+        return (
+            f"transactions {self.current + 1}..{self.retained_start - 1} of partition {self.partition_id} "
+            f"are gone from the source {self.source} (removed by retention: its log starts at "
+            f"{self.retained_start})"
+        )
+
+
+async def _start_at_retained_start(
+    destination: StorageContext, destination_admin: StorageAdminClient, gap: _Gap, state: _RecoveryState
+) -> int:
+    """Make the destination go on at the source's retained start; the txid to copy after.
+
+    Only our storage nodes can begin a log above 0, and only an empty one: a destination that
+    holds records below the gap is emptied first (and the attempt starts over) where that is
+    allowed (it is no assigned replica: ``cut_above_source``), never where its records may
+    count toward a quorum."""
+    p = gap.partition_id
+    metrics = await call_node(
+        destination, f"metrics request to {gap.destination}", destination_admin.metrics()
+    )
+    if not starts_late(metrics):
+        raise NodeCallFailure(
+            f"{gap.describe()}, and the destination {gap.destination} cannot begin a log there: it "
+            "is not a Waltz for Python storage node (a Java 0.13.2 node holds every transaction from "
+            "0). Copy to one of ours",
+            transient=False,
+        )
+    if gap.current >= 0:
+        if not state.cut_above_source:
+            raise NodeCallFailure(
+                f"{gap.describe()}; the destination {gap.destination} holds transactions up to "
+                f"{gap.current}, and copying on would leave a gap. Empty its copy first (waltz storage "
+                f"remove-partition -p {p} --delete-storage-files, then add-partition) or copy from a "
+                "replica that still holds them",
+                transient=False,
+            )
+        await _empty_destination(destination, destination_admin, gap.destination, p)
+    state.started_late = gap.retained_start
+    return gap.retained_start - 1
+
+
+async def _empty_destination(
+    destination: StorageContext, admin: StorageAdminClient, address: HostPort, partition_id: int
+) -> NoReturn:
+    """Delete a destination's copy that is no assigned replica (``cut_above_source``) and
+    cannot be cut to fit, assign it again empty and offline; the attempt then starts over (the
+    new copy has a session of its own)."""
+    what = f"emptying the copy of partition {partition_id} on {address}"
+    await call_node(destination, what, admin.set_partition_assignment([partition_id], False, True))
+    await call_node(destination, what, admin.set_partition_assignment([partition_id], True, False))
+    await call_node(destination, what, admin.set_partition_available([partition_id], False))
+    raise NodeCallFailure(f"{what}: done, starting over", transient=True)
 
 
 def _check_cut(partition_id: int, low_water_mark: int, highest: int, target: int) -> None:
@@ -159,11 +233,20 @@ async def _recover_once(
         else:
             if not state.cut_above_source:
                 _check_cut(partition_id, info.low_water_mark, highest, target)
-            current = await call_node(
-                destination,
-                f"truncating {data_address} to its low-water mark {info.low_water_mark}",
-                destination_data.truncate(session_id, partition_id, info.low_water_mark),
-            )
+            try:
+                current = await call_node(
+                    destination,
+                    f"truncating {data_address} to its low-water mark {info.low_water_mark}",
+                    destination_data.truncate(session_id, partition_id, info.low_water_mark),
+                )
+            except NodeCallFailure as e:
+                # Files kept from an earlier time as a replica, whose head retention removed:
+                # its low-water mark (reset when it was unassigned) is below its own start.
+                if retained_start_in(str(e)) is None or not state.cut_above_source:
+                    raise
+                await _empty_destination(
+                    destination, destination_admin, destination_admin_address, partition_id
+                )
         if state.start is None:
             state.start = current
         await _refill_damaged(
@@ -181,22 +264,48 @@ async def _recover_once(
         progress(RecoveryProgress(partition_id, state.start, current, target))
         while current < target:
             count = min(target - current, batch_size)
-            records = await call_node(
-                source,
-                f"record list request to {source_admin_address}",
-                source_admin.record_list(partition_id, current + 1, count),
-            )
+            try:
+                records = await call_node(
+                    source,
+                    f"record list request to {source_admin_address}",
+                    source_admin.record_list(partition_id, current + 1, count),
+                )
+            except NodeCallFailure as e:
+                retained_start = retained_start_in(str(e))
+                if retained_start is None or retained_start <= current + 1:
+                    raise
+                # Retention removed the head on the source: the copy begins at its retained start.
+                gap = _Gap(
+                    partition_id, current, retained_start, source_admin_address, destination_admin_address
+                )
+                current = await _start_at_retained_start(destination, destination_admin, gap, state)
+                if retained_start > target:
+                    break
+                continue
             if not records:
                 raise NodeCallFailure(
                     f"source {source_admin_address} returned no record at transaction {current + 1} "
                     f"(it was to be copied up to {target})",
                     transient=False,
                 )
-            await call_node(
-                destination,
-                f"append to {data_address}",
-                destination_data.append(session_id, partition_id, records),
-            )
+            try:
+                await call_node(
+                    destination,
+                    f"append to {data_address}",
+                    destination_data.append(session_id, partition_id, records),
+                )
+            except NodeCallFailure as e:
+                if state.started_late is None or _RETENTION_BOUND_REFUSAL not in str(e):
+                    raise
+                raise NodeCallFailure(
+                    f"{e}. Transactions 0..{state.started_late - 1} are gone from the source "
+                    f"(removed by retention) and the destination's retention bound does not allow "
+                    f"its log to begin at {state.started_late}: the bound was lowered or an export "
+                    f"started after they went, or the node could not read it (see its log). Set it "
+                    f"back (waltz retention set -p {partition_id} --before {state.started_late}), or "
+                    "end the export, and run again",
+                    transient=False,
+                ) from None
             current += len(records)
             await call_node(
                 destination,
@@ -206,7 +315,8 @@ async def _recover_once(
             state.copied += len(records)
             progress(RecoveryProgress(partition_id, state.start, current, target))
             if state.throttle is not None:
-                await state.throttle(sum(len(r.data) for r in records))
+                # The bytes moved: each record whole (its header and checksums), not only its data.
+                await state.throttle(sum(RECORD_OVERHEAD_BYTES + len(r.data) for r in records))
         return current
 
 
@@ -353,23 +463,67 @@ async def _refill_damaged(
 # --- replica checksums ------------------------------------------------------------------------
 
 
+class ReplicaChecksums(NamedTuple):
+    """Per partition, the replica checksum; and what ``repair`` changed first (one line each)."""
+
+    checksums: dict[int, int]
+    repaired: list[str]
+
+
 def replica_checksums(
-    directory: Path, key: uuid.UUID, num_partitions: int, partition_ids: Sequence[int] | None = None
-) -> dict[int, int]:
+    directory: Path,
+    key: uuid.UUID,
+    num_partitions: int,
+    partition_ids: Sequence[int] | None = None,
+    *,
+    repair: bool = False,
+) -> ReplicaChecksums:
     """Per partition, CRC-32 (signed, as Java) over every segment's bytes after its header.
 
-    Equal values on two nodes mean equal copies. The node of ``directory`` must be stopped:
-    the control file is locked (and the partitions opened, recovering any torn tail) as the
-    original's ``WaltzStorage.checksums`` does. Default: every assigned partition.
+    Equal values on two nodes mean equal copies. The node of ``directory`` must be stopped (its
+    control file is locked while it runs). A check: the directory is opened read-only
+    (``StorageManager.open_read_only``) and damage of any kind (a torn tail, an index that
+    differs from the records, interrupted or missing files, rot) fails with one line naming it,
+    before any checksum. ``repair``: first do what a node's start does (cut a torn tail, rebuild
+    the index, clean interrupted files: the original's ``WaltzStorage.checksums`` did that
+    silently); damage that remains (rot: refill it, ``recover-partition``) still fails.
+    Default: every assigned partition.
     """
     if not (directory / CONTROL_FILE_NAME).is_file():
         raise StorageAdminError(f"{directory} is not a storage directory (no {CONTROL_FILE_NAME})")
-    with StorageManager(directory, key, num_partitions) as manager:
-        assigned = manager.assigned_partition_ids()
-        wanted = assigned if partition_ids is None else sorted(set(partition_ids))
-        missing = [p for p in wanted if p not in assigned]
-        if missing:
-            raise StorageAdminError(
-                f"partition {format_partition_ranges(missing)} is not assigned in {directory}"
-            )
-        return {p: manager.partition(p).checksum() for p in wanted}
+    with StorageManager.open_read_only(directory, key, num_partitions) as manager:
+        wanted = _wanted_partitions(manager, directory, partition_ids)
+        findings = manager.findings()
+        found = {p: lines for p, lines in findings.items() if p in wanted and lines}
+        if not repair or not any(findings.values()):
+            _refuse_damage(directory, found)
+            return ReplicaChecksums({p: manager.partition(p).checksum() for p in wanted}, [])
+        # A node's start repairs every assigned partition: so does --repair.
+        repaired = [f"partition {p}: {line}" for p in findings for line in manager.partition(p).findings]
+    StorageManager(directory, key, num_partitions).close()  # a node's start: what repairs
+    with StorageManager.open_read_only(directory, key, num_partitions) as manager:
+        _refuse_damage(directory, {p: x for p, x in manager.findings().items() if p in wanted and x})
+        return ReplicaChecksums({p: manager.partition(p).checksum() for p in wanted}, repaired)
+
+
+def _wanted_partitions(
+    manager: StorageManager, directory: Path, partition_ids: Sequence[int] | None
+) -> list[int]:
+    assigned = manager.assigned_partition_ids()
+    wanted = assigned if partition_ids is None else sorted(set(partition_ids))
+    missing = [p for p in wanted if p not in assigned]
+    if missing:
+        raise StorageAdminError(
+            f"partition {format_partition_ranges(missing)} is not assigned in {directory}"
+        )
+    return wanted
+
+
+def _refuse_damage(directory: Path, found: dict[int, list[str]]) -> None:
+    """One line naming the first damage found, and how many more there are (none: nothing)."""
+    if not found:
+        return
+    partition, lines = next(iter(found.items()))
+    more = sum(len(x) for x in found.values()) - 1
+    also = f" (and {more} more: waltz inspect verify {directory})" if more else ""
+    raise StorageAdminError(f"{directory}: partition {partition}: {lines[0]}{also}")

@@ -58,11 +58,13 @@ class AdminHandler:
         metrics: MetricsRegistry,
         executor: ThreadPoolExecutor,
         on_assignment_changed: Callable[[], Awaitable[None]],
+        on_taken_offline: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         self._manager = manager
         self._metrics = metrics
         self._executor = executor
         self._on_assignment_changed = on_assignment_changed
+        self._on_taken_offline = on_taken_offline
 
     async def _off_loop(self, work: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, work)
@@ -114,6 +116,10 @@ class AdminHandler:
             ids = self._partition_ids(msg.partition_ids)
             await self._off_loop(lambda: manager.set_partition_available(ids, msg.toggled))
             log.info("partitions %s set %s", list(ids), "available" if msg.toggled else "unavailable")
+            if not msg.toggled and self._on_taken_offline is not None:
+                # An offline copy (a replica move) may need to begin the log at the retained
+                # start, which only the current retention bound allows.
+                await self._on_taken_offline()
             return AdminSuccessResponse(msg.seq_num)
         if kind is AdminPartitionAssignmentRequest:
             ids = self._partition_ids(msg.partition_ids)

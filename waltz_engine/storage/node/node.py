@@ -250,21 +250,23 @@ class StorageNode:
                 # Offload and reads of evicted ranges wait; the rest is served.
                 log.warning("tier: %s; trying again every %d ms", e, config.tier.check_interval_ms)
         await self.refresh_partitions()
-        self.cleaner = RetentionCleaner(
+        self.cleaner = cleaner = RetentionCleaner(
             config.zookeeper,
             num_partitions,
             lambda: self.workers,
             config.retention_check_interval_ms,
             self._zk_connector,
         )
-        await self.cleaner.start()
+        await cleaner.start()
         if config.scrub_bytes_per_second:
             self.scrubber = Scrubber(lambda: self.workers, config.scrub_bytes_per_second, tier=self.tier)
             self.scrubber.start()
         if self.tier is not None:
             self.tier.start()
         handlers["data"] = DataHandler(manager, self.worker_of)
-        handlers["admin"] = AdminHandler(manager, self.metrics, self._admin_executor, self.refresh_partitions)
+        handlers["admin"] = AdminHandler(
+            manager, self.metrics, self._admin_executor, self.refresh_partitions, cleaner.refresh_bounds
+        )
         self._open.set()
         log.info(
             "storage node ready: host %s, data port %d, admin port %d, http port %s, directory %s, "
@@ -313,6 +315,9 @@ class StorageNode:
         )
         self.metrics.gauge(METRIC_GROUP, "waltz-storage-partition-ids", self.assigned_partition_ids)
         self.metrics.gauge(METRIC_GROUP, "waltz-version-id", lambda: __version__)
+        # Our extension: this node can begin a partition's log above 0 (``PartitionWorker._start_late``),
+        # so a replica move may copy from the retained start to it (admin_ops.starts_late).
+        self.metrics.gauge(METRIC_GROUP, "waltz-storage-starts-late", lambda: True)
 
     async def refresh_partitions(self) -> None:
         """Attach every open partition to its worker, detach the unassigned ones."""

@@ -88,6 +88,11 @@ PARTITION_REQUEST_TYPES = (
 # The requests that may move the node's fencing session id: the one that opens a session on a
 # replica (a recovery's first request) and the writes. A read never moves it, so a read with an
 # id the node has not seen is refused rather than fencing the real session out.
+# The metrics gauge listing a partition's oldest local segments, [first, max] each, at most this
+# many (about 4 KiB of JSON per partition on every metrics request).
+SEGMENT_SPANS_GAUGE = "head-segment-spans"
+SEGMENT_SPANS_REPORTED = 128
+
 SESSION_MOVING_REQUESTS = (
     StorageLastSessionInfoRequest,
     StorageAppendRequest,
@@ -156,6 +161,12 @@ class _PartitionMetrics:
         # Damaged segments (issue 13): kept on disk and refused on reads until refilled.
         registry.gauge(group, DAMAGE_GAUGE, lambda: worker.partition and worker.partition.damage_json())
         self.removed_segments: Counter = registry.counter(group, "removed-segments")
+        # The oldest local segments' spans (our extension, read by the dry runs; a Java node has none).
+        registry.gauge(
+            group,
+            SEGMENT_SPANS_GAUGE,
+            lambda: worker.partition and worker.partition.head_segment_spans(SEGMENT_SPANS_REPORTED),
+        )
         # Tiered storage (issue 25): local and tier bytes and segments.
         registry.gauge(group, USAGE_GAUGE, lambda: worker.partition and disk_usage(worker.partition))
         self.counters: dict[type[Any], Counter] = {

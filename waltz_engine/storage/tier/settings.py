@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 from waltz_engine.common.config import Config, ConfigError
 from waltz_engine.common.extras import BACKUP, require
+from waltz_engine.common.object_store import url_scheme_problem
 
 KEY_TIER_URL = "storage.tier.url"
 KEY_TIER_BYTES_PER_SECOND = "storage.tier.bytes.per.second"
@@ -47,6 +48,9 @@ def read_tier_settings(config: Config) -> TierSettings | None:
         return None
     if not url.strip():
         raise ConfigError(f"{config.source}: key '{KEY_TIER_URL}' must not be empty")
+    problem = url_scheme_problem(url.strip())
+    if problem is not None:
+        raise ConfigError(f"{config.source}: key '{KEY_TIER_URL}': {problem}")
     require(BACKUP, f"'{KEY_TIER_URL}'", "pyarrow")
     return TierSettings(
         url=url.strip(),
