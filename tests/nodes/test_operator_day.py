@@ -167,7 +167,19 @@ def test_the_operators_day(cluster: LocalCluster, tier: Path, tmp_path: Path) ->
         restored.kill()
         data = restored.data_directory
         shutil.rmtree(data)
-        _cli("backup", "restore", backup, "--to", str(data), "-c", config, "--json")
+        restore = [
+            "backup",
+            "restore",
+            backup,
+            "--to",
+            str(data),
+            "--storage-config",
+            str(restored.config_path),
+        ]
+        written = json.loads(_cli(*restore, "-c", config, "--json"))
+        # At the node's segment size, from the retention bound: retention treats it as any other.
+        assert written["segment_size_bytes"] == SEGMENT_BYTES and written["retention_bounds_read"], written
+        assert written["partitions"][str(PARTITION)]["first_txid"] == RETENTION_BEFORE, written
         restored.start()
         _wait_for(
             f"{restored.name} restored and caught up",
