@@ -26,6 +26,7 @@ from waltz_engine.client import WaltzClient
 from waltz_engine.common.address import HostPort
 from waltz_engine.common.record import Record
 from waltz_engine.ops.devcluster import LocalCluster, LocalNode
+from waltz_engine.ops.online_checksum import compare_partitions
 from waltz_engine.storage.admin_ops import (
     StorageContext,
     add_partitions,
@@ -34,6 +35,7 @@ from waltz_engine.storage.admin_ops import (
     read_store_layout,
 )
 from waltz_engine.storage.client import StorageRpcError
+from waltz_engine.storage.network_reader import ClusterAccess
 from waltz_engine.zk.connection import connect
 from waltz_engine.zk.export_watermarks import exports_path
 from waltz_engine.zk.java_io import DataWriter
@@ -238,6 +240,9 @@ def test_retention_end_to_end(cluster: LocalCluster, tmp_path: Path, monkeypatch
             start,
             start + 1,
         ]
+    # Readers of the whole log over the network start at the retained start by themselves.
+    (compared,) = compare_partitions(ClusterAccess(cluster.zookeeper_settings()), [PARTITION])
+    assert compared.equal and (compared.from_txid, compared.to_txid) == (start, last), compared
 
     # A storage node restarts on its retained log and keeps serving.
     cluster.storages[0].restart()
