@@ -380,6 +380,8 @@ def _network_partitions(
     result = []
     for partition_id, sources in sorted(layout.partitions.items()):
         start, end = _range(options, partition_id, 0, sources.committed)
+        # Retention removed what is below the retained start on every replica: the log starts there.
+        start = max(start, sources.retained_start)
         parts: tuple[Slice, ...]
         if options.tier_url is None:
             parts = tuple(sources.slices(start, end))

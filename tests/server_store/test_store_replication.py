@@ -304,7 +304,10 @@ def test_checkpoint_interval_forces_new_sessions(cluster: StorageCluster, zk: Ka
 
     async def go() -> None:
         async with appending(
-            zk, cluster, StoreConfig(checkpoint_interval=40, initial_retry_interval_ms=10)
+            # No marks within a session: only the checkpoints' new sessions move the nodes' marks.
+            zk,
+            cluster,
+            StoreConfig(checkpoint_interval=40, initial_retry_interval_ms=10, low_water_mark_interval_ms=0),
         ) as (partition, appender):
             committed: list[int] = []
             for _ in range(5):  # the checkpoint is checked against committed transactions

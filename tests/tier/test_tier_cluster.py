@@ -61,9 +61,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: str, tier: Path
         "storage.tier.local.bytes": 60_000,
         "storage.tier.cache.bytes": 30_000,
         "storage.tier.check.interval.ms": 100,
-        # Store sessions roll every 100 transactions: each start raises the replicas' local
-        # low-water mark, the committed bound below which segments may go to the tier.
-        "storage.checkpointInterval": 100,
+        # The server tells the replicas the committed prefix (their local low-water mark, the
+        # bound below which segments may go to the tier) every 100 ms, not every 20 s.
+        "storage.lowWaterMark.intervalMs": 100,
     }
     with local_cluster(
         tmp_path_factory, storages=3, servers=1, partitions=1, zookeeper=zookeeper, settings=settings

@@ -145,6 +145,9 @@ def compare_sources(
     if from_txid < 0:
         raise NetworkReadError(f"--from must be 0 or more, not {from_txid}")
     last = sources.committed if to_txid is None else min(to_txid, sources.committed)
+    # Below the retained start retention removed the records (each replica at its own segment
+    # boundary): only what every replica still holds is compared.
+    from_txid = max(from_txid, sources.retained_start)
     result = RangeComparison(sources.partition_id, from_txid, last)
     holders: list[ReplicaSource] = []
     for replica in sources.replicas:

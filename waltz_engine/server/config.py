@@ -34,6 +34,9 @@ KEY_MAX_BATCH_SIZE = "storage.maxBatchSize"
 KEY_INITIAL_RETRY_INTERVAL = "storage.initialRetryInterval"
 KEY_MAX_RETRY_INTERVAL = "storage.maxRetryInterval"
 KEY_CHECKPOINT_INTERVAL = "storage.checkpointInterval"
+# Our extension (issue 31): how often a running store session tells the replicas its committed
+# prefix (waltz_engine/server/store/replica_session.py); 0 leaves it to new sessions.
+KEY_LOW_WATER_MARK_INTERVAL = "storage.lowWaterMark.intervalMs"
 # Our extension: what the client port admits (waltz_engine/net/channel.py).
 KEY_HANDSHAKE_TIMEOUT = "server.handshakeTimeout"
 KEY_MAX_CONNECTIONS = "server.maxConnections"
@@ -58,6 +61,7 @@ KNOWN_KEYS = (
     KEY_INITIAL_RETRY_INTERVAL,
     KEY_MAX_RETRY_INTERVAL,
     KEY_CHECKPOINT_INTERVAL,
+    KEY_LOW_WATER_MARK_INTERVAL,
     KEY_HANDSHAKE_TIMEOUT,
     KEY_MAX_CONNECTIONS,
     KEY_MAX_CONNECTIONS_PER_PEER,
@@ -78,6 +82,7 @@ DEFAULT_MAX_BATCH_SIZE = 100
 DEFAULT_INITIAL_RETRY_INTERVAL_MS = 100
 DEFAULT_MAX_RETRY_INTERVAL_MS = 20_000
 DEFAULT_CHECKPOINT_INTERVAL = 250_000
+DEFAULT_LOW_WATER_MARK_INTERVAL_MS = 20_000
 # A node unreachable this long has its replicas moved; 0 turns re-replication off.
 DEFAULT_AUTO_RECOVERY_GRACE_MS = 600_000
 # Each copy's bound: a lost node's partitions copy in seconds on a dev cluster, without
@@ -93,6 +98,7 @@ class StoreSettings(NamedTuple):
     initial_retry_interval_ms: int = DEFAULT_INITIAL_RETRY_INTERVAL_MS
     max_retry_interval_ms: int = DEFAULT_MAX_RETRY_INTERVAL_MS
     checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL
+    low_water_mark_interval_ms: int = DEFAULT_LOW_WATER_MARK_INTERVAL_MS
 
 
 class AutoRecoverySettings(NamedTuple):
@@ -169,6 +175,9 @@ class ServerConfig(NamedTuple):
             ),
             max_retry_interval_ms=positive(KEY_MAX_RETRY_INTERVAL, DEFAULT_MAX_RETRY_INTERVAL_MS, long=True),
             checkpoint_interval=positive(KEY_CHECKPOINT_INTERVAL, DEFAULT_CHECKPOINT_INTERVAL),
+            low_water_mark_interval_ms=not_negative(
+                KEY_LOW_WATER_MARK_INTERVAL, DEFAULT_LOW_WATER_MARK_INTERVAL_MS, long=True
+            ),
         )
         if store.initial_retry_interval_ms > store.max_retry_interval_ms:
             raise ConfigError(

@@ -348,7 +348,11 @@ class WaltzServer:
             self.config.zookeeper.cluster_root,
             tls_context(self.network, lambda: client_context(self.config.tls)),
             StoreConfig(
-                s.max_batch_size, s.initial_retry_interval_ms, s.max_retry_interval_ms, s.checkpoint_interval
+                s.max_batch_size,
+                s.initial_retry_interval_ms,
+                s.max_retry_interval_ms,
+                s.checkpoint_interval,
+                low_water_mark_interval_ms=s.low_water_mark_interval_ms,
             ),
             self.metrics,
             self.network,

@@ -34,7 +34,7 @@ import asyncio
 import logging
 import uuid
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -53,6 +53,7 @@ from waltz_engine.zk.cluster import read_cluster_params
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
 from waltz_engine.zk.partition_ranges import not_in_cluster
 from waltz_engine.zk.paths import ClusterPaths
+from waltz_engine.zk.retention import read_retention_bounds
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,8 @@ QUERY_TIMEOUT_MS = 15_000
 # Times each replica of a slice is tried before the read fails; the pause between rounds.
 ATTEMPTS_PER_REPLICA = 3
 RETRY_PAUSE_MS = 500
+# A storage node's gauge of where a partition's log starts after retention (ours only).
+FIRST_TRANSACTION_ID_GAUGE = "first-transaction-id"
 
 
 class NetworkReadError(WaltzError):
@@ -133,6 +136,9 @@ class PartitionSources:
     committed: int  # the bound: no txid above it is read
     replicas: tuple[ReplicaSource, ...]  # the reachable ones
     store: StoreAccess
+    # Where the log starts now: the latest first txid of the reachable replicas, from which every
+    # one holds it (retention removes whole segments, each replica its own); 0 without retention.
+    retained_start: int = 0
 
     @property
     def readable_to(self) -> int:
@@ -271,20 +277,27 @@ def discover(
         for p in wanted:
             zk.sync(ClusterPaths.of(root).partition(p))
             sessions[p] = store_metadata.read_partition_metadata(zk, root, p).metadata.session_id
+        # Only partitions with a retention bound may start later than 0: only their nodes are
+        # asked where their logs start (a bound cleared since leaves segments removed, but those
+        # readers meet a "retained start" answer, as before).
+        retained = set(read_retention_bounds(zk, root)) & set(wanted)
     store = StoreAccess(params.key, params.num_partitions, access.tls)
     # ...then what each replica holds.
-    infos = asyncio.run(_session_infos(store, assignments, admin_ports, wanted))
+    infos = asyncio.run(_session_infos(store, assignments, admin_ports, wanted, retained))
     layout = {}
     for p in wanted:
         bound = bounds.get(p, NO_TRANSACTION)
         replicas = []
-        for (storage, partition_id), (host, port, session_id, low_water_mark) in sorted(infos.items()):
+        starts = [0]
+        for (storage, partition_id), info in sorted(infos.items()):
             if partition_id != p:
                 continue
+            host, port, session_id, low_water_mark, first = info
             current = bounds_read_before and session_id >= sessions[p]
             readable = bound if current else min(bound, low_water_mark)
             replicas.append(ReplicaSource(storage, host, port, session_id, low_water_mark, readable))
-        layout[p] = PartitionSources(p, bound, tuple(replicas), store)
+            starts.append(first)
+        layout[p] = PartitionSources(p, bound, tuple(replicas), store, max(starts))
     return ClusterLayout(num_partitions, store, layout)
 
 
@@ -293,10 +306,13 @@ async def _session_infos(
     assignments: Mapping[str, Sequence[int]],
     admin_ports: Mapping[str, int],
     wanted: Sequence[int],
-) -> dict[tuple[str, int], tuple[str, int, int, int]]:
-    """(storage, partition) → (admin host, admin port, session id, low-water mark) of every
-    reachable replica of the wanted partitions; an unreachable node is left out (logged)."""
-    found: dict[tuple[str, int], tuple[str, int, int, int]] = {}
+    retained: Collection[int] = (),
+) -> dict[tuple[str, int], tuple[str, int, int, int, int]]:
+    """(storage, partition) → (admin host, admin port, session id, low-water mark, first txid)
+    of every reachable replica of the wanted partitions; an unreachable node is left out
+    (logged). The first txid is asked (the node's metrics) only for the ``retained`` partitions,
+    else 0; a node without the gauge (a Java node: no retention) says 0 too."""
+    found: dict[tuple[str, int], tuple[str, int, int, int, int]] = {}
 
     async def ask(storage: str, partition_ids: list[int]) -> None:
         port = admin_ports.get(storage)
@@ -308,9 +324,13 @@ async def _session_infos(
         host = parse_host_port(storage).host
         try:
             async with _admin_client(store, host, port) as admin:
+                gauges = (await admin.metrics())["gauges"] if set(partition_ids) & set(retained) else {}
                 for p in partition_ids:
                     info = await admin.last_session_info(p)
-                    found[(storage, p)] = (host, port, info.session_id, info.low_water_mark)
+                    first = gauges.get(f"waltz-storage.partition-{p}.{FIRST_TRANSACTION_ID_GAUGE}", {})
+                    start = first.get("value") if isinstance(first, dict) else None
+                    start = start if isinstance(start, int) and not isinstance(start, bool) else 0
+                    found[(storage, p)] = (host, port, info.session_id, info.low_water_mark, start)
         except (StorageRpcError, ConnectionClosedError, OSError, TimeoutError) as e:
             log.warning("storage node %s (admin %s:%d) is not read: %s", storage, host, port, e)
 

@@ -4,14 +4,26 @@ Its task connects with backoff, recovers the replica, then follows the store ses
 that starts exactly at the replica's next transaction id is written and voted on; a replica
 behind the batch catches up from committed records (no vote). Any failure closes the replica
 session: its current and future votes become abstentions, which makes the store session roll.
+
+Between batches the replica session also tells its replica the committed prefix (the original
+does it only when a session starts, every ``storage.checkpointInterval`` transactions): at most
+every ``storage.lowWaterMark.intervalMs``, once the replica holds committed records it was not
+told of, SET_LOW_WATER_MARK in the same session with the replica's own max txid. A node (the
+original's too) refuses that while its max txid is above the mark, so it goes only where the
+replica holds nothing undecided: right before it writes a batch (everything below a batch handed
+over is committed) or while it idles after a decided one. It moves the node's local low-water
+mark, the committed bound below which its retention cleaner and its tier act. A replica with
+nothing new is sent nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import NamedTuple, Protocol
 
+from waltz_engine.common import clock
 from waltz_engine.common.backoff import Backoff
 from waltz_engine.common.limited_log import LimitedLog
 from waltz_engine.common.record import Record
@@ -41,6 +53,11 @@ class CommittedBatches(Protocol):
 
     def replica_failed(self, replica: ReplicaSession) -> None: ...
 
+    @property
+    def high_water_mark(self) -> int:
+        """The highest txid committed (a quorum has it durably)."""
+        ...
+
 
 log = logging.getLogger(__name__)
 _connect_failures = LimitedLog(log)
@@ -64,9 +81,15 @@ class _Batch(NamedTuple):
 
 class ReplicaSession(LatencyWeightedRoute):
     def __init__(
-        self, replica_id: ReplicaId, session_id: int, connections: StorageConnections, config: StoreConfig
+        self,
+        replica_id: ReplicaId,
+        session_id: int,
+        connections: StorageConnections,
+        config: StoreConfig,
+        mark_phase: float = 0.0,
     ) -> None:
         super().__init__()
+        assert 0.0 <= mark_phase < 1.0, mark_phase
         self.replica_id = replica_id
         self.session_id = session_id
         self.state = STATE_CONNECTING
@@ -84,6 +107,15 @@ class ReplicaSession(LatencyWeightedRoute):
         self._store_session: CommittedBatches | None = None
         self._task: asyncio.Task[None] | None = None
         self.recovered = asyncio.Event()
+        # The committed prefix this replica was last told (SET_LOW_WATER_MARK), and when it may be
+        # told again; 0 s: only a new session tells it. The replicas of a session are told at
+        # staggered times (``mark_phase``, a fraction of the interval, earlier for each replica),
+        # so that the batch that waits for a mark waits on one replica only, not on a quorum.
+        self._mark_interval_s = config.low_water_mark_interval_ms / 1000
+        self._mark_phase_s = mark_phase * self._mark_interval_s
+        self.marked = NO_TRANSACTION_ID
+        self._mark_due_s = 0.0
+        self.marks_sent = 0
 
     @property
     def storage(self) -> str:
@@ -172,6 +204,9 @@ class ReplicaSession(LatencyWeightedRoute):
                 return
             self.state = STATE_RECOVERING
             self._next_transaction_id = await recovery.recover(self.replica_id, connection) + 1
+            # The recovery set the replica's low-water mark to the resolved mark, its max txid.
+            self._marked_now(self._next_transaction_id - 1)
+            self._mark_due_s -= self._mark_phase_s
             await recovery.end(self.replica_id)
             self._recovery = None
             self.recovered.set()
@@ -214,6 +249,10 @@ class ReplicaSession(LatencyWeightedRoute):
         if batch is not None and batch.first_transaction_id == self._next_transaction_id:
             self._batch = None
             try:
+                if self._mark_due():
+                    # Every txid below a batch handed over is committed, and this replica holds up
+                    # to just below it: the moment of a busy partition that a node accepts a mark.
+                    await self._set_mark(connection)
                 await connection.append_encoded(batch.encoded, batch.num_records)
             except BaseException:
                 # We do not know whether it was written.
@@ -225,9 +264,52 @@ class ReplicaSession(LatencyWeightedRoute):
             return True
         if self._next_transaction_id > self._batch_transaction_id:
             self._wakeup.clear()
-            await self._wakeup.wait()
+            await self._idle(connection)
             return True
         return False
+
+    async def _idle(self, connection: ReplicaConnection) -> None:
+        """Wait for the next batch; meanwhile, tell the replica the committed prefix when due."""
+        while not self._wakeup.is_set() and not self._closed:
+            if self._next_transaction_id - 1 <= self.marked or self._mark_interval_s == 0:
+                await self._wakeup.wait()  # nothing new to tell: no timer, no message
+                return
+            with contextlib.suppress(TimeoutError):
+                wait_s = max(0.0, self._mark_due_s - clock.monotonic_s())
+                await asyncio.wait_for(self._wakeup.wait(), wait_s)
+                return
+            if self._closed:
+                return
+            store_session = self._store_session
+            assert store_session is not None
+            if self._next_transaction_id - 1 <= store_session.high_water_mark:
+                await self._set_mark(connection)
+            else:
+                # The batch it wrote last is not decided yet (a quorum is slow or lost): later.
+                self._mark_due_s = clock.monotonic_s() + self._mark_interval_s
+
+    def _mark_due(self) -> bool:
+        return (
+            self._mark_interval_s > 0
+            and self._next_transaction_id - 1 > self.marked
+            and clock.monotonic_s() >= self._mark_due_s
+        )
+
+    async def _set_mark(self, connection: ReplicaConnection) -> None:
+        """SET_LOW_WATER_MARK(this replica's max txid), which must be committed (a quorum holds it
+        durably) and above the last mark (a node refuses a mark going back)."""
+        store_session = self._store_session
+        assert store_session is not None
+        mark = self._next_transaction_id - 1
+        assert self.marked < mark <= store_session.high_water_mark, (self.marked, mark)
+        await connection.set_low_water_mark(mark)
+        self.marks_sent += 1
+        self._marked_now(mark)
+
+    def _marked_now(self, mark: int) -> None:
+        assert mark >= self.marked, (self.marked, mark)
+        self.marked = mark
+        self._mark_due_s = clock.monotonic_s() + self._mark_interval_s
 
     async def _catch_up(self, connection: ReplicaConnection) -> None:
         store_session = self._store_session
@@ -269,4 +351,5 @@ class ReplicaSession(LatencyWeightedRoute):
             "storage": self.storage,
             "state": self.state,
             "expected_latency_ms": self.expected_latency_ms,
+            "low_water_mark": self.marked,
         }

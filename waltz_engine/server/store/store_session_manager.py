@@ -114,9 +114,10 @@ class StoreSessionManager:
         session: StoreSession | None = None
         try:
             session_id = await self._next_session_id(generation)
+            replica_ids = self._replica_ids(self.partition_id)
             replica_sessions = [
-                ReplicaSession(replica_id, session_id, self._connections, self._config)
-                for replica_id in self._replica_ids(self.partition_id)
+                ReplicaSession(replica_id, session_id, self._connections, self._config, i / len(replica_ids))
+                for i, replica_id in enumerate(replica_ids)
             ]
             session = StoreSession(
                 self.partition_id,
