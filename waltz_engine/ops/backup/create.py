@@ -104,6 +104,22 @@ def _download_checked(store: BackupStore, manifest: Manifest, name: str, target:
         )
 
 
+def _first_to_copy(partition_id: int, entry: PartitionEntry, retained_start: int, committed: int) -> int:
+    """Where this run's copy of a partition begins: after what the backup holds, or at the
+    retained start when retention removed the head of a partition the backup holds nothing of.
+    A backup whose end retention overtook cannot go on: the records between are gone."""
+    begin = entry.last_txid + 1
+    if retained_start <= begin or committed < begin:
+        return begin
+    if entry.segments:
+        raise BackupError(
+            f"partition {partition_id}: the backup holds transactions up to {entry.last_txid}, but retention "
+            f"removed {begin}..{retained_start - 1} from every replica before they were backed up; "
+            "start a new backup in an empty place (waltz backup create --to NEW_URL)"
+        )
+    return retained_start
+
+
 def create_backup(
     access: ClusterAccess,
     url: str,
@@ -152,7 +168,10 @@ def create_backup(
                 )
                 added = 0
                 try:
-                    for part in sources.slices(entry.last_txid + 1, sources.committed):
+                    begin = _first_to_copy(p, entry, sources.retained_start, sources.committed)
+                    if begin > entry.last_txid + 1:
+                        partition.start_at(begin)  # retention removed the head before the first backup
+                    for part in sources.slices(begin, sources.committed):
                         for records in read_slice_records(part):
                             partition.append(records)
                             added += len(records)
