@@ -1,7 +1,9 @@
 """The network seam: how a node opens connections and listens, handed to it at construction.
 
-Production passes :data:`ASYNCIO_NETWORK` (the operating system's sockets through asyncio,
-TLS as configured); the simulator passes each node its view of an in-memory network
+Production passes :data:`ASYNCIO_NETWORK` (the operating system's sockets on the asyncio loop,
+each a :class:`waltz_engine.net.socket_transport.SocketTransport` that drives the socket's
+own TLS; an accepted one is handed over before TLS starts, see ``channel.serve``); the simulator
+passes each node its view of an in-memory network
 (``waltz_engine.sim.network.SimNetwork.node``), where TLS is off (``ssl_context=None``).
 Everything above this seam (the Hello handshake, framing, connection limits) is the same code
 in both.
@@ -13,6 +15,8 @@ import asyncio
 import ssl
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
+
+from waltz_engine.net import socket_transport
 
 ProtocolFactory = Callable[[], asyncio.Protocol]
 
@@ -52,10 +56,14 @@ class AsyncioNetwork:
     async def open_connection(
         self, host: str, port: int, ssl_context: ssl.SSLContext | None, limit: int
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        return await asyncio.open_connection(host, port, ssl=ssl_context, limit=limit)
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=limit, loop=loop)
+        protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+        transport = await socket_transport.open_connection(host, port, ssl_context, protocol)
+        return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
 
     async def create_server(self, protocol_factory: ProtocolFactory, host: str, port: int) -> ServerHandle:
-        return await asyncio.get_running_loop().create_server(protocol_factory, host, port)
+        return await socket_transport.listen(protocol_factory, host, port)
 
 
 ASYNCIO_NETWORK: Network = AsyncioNetwork()
