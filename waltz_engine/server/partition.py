@@ -554,13 +554,14 @@ class Partition:
                 locks.commit(lock_req, transaction_id)
                 self._success_meter.mark()
                 self.commit_high_water_mark = transaction_id
-                self.realtime.wake()
+                self.realtime.serve_now()  # the commit's feed leaves from here
                 self.catch_up.wake()
             # (At or below the mark: a new session's recovery counted it already; feeds read it.)
             # Last: mounts released here see this transaction in the high-water mark.
             self._barrier.decide(append_number)
 
-        future.add_done_callback(committed)
+        # The store's own future runs it in the call that decides the vote (no turn between).
+        getattr(future, "when_decided", future.add_done_callback)(committed)
 
     def _outcome_unknown(self, append_number: int, req_id: ReqId) -> None:
         """The store gave up on an append without deciding it: mounts and flushes behind it must

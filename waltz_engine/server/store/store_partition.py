@@ -17,7 +17,7 @@ from waltz_engine.server.store.errors import (
     StoreError,
     StorePartitionClosedError,
 )
-from waltz_engine.server.store.store_session import StoreAppendRequest, StoreSession
+from waltz_engine.server.store.store_session import AppendFuture, StoreAppendRequest, StoreSession
 from waltz_engine.server.store.store_session_manager import StoreSessionManager
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ class StorePartition:
 
     async def append(self, req_id: ReqId, header: int, data: bytes, checksum: int) -> asyncio.Future[int]:
         """Register an append; its future gets the committed txid, or -1 when it definitely failed."""
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        future = AppendFuture(loop=asyncio.get_running_loop())
         request = StoreAppendRequest(req_id, header, data, checksum, future)
 
         async def attempt() -> asyncio.Future[int] | None:

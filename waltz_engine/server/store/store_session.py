@@ -58,16 +58,60 @@ RESOLVE_RETRY_MAX_MS = 1_000
 ENCODED_BATCHES_KEPT_BYTES = 4 * 1024 * 1024
 
 
+class AppendFuture(asyncio.Future[int]):
+    """An append's outcome: a committed txid, or -1 when it definitely failed.
+
+    A callback given to :meth:`when_decided` runs in the very call that decides a batch's vote
+    (:meth:`StoreSession._resolve_in_flight`), not a loop turn later as a done callback does:
+    the commit's feed leaves from there. Other outcomes (recovery's, a closing partition's) run
+    it a turn later, as before.
+    """
+
+    def __init__(self, *, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        super().__init__(loop=loop)
+        self._decided_callbacks: list[Callable[[asyncio.Future[int]], None]] = []
+
+    def when_decided(self, callback: Callable[[asyncio.Future[int]], None]) -> None:
+        if self.done():
+            self.get_loop().call_soon(callback, self)
+        else:
+            self._decided_callbacks.append(callback)
+
+    def decide(self, transaction_id: int, eager: bool) -> None:
+        if self.done():
+            return
+        self.set_result(transaction_id)
+        self._run_decided(eager)
+
+    def fail(self, error: BaseException) -> None:
+        if not self.done():
+            self.set_exception(error)
+            self._run_decided(eager=False)
+
+    def _run_decided(self, eager: bool) -> None:
+        callbacks, self._decided_callbacks = self._decided_callbacks, []
+        loop = self.get_loop()
+        for callback in callbacks:
+            if not eager:
+                loop.call_soon(callback, self)
+                continue
+            try:
+                callback(self)
+            except Exception as e:  # as a done callback's error: reported, the batch goes on
+                loop.call_exception_handler(
+                    {"message": "append decision callback failed", "exception": e, "future": self}
+                )
+
+
 class StoreAppendRequest(NamedTuple):
     req_id: ReqId
     header: int
     data: bytes
     checksum: int
-    future: asyncio.Future[int]
+    future: AppendFuture
 
-    def commit(self, transaction_id: int) -> None:
-        if not self.future.done():
-            self.future.set_result(transaction_id)
+    def commit(self, transaction_id: int, eager: bool = False) -> None:
+        self.future.decide(transaction_id, eager)
 
 
 class StoreSession:
@@ -260,8 +304,7 @@ class StoreSession:
     def fail_all(self, error: BaseException) -> None:
         """The partition is closing: nobody will resolve these appends."""
         for request in [*(self._in_flight or ()), *self._queue]:
-            if not request.future.done():
-                request.future.set_exception(error)
+            request.future.fail(error)
         self._in_flight = None
         self._queue.clear()
         self._num_pending = 0
@@ -271,15 +314,20 @@ class StoreSession:
         batch, self._in_flight = self._in_flight, None
         if batch is None:
             return
-        for request in batch:
+        decided = []
+        for _ in batch:
             if self._next_transaction_id <= high_water_mark:
-                request.commit(self._next_transaction_id)
+                decided.append(self._next_transaction_id)
                 self._next_transaction_id += 1
             else:
-                request.commit(FAILED_TRANSACTION_ID)
+                decided.append(FAILED_TRANSACTION_ID)
         self._num_pending -= len(batch)
         assert self._num_pending >= 0
         self._wake()
+        # The session's state is the batch's outcome already: the partition's callbacks (locks,
+        # caches, the commit's feed, mounts and flushes behind it) run now, in order.
+        for request, transaction_id in zip(batch, decided, strict=True):
+            request.commit(transaction_id, eager=True)
 
     def _start_soon(self) -> None:
         """Start a batch at the end of this loop turn, unless one is in flight or due."""
