@@ -30,9 +30,10 @@ from waltz_engine.common.config import Config, ConfigError
 from waltz_engine.common.errors import ProtocolError, WaltzError
 from waltz_engine.common.limited_log import LIMITED_LOG_INTERVAL_S, LimitedLog
 from waltz_engine.net.socket_transport import SocketTransport
-from waltz_engine.net.transport import ASYNCIO_NETWORK, Network, ServerHandle
+from waltz_engine.net.transport import ASYNCIO_NETWORK, Network, ServerHandle, StreamReader
 from waltz_engine.wire.codec import MessageCodec
-from waltz_engine.wire.frame import FRAME_HEADER_SIZE_BYTES, MAX_FRAME_SIZE_BYTES, read_frame
+from waltz_engine.wire.errors import TruncatedFrameError
+from waltz_engine.wire.frame import FRAME_HEADER_SIZE_BYTES, MAX_FRAME_SIZE_BYTES, FrameDecoder, read_frame
 from waltz_engine.wire.hello import HELLO_CODEC, HELLO_MAGIC, HELLO_VERSION, Hello, negotiate_version
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,44 @@ class FramedConnection:
             message = self.codec.decode_frame(frame)
             if message is not None:
                 return message
+
+    def dispatch(
+        self, on_message: Callable[[Any], None], on_end: Callable[[BaseException | None], None]
+    ) -> None:
+        """From now on cut frames as bytes arrive and hand each message to ``on_message`` in the
+        transport's read callback (no task, no loop turn); the end goes to ``on_end`` once: None
+        for a clean end of stream, else the error (a ProtocolError for bad bytes, after which the
+        connection is closed). :meth:`receive` is not used after this."""
+        reader = self.reader
+        assert isinstance(reader, StreamReader), "connections are built with net.transport.StreamReader"
+        codec = self.codec
+        decoder = FrameDecoder(codec.magic, codec.version, max_frame_size_bytes=self.max_frame_size_bytes)
+        decode = self.codec.decode_frame
+        ended = False
+
+        def end(error: BaseException | None) -> None:
+            nonlocal ended
+            if ended:
+                return
+            ended = True
+            if error is None and decoder.buffered_bytes:
+                error = TruncatedFrameError(f"stream ended {decoder.buffered_bytes} bytes into a frame")
+            on_end(error)
+
+        def on_data(data: bytes) -> None:
+            if ended:
+                return
+            try:
+                frames = decoder.feed(data)
+                for frame in frames:
+                    message = decode(frame)
+                    if message is not None:
+                        on_message(message)
+            except ProtocolError as e:
+                self.writer.transport.abort()
+                end(e)
+
+        reader.sink(on_data, end)
 
     def send_frame(self, frame: bytes) -> None:
         """Queue an encoded frame; pair with :meth:`drain` to respect the write buffer limit."""
@@ -572,7 +611,7 @@ def _start_server_plain(
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """An accepted connection without TLS (the simulator's) as streams: ``first`` is what was
     read from it before (its reading paused since)."""
-    reader = asyncio.StreamReader(limit=stream_limit, loop=loop)
+    reader = StreamReader(limit=stream_limit, loop=loop)
     protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
     transport.set_protocol(protocol)
     protocol.connection_made(transport)
@@ -591,7 +630,7 @@ async def _start_server_socket(
     then streams on it."""
     if ssl_context is not None:
         await transport.start_tls(ssl_context, server_side=True, server_hostname=None)
-    reader = asyncio.StreamReader(limit=stream_limit, loop=loop)
+    reader = StreamReader(limit=stream_limit, loop=loop)
     protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
     transport.start(protocol)
     return reader, asyncio.StreamWriter(transport, protocol, reader, loop)

@@ -13,7 +13,6 @@ issued in order by concurrent tasks reach the node in that order.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import ssl
@@ -137,7 +136,7 @@ class _RpcConnection:
         self._codec = codec
         self._hello_text = hello_text
         self._conn: FramedConnection | None = None
-        self._reader: asyncio.Task[None] | None = None
+        self._closer: asyncio.Task[None] | None = None  # closes the connection after its end
         # seq num -> (future, deadline on the loop's clock, the timeout in ms for its message).
         self._pending: dict[int, tuple[asyncio.Future[Any], float, int]] = {}
         # One timer per connection, at the earliest deadline, instead of one per request.
@@ -164,7 +163,8 @@ class _RpcConnection:
             timeout_ms,
             self._network,
         )
-        self._reader = asyncio.create_task(self._read_loop(self._conn), name=f"{self.name}-reader")
+        # Responses are cut and handed out in the connection's read callback (no reader task).
+        self._conn.dispatch(self._on_message, self._on_end)
         try:
             response = await self._exchange(OPEN_SEQ_NUM, [open_frame], timeout_ms)
         except BaseException:
@@ -228,29 +228,29 @@ class _RpcConnection:
             )
         return response
 
-    async def _read_loop(self, conn: FramedConnection) -> None:
-        reason = "closed by the node"
-        try:
-            while (message := await conn.receive()) is not None:
-                call = self._pending.get(message.seq_num)
-                if call is None:
-                    # A late answer to a call that timed out: nobody waits for it any more.
-                    log.debug("%s %s: response to no pending call: %r", self.name, self.endpoint, message)
-                elif not call[0].done():
-                    call[0].set_result(message)
-        except ProtocolError as e:
-            reason = f"bad data from the node: {e}"
+    def _on_message(self, message: Any) -> None:
+        """A response, in the connection's read callback: its caller's future is resolved here."""
+        call = self._pending.get(message.seq_num)
+        if call is None:
+            # A late answer to a call that timed out: nobody waits for it any more.
+            log.debug("%s %s: response to no pending call: %r", self.name, self.endpoint, message)
+        elif not call[0].done():
+            call[0].set_result(message)
+
+    def _on_end(self, error: BaseException | None) -> None:
+        """The connection ended (None: closed by the node); every pending call fails."""
+        if error is None:
+            reason = "closed by the node"
+        elif isinstance(error, ProtocolError):
+            reason = f"bad data from the node: {error}"
             log.warning("%s %s: %s", self.name, self.endpoint, reason)
-        except (ConnectionClosedError, ConnectionError, ssl.SSLError, asyncio.IncompleteReadError) as e:
+        else:
             # str() of a reset or of some TLS alerts is empty: the type then says what happened.
-            reason = f"connection lost: {' '.join(str(e).split()) or type(e).__name__}"
-        except asyncio.CancelledError:
-            reason = "client closed"
-            raise
-        finally:
-            self._fail_all(reason)
-            with contextlib.suppress(Exception):
-                await conn.close()
+            reason = f"connection lost: {' '.join(str(error).split()) or type(error).__name__}"
+        self._fail_all(reason)
+        conn = self._conn
+        if conn is not None and self._closer is None:
+            self._closer = asyncio.get_running_loop().create_task(conn.close(), name=f"{self.name}-close")
 
     def _fail_all(self, reason: str) -> None:
         if self._closed_reason is None:
@@ -282,19 +282,13 @@ class _RpcConnection:
 
     async def close(self) -> None:
         self._fail_all("client closed")
-        reader, self._reader = self._reader, None
-        try:
-            if reader is not None:
-                reader.cancel()
-                # Not ``await reader`` under suppress(CancelledError): that also swallowed a
-                # cancellation of the caller arriving meanwhile (the reader's finally closes TLS,
-                # several loop turns), and a cancelled replica session kept reconnecting forever.
-                await asyncio.wait([reader])
-                if not reader.cancelled():
-                    reader.exception()  # retrieved: its failure is _closed_reason already
-        finally:
-            if self._conn is not None:
-                await self._conn.close()
+        closer, self._closer = self._closer, None
+        if closer is not None:
+            await asyncio.wait([closer])
+            if not closer.cancelled():
+                closer.exception()  # retrieved: the connection ended already
+        if self._conn is not None:
+            await self._conn.close()
 
     async def __aenter__(self: Any) -> Any:
         await self.open()

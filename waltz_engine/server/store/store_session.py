@@ -108,10 +108,21 @@ class StoreAppendRequest(NamedTuple):
     header: int
     data: bytes
     checksum: int
-    future: AppendFuture
+    future: asyncio.Future[int]  # an AppendFuture from the store partition
 
     def commit(self, transaction_id: int, eager: bool = False) -> None:
-        self.future.decide(transaction_id, eager)
+        future = self.future
+        if isinstance(future, AppendFuture):
+            future.decide(transaction_id, eager)
+        elif not future.done():
+            future.set_result(transaction_id)
+
+    def fail(self, error: BaseException) -> None:
+        future = self.future
+        if isinstance(future, AppendFuture):
+            future.fail(error)
+        elif not future.done():
+            future.set_exception(error)
 
 
 class StoreSession:
@@ -304,7 +315,7 @@ class StoreSession:
     def fail_all(self, error: BaseException) -> None:
         """The partition is closing: nobody will resolve these appends."""
         for request in [*(self._in_flight or ()), *self._queue]:
-            request.future.fail(error)
+            request.fail(error)
         self._in_flight = None
         self._queue.clear()
         self._num_pending = 0
