@@ -79,6 +79,9 @@ class ReplicaSession(LatencyWeightedRoute):
         self._next_transaction_id = NO_TRANSACTION_ID  # the writer's; valid once recovered
         self._batch_transaction_id = NO_TRANSACTION_ID  # first txid of the latest batch handed over
         self._batch: _Batch | None = None
+        # The batch sent from the store session's call itself (no task turn), until answered.
+        self._direct: _Batch | None = None
+        self._idle = False  # the task waits for the next batch, caught up
         self._wakeup = asyncio.Event()
         self._recovery: RecoveryManager | None = None
         self._store_session: CommittedBatches | None = None
@@ -142,6 +145,9 @@ class ReplicaSession(LatencyWeightedRoute):
         batch, self._batch = self._batch, None
         if batch is not None:
             batch.voting.abstain()
+        direct, self._direct = self._direct, None
+        if direct is not None:
+            direct.voting.abstain()
         self._wakeup.set()
         task = self._task
         if task is not None and task is not asyncio.current_task():
@@ -161,8 +167,53 @@ class ReplicaSession(LatencyWeightedRoute):
         if self._batch is not None:
             self._batch.voting.abstain()
         self._batch_transaction_id = first_transaction_id
-        self._batch = _Batch(first_transaction_id, encoded, count, voting)
+        batch = _Batch(first_transaction_id, encoded, count, voting)
+        connection = self._connection
+        if (
+            self._idle
+            and self._direct is None
+            and first_transaction_id == self._next_transaction_id
+            and connection is not None
+            and connection.can_send_now()
+        ):
+            self._send_now(connection, batch)
+            return
+        self._batch = batch
         self._wakeup.set()
+
+    def _send_now(self, connection: ReplicaConnection, batch: _Batch) -> None:
+        """Write the batch from the caller's turn; its answer votes from the read callback. The
+        task stays idle meanwhile, and waits for the answer before it takes another batch."""
+        self._direct = batch
+
+        def answered(error: BaseException | None) -> None:
+            if self._direct is not batch:
+                return  # closed meanwhile: it abstained then
+            self._direct = None
+            if error is not None:
+                batch.voting.abstain()  # we do not know whether it was written
+                self._fail(error)
+                return
+            self._next_transaction_id += batch.num_records
+            batch.voting.vote()
+            if self._batch is not None:
+                self._wakeup.set()  # a batch came meanwhile: the task takes it now
+
+        try:
+            connection.send_append_encoded(batch.encoded, batch.num_records, answered)
+        except Exception as e:
+            self._direct = None
+            batch.voting.abstain()
+            self._fail(e)
+
+    def _fail(self, error: BaseException) -> None:
+        """As the task does when a call fails: the replica session ends."""
+        if self._closed:
+            return
+        log.warning("closing replica session %s (session %d): %s", self.replica_id, self.session_id, error)
+        self.close(error)
+        if self._store_session is not None and not self._left_recovery:
+            self._store_session.replica_failed(self)
 
     async def _run(self) -> None:
         try:
@@ -210,6 +261,11 @@ class ReplicaSession(LatencyWeightedRoute):
 
     async def _try_current_batch(self, connection: ReplicaConnection) -> bool:
         """Write the current batch if it starts at our next txid; False when we are behind it."""
+        if self._direct is not None:
+            # A batch sent from the store session's call is unanswered: the next waits for it.
+            self._wakeup.clear()
+            await self._wakeup.wait()
+            return True
         batch = self._batch
         if batch is not None and batch.first_transaction_id == self._next_transaction_id:
             self._batch = None
@@ -225,7 +281,11 @@ class ReplicaSession(LatencyWeightedRoute):
             return True
         if self._next_transaction_id > self._batch_transaction_id:
             self._wakeup.clear()
-            await self._wakeup.wait()
+            self._idle = True
+            try:
+                await self._wakeup.wait()
+            finally:
+                self._idle = False
             return True
         return False
 
