@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -47,6 +48,8 @@ from waltz_engine.wire.client_messages import (
 
 log = logging.getLogger(__name__)
 
+# In a connection's backlog: wait for its write buffer to drain before reading on.
+_DRAIN = object()
 MAX_PENDING_RPCS_PER_CONNECTION = 100
 # Data requests of one connection waiting on storage reads; past it the handler stops reading
 # the connection until some are answered (cache hits are answered at once and never count).
@@ -244,15 +247,51 @@ class ClientHandler:
         self.connections: set[ClientConnection] = set()
 
     async def __call__(self, conn: FramedConnection) -> None:
+        """Requests are cut and handled in the connection's read callback; an append that needs
+        no waiting is sent to storage from there (no task turn). Anything else, and everything
+        read after it, goes in order to this task, reading paused until it is through (the
+        pull-based back pressure: a full queue or write buffer stops the reading)."""
         client = ClientConnection(conn)
         self.connections.add(client)
-        try:
-            while (message := await conn.receive()) is not None:
-                if client.client_id is None:
-                    client.client_id = message.req_id.client_id
-                await self._dispatch(client, message)
+        transport = conn.writer.transport
+        assert isinstance(transport, asyncio.Transport)
+        backlog: deque[Any] = deque()
+        wake = asyncio.Event()
+        ended: list[BaseException | None] = []
+
+        def on_message(message: Any) -> None:
+            if client.client_id is None:
+                client.client_id = message.req_id.client_id
+            if not backlog and self._dispatch_now(client, message):
                 if client.write_buffer_size_bytes() > WRITE_BUFFER_HIGH_BYTES:
-                    await conn.drain()
+                    backlog.append(_DRAIN)
+                else:
+                    return
+            else:
+                backlog.append(message)
+            transport.pause_reading()
+            wake.set()
+
+        def on_end(error: BaseException | None) -> None:
+            ended.append(error)
+            wake.set()
+
+        try:
+            conn.dispatch(on_message, on_end)
+            while True:
+                await wake.wait()
+                wake.clear()
+                while backlog:
+                    message = backlog.popleft()
+                    if message is not _DRAIN:
+                        await self._dispatch(client, message)
+                    if client.write_buffer_size_bytes() > WRITE_BUFFER_HIGH_BYTES:
+                        await conn.drain()
+                if ended:
+                    if ended[0] is not None:
+                        raise ended[0]
+                    return
+                transport.resume_reading()
         finally:
             self.connections.discard(client)
             for partition_id in self.services.partition_ids():
@@ -260,6 +299,13 @@ class ClientHandler:
                 if partition is not None:
                     partition.remove_client(client, client.client_id)
             await client.close()
+
+    def _dispatch_now(self, client: ClientConnection, message: Any) -> bool:
+        """Handle ``message`` in this call if that needs no waiting (an append); False: queue it."""
+        if type(message) is not AppendRequest:
+            return False
+        partition = self.services.partition(message.req_id.partition_id)
+        return partition is None or partition.append_now(client, message)
 
     async def _dispatch(self, client: ClientConnection, message: Any) -> None:
         req_id = message.req_id

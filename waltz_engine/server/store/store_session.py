@@ -243,6 +243,26 @@ class StoreSession:
         self._wake()
         self._start_soon()
 
+    def append_now(self, request: StoreAppendRequest) -> bool:
+        """:meth:`append` when it needs no waiting (False: there is no room, or the session or
+        generation changed; nothing was done). An idle session sends it at once, from this call:
+        a batch that waited for the end of the loop turn would cost one more turn; while a batch
+        is in flight the next gathers what arrives meanwhile, as before."""
+        if (
+            not self._running
+            or len(self._queue) >= self._queue_capacity
+            or request.req_id.generation != self.generation
+        ):
+            return False
+        self._queue.append(request)
+        self._num_pending += 1
+        self._wake()
+        if self._opened and self._in_flight is None and not self._start_scheduled:
+            self._start_batch()
+        else:
+            self._start_soon()
+        return True
+
     async def flush(self) -> int:
         """Wait until every queued append is resolved; the high-water mark."""
         while self._num_pending > 0:
