@@ -107,6 +107,12 @@ class FramedConnection:
     def version(self) -> int:
         return self.codec.version
 
+    def peer_certificate_der(self) -> bytes | None:
+        """The certificate the peer presented in the TLS handshake, DER-encoded (None: it sent
+        none, or the connection is not TLS, as the simulator's): an identity for access rules."""
+        get = getattr(self.writer.transport, "peer_certificate_der", None)
+        return get() if get is not None else None
+
     @property
     def closed(self) -> bool:
         return self._closed or self.writer.is_closing()
