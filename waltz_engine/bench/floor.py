@@ -146,12 +146,16 @@ def _blocking_echo_cpu_s(samples: int) -> float:
             raise FloorError(f"the blocking TLS echo process answered {cpu_line!r}, not its CPU time")
         return int(cpu_line[0]) / 1e9 / samples
     finally:
-        echo.terminate()
-        try:
-            echo.wait(ECHO_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            echo.kill()
-            echo.wait()
+        _stop(echo)
+
+
+def _stop(echo: subprocess.Popen[str]) -> None:
+    echo.terminate()
+    try:
+        echo.wait(ECHO_STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        echo.kill()
+        echo.wait()
 
 
 def _receive_exactly(sock: ssl.SSLSocket, size: int) -> bytes:
@@ -252,12 +256,7 @@ async def _tls_round_trips(samples: int) -> list[float]:
         writer.close()
         return took_ms
     finally:
-        echo.terminate()
-        try:
-            echo.wait(ECHO_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            echo.kill()
-            echo.wait()
+        _stop(echo)
 
 
 async def serve_echo() -> None:
