@@ -22,6 +22,7 @@ import ctypes.util
 import gc
 import logging
 import ssl
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +61,10 @@ REFUSAL_LOG_INTERVAL_S = LIMITED_LOG_INTERVAL_S
 # TLS state, and the process would stay at its peak).
 RELEASE_MEMORY_AFTER_CONNECTIONS = 256
 RELEASE_MEMORY_QUIET_S = 1.0
+
+
+# In a connection's backlog (FramedConnection.handle): wait for the write buffer to drain.
+_DRAIN = object()
 
 
 class ConnectionClosedError(WaltzError):
@@ -172,6 +177,53 @@ class FramedConnection:
                 end(e)
 
         reader.sink(on_data, end)
+
+    async def handle(
+        self, now: Callable[[Any], bool], later: Callable[[Any], Awaitable[None]]
+    ) -> None:
+        """Serve the connection until it ends: each message goes to ``now`` in the read callback
+        (True: handled, with no waiting); one it declines, and every one after it, goes to
+        ``later`` on this task, in order, with reading paused until they are through. Reading
+        pauses too while the write buffer is above its high-water mark (the peer does not read
+        its answers). Returns at a clean end; raises the end's error, or ``later``'s."""
+        transport = self.writer.transport
+        assert isinstance(transport, asyncio.Transport)
+        backlog: deque[Any] = deque()
+        wake = asyncio.Event()
+        ended: list[BaseException | None] = []
+
+        def over_high_water() -> bool:
+            return transport.get_write_buffer_size() > WRITE_BUFFER_HIGH_BYTES
+
+        def on_message(message: Any) -> None:
+            if not backlog and now(message):
+                if not over_high_water():
+                    return
+                backlog.append(_DRAIN)
+            else:
+                backlog.append(message)
+            transport.pause_reading()
+            wake.set()
+
+        def on_end(error: BaseException | None) -> None:
+            ended.append(error)
+            wake.set()
+
+        self.dispatch(on_message, on_end)
+        while True:
+            await wake.wait()
+            wake.clear()
+            while backlog:
+                message = backlog.popleft()
+                if message is not _DRAIN:
+                    await later(message)
+                if over_high_water():
+                    await self.drain()
+            if ended:
+                if ended[0] is not None:
+                    raise ended[0]
+                return
+            transport.resume_reading()
 
     def send_frame(self, frame: bytes) -> None:
         """Queue an encoded frame; pair with :meth:`drain` to respect the write buffer limit."""

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -48,8 +47,6 @@ from waltz_engine.wire.client_messages import (
 
 log = logging.getLogger(__name__)
 
-# In a connection's backlog: wait for its write buffer to drain before reading on.
-_DRAIN = object()
 MAX_PENDING_RPCS_PER_CONNECTION = 100
 # Data requests of one connection waiting on storage reads; past it the handler stops reading
 # the connection until some are answered (cache hits are answered at once and never count).
@@ -253,45 +250,19 @@ class ClientHandler:
         pull-based back pressure: a full queue or write buffer stops the reading)."""
         client = ClientConnection(conn)
         self.connections.add(client)
-        transport = conn.writer.transport
-        assert isinstance(transport, asyncio.Transport)
-        backlog: deque[Any] = deque()
-        wake = asyncio.Event()
-        ended: list[BaseException | None] = []
 
-        def on_message(message: Any) -> None:
+        def now(message: Any) -> bool:
             if client.client_id is None:
                 client.client_id = message.req_id.client_id
-            if not backlog and self._dispatch_now(client, message):
-                if client.write_buffer_size_bytes() > WRITE_BUFFER_HIGH_BYTES:
-                    backlog.append(_DRAIN)
-                else:
-                    return
-            else:
-                backlog.append(message)
-            transport.pause_reading()
-            wake.set()
+            return self._dispatch_now(client, message)
 
-        def on_end(error: BaseException | None) -> None:
-            ended.append(error)
-            wake.set()
+        async def later(message: Any) -> None:
+            if client.client_id is None:
+                client.client_id = message.req_id.client_id
+            await self._dispatch(client, message)
 
         try:
-            conn.dispatch(on_message, on_end)
-            while True:
-                await wake.wait()
-                wake.clear()
-                while backlog:
-                    message = backlog.popleft()
-                    if message is not _DRAIN:
-                        await self._dispatch(client, message)
-                    if client.write_buffer_size_bytes() > WRITE_BUFFER_HIGH_BYTES:
-                        await conn.drain()
-                if ended:
-                    if ended[0] is not None:
-                        raise ended[0]
-                    return
-                transport.resume_reading()
+            await conn.handle(now, later)
         finally:
             self.connections.discard(client)
             for partition_id in self.services.partition_ids():

@@ -46,13 +46,22 @@ class DataHandler:
         self._worker_of = worker_of
 
     async def __call__(self, conn: FramedConnection) -> None:
+        """Requests are cut and queued for their partition's disk pass in the connection's read
+        callback when nothing needs waiting (no task turn); OPEN, a session check, a full queue
+        and everything after them go to this task in order, reading paused meanwhile."""
         opened = False
-        while True:
-            # Replies pile up when the client does not read them: stop reading its requests too.
-            await conn.drain()
-            msg = await conn.receive()
-            if msg is None:
-                return
+
+        def now(msg: Any) -> bool:
+            if not opened or type(msg) not in PARTITION_REQUEST_TYPES:
+                return False
+            worker = self._worker_of(msg.partition_id)
+            if worker is None:
+                conn.send_frame(failure_frame(msg, PartitionNotAssignedError(msg.partition_id)))
+                return True
+            return worker.submit_now(conn, msg)
+
+        async def later(msg: Any) -> None:
+            nonlocal opened
             kind = type(msg)
             if kind is StorageOpenRequest:
                 error = await check_open(self._manager, msg.key, msg.num_partitions)
@@ -63,7 +72,7 @@ class DataHandler:
                     # As the original, the connection stays; a client closes after a failed OPEN.
                     log.warning("data port: OPEN from %s refused: %s", conn.peer, error)
                     conn.send_frame(failure_frame(msg, error))
-                continue
+                return
             if kind not in PARTITION_REQUEST_TYPES:
                 raise ProtocolError(f"{kind.__name__} is not a request the storage data port serves")
             if not opened:
@@ -75,3 +84,6 @@ class DataHandler:
                 conn.send_frame(failure_frame(msg, PartitionNotAssignedError(msg.partition_id)))
             else:
                 await worker.submit(conn, msg)
+
+        await conn.handle(now, later)
+
