@@ -168,6 +168,7 @@ class Partition:
         # before serving anything when the partition's generation has moved past it.
         self._store_generation: int | None = None
         self._append_idle = False
+        self._feed_due = False  # commits decided since the realtime feed was last served
         self._generation_raised = asyncio.Event()
         self._locks: Locks | None = None
         self._queue: asyncio.Queue[tuple[int, FeedClient | None, Any]] = asyncio.Queue(APPEND_QUEUE_SIZE)
@@ -611,11 +612,17 @@ class Partition:
                 locks.commit(lock_req, transaction_id)
                 self._success_meter.mark()
                 self.commit_high_water_mark = transaction_id
-                self.realtime.serve_now()  # the commit's feed leaves from here
+                self._feed_due = True
                 self.catch_up.wake()
             # (At or below the mark: a new session's recovery counted it already; feeds read it.)
             # Last: mounts released here see this transaction in the high-water mark.
             self._barrier.decide(append_number)
+            if self._feed_due and getattr(done, "last_of_batch", True):
+                # The batch's feed leaves from its last commit's callback, in one write per
+                # client (one per commit cost a TLS record and a send each: 16 appenders on one
+                # partition lost 40 % of their rate).
+                self._feed_due = False
+                self.realtime.serve_now()
 
         # The store's own future runs it in the call that decides the vote (no turn between).
         getattr(future, "when_decided", future.add_done_callback)(committed)

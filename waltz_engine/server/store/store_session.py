@@ -69,6 +69,7 @@ class AppendFuture(asyncio.Future[int]):
 
     def __init__(self, *, loop: asyncio.AbstractEventLoop | None = None) -> None:
         super().__init__(loop=loop)
+        self.last_of_batch = True
         self._decided_callbacks: list[Callable[[asyncio.Future[int]], None]] = []
 
     def when_decided(self, callback: Callable[[asyncio.Future[int]], None]) -> None:
@@ -77,9 +78,12 @@ class AppendFuture(asyncio.Future[int]):
         else:
             self._decided_callbacks.append(callback)
 
-    def decide(self, transaction_id: int, eager: bool) -> None:
+    def decide(self, transaction_id: int, eager: bool, last_of_batch: bool = True) -> None:
         if self.done():
             return
+        # False while later appends of the same batch are still to be decided in this call: work
+        # done once per batch (the feed) waits for the last one.
+        self.last_of_batch = last_of_batch
         self.set_result(transaction_id)
         self._run_decided(eager)
 
@@ -110,10 +114,10 @@ class StoreAppendRequest(NamedTuple):
     checksum: int
     future: asyncio.Future[int]  # an AppendFuture from the store partition
 
-    def commit(self, transaction_id: int, eager: bool = False) -> None:
+    def commit(self, transaction_id: int, eager: bool = False, last_of_batch: bool = True) -> None:
         future = self.future
         if isinstance(future, AppendFuture):
-            future.decide(transaction_id, eager)
+            future.decide(transaction_id, eager, last_of_batch)
         elif not future.done():
             future.set_result(transaction_id)
 
@@ -355,8 +359,9 @@ class StoreSession:
         self._wake()
         # The session's state is the batch's outcome already: the partition's callbacks (locks,
         # caches, the commit's feed, mounts and flushes behind it) run now, in order.
-        for request, transaction_id in zip(batch, decided, strict=True):
-            request.commit(transaction_id, eager=True)
+        last = len(batch) - 1
+        for i, (request, transaction_id) in enumerate(zip(batch, decided, strict=True)):
+            request.commit(transaction_id, eager=True, last_of_batch=i == last)
 
     def _start_soon(self) -> None:
         """Start a batch at the end of this loop turn, unless one is in flight or due."""
