@@ -241,11 +241,10 @@ class SocketTransport(asyncio.Transport):
         if not data or self._closing:
             return
         chunk = data if isinstance(data, bytes) else bytes(data)
-        if self._buffered:
-            self._queue.append(chunk)
-            self._buffered += len(chunk)
-        else:
-            self._send_now(chunk)
+        self._queue.append(chunk)
+        self._buffered += len(chunk)
+        if self._buffered == len(chunk):
+            self._flush()  # nothing was waiting: it goes now, straight from the caller's bytes
         if not self._writing_paused and self._buffered > self._high:
             self._writing_paused = True
             self._stream_protocol().pause_writing()
@@ -258,7 +257,9 @@ class SocketTransport(asyncio.Transport):
         if self._closing:
             return
         self._closing = True
-        self._remove_reader()
+        self._reading = False
+        if not self._write_wants_read:  # (a stuck write waits for readability: it keeps the reader)
+            self._remove_reader()
         if not self._buffered:
             self._loop.call_soon(self._connection_lost, None)
 
@@ -334,36 +335,6 @@ class SocketTransport(asyncio.Transport):
         if self._writer_added:
             self._writer_added = False
             self._loop.remove_writer(self._fd)
-
-    def _send_now(self, chunk: bytes) -> None:
-        """Nothing is buffered: send ``chunk`` at once, buffering what does not leave."""
-        try:
-            sent = self._sock.send(chunk)
-        except ssl.SSLWantReadError:
-            self._stick(chunk, wants_read=True)
-            return
-        except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError):
-            self._stick(chunk, wants_read=False)
-            return
-        except (OSError, ssl.SSLError) as exc:
-            self._fatal_error(exc)
-            return
-        if sent < len(chunk):
-            rest = chunk[sent:]
-            self._queue.append(rest)
-            self._buffered += len(rest)
-            self._add_writer()
-
-    def _stick(self, chunk: bytes, wants_read: bool) -> None:
-        self._stuck = chunk
-        self._buffered += len(chunk)
-        if wants_read:
-            self._write_wants_read = True
-            if not self._reader_added:
-                self._reader_added = True
-                self._loop.add_reader(self._fd, self._read_ready)
-        else:
-            self._add_writer()
 
     def _write_ready(self) -> None:
         if self._read_wants_write:
