@@ -357,9 +357,7 @@ class SocketTransport(asyncio.Transport):
                 self._stuck = chunk
                 self._write_wants_read = True
                 self._remove_writer()
-                if not self._reader_added:
-                    self._reader_added = True
-                    self._loop.add_reader(self._fd, self._read_ready)
+                self._add_reader()
                 return
             except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError):
                 self._stuck = chunk
