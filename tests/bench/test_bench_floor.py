@@ -18,6 +18,10 @@ def test_floor_prints_each_figure_and_the_commit_floor_from_them(tmp_path: Path)
         assert result[key] > 0, key
     expected = 2 * result["tls_round_trip_p50_ms"] + result["quorum_fsync_p50_ms"]
     assert abs(result["commit_floor_ms"] - expected) < 0.002
+    # The CPU floor of one request (issue 33): a blocking-thread TLS echo plus a write + fdatasync.
+    assert result["echo_cpu_us"] > 0 and result["write_sync_cpu_us"] > 0
+    cpu_floor_us = result["echo_cpu_us"] + result["write_sync_cpu_us"]
+    assert abs(result["request_cpu_floor_ms"] * 1000 - cpu_floor_us) < 0.5
     assert result["samples"] == int(SAMPLES) and "load_average" in result["machine"]
     assert list(tmp_path.iterdir()) == []  # its scratch files are gone
 

@@ -187,3 +187,47 @@ def test_coalesced_frames_leave_in_one_write_at_the_end_of_the_turn_and_in_order
             await server.wait_closed()
 
     asyncio.run(go())
+
+
+def test_large_frames_both_ways_at_once_arrive_whole_and_in_order() -> None:
+    """Megabytes each way with neither side waiting for the other: the TLS transport's partial
+    and refused writes (resent as the same bytes), its buffered reads and a server handling
+    frames in its read callback (``dispatch``)."""
+    sizes = [1, 100, 16 * 1024, 16 * 1024 + 1, 300_000, 1_000_000] * 2
+
+    async def go() -> None:
+        async def handler(conn: FramedConnection) -> None:
+            ended: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+
+            def echo(message: Any) -> None:
+                conn.send_frame(STORAGE_CODEC.encode_frame(message))
+
+            conn.dispatch(echo, lambda error: ended.done() or ended.set_result(error))
+            assert await ended is None
+
+        server = await serve(
+            "127.0.0.1", 0, server_context(TlsConfig()), STORAGE, "Waltz Storage Server", handler, "test"
+        )
+        try:
+            port = server.sockets[0].getsockname()[1]
+            conn = await connect("127.0.0.1", port, client_context(TlsConfig()), STORAGE, "c")
+            sent = [
+                StorageAppendRequest(1, i, 0, (Record(i, ReqId(1, 1, 0, i), 0, bytes(size), 0),), False)
+                for i, size in enumerate(sizes)
+            ]
+
+            async def send_all() -> None:
+                for message in sent:
+                    conn.send_frame(STORAGE_CODEC.encode_frame(message))
+                await conn.drain()
+
+            sending = asyncio.create_task(send_all())
+            received = [await conn.receive() for _ in sent]
+            await sending
+            assert received == sent
+            await conn.close()
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(go())

@@ -375,3 +375,36 @@ def test_the_self_signed_pair_is_removed_when_the_process_exits(tmp_path: Path) 
     cert = Path(result.stdout.strip())
     assert cert.name == "cert.pem" and cert.parent.name.startswith("waltz-tls-"), result.stdout
     assert not cert.parent.exists()
+
+
+def test_a_connection_names_the_certificate_its_peer_presented(pki: dict[str, Path]) -> None:
+    """Over the node's own transport (serve/connect): with mutual TLS the server sees the
+    client's certificate (DER), without a client certificate it sees none."""
+    from waltz_engine.net.channel import FramedConnection, connect, serve
+    from waltz_engine.wire.storage_messages import STORAGE_CODEC
+
+    codecs = {0: STORAGE_CODEC}
+    client_der = ssl.PEM_cert_to_DER_cert(pki["client"].read_text().split("-----BEGIN PRIVATE KEY-----")[0])
+
+    async def peer_certificate(server_config: TlsConfig, client_config: TlsConfig) -> bytes | None:
+        seen: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
+
+        async def handler(conn: FramedConnection) -> None:
+            seen.set_result(conn.peer_certificate_der())
+
+        server = await serve("127.0.0.1", 0, server_context(server_config), codecs, "s", handler, "test")
+        try:
+            port = server.sockets[0].getsockname()[1]
+            conn = await connect("127.0.0.1", port, client_context(client_config), codecs, "c")
+            try:
+                return await asyncio.wait_for(seen, 5)
+            finally:
+                await conn.close()
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    mutual = TlsConfig(key_store_location=str(pki["server"]), trust_store_location=str(pki["ca"]))
+    client = TlsConfig(key_store_location=str(pki["client"]), trust_store_location=str(pki["ca"]))
+    assert asyncio.run(peer_certificate(mutual, client)) == client_der
+    assert asyncio.run(peer_certificate(TlsConfig(), TlsConfig())) is None

@@ -151,6 +151,8 @@ def floor_command(
     """The physical floor of a commit here, now: p50 of a small pwrite+fdatasync on --dir's disk,
     of three at once until the second is durable (a quorum of three replicas on one disk), and of a
     TLS round trip between two processes; a commit needs 2 round trips and the quorum fsync.
+    Also the CPU floor of one request: a bare blocking-thread TLS echo of 64 bytes plus one
+    600-byte write + fdatasync (CPU per commit of a storage node reads against twice it).
 
     Read a latency report against the floor of the same run: a busy machine moves both.
 
@@ -174,6 +176,14 @@ def floor_command(
     table.add_row("TLS round trip", f"{result.tls_round_trip_p50_ms:.3f}")
     table.add_row("commit floor (2 round trips + quorum fsync)", f"{result.commit_floor_ms:.3f}")
     console.print(table)
+    console.print(
+        f"CPU floor of one request: {result.request_cpu_floor_ms:.3f} ms = blocking-thread TLS echo of "
+        f"{floor.MESSAGE_BYTES} B {result.echo_cpu_us:.1f} us + "
+        f"{floor.SYNC_RECORD_BYTES} B write + fdatasync "
+        f"{result.write_sync_cpu_us:.1f} us",
+        markup=False,
+        highlight=False,
+    )
 
 
 @app.command("storage")
@@ -454,7 +464,8 @@ def _report(result: Any, storages: int, as_json: bool, run_floor: floor.Floor | 
     console.print(
         f"floor: commit {run_floor.commit_floor_ms:.2f} ms = 2 x TLS round trip "
         f"{run_floor.tls_round_trip_p50_ms:.2f} + quorum fsync {run_floor.quorum_fsync_p50_ms:.2f} "
-        f"(one fsync {run_floor.fsync_p50_ms:.2f}; p50s)",
+        f"(one fsync {run_floor.fsync_p50_ms:.2f}; p50s); CPU floor of one request "
+        f"{run_floor.request_cpu_floor_ms:.3f} ms",
         markup=False,
         highlight=False,
     )

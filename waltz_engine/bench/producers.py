@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import json
 import math
 import os
 import random
@@ -33,6 +34,7 @@ import statistics
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,6 +73,9 @@ WATCHERS_PROCESS = "watchers"
 ZOOKEEPER_PROCESS = "zookeeper"
 # Generous: a saturated 2-core machine may take seconds per mount or batch.
 SUBMIT_TIMEOUT_MS = 60_000
+# The servers' loop iterations are read from their /metrics before and after a run.
+LOOP_ITERATIONS_GAUGE = "waltz-server.loop-iterations"
+METRICS_TIMEOUT_S = 5.0
 PERCENTILE_CUTS = 100  # statistics.quantiles cut points: index 49 = p50
 
 
@@ -113,9 +118,30 @@ class BenchCluster:
 
     client_config: dict[str, Any]
     pids: dict[str, int] = field(default_factory=dict)
+    # Servers' HTTP ports (a local cluster's): their loop iterations are counted over a run.
+    server_http_ports: dict[str, int] = field(default_factory=dict)
 
     def watched_pids(self) -> dict[str, int]:
         return {**self.pids, CLIENT_PROCESS: os.getpid()}
+
+    def loop_iterations(self) -> dict[str, int]:
+        """Each server's loop iterations so far (gauge ``waltz-server.loop-iterations``)."""
+        found = {}
+        for name, port in self.server_http_ports.items():
+            try:
+                url = f"http://127.0.0.1:{port}/metrics"
+                with urllib.request.urlopen(url, timeout=METRICS_TIMEOUT_S) as r:
+                    gauges = json.loads(r.read()).get("gauges", {})
+            except (OSError, ValueError):
+                continue
+            value = gauges.get(LOOP_ITERATIONS_GAUGE, {}).get("value")
+            if isinstance(value, int):
+                found[name] = value
+        return found
+
+
+def _local_server_http_ports(cluster: LocalCluster) -> dict[str, int]:
+    return {node.name: node.jetty_port for node in cluster.nodes if node.kind == "server"}
 
 
 def _local_cluster_pids(cluster: LocalCluster) -> dict[str, int]:
@@ -153,6 +179,7 @@ def load_cluster(
     process's."""
     loaded: Any = {}
     pids: dict[str, int] = {}
+    http_ports: dict[str, int] = {}
     if config_path is not None:
         try:
             loaded = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}
@@ -161,14 +188,16 @@ def load_cluster(
         if not isinstance(loaded, dict):
             raise BenchError(f"{config_path}: expected a YAML mapping")
         directory = config_path.resolve().parent
-        pids = _local_cluster_pids(LocalCluster.open(directory)) if LocalCluster.exists(directory) else {}
+        if LocalCluster.exists(directory):
+            local = LocalCluster.open(directory)
+            pids, http_ports = _local_cluster_pids(local), _local_server_http_ports(local)
     overrides = {KEY_CONNECT_STRING: zookeeper, KEY_CLUSTER_ROOT: cluster_root}
     loaded = {**loaded, **{key: value for key, value in overrides.items() if value is not None}}
     for key, flag in ((KEY_CONNECT_STRING, "--zookeeper"), (KEY_CLUSTER_ROOT, "--cluster-root")):
         if not loaded.get(key):
             source = f"{config_path} has no '{key}'" if config_path is not None else f"no '{key}'"
             raise BenchError(f"{source}: pass {flag}, or -c with a client YAML of the running cluster")
-    return BenchCluster(loaded, pids)
+    return BenchCluster(loaded, pids, http_ports)
 
 
 @contextlib.contextmanager
@@ -355,6 +384,8 @@ class ProducerResult:
     partitions: int
     lock_pool: int
     watchers: int = 0  # feed-only connections in a process of their own (bench.feed_watchers)
+    # Each server's loop iterations (selector returns) over the measured run (a local cluster's).
+    loop_iterations: dict[str, int] = field(default_factory=dict)
 
     @property
     def megabytes(self) -> float:
@@ -371,7 +402,14 @@ class ProducerResult:
             f"Retry/Transaction: {self.retries / n:.4f}",
             f"MilliSec/Transaction(client side congestion excluded): {sum(self.latencies_ms) / n:.4f}",
         ]
-        return lines + latency_and_cpu_lines("Commit", self.latencies_ms, self.cpu_s, self.transactions)
+        lines += latency_and_cpu_lines("Commit", self.latencies_ms, self.cpu_s, self.transactions)
+        for name, per_commit in self.loop_iterations_per_transaction().items():
+            lines.append(f"Loop iterations per transaction ({name}): {per_commit:.2f}")
+        return lines
+
+    def loop_iterations_per_transaction(self) -> dict[str, float]:
+        n = max(self.transactions, 1)
+        return {name: round(count / n, 2) for name, count in sorted(self.loop_iterations.items())}
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -392,6 +430,7 @@ class ProducerResult:
             "mean_latency_ms": round(sum(self.latencies_ms) / max(self.transactions, 1), 4),
             "latency": latency_summary(self.latencies_ms),
             "cpu_s_per_1000_transactions": cpu_per_thousand(self.cpu_s, self.transactions),
+            "loop_iterations_per_transaction": self.loop_iterations_per_transaction(),
         }
 
 
@@ -501,6 +540,7 @@ async def _produce(
         await asyncio.sleep(0)  # every appender waits on `start`
         pids = cluster.watched_pids()
         cpu_before = process_cpu.snapshot(pids)
+        loops_before = await asyncio.to_thread(cluster.loop_iterations)
         started_s = time.perf_counter()
         start.set()
         await asyncio.gather(*tasks)
@@ -512,6 +552,10 @@ async def _produce(
             )
         seconds = time.perf_counter() - started_s
         cpu_s = process_cpu.used_since(cpu_before, pids)
+        loops_after = await asyncio.to_thread(cluster.loop_iterations)
+        loop_iterations = {
+            name: count - loops_before[name] for name, count in loops_after.items() if name in loops_before
+        }
         if watched is not None:
             cpu_s[WATCHERS_PROCESS] = watched.cpu_s
     finally:
@@ -539,6 +583,7 @@ async def _produce(
         partitions=partitions,
         lock_pool=lock_pool,
         watchers=watchers,
+        loop_iterations=loop_iterations,
     )
 
 

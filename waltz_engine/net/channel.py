@@ -22,8 +22,7 @@ import ctypes.util
 import gc
 import logging
 import ssl
-import threading
-from asyncio import sslproto
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,9 +30,11 @@ from typing import Any
 from waltz_engine.common.config import Config, ConfigError
 from waltz_engine.common.errors import ProtocolError, WaltzError
 from waltz_engine.common.limited_log import LIMITED_LOG_INTERVAL_S, LimitedLog
-from waltz_engine.net.transport import ASYNCIO_NETWORK, Network, ServerHandle
+from waltz_engine.net.socket_transport import SocketTransport
+from waltz_engine.net.transport import ASYNCIO_NETWORK, Network, ServerHandle, StreamReader
 from waltz_engine.wire.codec import MessageCodec
-from waltz_engine.wire.frame import FRAME_HEADER_SIZE_BYTES, MAX_FRAME_SIZE_BYTES, read_frame
+from waltz_engine.wire.errors import TruncatedFrameError
+from waltz_engine.wire.frame import FRAME_HEADER_SIZE_BYTES, MAX_FRAME_SIZE_BYTES, FrameDecoder, read_frame
 from waltz_engine.wire.hello import HELLO_CODEC, HELLO_MAGIC, HELLO_VERSION, Hello, negotiate_version
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,10 @@ REFUSAL_LOG_INTERVAL_S = LIMITED_LOG_INTERVAL_S
 # TLS state, and the process would stay at its peak).
 RELEASE_MEMORY_AFTER_CONNECTIONS = 256
 RELEASE_MEMORY_QUIET_S = 1.0
+
+
+# In a connection's backlog (FramedConnection.handle): wait for the write buffer to drain.
+_DRAIN = object()
 
 
 class ConnectionClosedError(WaltzError):
@@ -107,6 +112,12 @@ class FramedConnection:
     def version(self) -> int:
         return self.codec.version
 
+    def peer_certificate_der(self) -> bytes | None:
+        """The certificate the peer presented in the TLS handshake, DER-encoded (None: it sent
+        none, or the connection is not TLS, as the simulator's): an identity for access rules."""
+        get = getattr(self.writer.transport, "peer_certificate_der", None)
+        return get() if get is not None else None
+
     @property
     def closed(self) -> bool:
         return self._closed or self.writer.is_closing()
@@ -128,6 +139,91 @@ class FramedConnection:
             message = self.codec.decode_frame(frame)
             if message is not None:
                 return message
+
+    def dispatch(
+        self, on_message: Callable[[Any], None], on_end: Callable[[BaseException | None], None]
+    ) -> None:
+        """From now on cut frames as bytes arrive and hand each message to ``on_message`` in the
+        transport's read callback (no task, no loop turn); the end goes to ``on_end`` once: None
+        for a clean end of stream, else the error (a ProtocolError for bad bytes, after which the
+        connection is closed). :meth:`receive` is not used after this."""
+        reader = self.reader
+        assert isinstance(reader, StreamReader), "connections are built with net.transport.StreamReader"
+        codec = self.codec
+        decoder = FrameDecoder(codec.magic, codec.version, max_frame_size_bytes=self.max_frame_size_bytes)
+        decode = self.codec.decode_frame
+        ended = False
+
+        def end(error: BaseException | None) -> None:
+            nonlocal ended
+            if ended:
+                return
+            ended = True
+            if error is None and decoder.buffered_bytes:
+                error = TruncatedFrameError(f"stream ended {decoder.buffered_bytes} bytes into a frame")
+            on_end(error)
+
+        def on_data(data: bytes) -> None:
+            if ended:
+                return
+            try:
+                frames = decoder.feed(data)
+                for frame in frames:
+                    message = decode(frame)
+                    if message is not None:
+                        on_message(message)
+            except ProtocolError as e:
+                self.writer.transport.abort()
+                end(e)
+
+        reader.sink(on_data, end)
+
+    async def handle(
+        self, now: Callable[[Any], bool], later: Callable[[Any], Awaitable[None]]
+    ) -> None:
+        """Serve the connection until it ends: each message goes to ``now`` in the read callback
+        (True: handled, with no waiting); one it declines, and every one after it, goes to
+        ``later`` on this task, in order, with reading paused until they are through. Reading
+        pauses too while the write buffer is above its high-water mark (the peer does not read
+        its answers). Returns at a clean end; raises the end's error, or ``later``'s."""
+        transport = self.writer.transport
+        assert isinstance(transport, asyncio.Transport)
+        backlog: deque[Any] = deque()
+        wake = asyncio.Event()
+        ended: list[BaseException | None] = []
+
+        def over_high_water() -> bool:
+            return transport.get_write_buffer_size() > WRITE_BUFFER_HIGH_BYTES
+
+        def on_message(message: Any) -> None:
+            if not backlog and now(message):
+                if not over_high_water():
+                    return
+                backlog.append(_DRAIN)
+            else:
+                backlog.append(message)
+            transport.pause_reading()
+            wake.set()
+
+        def on_end(error: BaseException | None) -> None:
+            ended.append(error)
+            wake.set()
+
+        self.dispatch(on_message, on_end)
+        while True:
+            await wake.wait()
+            wake.clear()
+            while backlog:
+                message = backlog.popleft()
+                if message is not _DRAIN:
+                    await later(message)
+                if over_high_water():
+                    await self.drain()
+            if ended:
+                if ended[0] is not None:
+                    raise ended[0]
+                return
+            transport.resume_reading()
 
     def send_frame(self, frame: bytes) -> None:
         """Queue an encoded frame; pair with :meth:`drain` to respect the write buffer limit."""
@@ -455,19 +551,23 @@ async def serve(
     max_frame_size_bytes = min(MAX_FRAME_SIZE_BYTES, limits.max_buffered_bytes - FRAME_HEADER_SIZE_BYTES)
 
     async def accept(
-        transport: asyncio.Transport, address: str, peer: str, first: asyncio.Future[bytes]
+        transport: asyncio.Transport, address: str, peer: str, first: asyncio.Future[bytes] | None
     ) -> None:
         deadline = loop.time() + timeout_s
         what = "closed"
         try:
             async with asyncio.timeout_at(deadline):
-                data = await first
+                if isinstance(transport, SocketTransport):
+                    sent = await transport.first_bytes()
+                else:
+                    assert first is not None
+                    sent = bool(await first)
         except TimeoutError:
-            data, what = b"", "timed out"
+            sent, what = False, "timed out"
         except BaseException:
             transport.abort()
             raise
-        if not data:
+        if not sent:
             # A scan, a health check or an idle flood: one line per peer per interval.
             transport.abort()
             node_gate.warn_limited(
@@ -478,12 +578,12 @@ async def serve(
             return
         try:
             async with asyncio.timeout_at(deadline):
-                if ssl_context is None:
-                    reader, writer = _start_server_plain(loop, transport, data, stream_limit)
+                if isinstance(transport, SocketTransport):
+                    reader, writer = await _start_server_socket(loop, transport, ssl_context, stream_limit)
                 else:
-                    reader, writer = await _start_server_tls(
-                        loop, transport, ssl_context, data, stream_limit, max(deadline - loop.time(), 0.001)
-                    )
+                    assert ssl_context is None, "TLS is driven by SocketTransport only"
+                    assert first is not None
+                    reader, writer = _start_server_plain(loop, transport, first.result(), stream_limit)
         except (TimeoutError, ConnectionError, ssl.SSLError) as e:
             node_gate.warn_limited(
                 f"tls {name} {address}",
@@ -491,6 +591,9 @@ async def serve(
             )
             transport.abort()
             return
+        except BaseException:
+            transport.abort()
+            raise
         try:
             async with asyncio.timeout_at(deadline):
                 conn = await handshake(
@@ -515,7 +618,9 @@ async def serve(
         """Until the first bytes: no TLS state is made for a peer that sends nothing."""
 
         def __init__(self) -> None:
-            self.first: asyncio.Future[bytes] = loop.create_future()
+            # The simulator's transports deliver the first bytes here; a SocketTransport is
+            # asked for readability instead (nothing is read before TLS takes the socket).
+            self.first: asyncio.Future[bytes] | None = None
             self.transport: asyncio.Transport | None = None
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -524,9 +629,10 @@ async def serve(
             peername = transport.get_extra_info("peername")
             address = str(peername[0]) if peername else "?"
             if not node_gate.admit(address, name):
-                self.first.set_result(b"")
                 transport.abort()
                 return
+            if not isinstance(transport, SocketTransport):
+                self.first = loop.create_future()
             peer = f"{address}:{peername[1]}" if peername else "?"
             task = loop.create_task(
                 accept(transport, address, peer, self.first), name=f"{name}-accept-{peer}"
@@ -540,45 +646,22 @@ async def serve(
             task.add_done_callback(done)
 
         def data_received(self, data: bytes) -> None:
-            # The TLS protocol takes over the socket from here: nothing more is read until then.
+            # The streams take over the transport from here: nothing more is read until then.
             assert self.transport is not None
             self.transport.pause_reading()
-            if not self.first.done():
+            if self.first is not None and not self.first.done():
                 self.first.set_result(data)
 
         def eof_received(self) -> bool:
-            if not self.first.done():
+            if self.first is not None and not self.first.done():
                 self.first.set_result(b"")
             return False
 
         def connection_lost(self, exc: Exception | None) -> None:
-            if not self.first.done():
+            if self.first is not None and not self.first.done():
                 self.first.set_result(b"")
 
     return Listener(await network.create_server(_Accept, host, port), tasks, node_gate)
-
-
-_read_buffers = threading.local()
-
-
-class _ServerTlsProtocol(sslproto.SSLProtocol):
-    """asyncio's TLS protocol, reading the socket into one buffer per thread.
-
-    asyncio's own gives every connection a 256 KiB read buffer (``max_size``), written
-    through when made, from accept on: 3 000 connections that never sent a byte held
-    750 MB, and the allocator kept most of it after they closed. The socket is read into
-    the buffer and copied into the connection's TLS input at once (``get_buffer``,
-    ``recv_into``, ``buffer_updated`` in one call of the loop's thread), so the loop's
-    connections can share one.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        view = getattr(_read_buffers, "view", None)
-        if view is None:
-            view = _read_buffers.view = memoryview(bytearray(self.max_size))
-        self._ssl_buffer = view.obj
-        self._ssl_buffer_view = view
 
 
 def _start_server_plain(
@@ -586,7 +669,7 @@ def _start_server_plain(
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """An accepted connection without TLS (the simulator's) as streams: ``first`` is what was
     read from it before (its reading paused since)."""
-    reader = asyncio.StreamReader(limit=stream_limit, loop=loop)
+    reader = StreamReader(limit=stream_limit, loop=loop)
     protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
     transport.set_protocol(protocol)
     protocol.connection_made(transport)
@@ -595,56 +678,17 @@ def _start_server_plain(
     return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
 
 
-async def _start_server_tls(
+async def _start_server_socket(
     loop: asyncio.AbstractEventLoop,
-    transport: asyncio.Transport,
-    ssl_context: ssl.SSLContext,
-    first: bytes,
+    transport: SocketTransport,
+    ssl_context: ssl.SSLContext | None,
     stream_limit: int,
-    timeout_s: float,
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """The server side of a TLS handshake on an accepted socket, as streams: ``first`` is
-    what was read from it before (its reading paused since).
-
-    ``loop.start_tls`` with :class:`_ServerTlsProtocol` in place of asyncio's.
-    """
-    reader = asyncio.StreamReader(limit=stream_limit, loop=loop)
+    """An accepted socket that has bytes to read: its TLS handshake (none without a context),
+    then streams on it."""
+    if ssl_context is not None:
+        await transport.start_tls(ssl_context, server_side=True, server_hostname=None)
+    reader = StreamReader(limit=stream_limit, loop=loop)
     protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
-    waiter = loop.create_future()
-    ssl_protocol = _ServerTlsProtocol(
-        loop,
-        protocol,
-        ssl_context,
-        waiter,
-        server_side=True,
-        call_connection_made=False,
-        ssl_handshake_timeout=timeout_s,
-    )
-    transport.set_protocol(ssl_protocol)
-
-    def feed() -> None:
-        view = memoryview(first)
-        while view and not transport.is_closing():
-            buffer = ssl_protocol.get_buffer(len(view))
-            n = min(len(buffer), len(view))
-            buffer[:n] = view[:n]
-            view = view[n:]
-            ssl_protocol.buffer_updated(n)
-
-    callbacks = [
-        loop.call_soon(ssl_protocol.connection_made, transport),
-        loop.call_soon(feed),
-        loop.call_soon(transport.resume_reading),
-    ]
-    try:
-        await waiter
-    except BaseException:
-        for callback in callbacks:
-            callback.cancel()
-        transport.abort()
-        raise
-    tls_transport = ssl_protocol._app_transport
-    if tls_transport is None:  # the peer went away as the handshake ended
-        raise ConnectionResetError("the peer closed the connection (EOF)")
-    protocol.connection_made(tls_transport)
-    return reader, asyncio.StreamWriter(tls_transport, protocol, reader, loop)
+    transport.start(protocol)
+    return reader, asyncio.StreamWriter(transport, protocol, reader, loop)

@@ -1,7 +1,9 @@
 """The network seam: how a node opens connections and listens, handed to it at construction.
 
-Production passes :data:`ASYNCIO_NETWORK` (the operating system's sockets through asyncio,
-TLS as configured); the simulator passes each node its view of an in-memory network
+Production passes :data:`ASYNCIO_NETWORK` (the operating system's sockets on the asyncio loop,
+each a :class:`waltz_engine.net.socket_transport.SocketTransport` that drives the socket's
+own TLS; an accepted one is handed over before TLS starts, see ``channel.serve``); the simulator
+passes each node its view of an in-memory network
 (``waltz_engine.sim.network.SimNetwork.node``), where TLS is off (``ssl_context=None``).
 Everything above this seam (the Hello handshake, framing, connection limits) is the same code
 in both.
@@ -11,10 +13,60 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, Protocol
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple, Protocol, SupportsIndex
+
+from waltz_engine.net import socket_transport
 
 ProtocolFactory = Callable[[], asyncio.Protocol]
+
+
+class StreamReader(asyncio.StreamReader):
+    """asyncio's stream reader, whose bytes can go to a callback as they arrive instead.
+
+    Every network builds its connections' readers of this class: a task reading frames
+    (``FramedConnection.receive``) costs a loop turn per wake-up, a callback set by
+    ``FramedConnection.dispatch`` none (frames are cut and handled in the transport's read
+    callback itself). The bytes buffered before the callback was set are handed to it first.
+    """
+
+    _sink: Callable[[bytes], None] | None = None
+    _sink_end: Callable[[BaseException | None], None] | None = None
+
+    def sink(self, on_data: Callable[[bytes], None], on_end: Callable[[BaseException | None], None]) -> None:
+        """From now on hand every byte to ``on_data``, and the end (None: EOF) to ``on_end`` once."""
+        buffered: bytearray = self._buffer  # type: ignore[attr-defined]
+        self._sink, self._sink_end = on_data, on_end
+        if buffered:
+            data = bytes(buffered)
+            buffered.clear()
+            on_data(data)
+        if self._sink_end is None:
+            return
+        error = self.exception()
+        if error is not None or self.at_eof():
+            self._end(error)
+
+    def feed_data(self, data: Iterable[SupportsIndex]) -> None:
+        sink = self._sink
+        if sink is None:
+            super().feed_data(data)
+        else:
+            sink(bytes(data) if not isinstance(data, bytes) else data)
+
+    def feed_eof(self) -> None:
+        super().feed_eof()
+        self._end(None)
+
+    def set_exception(self, exc: Exception) -> None:
+        super().set_exception(exc)
+        self._end(exc)
+
+    def _end(self, error: BaseException | None) -> None:
+        end, self._sink_end = self._sink_end, None
+        if end is not None:
+            self._sink = None
+            end(error)
 
 
 class ServerHandle(Protocol):
@@ -52,10 +104,14 @@ class AsyncioNetwork:
     async def open_connection(
         self, host: str, port: int, ssl_context: ssl.SSLContext | None, limit: int
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        return await asyncio.open_connection(host, port, ssl=ssl_context, limit=limit)
+        loop = asyncio.get_running_loop()
+        reader = StreamReader(limit=limit, loop=loop)
+        protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+        transport = await socket_transport.open_connection(host, port, ssl_context, protocol)
+        return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
 
     async def create_server(self, protocol_factory: ProtocolFactory, host: str, port: int) -> ServerHandle:
-        return await asyncio.get_running_loop().create_server(protocol_factory, host, port)
+        return await socket_transport.listen(protocol_factory, host, port)
 
 
 ASYNCIO_NETWORK: Network = AsyncioNetwork()

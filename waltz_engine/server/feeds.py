@@ -133,6 +133,7 @@ class FeedWorker:
         "total_added",
         "total_removed",
         "_wake",
+        "_idle",
     )
 
     def __init__(
@@ -158,6 +159,8 @@ class FeedWorker:
         self.total_added = 0
         self.total_removed = 0
         self._wake = asyncio.Event()
+        # The task waits for a wake-up between rounds (no round is half done).
+        self._idle = False
 
     def add(self, context: FeedContext) -> None:
         self.contexts.append(context)
@@ -165,11 +168,37 @@ class FeedWorker:
         self._wake.set()
 
     def wake(self) -> None:
-        self._wake.set()
+        if self.contexts or not self._idle:
+            self._wake.set()  # (an idle worker with no context has nothing to do: no task turn)
+
+    def serve_now(self) -> None:
+        """A round here and now (a commit's own callback: its feed leaves without a task turn),
+        when the task is between rounds; what needs storage, or more rounds, goes to the task."""
+        if not self._idle or self._wake.is_set():
+            self.wake()
+            return
+        contexts = self.contexts
+        more = False
+        for _ in range(len(contexts)):
+            context = contexts.popleft()
+            outcome = self._serve(context)
+            if outcome == _LOAD:
+                contexts.appendleft(context)  # the task loads it, first of its next round
+                self._wake.set()
+                return
+            if outcome == _KEEP:
+                contexts.append(context)
+                more |= context.next_transaction_id <= self.source.high_water_mark
+        if more:
+            self._wake.set()
 
     async def run(self) -> None:
         while True:
-            await self._wake.wait()
+            self._idle = True
+            try:
+                await self._wake.wait()
+            finally:
+                self._idle = False
             self._wake.clear()
             if await self._round():
                 self._wake.set()

@@ -269,20 +269,34 @@ class ClientHandler:
             authorizer.on_change(self._recheck_reads)
 
     async def __call__(self, conn: FramedConnection) -> None:
+        """Requests are cut and handled in the connection's read callback; an append that needs
+        no waiting is sent to storage from there (no task turn). Anything else, and everything
+        read after it, goes in order to this task, reading paused until it is through (the
+        pull-based back pressure: a full queue or write buffer stops the reading)."""
         client = ClientConnection(conn)
         self.connections.add(client)
         authorizer = self.authorizer
         if authorizer is not None:
             client.principal = authorizer.principal_of(conn, "server client port")
+
+        def now(message: Any) -> bool:
+            if client.client_id is None:
+                client.client_id = message.req_id.client_id
+            if type(message) is not AppendRequest:
+                return False  # served in order by ``later``
+            if authorizer is not None and not self._authorized(authorizer, client, message):
+                return True  # refused, and answered
+            return self._dispatch_now(client, message)
+
+        async def later(message: Any) -> None:
+            if client.client_id is None:
+                client.client_id = message.req_id.client_id
+            if authorizer is not None and not self._authorized(authorizer, client, message):
+                return
+            await self._dispatch(client, message)
+
         try:
-            while (message := await conn.receive()) is not None:
-                if client.client_id is None:
-                    client.client_id = message.req_id.client_id
-                if authorizer is not None and not self._authorized(authorizer, client, message):
-                    continue
-                await self._dispatch(client, message)
-                if client.write_buffer_size_bytes() > WRITE_BUFFER_HIGH_BYTES:
-                    await conn.drain()
+            await conn.handle(now, later)
         finally:
             self.connections.discard(client)
             for partition_id in self.services.partition_ids():
@@ -354,6 +368,13 @@ class ClientHandler:
                 else:
                     client.conn.writer.close()
                     break
+
+    def _dispatch_now(self, client: ClientConnection, message: Any) -> bool:
+        """Handle ``message`` in this call if that needs no waiting (an append); False: queue it."""
+        if type(message) is not AppendRequest:
+            return False
+        partition = self.services.partition(message.req_id.partition_id)
+        return partition is None or partition.append_now(client, message)
 
     async def _dispatch(self, client: ClientConnection, message: Any) -> None:
         req_id = message.req_id

@@ -167,6 +167,8 @@ class Partition:
         # The generation the open store session recovered at; the append task reopens the store
         # before serving anything when the partition's generation has moved past it.
         self._store_generation: int | None = None
+        self._append_idle = False
+        self._feed_due = False  # commits decided since the realtime feed was last served
         self._generation_raised = asyncio.Event()
         self._locks: Locks | None = None
         self._queue: asyncio.Queue[tuple[int, FeedClient | None, Any]] = asyncio.Queue(APPEND_QUEUE_SIZE)
@@ -316,9 +318,20 @@ class Partition:
         await self._queue.put((_MOUNT, client, request))  # after the appends queued before it
 
     async def append(self, client: FeedClient, request: AppendRequest) -> None:
-        self._transaction_meter.mark()
-        if self._is_valid(client, request.req_id.client_id):
+        if not self.append_now(client, request):
+            self._transaction_meter.mark()
             await self._queue.put((_APPEND, client, request))
+
+    def append_now(self, client: FeedClient, request: AppendRequest) -> bool:
+        """An append handled in this call (sent to storage, refused, or dropped for an invalid
+        client); False: nothing was done, it must be queued (see :meth:`_append_now`)."""
+        if not self._is_valid(client, request.req_id.client_id):
+            self._transaction_meter.mark()
+            return True
+        if self._append_idle and self._queue.empty() and self._append_now(client, request):
+            self._transaction_meter.mark()
+            return True
+        return False
 
     async def flush(self, client: FeedClient, request: FlushRequest) -> None:
         if request.req_id.generation > self.generation:
@@ -440,7 +453,11 @@ class Partition:
         await self._open_store()
         queue = self._queue
         while True:
-            kind, client, message = await queue.get()
+            self._append_idle = True  # (while the queue is empty: appends may go direct)
+            try:
+                kind, client, message = await queue.get()
+            finally:
+                self._append_idle = False
             if self._store_generation != self.generation:
                 await self._open_store()
             if kind == _REOPEN:
@@ -506,6 +523,40 @@ class Partition:
         self.commit_high_water_mark = max(self.commit_high_water_mark, high_water_mark)
         return high_water_mark
 
+    def _append_now(self, client: FeedClient, request: AppendRequest) -> bool:
+        """:meth:`_append` from the handler's own call, when the append task is idle and nothing
+        needs waiting (its locks free, the store session with room); False: nothing was done,
+        and the request goes through the queue. Queued requests are never overtaken: this runs
+        only while the queue is empty and the task is waiting on it."""
+        locks = self._locks
+        append_now = getattr(self.store, "append_now", None)
+        if locks is None or append_now is None or self._store_generation != self.generation:
+            return False
+        lock_req = lock_request(request)
+        if not locks.begin(lock_req):
+            return False
+        if self._refused(client, request, locks, lock_req):
+            return True
+        data = request.data if request.data is not None else b""
+        future = append_now(request.req_id, request.header, data, request.checksum)
+        if future is None:
+            locks.end(lock_req)
+            return False
+        self._issued(request, locks, lock_req, data, future)
+        return True
+
+    def _refused(
+        self, client: FeedClient, request: AppendRequest, locks: Locks, lock_req: LockRequest
+    ) -> bool:
+        """A lock failure (a lock committed above the client's high-water mark) is answered here."""
+        lock_high_water_mark = locks.get_lock_high_water_mark(lock_req)
+        if lock_high_water_mark > request.client_high_water_mark:
+            self._rejection_meter.mark()
+            locks.end(lock_req)
+            client.send(LockFailure(request.req_id, lock_high_water_mark))
+            return True
+        return False
+
     async def _append(self, client: FeedClient, request: AppendRequest) -> None:
         locks = self._locks
         assert locks is not None
@@ -521,11 +572,7 @@ class Partition:
                 locks.reset(self.commit_high_water_mark)
             else:
                 await self._flush_store()
-        lock_high_water_mark = locks.get_lock_high_water_mark(lock_req)
-        if lock_high_water_mark > request.client_high_water_mark:
-            self._rejection_meter.mark()
-            locks.end(lock_req)
-            client.send(LockFailure(request.req_id, lock_high_water_mark))
+        if self._refused(client, request, locks, lock_req):
             return
         data = request.data if request.data is not None else b""
         try:
@@ -533,6 +580,17 @@ class Partition:
         except BaseException:
             locks.end(lock_req)
             raise
+        self._issued(request, locks, lock_req, data, future)
+
+    def _issued(
+        self,
+        request: AppendRequest,
+        locks: Locks,
+        lock_req: LockRequest,
+        data: bytes,
+        future: asyncio.Future[int],
+    ) -> None:
+        """The store took the append: count it, and decide it in the store's decision callback."""
         self.pending_appends += 1
         self._settled.clear()
         append_number = self._barrier.issue()
@@ -554,13 +612,20 @@ class Partition:
                 locks.commit(lock_req, transaction_id)
                 self._success_meter.mark()
                 self.commit_high_water_mark = transaction_id
-                self.realtime.wake()
+                self._feed_due = True
                 self.catch_up.wake()
             # (At or below the mark: a new session's recovery counted it already; feeds read it.)
             # Last: mounts released here see this transaction in the high-water mark.
             self._barrier.decide(append_number)
+            if self._feed_due and getattr(done, "last_of_batch", True):
+                # The batch's feed leaves from its last commit's callback, in one write per
+                # client (one per commit cost a TLS record and a send each: 16 appenders on one
+                # partition lost 40 % of their rate).
+                self._feed_due = False
+                self.realtime.serve_now()
 
-        future.add_done_callback(committed)
+        # The store's own future runs it in the call that decides the vote (no turn between).
+        getattr(future, "when_decided", future.add_done_callback)(committed)
 
     def _outcome_unknown(self, append_number: int, req_id: ReqId) -> None:
         """The store gave up on an append without deciding it: mounts and flushes behind it must

@@ -23,6 +23,7 @@ from kazoo.protocol.states import KazooState
 from waltz_engine import __version__
 from waltz_engine.common import clock
 from waltz_engine.common.errors import WaltzError
+from waltz_engine.common.loop_turns import count_turns
 from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.common.process import run_service
 from waltz_engine.common.tasks import cancel_and_wait
@@ -401,6 +402,10 @@ class WaltzServer:
         m.gauge(g, "waltz-server-num-partitions", lambda: len(self.core.partitions) if self.core else 0)
         m.gauge(g, "replica-info", self._replica_info)
         m.gauge(g, "waltz-version-id", lambda: __version__)
+        if self.network is ASYNCIO_NETWORK:
+            turns = count_turns(asyncio.get_running_loop())
+            # The loop's iterations (selector returns) so far: `bench producers` reports them per commit.
+            m.gauge(g, "loop-iterations", lambda: turns.count if turns is not None else None)
 
     def _replica_info(self) -> dict[str, list[str]]:
         if self._store is None or self.core is None:

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from waltz_engine.net.transport import PRINCIPAL_EXTRA, ProtocolFactory, ServerHandle
+from waltz_engine.net.transport import PRINCIPAL_EXTRA, ProtocolFactory, ServerHandle, StreamReader
 from waltz_engine.sim.loop import SimLoop
 
 # A connection whose bytes cannot cross for this long is reset (TCP retransmits for minutes;
@@ -344,7 +344,7 @@ class SimNodeNetwork:
             raise ValueError("the simulated network carries no TLS: build nodes with ssl_context None")
         transport = await self._network.connect(self.host, (host, port))
         loop = self._network.loop
-        reader = asyncio.StreamReader(limit=limit, loop=loop)
+        reader = StreamReader(limit=limit, loop=loop)
         protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
         transport.set_protocol(protocol)
         protocol.connection_made(transport)

@@ -13,7 +13,6 @@ issued in order by concurrent tasks reach the node in that order.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import ssl
@@ -24,7 +23,13 @@ from typing import Any, TypeVar
 
 from waltz_engine.common.errors import ProtocolError, WaltzError
 from waltz_engine.common.record import Record, RecordHeader
-from waltz_engine.net.channel import CONNECT_TIMEOUT_MS, ConnectionClosedError, FramedConnection, connect
+from waltz_engine.net.channel import (
+    CONNECT_TIMEOUT_MS,
+    WRITE_BUFFER_HIGH_BYTES,
+    ConnectionClosedError,
+    FramedConnection,
+    connect,
+)
 from waltz_engine.net.transport import ASYNCIO_NETWORK, Network
 from waltz_engine.wire.admin_messages import (
     ADMIN_CODEC,
@@ -137,9 +142,9 @@ class _RpcConnection:
         self._codec = codec
         self._hello_text = hello_text
         self._conn: FramedConnection | None = None
-        self._reader: asyncio.Task[None] | None = None
+        self._closer: asyncio.Task[None] | None = None  # closes the connection after its end
         # seq num -> (future, deadline on the loop's clock, the timeout in ms for its message).
-        self._pending: dict[int, tuple[asyncio.Future[Any], float, int]] = {}
+        self._pending: dict[int, tuple[asyncio.Future[Any] | _EagerCall, float, int]] = {}
         # One timer per connection, at the earliest deadline, instead of one per request.
         self._watchdog: asyncio.TimerHandle | None = None
         self._next_seq_num = FIRST_SEQ_NUM
@@ -164,7 +169,8 @@ class _RpcConnection:
             timeout_ms,
             self._network,
         )
-        self._reader = asyncio.create_task(self._read_loop(self._conn), name=f"{self.name}-reader")
+        # Responses are cut and handed out in the connection's read callback (no reader task).
+        self._conn.dispatch(self._on_message, self._on_end)
         try:
             response = await self._exchange(OPEN_SEQ_NUM, [open_frame], timeout_ms)
         except BaseException:
@@ -193,17 +199,8 @@ class _RpcConnection:
             raise StorageRpcError(
                 f"{self.name} {self.endpoint}: disconnected ({self._closed_reason or 'not open'})"
             )
-        assert seq_num not in self._pending, f"sequence number {seq_num} already in flight"
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        wait_ms = self.request_timeout_ms if timeout_ms is None else timeout_ms
-        deadline = loop.time() + wait_ms / 1000
-        self._pending[seq_num] = (future, deadline, wait_ms)
-        watchdog = self._watchdog
-        if watchdog is None or deadline < watchdog.when():
-            if watchdog is not None:
-                watchdog.cancel()
-            self._watchdog = loop.call_at(deadline, self._expire)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._register(seq_num, future, timeout_ms)
         try:
             conn.send_frames(frames)
             await conn.drain()
@@ -219,6 +216,31 @@ class _RpcConnection:
             raise StorageRpcError(message)
         return response
 
+    def _register(
+        self, seq_num: int, waiter: asyncio.Future[Any] | _EagerCall, timeout_ms: int | None
+    ) -> None:
+        """A call in flight until its response, the connection's end or its deadline."""
+        assert seq_num not in self._pending, f"sequence number {seq_num} already in flight"
+        loop = asyncio.get_running_loop()
+        wait_ms = self.request_timeout_ms if timeout_ms is None else timeout_ms
+        deadline = loop.time() + wait_ms / 1000
+        self._pending[seq_num] = (waiter, deadline, wait_ms)
+        watchdog = self._watchdog
+        if watchdog is None or deadline < watchdog.when():
+            if watchdog is not None:
+                watchdog.cancel()
+            self._watchdog = loop.call_at(deadline, self._expire)
+
+    def can_send_now(self) -> bool:
+        """Open, and its write buffer below the high-water mark: a request may go without waiting."""
+        conn = self._conn
+        return (
+            conn is not None
+            and self._closed_reason is None
+            and not conn.closed
+            and conn.writer.transport.get_write_buffer_size() <= WRITE_BUFFER_HIGH_BYTES
+        )
+
     async def _call(self, build: Callable[[int], Any], expected: type[R]) -> R:
         seq_num = self._take_seq_num()
         response = await self._exchange(seq_num, [self._codec.encode_frame(build(seq_num))])
@@ -228,29 +250,29 @@ class _RpcConnection:
             )
         return response
 
-    async def _read_loop(self, conn: FramedConnection) -> None:
-        reason = "closed by the node"
-        try:
-            while (message := await conn.receive()) is not None:
-                call = self._pending.get(message.seq_num)
-                if call is None:
-                    # A late answer to a call that timed out: nobody waits for it any more.
-                    log.debug("%s %s: response to no pending call: %r", self.name, self.endpoint, message)
-                elif not call[0].done():
-                    call[0].set_result(message)
-        except ProtocolError as e:
-            reason = f"bad data from the node: {e}"
+    def _on_message(self, message: Any) -> None:
+        """A response, in the connection's read callback: its caller's future is resolved here."""
+        call = self._pending.get(message.seq_num)
+        if call is None:
+            # A late answer to a call that timed out: nobody waits for it any more.
+            log.debug("%s %s: response to no pending call: %r", self.name, self.endpoint, message)
+        elif not call[0].done():
+            call[0].set_result(message)
+
+    def _on_end(self, error: BaseException | None) -> None:
+        """The connection ended (None: closed by the node); every pending call fails."""
+        if error is None:
+            reason = "closed by the node"
+        elif isinstance(error, ProtocolError):
+            reason = f"bad data from the node: {error}"
             log.warning("%s %s: %s", self.name, self.endpoint, reason)
-        except (ConnectionClosedError, ConnectionError, ssl.SSLError, asyncio.IncompleteReadError) as e:
+        else:
             # str() of a reset or of some TLS alerts is empty: the type then says what happened.
-            reason = f"connection lost: {' '.join(str(e).split()) or type(e).__name__}"
-        except asyncio.CancelledError:
-            reason = "client closed"
-            raise
-        finally:
-            self._fail_all(reason)
-            with contextlib.suppress(Exception):
-                await conn.close()
+            reason = f"connection lost: {' '.join(str(error).split()) or type(error).__name__}"
+        self._fail_all(reason)
+        conn = self._conn
+        if conn is not None and self._closer is None:
+            self._closer = asyncio.get_running_loop().create_task(conn.close(), name=f"{self.name}-close")
 
     def _fail_all(self, reason: str) -> None:
         if self._closed_reason is None:
@@ -282,19 +304,13 @@ class _RpcConnection:
 
     async def close(self) -> None:
         self._fail_all("client closed")
-        reader, self._reader = self._reader, None
-        try:
-            if reader is not None:
-                reader.cancel()
-                # Not ``await reader`` under suppress(CancelledError): that also swallowed a
-                # cancellation of the caller arriving meanwhile (the reader's finally closes TLS,
-                # several loop turns), and a cancelled replica session kept reconnecting forever.
-                await asyncio.wait([reader])
-                if not reader.cancelled():
-                    reader.exception()  # retrieved: its failure is _closed_reason already
-        finally:
-            if self._conn is not None:
-                await self._conn.close()
+        closer, self._closer = self._closer, None
+        if closer is not None:
+            await asyncio.wait([closer])
+            if not closer.cancelled():
+                closer.exception()  # retrieved: the connection ended already
+        if self._conn is not None:
+            await self._conn.close()
 
     async def __aenter__(self: Any) -> Any:
         await self.open()
@@ -302,6 +318,28 @@ class _RpcConnection:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+class _EagerCall:
+    """A pending call answered by a callback in the connection's read callback, not a future
+    (whose waiter would run a loop turn later): ``answered(response, error)``, once."""
+
+    __slots__ = ("_answered", "_done")
+
+    def __init__(self, answered: Callable[[Any, BaseException | None], None]) -> None:
+        self._answered = answered
+        self._done = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, response: Any) -> None:
+        self._done = True
+        self._answered(response, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._done = True
+        self._answered(None, error)
 
 
 class StorageClient(_RpcConnection):
@@ -379,16 +417,58 @@ class StorageClient(_RpcConnection):
 
     async def append_encoded(self, session_id: int, partition_id: int, encoded: bytes, count: int) -> None:
         """APPEND the output of :func:`encode_append_records` (``count`` records) without re-encoding it."""
-        assert len(encoded) >= I32.size and I32.unpack_from(encoded, 0)[0] == count, "count does not match"
         seq_num = self._take_seq_num()
+        frames = self._append_frames(session_id, seq_num, partition_id, encoded, count)
+        response = await self._exchange(seq_num, frames)
+        if type(response) is not StorageSuccessResponse:
+            raise StorageRpcError(f"storage {self.endpoint}: expected SUCCESS, got {type(response).__name__}")
+
+    def send_append_encoded(
+        self,
+        session_id: int,
+        partition_id: int,
+        encoded: bytes,
+        count: int,
+        on_done: Callable[[BaseException | None], None],
+    ) -> None:
+        """:meth:`append_encoded` without a task: sent now (check :meth:`can_send_now` first),
+        ``on_done(None)`` on SUCCESS or ``on_done(error)``, in the read callback of its answer
+        (or at the connection's end, or its deadline)."""
+        conn = self._conn
+        if conn is None or self._closed_reason is not None:
+            reason = self._closed_reason or "not open"
+            raise StorageRpcError(f"{self.name} {self.endpoint}: disconnected ({reason})")
+        seq_num = self._take_seq_num()
+        frames = self._append_frames(session_id, seq_num, partition_id, encoded, count)
+
+        def answered(response: Any, error: BaseException | None) -> None:
+            self._pending.pop(seq_num, None)
+            if error is None:
+                message = self._failure_message(response)
+                if message is not None:
+                    error = StorageRpcError(message)
+                elif type(response) is not StorageSuccessResponse:
+                    error = StorageRpcError(
+                        f"storage {self.endpoint}: expected SUCCESS, got {type(response).__name__}"
+                    )
+            on_done(error)
+
+        self._register(seq_num, _EagerCall(answered), None)
+        try:
+            conn.send_frames(frames)
+        except ConnectionClosedError as e:
+            self._pending.pop(seq_num, None)
+            raise StorageRpcError(f"{self.name} {self.endpoint}: disconnected ({e})") from None
+
+    def _append_frames(
+        self, session_id: int, seq_num: int, partition_id: int, encoded: bytes, count: int
+    ) -> list[bytes]:
+        assert len(encoded) >= I32.size and I32.unpack_from(encoded, 0)[0] == count, "count does not match"
         head = _APPEND_HEAD.pack(APPEND_REQUEST_TYPE, session_id, seq_num, partition_id)
         length = len(head) + len(encoded) + _BOOL.size
         check_frame_length(length)
         frame_head = FRAME_HEADER.pack(STORAGE_MAGIC, STORAGE_VERSION, length) + head
-        tail = _BOOL.pack(self.used_by_offline_recovery)
-        response = await self._exchange(seq_num, [frame_head, encoded, tail])
-        if type(response) is not StorageSuccessResponse:
-            raise StorageRpcError(f"storage {self.endpoint}: expected SUCCESS, got {type(response).__name__}")
+        return [frame_head, encoded, _BOOL.pack(self.used_by_offline_recovery)]
 
     async def record_header(
         self, session_id: int, partition_id: int, transaction_id: int

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import ssl
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from waltz_engine.common.address import parse_host_port
 from waltz_engine.common.record import Record, RecordHeader
@@ -124,6 +124,15 @@ class ReplicaConnection:
 
     async def append_encoded(self, encoded: bytes, count: int) -> None:
         await self.client.append_encoded(self.session_id, self.partition_id, encoded, count)
+
+    def can_send_now(self) -> bool:
+        return self.client.can_send_now()
+
+    def send_append_encoded(
+        self, encoded: bytes, count: int, on_done: Callable[[BaseException | None], None]
+    ) -> None:
+        """:meth:`append_encoded` without a task; ``on_done`` gets its outcome (see StorageClient)."""
+        self.client.send_append_encoded(self.session_id, self.partition_id, encoded, count, on_done)
 
     async def records(self, transaction_id: int, max_records: int) -> list[Record]:
         return await self.client.records(self.session_id, self.partition_id, transaction_id, max_records)

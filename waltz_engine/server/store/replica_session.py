@@ -19,7 +19,6 @@ nothing new is sent nothing.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import NamedTuple, Protocol
 
@@ -60,6 +59,8 @@ class CommittedBatches(Protocol):
 
 
 log = logging.getLogger(__name__)
+# How soon a mark due while a direct batch is unanswered is tried again.
+MARK_RETRY_MS = 100
 _connect_failures = LimitedLog(log)
 
 NO_TRANSACTION_ID = -1
@@ -102,6 +103,13 @@ class ReplicaSession(LatencyWeightedRoute):
         self._next_transaction_id = NO_TRANSACTION_ID  # the writer's; valid once recovered
         self._batch_transaction_id = NO_TRANSACTION_ID  # first txid of the latest batch handed over
         self._batch: _Batch | None = None
+        # The batch sent from the store session's call itself (no task turn), until answered.
+        self._direct: _Batch | None = None
+        # The task waits for the next batch, caught up: a batch may then go from the store
+        # session's call (``append``); untimed: with no mark due later, so a direct batch's answer
+        # wakes it to time the mark of what it wrote.
+        self._parked = False
+        self._parked_untimed = False
         self._wakeup = asyncio.Event()
         self._recovery: RecoveryManager | None = None
         self._store_session: CommittedBatches | None = None
@@ -174,6 +182,9 @@ class ReplicaSession(LatencyWeightedRoute):
         batch, self._batch = self._batch, None
         if batch is not None:
             batch.voting.abstain()
+        direct, self._direct = self._direct, None
+        if direct is not None:
+            direct.voting.abstain()
         self._wakeup.set()
         task = self._task
         if task is not None and task is not asyncio.current_task():
@@ -193,8 +204,61 @@ class ReplicaSession(LatencyWeightedRoute):
         if self._batch is not None:
             self._batch.voting.abstain()
         self._batch_transaction_id = first_transaction_id
-        self._batch = _Batch(first_transaction_id, encoded, count, voting)
+        batch = _Batch(first_transaction_id, encoded, count, voting)
+        connection = self._connection
+        if (
+            self._parked
+            and self._direct is None
+            and not self._mark_due()  # the task path tells the replica its mark before the batch
+            and first_transaction_id == self._next_transaction_id
+            and connection is not None
+            and connection.can_send_now()
+        ):
+            self._send_now(connection, batch)
+            return
+        self._batch = batch
         self._wakeup.set()
+
+    def _send_now(self, connection: ReplicaConnection, batch: _Batch) -> None:
+        """Write the batch from the caller's turn; its answer votes from the read callback. The
+        task stays idle meanwhile, and waits for the answer before it takes another batch."""
+        self._direct = batch
+
+        def answered(error: BaseException | None) -> None:
+            if self._direct is not batch:
+                return  # closed meanwhile: it abstained then
+            self._direct = None
+            if error is not None:
+                batch.voting.abstain()  # we do not know whether it was written
+                self._fail(error)
+                return
+            self._next_transaction_id += batch.num_records
+            batch.voting.vote()
+            if (
+                self._batch is not None
+                or not self._parked
+                or (self._parked_untimed and self._mark_interval_s > 0)
+            ):
+                # A batch came meanwhile, or the task waits for this answer: it goes on now; or
+                # it must time the mark of what this batch wrote (once per mark: it parks with
+                # the timer after).
+                self._wakeup.set()
+
+        try:
+            connection.send_append_encoded(batch.encoded, batch.num_records, answered)
+        except Exception as e:
+            self._direct = None
+            batch.voting.abstain()
+            self._fail(e)
+
+    def _fail(self, error: BaseException) -> None:
+        """As the task does when a call fails: the replica session ends."""
+        if self._closed:
+            return
+        log.warning("closing replica session %s (session %d): %s", self.replica_id, self.session_id, error)
+        self.close(error)
+        if self._store_session is not None and not self._left_recovery:
+            self._store_session.replica_failed(self)
 
     async def _run(self) -> None:
         try:
@@ -245,6 +309,11 @@ class ReplicaSession(LatencyWeightedRoute):
 
     async def _try_current_batch(self, connection: ReplicaConnection) -> bool:
         """Write the current batch if it starts at our next txid; False when we are behind it."""
+        if self._direct is not None:
+            # A batch sent from the store session's call is unanswered: the next waits for it.
+            self._wakeup.clear()
+            await self._wakeup.wait()
+            return True
         batch = self._batch
         if batch is not None and batch.first_transaction_id == self._next_transaction_id:
             self._batch = None
@@ -269,24 +338,41 @@ class ReplicaSession(LatencyWeightedRoute):
         return False
 
     async def _idle(self, connection: ReplicaConnection) -> None:
-        """Wait for the next batch; meanwhile, tell the replica the committed prefix when due."""
+        """Wait for the next batch, parked; meanwhile, tell the replica the committed prefix when due."""
         while not self._wakeup.is_set() and not self._closed:
-            if self._next_transaction_id - 1 <= self.marked or self._mark_interval_s == 0:
-                await self._wakeup.wait()  # nothing new to tell: no timer, no message
-                return
-            with contextlib.suppress(TimeoutError):
-                wait_s = max(0.0, self._mark_due_s - clock.monotonic_s())
-                await asyncio.wait_for(self._wakeup.wait(), wait_s)
-                return
+            untimed = self._next_transaction_id - 1 <= self.marked or self._mark_interval_s == 0
+            wait_s = None if untimed else max(0.0, self._mark_due_s - clock.monotonic_s())
+            if not await self._park(wait_s):
+                return  # woken (nothing new to tell without a timer: no message)
             if self._closed:
                 return
             store_session = self._store_session
             assert store_session is not None
-            if self._next_transaction_id - 1 <= store_session.high_water_mark:
+            if self._direct is not None:
+                # A batch sent from the store session's call is unanswered: a node refuses a mark
+                # below what it holds, so tell it once that is answered and decided.
+                self._mark_due_s = clock.monotonic_s() + MARK_RETRY_MS / 1000
+            elif self._next_transaction_id - 1 <= store_session.high_water_mark:
                 await self._set_mark(connection)
             else:
                 # The batch it wrote last is not decided yet (a quorum is slow or lost): later.
                 self._mark_due_s = clock.monotonic_s() + self._mark_interval_s
+
+    async def _park(self, wait_s: float | None) -> bool:
+        """Wait for the wake-up (at most ``wait_s``), parked: True when the time ran out."""
+        self._parked = True
+        self._parked_untimed = wait_s is None
+        try:
+            if wait_s is None:
+                await self._wakeup.wait()
+                return False
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), wait_s)
+            except TimeoutError:
+                return True
+            return False
+        finally:
+            self._parked = self._parked_untimed = False
 
     def _mark_due(self) -> bool:
         return (

@@ -17,7 +17,7 @@ from waltz_engine.server.store.errors import (
     StoreError,
     StorePartitionClosedError,
 )
-from waltz_engine.server.store.store_session import StoreAppendRequest, StoreSession
+from waltz_engine.server.store.store_session import AppendFuture, StoreAppendRequest, StoreSession
 from waltz_engine.server.store.store_session_manager import StoreSessionManager
 
 log = logging.getLogger(__name__)
@@ -86,9 +86,24 @@ class StorePartition:
         session = self._manager.current_session
         return session.num_pending_appends if session is not None else 0
 
+    def append_now(self, req_id: ReqId, header: int, data: bytes, checksum: int) -> AppendFuture | None:
+        """:meth:`append` when it needs no waiting (the current session serves and has room, no
+        checkpoint is due); None: nothing was done, use :meth:`append`."""
+        if not self._running:
+            return None
+        session = self._manager.serving_session(req_id.generation)
+        if session is None:
+            return None
+        if session.high_water_mark - session.low_water_mark >= self._config.checkpoint_interval:
+            return None  # the checkpoint opens a new session: append() does it
+        future = AppendFuture(loop=asyncio.get_running_loop())
+        if not session.append_now(StoreAppendRequest(req_id, header, data, checksum, future)):
+            return None
+        return future
+
     async def append(self, req_id: ReqId, header: int, data: bytes, checksum: int) -> asyncio.Future[int]:
         """Register an append; its future gets the committed txid, or -1 when it definitely failed."""
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        future = AppendFuture(loop=asyncio.get_running_loop())
         request = StoreAppendRequest(req_id, header, data, checksum, future)
 
         async def attempt() -> asyncio.Future[int] | None:

@@ -58,16 +58,75 @@ RESOLVE_RETRY_MAX_MS = 1_000
 ENCODED_BATCHES_KEPT_BYTES = 4 * 1024 * 1024
 
 
+class AppendFuture(asyncio.Future[int]):
+    """An append's outcome: a committed txid, or -1 when it definitely failed.
+
+    A callback given to :meth:`when_decided` runs in the very call that decides a batch's vote
+    (:meth:`StoreSession._resolve_in_flight`), not a loop turn later as a done callback does:
+    the commit's feed leaves from there. Other outcomes (recovery's, a closing partition's) run
+    it a turn later, as before.
+    """
+
+    def __init__(self, *, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        super().__init__(loop=loop)
+        self.last_of_batch = True
+        self._decided_callbacks: list[Callable[[asyncio.Future[int]], None]] = []
+
+    def when_decided(self, callback: Callable[[asyncio.Future[int]], None]) -> None:
+        if self.done():
+            self.get_loop().call_soon(callback, self)
+        else:
+            self._decided_callbacks.append(callback)
+
+    def decide(self, transaction_id: int, eager: bool, last_of_batch: bool = True) -> None:
+        if self.done():
+            return
+        # False while later appends of the same batch are still to be decided in this call: work
+        # done once per batch (the feed) waits for the last one.
+        self.last_of_batch = last_of_batch
+        self.set_result(transaction_id)
+        self._run_decided(eager)
+
+    def fail(self, error: BaseException) -> None:
+        if not self.done():
+            self.set_exception(error)
+            self._run_decided(eager=False)
+
+    def _run_decided(self, eager: bool) -> None:
+        callbacks, self._decided_callbacks = self._decided_callbacks, []
+        loop = self.get_loop()
+        for callback in callbacks:
+            if not eager:
+                loop.call_soon(callback, self)
+                continue
+            try:
+                callback(self)
+            except Exception as e:  # as a done callback's error: reported, the batch goes on
+                loop.call_exception_handler(
+                    {"message": "append decision callback failed", "exception": e, "future": self}
+                )
+
+
 class StoreAppendRequest(NamedTuple):
     req_id: ReqId
     header: int
     data: bytes
     checksum: int
-    future: asyncio.Future[int]
+    future: asyncio.Future[int]  # an AppendFuture from the store partition
 
-    def commit(self, transaction_id: int) -> None:
-        if not self.future.done():
-            self.future.set_result(transaction_id)
+    def commit(self, transaction_id: int, eager: bool = False, last_of_batch: bool = True) -> None:
+        future = self.future
+        if isinstance(future, AppendFuture):
+            future.decide(transaction_id, eager, last_of_batch)
+        elif not future.done():
+            future.set_result(transaction_id)
+
+    def fail(self, error: BaseException) -> None:
+        future = self.future
+        if isinstance(future, AppendFuture):
+            future.fail(error)
+        elif not future.done():
+            future.set_exception(error)
 
 
 class StoreSession:
@@ -188,6 +247,24 @@ class StoreSession:
         self._wake()
         self._start_soon()
 
+    def append_now(self, request: StoreAppendRequest) -> bool:
+        """:meth:`append` when it needs no waiting (False: there is no room, or the session or
+        generation changed; nothing was done). The batch starts at the end of the loop turn, as
+        from :meth:`append`: starting it at once saves that turn for a lone appender, but under
+        fan-in it sent a batch of one and made the rest of the burst wait a round trip and an
+        fsync for the next (16 appenders on one partition: 28 % fewer commits per second)."""
+        if (
+            not self._running
+            or len(self._queue) >= self._queue_capacity
+            or request.req_id.generation != self.generation
+        ):
+            return False
+        self._queue.append(request)
+        self._num_pending += 1
+        self._wake()
+        self._start_soon()
+        return True
+
     async def flush(self) -> int:
         """Wait until every queued append is resolved; the high-water mark."""
         while self._num_pending > 0:
@@ -260,8 +337,7 @@ class StoreSession:
     def fail_all(self, error: BaseException) -> None:
         """The partition is closing: nobody will resolve these appends."""
         for request in [*(self._in_flight or ()), *self._queue]:
-            if not request.future.done():
-                request.future.set_exception(error)
+            request.fail(error)
         self._in_flight = None
         self._queue.clear()
         self._num_pending = 0
@@ -271,15 +347,21 @@ class StoreSession:
         batch, self._in_flight = self._in_flight, None
         if batch is None:
             return
-        for request in batch:
+        decided = []
+        for _ in batch:
             if self._next_transaction_id <= high_water_mark:
-                request.commit(self._next_transaction_id)
+                decided.append(self._next_transaction_id)
                 self._next_transaction_id += 1
             else:
-                request.commit(FAILED_TRANSACTION_ID)
+                decided.append(FAILED_TRANSACTION_ID)
         self._num_pending -= len(batch)
         assert self._num_pending >= 0
         self._wake()
+        # The session's state is the batch's outcome already: the partition's callbacks (locks,
+        # caches, the commit's feed, mounts and flushes behind it) run now, in order.
+        last = len(batch) - 1
+        for i, (request, transaction_id) in enumerate(zip(batch, decided, strict=True)):
+            request.commit(transaction_id, eager=True, last_of_batch=i == last)
 
     def _start_soon(self) -> None:
         """Start a batch at the end of this loop turn, unless one is in flight or due."""

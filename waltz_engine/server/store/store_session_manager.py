@@ -79,6 +79,19 @@ class StoreSessionManager:
         session.close()
         return True
 
+    def serving_session(self, generation: int) -> StoreSession | None:
+        """The session :meth:`get_store_session` would return without waiting, else None."""
+        session = self._current
+        if (
+            self._running
+            and session is not None
+            and session.writable
+            and session.generation == self.generation == generation
+            and not self._lock.locked()
+        ):
+            return session
+        return None
+
     async def get_store_session(self, generation: int | None = None) -> StoreSession:
         session = self._current
         if (

@@ -55,15 +55,38 @@ class DataHandler:
         self._authorizer = authorizer
 
     async def __call__(self, conn: FramedConnection) -> None:
+        """Requests are cut and queued for their partition's disk pass in the connection's read
+        callback when nothing needs waiting (no task turn); OPEN, a session check, a full queue
+        and everything after them go to this task in order, reading paused meanwhile."""
         opened = False
         authorizer = self._authorizer
         principal = authorizer.principal_of(conn, DATA_PORT) if authorizer is not None else None
-        while True:
-            # Replies pile up when the client does not read them: stop reading its requests too.
-            await conn.drain()
-            msg = await conn.receive()
-            if msg is None:
-                return
+
+        def refused(msg: Any) -> bool:
+            """Every request of the data port is the servers' and the operator's tools' (admin):
+            one the ACLs refuse is answered with a failure here."""
+            if authorizer is None:
+                return False
+            name = type(msg).__name__
+            if authorizer.check(principal, ADMIN, msg.partition_id, name, conn.peer):
+                return False
+            resource = resource_name(msg.partition_id)
+            conn.send_frame(failure_frame(msg, NotAuthorizedError(principal, ADMIN, resource, name)))
+            return True
+
+        def now(msg: Any) -> bool:
+            if not opened or type(msg) not in PARTITION_REQUEST_TYPES:
+                return False
+            if refused(msg):
+                return True
+            worker = self._worker_of(msg.partition_id)
+            if worker is None:
+                conn.send_frame(failure_frame(msg, PartitionNotAssignedError(msg.partition_id)))
+                return True
+            return worker.submit_now(conn, msg)
+
+        async def later(msg: Any) -> None:
+            nonlocal opened
             kind = type(msg)
             if kind is StorageOpenRequest:
                 error = await check_open(self._manager, msg.key, msg.num_partitions)
@@ -74,22 +97,20 @@ class DataHandler:
                     # As the original, the connection stays; a client closes after a failed OPEN.
                     log.warning("data port: OPEN from %s refused: %s", conn.peer, error)
                     conn.send_frame(failure_frame(msg, error))
-                continue
+                return
             if kind not in PARTITION_REQUEST_TYPES:
                 raise ProtocolError(f"{kind.__name__} is not a request the storage data port serves")
             if not opened:
                 conn.send_frame(failure_frame(msg, NotOpenedError(NOT_OPENED_MESSAGE)))
                 await conn.drain()
                 raise ProtocolError(f"{kind.__name__} before a successful OPEN_REQUEST")
-            if authorizer is not None:
-                # Every request of the data port is the servers' and the operator's tools' (admin).
-                name = kind.__name__
-                if not authorizer.check(principal, ADMIN, msg.partition_id, name, conn.peer):
-                    resource = resource_name(msg.partition_id)
-                    conn.send_frame(failure_frame(msg, NotAuthorizedError(principal, ADMIN, resource, name)))
-                    continue
+            if refused(msg):
+                return
             worker = self._worker_of(msg.partition_id)
             if worker is None:
                 conn.send_frame(failure_frame(msg, PartitionNotAssignedError(msg.partition_id)))
             else:
                 await worker.submit(conn, msg)
+
+        await conn.handle(now, later)
+

@@ -238,6 +238,21 @@ class PartitionWorker:
         """Requests waiting for a pass (the batch on disk not counted)."""
         return len(self._queued)
 
+    def submit_now(self, conn: FramedConnection, msg: Any) -> bool:
+        """:meth:`submit` when it needs no waiting (no session check pending or due, room in the
+        queue), in the caller's call; False: nothing was done, use :meth:`submit`."""
+        pending = self._pending_check
+        if (
+            (pending is not None and not pending.done())
+            or (msg.session_id > self.session_id and type(msg) in SESSION_MOVING_REQUESTS)
+            or len(self._queued) >= PARTITION_QUEUE_CAPACITY
+        ):
+            return False
+        self._queued.append((conn, msg))
+        if not self._busy:
+            self._passes.ready(self)
+        return True
+
     async def submit(self, conn: FramedConnection, msg: Any) -> None:
         """Queue a request; waits while the queue is full, which stops the caller's reads.
 

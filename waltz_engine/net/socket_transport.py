@@ -1,0 +1,587 @@
+"""TLS (or plain TCP) on a non-blocking socket, driven by the loop's reader and writer callbacks.
+
+asyncio's own TLS layer (``sslproto``) runs every byte through memory BIOs, a protocol state
+machine and several Python calls per record: about half of a small request's CPU in a Waltz
+node. Here the socket's own :class:`ssl.SSLSocket` reads from and writes to the kernel itself:
+``recv_into`` a buffer reused by all the loop's connections, ``send`` straight from the caller's
+bytes. What that asks of the driver (each an OpenSSL rule):
+
+- a read may need the socket writable first (TLS 1.3 key updates and post-handshake messages):
+  ``SSLWantWriteError`` on read waits for writability, then reads again;
+- after a read, OpenSSL may hold decrypted bytes the selector knows nothing of (``pending()``):
+  reading goes on until ``SSLWantReadError``, and resuming a paused reader looks at them;
+- a write that raised ``SSLWantWriteError`` (or ``SSLWantReadError``) must be retried with the
+  same bytes before any other: the driver keeps that object (``_stuck``) and sends it first;
+- close-notify (``unwrap``) is sent without waiting for the peer's, and a peer that closes
+  without one (Netty does) is an end of stream like any other;
+- the handshake is driven by the same callbacks (``do_handshake_on_connect=False``), under the
+  caller's timeout.
+
+An accepted socket starts with no TLS state at all (:meth:`SocketTransport.first_bytes`
+waits for it to become readable without reading), so an idle connection costs a socket and
+this object. No threads: one loop drives every connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import socket
+import ssl
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# One read takes at most this much; TLS hands out one record (16 KiB) per read anyway.
+READ_BUFFER_BYTES = 256 * 1024
+# Bytes read in one readable callback before the loop's other callbacks get their turn.
+MAX_READ_PER_CALLBACK_BYTES = 1024 * 1024
+# Reads of what a peer sent before a failed handshake, at most, before its socket is closed.
+MAX_DRAIN_READS = 4
+# Buffered writes are joined into sends of at most this many bytes.
+MAX_SEND_BYTES = 256 * 1024
+DEFAULT_WRITE_HIGH_BYTES = 64 * 1024
+# Connections accepted per readable callback of a listening socket.
+MAX_ACCEPTS_PER_CALLBACK = 100
+LISTEN_BACKLOG = 100
+# Out of file descriptors: stop accepting this long (asyncio's choice).
+ACCEPT_RETRY_DELAY_S = 1.0
+
+_WANT = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
+_read_buffers = threading.local()
+
+
+def _read_buffer() -> memoryview:
+    """The loop thread's read buffer, shared by its connections: each read is copied out at once."""
+    view: memoryview | None = getattr(_read_buffers, "view", None)
+    if view is None:
+        view = _read_buffers.view = memoryview(bytearray(READ_BUFFER_BYTES))
+    return view
+
+
+def set_nodelay(sock: socket.socket) -> None:
+    """Small frames leave at once (asyncio's transports set it too)."""
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class SocketTransport(asyncio.Transport):
+    """One connection's socket (an ``SSLSocket`` once TLS is started) as an asyncio transport."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+        super().__init__()
+        assert not sock.getblocking()
+        self._loop = loop
+        self._sock = sock
+        self._fd = sock.fileno()
+        self._protocol: asyncio.BaseProtocol | None = None
+        self._peername: Any = None
+        with contextlib.suppress(OSError):
+            self._peername = sock.getpeername()
+        self._started = False  # the protocol was told of the connection
+        self._reading = False  # wanted by the protocol
+        self._reader_added = False
+        self._writer_added = False
+        self._read_wants_write = False
+        self._write_wants_read = False
+        self._closing = False
+        self._lost = False
+        # A send that raised "want": retried with this very object before anything else.
+        self._stuck: bytes | None = None
+        self._queue: deque[bytes] = deque()
+        self._buffered = 0
+        self._high = DEFAULT_WRITE_HIGH_BYTES
+        self._low = DEFAULT_WRITE_HIGH_BYTES // 4
+        self._writing_paused = False
+
+    # Before the protocol: the first bytes and the TLS handshake.
+
+    async def first_bytes(self) -> bool:
+        """Wait until the peer sent something (True) or closed (False), reading nothing."""
+        sock = self._sock
+        while True:
+            try:
+                return bool(sock.recv(1, socket.MSG_PEEK))
+            except (BlockingIOError, InterruptedError):
+                await self._wait(readable=True)
+            except OSError:
+                return False
+
+    async def start_tls(
+        self, context: ssl.SSLContext, server_side: bool, server_hostname: str | None
+    ) -> None:
+        """Replace the socket by an ``SSLSocket`` and drive its handshake; the caller bounds the time."""
+        assert not self._started and not isinstance(self._sock, ssl.SSLSocket)
+        sock = context.wrap_socket(
+            self._sock,
+            server_side=server_side,
+            do_handshake_on_connect=False,
+            server_hostname=None if server_side else server_hostname,
+        )
+        self._sock = sock
+        while True:
+            try:
+                sock.do_handshake()
+                return
+            except ssl.SSLWantReadError:
+                await self._wait(readable=True)
+            except ssl.SSLWantWriteError:
+                await self._wait(readable=False)
+
+    async def _wait(self, readable: bool) -> None:
+        waiter = self._loop.create_future()
+
+        def ready() -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        if readable:
+            self._loop.add_reader(self._fd, ready)
+        else:
+            self._loop.add_writer(self._fd, ready)
+        try:
+            await waiter
+        finally:
+            if readable:
+                self._loop.remove_reader(self._fd)
+            else:
+                self._loop.remove_writer(self._fd)
+
+    def start(self, protocol: asyncio.BaseProtocol) -> None:
+        """Hand the connection to ``protocol`` and start reading."""
+        assert not self._started
+        self._started = True
+        self._protocol = protocol
+        protocol.connection_made(self)
+        if not self._closing:
+            self.resume_reading()
+
+    # asyncio.Transport
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        sock = self._sock
+        if name == "peername":
+            return self._peername
+        if name == "socket":
+            return sock
+        if name == "sockname":
+            with contextlib.suppress(OSError):
+                return sock.getsockname()
+            return default
+        if isinstance(sock, ssl.SSLSocket):
+            if name == "sslcontext":
+                return sock.context
+            if name == "ssl_object":
+                return sock
+            if name == "peercert":
+                return sock.getpeercert()
+            if name == "cipher":
+                return sock.cipher()
+        return default
+
+    def peer_certificate_der(self) -> bytes | None:
+        """The peer's certificate as DER (None: plain TCP, or the peer sent none)."""
+        sock = self._sock
+        if not isinstance(sock, ssl.SSLSocket):
+            return None
+        with contextlib.suppress(ValueError, OSError):
+            return sock.getpeercert(binary_form=True)
+        return None
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self._protocol = protocol
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        assert self._protocol is not None
+        return self._protocol
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def is_reading(self) -> bool:
+        return self._reading and not self._closing
+
+    def pause_reading(self) -> None:
+        self._reading = False
+        if self._reader_added and not self._write_wants_read:
+            self._reader_added = False
+            self._loop.remove_reader(self._fd)
+
+    def resume_reading(self) -> None:
+        if self._closing or self._reading:
+            return
+        self._reading = True
+        if not self._read_wants_write:
+            self._add_reader()
+        sock = self._sock
+        if isinstance(sock, ssl.SSLSocket) and sock.pending():
+            self._loop.call_soon(self._read_ready)  # decrypted already: no readable event will come
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self._high = DEFAULT_WRITE_HIGH_BYTES if high is None else high
+        self._low = self._high // 4 if low is None else low
+        assert 0 <= self._low <= self._high
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return self._low, self._high
+
+    def get_write_buffer_size(self) -> int:
+        return self._buffered
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not data or self._closing:
+            return
+        chunk = data if isinstance(data, bytes) else bytes(data)
+        self._queue.append(chunk)
+        self._buffered += len(chunk)
+        if self._buffered == len(chunk):
+            self._flush()  # nothing was waiting: it goes now, straight from the caller's bytes
+        if not self._writing_paused and self._buffered > self._high:
+            self._writing_paused = True
+            self._stream_protocol().pause_writing()
+
+    def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None:
+        self.write(b"".join(list_of_data))
+
+    def close(self) -> None:
+        """Unsent bytes still go (then close-notify over TLS); the protocol hears of it after."""
+        if self._closing:
+            return
+        self._closing = True
+        self._reading = False
+        if not self._write_wants_read:  # (a stuck write waits for readability: it keeps the reader)
+            self._remove_reader()
+        if not self._buffered:
+            self._loop.call_soon(self._connection_lost, None)
+
+    def abort(self) -> None:
+        if self._started:
+            self._force_close(None)
+        elif not self._lost:
+            self.abort_unstarted()
+
+    # Reading.
+
+    def _add_reader(self) -> None:
+        if not self._reader_added:
+            self._reader_added = True
+            self._loop.add_reader(self._fd, self._read_ready)
+
+    def _remove_reader(self) -> None:
+        if self._reader_added:
+            self._reader_added = False
+            self._loop.remove_reader(self._fd)
+
+    def _read_ready(self) -> None:
+        if self._write_wants_read:
+            self._write_wants_read = False
+            if not self._reading:
+                self._remove_reader()
+            self._flush()
+        if not self._reading or self._closing or self._read_wants_write:
+            return
+        sock = self._sock
+        view = _read_buffer()
+        protocol = self._stream_protocol()
+        budget = MAX_READ_PER_CALLBACK_BYTES
+        while budget > 0:
+            try:
+                size = sock.recv_into(view)
+            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
+                return
+            except ssl.SSLWantWriteError:
+                # A TLS message must leave before this read can go on.
+                self._read_wants_write = True
+                self._remove_reader()
+                self._add_writer()
+                return
+            except (OSError, ssl.SSLError) as exc:
+                self._fatal_error(exc)
+                return
+            if not size:
+                self._eof()
+                return
+            budget -= size
+            protocol.data_received(view[:size].tobytes())
+            if not self._reading or self._closing:
+                return
+        if isinstance(sock, ssl.SSLSocket) and sock.pending():
+            self._loop.call_soon(self._read_ready)
+
+    def _eof(self) -> None:
+        self._remove_reader()
+        self._reading = False
+        keep_open = self._stream_protocol().eof_received()
+        if not keep_open:
+            self.close()
+
+    # Writing.
+
+    def _add_writer(self) -> None:
+        if not self._writer_added:
+            self._writer_added = True
+            self._loop.add_writer(self._fd, self._write_ready)
+
+    def _remove_writer(self) -> None:
+        if self._writer_added:
+            self._writer_added = False
+            self._loop.remove_writer(self._fd)
+
+    def _write_ready(self) -> None:
+        if self._read_wants_write:
+            self._read_wants_write = False
+            if self._reading and not self._closing:
+                self._add_reader()
+                self._read_ready()
+        self._flush()
+
+    def _flush(self) -> None:
+        """Send what is buffered, the stuck bytes first, until the socket takes no more."""
+        sock = self._sock
+        while self._buffered and not self._lost:
+            chunk = self._stuck
+            if chunk is None:
+                chunk = self._next_chunk()
+            try:
+                sent = sock.send(chunk)
+            except ssl.SSLWantReadError:
+                self._stuck = chunk
+                self._write_wants_read = True
+                self._remove_writer()
+                self._add_reader()
+                return
+            except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError):
+                self._stuck = chunk
+                self._add_writer()
+                return
+            except (OSError, ssl.SSLError) as exc:
+                self._fatal_error(exc)
+                return
+            self._stuck = None
+            self._buffered -= sent
+            if sent < len(chunk):
+                self._queue.appendleft(chunk[sent:])
+        if self._lost:
+            return
+        if not self._read_wants_write:
+            self._remove_writer()
+        if self._writing_paused and self._buffered <= self._low:
+            self._writing_paused = False
+            self._stream_protocol().resume_writing()
+        if self._closing and not self._buffered:
+            self._loop.call_soon(self._connection_lost, None)
+
+    def _next_chunk(self) -> bytes:
+        """The queue's first bytes, joined up to :data:`MAX_SEND_BYTES`, taken off the queue."""
+        queue = self._queue
+        first = queue.popleft()
+        if not queue or len(first) >= MAX_SEND_BYTES:
+            return first
+        pieces = [first]
+        size = len(first)
+        while queue and size + len(queue[0]) <= MAX_SEND_BYTES:
+            piece = queue.popleft()
+            pieces.append(piece)
+            size += len(piece)
+        return b"".join(pieces)
+
+    # Ending.
+
+    def _stream_protocol(self) -> asyncio.Protocol:
+        protocol = self._protocol
+        assert isinstance(protocol, asyncio.Protocol)
+        return protocol
+
+    def _fatal_error(self, exc: BaseException) -> None:
+        if not isinstance(exc, (OSError, ssl.SSLError)):
+            log.error("fatal error on a connection to %s", self._peername, exc_info=exc)
+        self._force_close(exc if isinstance(exc, Exception) else None)
+
+    def _force_close(self, exc: Exception | None) -> None:
+        if self._lost:
+            return
+        self._stuck = None
+        self._queue.clear()
+        self._buffered = 0
+        self._remove_reader()
+        self._remove_writer()
+        self._read_wants_write = self._write_wants_read = False
+        self._closing = True
+        self._loop.call_soon(self._connection_lost, exc, False)
+
+    def _connection_lost(self, exc: Exception | None, goodbye: bool = True) -> None:
+        if self._lost:
+            return
+        self._lost = True
+        self._remove_reader()
+        self._remove_writer()
+        sock = self._sock
+        if goodbye and isinstance(sock, ssl.SSLSocket):
+            # Close-notify, without waiting for the peer's (the socket is non-blocking).
+            with contextlib.suppress(OSError, ssl.SSLError, ValueError):
+                sock.unwrap()
+        try:
+            if self._started and self._protocol is not None:
+                self._protocol.connection_lost(exc)
+        finally:
+            sock.close()
+            self._protocol = None
+
+    def abort_unstarted(self) -> None:
+        """Close a connection no protocol was started on, at once (a failed handshake)."""
+        assert not self._started
+        self._lost = self._closing = True
+        self._remove_reader()
+        self._remove_writer()
+        # Bytes left unread make the kernel answer the close with a reset; a peer that sent
+        # garbage instead of TLS sees the end of the stream instead (as it did when asyncio
+        # read its first bytes whole).
+        with contextlib.suppress(OSError):
+            for _ in range(MAX_DRAIN_READS):
+                if not socket.socket.recv(self._sock, READ_BUFFER_BYTES):
+                    break
+        self._sock.close()
+
+
+class SocketServer:
+    """Listening sockets whose connections are accepted here, each a :class:`SocketTransport`
+    handed to a new protocol (``connection_made``) before anything is read from it."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        socks: Sequence[socket.socket],
+        protocol_factory: Callable[[], asyncio.BaseProtocol],
+    ) -> None:
+        self._loop = loop
+        self._socks = list(socks)
+        self._factory = protocol_factory
+        self._paused: dict[int, asyncio.TimerHandle] = {}
+        for sock in self._socks:
+            loop.add_reader(sock.fileno(), self._accept_ready, sock)
+
+    @property
+    def sockets(self) -> Sequence[socket.socket]:
+        return tuple(self._socks)
+
+    def close(self) -> None:
+        socks, self._socks = self._socks, []
+        for sock in socks:
+            retry = self._paused.pop(sock.fileno(), None)
+            if retry is not None:
+                retry.cancel()
+            else:
+                self._loop.remove_reader(sock.fileno())
+            sock.close()
+
+    async def wait_closed(self) -> None:
+        return None
+
+    def _accept_ready(self, sock: socket.socket) -> None:
+        for _ in range(MAX_ACCEPTS_PER_CALLBACK):
+            try:
+                conn, _address = sock.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    delay_s = ACCEPT_RETRY_DELAY_S
+                    log.error("out of resources accepting connections (%s); pausing %.0f s", exc, delay_s)
+                    self._loop.remove_reader(sock.fileno())
+                    self._paused[sock.fileno()] = self._loop.call_later(delay_s, self._resume, sock)
+                    return
+                raise
+            conn.setblocking(False)
+            set_nodelay(conn)
+            transport = SocketTransport(self._loop, conn)
+            protocol = self._factory()
+            transport.set_protocol(protocol)
+            protocol.connection_made(transport)
+
+    def _resume(self, sock: socket.socket) -> None:
+        if self._paused.pop(sock.fileno(), None) is not None and sock in self._socks:
+            self._loop.add_reader(sock.fileno(), self._accept_ready, sock)
+
+
+async def listen(
+    protocol_factory: Callable[[], asyncio.BaseProtocol], host: str, port: int
+) -> SocketServer:
+    """A :class:`SocketServer` on ``host:port`` as asyncio's ``create_server`` binds it: each address
+    ``host`` resolves to (all interfaces for ``""``); port 0 takes one free port on the first."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    if not infos:
+        raise OSError(f"cannot resolve {host!r}")
+    if port == 0:
+        infos = infos[:1]
+    socks: list[socket.socket] = []
+    seen: set[tuple[int, Any]] = set()
+    try:
+        for family, kind, proto, _, address in infos:
+            if (family, address) in seen:
+                continue
+            seen.add((family, address))
+            sock = socket.socket(family, kind, proto)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(LISTEN_BACKLOG)
+            sock.setblocking(False)
+    except BaseException:
+        for sock in socks:
+            sock.close()
+        raise
+    return SocketServer(loop, socks, protocol_factory)
+
+
+async def connect_socket(host: str, port: int) -> socket.socket:
+    """A connected non-blocking TCP socket to ``host:port`` (each resolved address in turn)."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    errors: list[OSError] = []
+    for family, kind, proto, _, address in infos:
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            await loop.sock_connect(sock, address)
+        except OSError as exc:
+            sock.close()
+            errors.append(exc)
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        set_nodelay(sock)
+        return sock
+    if len(errors) == 1:
+        raise errors[0]
+    if errors and len({str(e) for e in errors}) == 1:
+        raise errors[0]
+    raise OSError(f"cannot connect to {host}:{port}: {'; '.join(map(str, errors)) or 'no address'}")
+
+
+async def open_connection(
+    host: str, port: int, ssl_context: ssl.SSLContext | None, protocol: asyncio.BaseProtocol
+) -> SocketTransport:
+    """Connect, do the TLS handshake when ``ssl_context`` is given, then start ``protocol``."""
+    loop = asyncio.get_running_loop()
+    transport = SocketTransport(loop, await connect_socket(host, port))
+    try:
+        if ssl_context is not None:
+            await transport.start_tls(ssl_context, server_side=False, server_hostname=host)
+    except BaseException:
+        transport.abort_unstarted()
+        raise
+    transport.start(protocol)
+    return transport
