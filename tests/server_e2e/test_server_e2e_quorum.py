@@ -130,7 +130,9 @@ def test_quorum_loss_is_reported_and_writes_resume_without_loss(
         asyncio.run(go())
         for node in cluster.servers + cluster.storages:
             assert node.stop(), f"{node.name} did not stop"
-        checksums = [replica_checksums(node.directory / "data", key, 1).checksums for node in cluster.storages]
+        checksums = [
+            replica_checksums(node.directory / "data", key, 1).checksums for node in cluster.storages
+        ]
         assert checksums[0] == checksums[1] == checksums[2], checksums
 
 
