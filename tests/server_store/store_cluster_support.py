@@ -68,12 +68,11 @@ class StorageCluster:
 
     def checksums(self, partition_id: int) -> list[int]:
         """The replicas' partition checksums (nodes must be stopped)."""
-        return [
-            replica_checksums(node.directory, self.key, self.num_partitions, [partition_id]).checksums[
-                partition_id
-            ]
+        sums = [
+            replica_checksums(node.directory, self.key, self.num_partitions, [partition_id])
             for node in self.nodes
         ]
+        return [s.checksums[partition_id] for s in sums]
 
 
 def node_connect_string(node: StorageNodeProcess) -> str:
