@@ -16,17 +16,14 @@ import pytest
 from storage_node_support import HOST, StorageNodeProcess, client_ssl, make_records, start_storage_node
 
 from waltz_engine.common.config import Config, ConfigError
-from waltz_engine.net.channel import (
+from waltz_engine.net.channel import ConnectionClosedError, FramedConnection, connect, serve
+from waltz_engine.net.connection_limits import (
     HANDSHAKE_TIMEOUT_MS,
     MAX_BUFFERED_BYTES_PER_CONNECTION,
     MAX_CONNECTIONS,
     MAX_CONNECTIONS_PER_PEER,
-    ConnectionClosedError,
     ConnectionGate,
     ConnectionLimits,
-    FramedConnection,
-    connect,
-    serve,
 )
 from waltz_engine.net.tls import TlsConfig, server_context
 from waltz_engine.server.config import ServerConfig

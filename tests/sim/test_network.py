@@ -12,13 +12,12 @@ import pytest
 
 from waltz_engine.net.channel import (
     ConnectionClosedError,
-    ConnectionGate,
-    ConnectionLimits,
     FramedConnection,
     Listener,
     connect,
     serve,
 )
+from waltz_engine.net.connection_limits import ConnectionGate, ConnectionLimits
 from waltz_engine.sim.loop import SimLoop, run
 from waltz_engine.sim.network import STALL_RESET_S, Latency, SimNetwork
 from waltz_engine.wire.storage_messages import STORAGE_CODEC, StorageOpenRequest

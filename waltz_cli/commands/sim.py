@@ -45,6 +45,7 @@ def sim(
             f"{DEFAULT_TRANSACTIONS} transactions); 0 for a world without faults.",
             min=0,
             max=MAX_FAULTS,
+            show_default=False,  # the help says it
         ),
     ] = DEFAULT_FAULTS,
     workload: Annotated[

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from waltz_engine.auth.authorizer import AUTHORIZER_KEYS, AuthorizerSettings, read_authorizer_settings
 from waltz_engine.common.config import Config, ConfigError, require_ports
-from waltz_engine.net.channel import ConnectionLimits, read_connection_limits
+from waltz_engine.net.connection_limits import ConnectionLimits, read_connection_limits
 from waltz_engine.net.tls import TlsConfig
 from waltz_engine.server.feed_cache import DEFAULT_FEED_CACHE_SIZE_BYTES
 from waltz_engine.server.locks import DEFAULT_LOCK_TABLE_SIZE

@@ -24,7 +24,8 @@ from waltz_engine.auth.acl import ADMIN, APPEND, NO_PARTITION, READ
 from waltz_engine.auth.authorizer import Authorizer
 from waltz_engine.net.channel import WRITE_BUFFER_HIGH_BYTES, ConnectionClosedError, FramedConnection
 from waltz_engine.server.feeds import FeedContext
-from waltz_engine.server.partition import DataLoad, Partition
+from waltz_engine.server.partition import Partition
+from waltz_engine.server.partition_data import DataLoad
 from waltz_engine.wire.client_messages import (
     AUTHORIZATION_VERSION,
     AUTHORIZING_CLIENT_CODEC,

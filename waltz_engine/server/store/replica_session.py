@@ -367,7 +367,8 @@ class ReplicaSession(LatencyWeightedRoute):
                 await self._wakeup.wait()
                 return False
             try:
-                await asyncio.wait_for(self._wakeup.wait(), wait_s)
+                async with asyncio.timeout(wait_s):
+                    await self._wakeup.wait()
             except TimeoutError:
                 return True
             return False

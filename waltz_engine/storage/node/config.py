@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 from waltz_engine.auth.authorizer import AUTHORIZER_KEYS, AuthorizerSettings, read_authorizer_settings
 from waltz_engine.common.config import Config, ConfigError, require_ports
-from waltz_engine.net.channel import ConnectionLimits, read_connection_limits
+from waltz_engine.net.connection_limits import ConnectionLimits, read_connection_limits
 from waltz_engine.net.tls import TlsConfig
 from waltz_engine.storage.cleaner import DEFAULT_RETENTION_CHECK_INTERVAL_MS
 from waltz_engine.storage.constants import (

@@ -20,7 +20,8 @@ from waltz_engine.common.backoff import Backoff
 from waltz_engine.common.errors import StorageError, WaltzError
 from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.common.process import run_service
-from waltz_engine.net.channel import ConnectionGate, ConnectionHandler, FramedConnection, Listener, serve
+from waltz_engine.net.channel import ConnectionHandler, FramedConnection, Listener, serve
+from waltz_engine.net.connection_limits import ConnectionGate
 from waltz_engine.net.http_endpoints import HttpEndpoints
 from waltz_engine.net.tls import server_context
 from waltz_engine.net.transport import ASYNCIO_NETWORK, Network, tls_context
