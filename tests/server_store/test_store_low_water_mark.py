@@ -38,6 +38,8 @@ from waltz_engine.zk.connection import ZooKeeperSettings, connect
 from waltz_engine.zk.paths import ClusterPaths
 
 # The promise of docs/operations.md section 9: retention and the tier act within 2 minutes.
+# Sessions a loaded machine may roll before one runs the whole check without a roll.
+SETTLE_ATTEMPTS = 3
 LAG_BOUND_MS = 120_000
 NUM_NODES = 3
 NUM_PARTITIONS = 2
@@ -188,9 +190,14 @@ def test_quiet_once_marked_and_a_down_replica_stalls_nothing(
             # a quorum, not for the dead node), and they are told the new committed prefix.
             last = await _append(appender, 40)
             await _marked_everywhere(up, None, last)
-            # In the session that runs without it, the mechanism alone: no roll, no checkpoint.
-            session_id = _session_id(partition)
-            last = await _append(appender, 10)
+            # In the session that runs without it, the mechanism alone: no roll, no checkpoint. (A
+            # loaded machine may still roll the session once the dead node's connection gives up:
+            # the check is then made in the next one, a bounded number of times.)
+            for _ in range(SETTLE_ATTEMPTS):
+                session_id = _session_id(partition)
+                last = await _append(appender, 10)
+                if _session_id(partition) == session_id:
+                    break
             assert _session_id(partition) == session_id
             await _marked_everywhere(up, session_id, last)
         finally:
