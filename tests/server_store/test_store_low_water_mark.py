@@ -37,9 +37,9 @@ from waltz_engine.storage.tier.settings import DEFAULT_TIER_BYTES_PER_SECOND, DE
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
 from waltz_engine.zk.paths import ClusterPaths
 
-# The promise of docs/operations.md section 9: retention and the tier act within 2 minutes.
 # Sessions a loaded machine may roll before one runs the whole check without a roll.
 SETTLE_ATTEMPTS = 3
+# The promise of docs/operations.md section 9: retention and the tier act within 2 minutes.
 LAG_BOUND_MS = 120_000
 NUM_NODES = 3
 NUM_PARTITIONS = 2
