@@ -37,6 +37,8 @@ from waltz_engine.sim.faults import inject_faults
 from waltz_engine.sim.loop import START_MONOTONIC_S, SimDiskRunner, SimLoop
 from waltz_engine.sim.network import SimNetwork
 from waltz_engine.sim.node_faults import NodeFaults
+from waltz_engine.sim.object_store import SimBucket
+from waltz_engine.sim.operator import Operator, operator_server_keys, operator_storage_keys
 from waltz_engine.sim.replicas import check_replicas
 from waltz_engine.sim.workload import Application, ApplicationError, SimContext, check_outcomes
 from waltz_engine.sim.zk_model import SimZkClient, SimZooKeeper
@@ -100,6 +102,9 @@ class WorldShape:
     # The client's process restarts among the node faults (False: the world as it was before,
     # where the regression seeds found then replay).
     client_restarts: bool = True
+    # The operator's actions among the faults (waltz_engine.sim.operator), and the settings that
+    # give them something to act on (False: the world as it was before them).
+    operator_actions: bool = True
 
 
 @dataclass
@@ -140,6 +145,9 @@ class SimWorld:
         self.paused: set[int] = set()  # servers cut off by a pause or a crash
         self.forged_served: list[str] = []
         self.close_failures: list[str] = []
+        self.bucket = SimBucket()  # the object store the storage nodes' tiers offload to
+        self.operator = Operator(self)
+        self.storage_port, self.storage_admin_port = STORAGE_PORT, STORAGE_ADMIN_PORT
 
     def _zookeeper_keys(self) -> dict[str, Any]:
         return {
@@ -212,17 +220,27 @@ class SimWorld:
             "storage.port": STORAGE_PORT,
             "storage.admin.port": STORAGE_ADMIN_PORT,
             "storage.directory": f"/{host}",
+            **operator_storage_keys(self.shape.operator_actions),
         }
         storage_config = StorageConfig.from_config(self._config(host, storage_keys))
         node = StorageNode(
-            storage_config, **self._seams(host), disk=self.disks[host], disk_runner=SimDiskRunner
+            storage_config,
+            **self._seams(host),
+            disk=self.disks.setdefault(host, SimDisk()),
+            disk_runner=SimDiskRunner,
+            tier_seam=self.bucket.seam(),
         )
         await node.start()
         return node
 
     async def _start_server(self, number: int) -> WaltzServer:
         host = f"server-{number}"
-        server_keys = {"server.host": host, "server.advertisedHost": host, "server.port": SERVER_PORT}
+        server_keys = {
+            "server.host": host,
+            "server.advertisedHost": host,
+            "server.port": SERVER_PORT,
+            **operator_server_keys(self.shape.operator_actions),
+        }
         server = WaltzServer(ServerConfig.from_config(self._config(host, server_keys)), **self._seams(host))
         await server.start()
         return server
@@ -235,6 +253,7 @@ class SimWorld:
             self.resume_server(number)
         if self.zookeeper.in_outage:
             self.zookeeper.end_outage()
+        self.bucket.heal()
 
     async def stop(self) -> None:
         if self.client is not None:
@@ -267,6 +286,18 @@ class SimWorld:
     @property
     def client_restarts(self) -> bool:
         return self.shape.client_restarts
+
+    @property
+    def operator_actions(self) -> bool:
+        return self.shape.operator_actions
+
+    def operate(self, kind: str, rng: Any, busy: set[str]) -> asyncio.Task[None] | None:
+        return self.operator.inject(kind, rng, busy)
+
+    async def add_storage_node(self, number: int) -> None:
+        """A storage node beyond the shape's (the operator's ``add_storage``), started empty."""
+        assert number == len(self.storage)
+        self.storage.append(await _until_started(lambda: self._start_storage(number)))
 
     def _links_of(self, host: str) -> list[tuple[str, str]]:
         return [(a, b) for a, b in self.fault_pairs() if host in (a, b)]
@@ -413,7 +444,13 @@ class SimWorld:
         violations: list[str] = []
         for partition_id in range(self.shape.partitions):
             committed = self.application.applied.get(partition_id, [])
-            violations += check_replicas(self.storage, partition_id, committed)
+            operated = self.shape.operator_actions
+            nodes = self.operator.assigned_nodes(partition_id) if operated else self.storage
+            violations += check_replicas(nodes, partition_id, committed)
+        if self.shape.operator_actions:
+            self.operator.check_retained()
+            violations += self.operator.violations + self.operator.check_tier()
+            violations += self.operator.check_replica_count()
         return violations
 
 
@@ -492,6 +529,8 @@ def run_seed(seed: int, shape: WorldShape | None = None) -> SeedResult:
                 except TimeoutError:
                     late.append(f"a crashed node did not restart within {HEAL_LIMIT_S:.0f} s")
                 world.heal()
+                if shape.operator_actions:
+                    await world.operator.finish()
                 late += world.check_replicas()
                 try:
                     async with asyncio.timeout(STOP_LIMIT_S):

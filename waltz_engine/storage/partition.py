@@ -541,6 +541,11 @@ class Partition:
 
     # --- retention -----------------------------------------------------------------------
 
+    @property
+    def disk(self) -> Disk:
+        """The file system seam the partition's files are reached through."""
+        return self._disk
+
     def remove_head_segments(self, bound: int) -> list[tuple[int, int]]:
         """Remove the oldest segments lying wholly below ``bound`` and the local low-water mark + 1
         (never the current one), evicted ones too; return their (first, max) txids.
