@@ -44,6 +44,7 @@ from waltz_engine.ops.decommission import _decommission
 from waltz_engine.storage import admin_ops
 from waltz_engine.storage.network_reader import ClusterAccess
 from waltz_engine.storage.node.node import StorageNode
+from waltz_engine.storage.node.partition_worker import PartitionWorker
 from waltz_engine.storage.replica_mover import ReplicaMover
 from waltz_engine.storage.tier.manifest import TierManifest, object_names, replica_prefix
 from waltz_engine.storage.tier.offload import replica_name
@@ -57,8 +58,9 @@ if TYPE_CHECKING:
 
 OPERATOR_KINDS = ("retention", "decommission", "add_storage", "storage_lost", "tier_fault", "restart_forced")
 OPERATOR_HOST = "operator"
-# The actions that change replicas: one at a time (the others go on beside them).
-MOVING_KINDS = ("decommission", "add_storage", "storage_lost")
+# One decommission at a time (the other actions go on beside it, and beside the servers'
+# auto-recovery: the mover lease keeps two movers apart).
+MOVING_KINDS = ("decommission",)
 # Small segments and a prompt cleaner and tier, so a 100-transaction world has sealed segments
 # below the low-water mark to remove, offload and evict.
 SEGMENT_SIZE_BYTES = 1_024
@@ -81,6 +83,9 @@ REPLICATION = 3
 # Moves left recorded at the end are run again (an operator re-running a decommission) this often.
 FINISH_ATTEMPTS = 3
 TIMEOUT_MS = 10_000  # every operator request to a storage node
+# An action that fails (ZooKeeper out, the lease taken) is tried again this much later, this often.
+ATTEMPTS = 3
+RETRY_AFTER_S = 5.0
 
 
 def operator_storage_keys(enabled: bool) -> dict[str, Any]:
@@ -117,11 +122,12 @@ class Operator:
         self.world = world
         self.violations: list[str] = []
         self.bounds: dict[int, int] = {}  # partition -> the highest retention bound set
-        self.busy = False  # a moving action is under way
+        self.busy = False  # a decommission is under way
         self.added = 0  # storage nodes added beyond the shape's
         self.moves_done = 0
-        self.crashes = 0  # storage crashes so far (a move that overlaps one is not held to its goal)
-        self._first_seen: dict[tuple[str, int], int] = {}
+        # (storage host, partition) -> the worker, its count of segments removed and its first local
+        # txid when last looked at
+        self._removals: dict[tuple[str, int], tuple[PartitionWorker | None, int, int]] = {}
 
     # --- seams ---------------------------------------------------------------------------------
 
@@ -173,9 +179,14 @@ class Operator:
 
         async def run() -> None:
             try:
-                await self._run(kind, number, rng)
-            except (WaltzError, OSError, TimeoutError) as e:
-                world.loop.record("operator", f"{kind} failed: {e}")
+                for attempt in range(1, ATTEMPTS + 1):
+                    try:
+                        await self._run(kind, number, rng)
+                        return
+                    except Exception as e:  # the operator reads the error and tries again later
+                        world.loop.record("operator", f"{kind} failed: {type(e).__name__}: {e}")
+                        if attempt < ATTEMPTS:
+                            await asyncio.sleep(RETRY_AFTER_S)
             finally:
                 if exclusive:
                     self.busy = False
@@ -245,7 +256,9 @@ class Operator:
         holders = sorted(s for s, ids in layout.assignments.items() if ids)
         source = rng.choice(holders)
         goals = {p: len(world.application.applied.get(p, [])) - 1 for p in layout.assignments[source]}
-        crashes = self.crashes
+        # Held to its goal only when every node answered throughout (a node down may have been
+        # the only other holder of the goal).
+        whole, crashes = not world.storage_down, world.storage_crashes
         holder = f"sim operator decommission {source}"
         with connect(world.settings, world.zookeeper.connector()) as zk:
             if not replica_moves.try_lease(zk, root, holder):
@@ -261,8 +274,8 @@ class Operator:
             if move.source != source or move.partition_id not in goals:
                 continue
             self.moves_done += 1
-            if self.crashes != crashes:
-                continue  # a replica crashed meanwhile: the goal may have been on it alone
+            if not whole or world.storage_crashes != crashes:
+                continue
             held = await self._max_txid(move.target, move.partition_id)
             goal = goals[move.partition_id]
             if held is not None and held < goal:
@@ -282,7 +295,6 @@ class Operator:
         world = self.world
         if not await self._spare():
             return
-        self.crashes += 1
         await world.crash_storage(number)
         await asyncio.sleep(AUTO_RECOVERY_GRACE_MS / 1000 + rng.uniform(*LOST_BEYOND_GRACE_S))
         await world.restart_storage(number)
@@ -357,33 +369,38 @@ class Operator:
         return violations
 
     def check_retained(self) -> None:
-        """Retention's promise on every replica now: its log starts no further than one past its
-        local low-water mark, and no further than a bound the operator set."""
+        """Retention's promise on every replica whose cleaner removed segments since the last look:
+        its log now starts no further than one past its local low-water mark (nothing removed it
+        did not know committed), and no further than a bound the operator set."""
         for node in self.world.storage:
             manager = node.manager
             if manager is None or node._stopped:
                 continue
-            for partition_id in range(self.world.shape.partitions):
-                with contextlib.suppress(WaltzError, KeyError):
-                    partition = manager.partition(partition_id)
-                    first = partition.first_transaction_id()
-                    low_water_mark = partition.info.current.local_low_water_mark
+            for partition_id, worker in sorted(node.workers.items()):
+                metrics, partition = worker._metrics, worker.partition
+                if metrics is None or partition is None:
+                    continue
+                removed = metrics.removed_segments.count
+                with contextlib.suppress(WaltzError):
+                    local_first = partition.segments[0][0]
                     key = (node.config.host, partition_id)
-                    before = self._first_seen.get(key, 0)
-                    self._first_seen[key] = first
-                    if first <= before:
-                        continue  # nothing removed since last seen (or a copy's start)
-                    if first - 1 > low_water_mark:
+                    seen_worker, seen_removed, seen_first = self._removals.get(key, (None, 0, local_first))
+                    self._removals[key] = (worker, removed, local_first)
+                    if seen_worker is not worker or removed <= seen_removed or local_first <= seen_first:
+                        continue  # the cleaner removed no local segment since the last look
+                    low_water_mark = partition.info.current.local_low_water_mark
+                    if local_first - 1 > low_water_mark:
                         self.violations.append(
-                            f"{node.config.host}: retention removed partition {partition_id}'s transactions "
-                            f"up to {first - 1}, above its local low-water mark {low_water_mark} (not known "
-                            "committed)"
+                            f"{node.config.host}: retention removed partition {partition_id}'s "
+                            f"transactions up to {local_first - 1}, above its local low-water mark "
+                            f"{low_water_mark} (not known committed)"
                         )
-                    bound = self.bounds.get(partition_id)
-                    if bound is None or first > bound:
+                    bound, first = self.bounds.get(partition_id), partition.first_transaction_id()
+                    if bound is None or first > bound:  # (the tier's evicted segments still count)
                         self.violations.append(
-                            f"{node.config.host}: partition {partition_id} starts at {first}, above the "
-                            f"highest retention bound set ({bound})"
+                            f"{node.config.host}: retention removed partition {partition_id}'s "
+                            f"transactions up to {first - 1}, at or above the highest retention "
+                            f"bound set ({bound})"
                         )
 
     def check_tier(self) -> list[str]:
@@ -413,7 +430,10 @@ class Operator:
                 current = max(local) if local else None
                 for first, entry in sorted(manifest.segments.items()):
                     where = f"{node.config.host}: partition {partition_id} segment {first}"
-                    if first == current or (first in local and local[first] != entry.max_transaction_id):
+                    # Appended to after its upload, or still the one appended to (a replica cut
+                    # below a copy, as a move's copy does, holds less: no sign of an open upload).
+                    grew = first in local and local[first] > entry.max_transaction_id
+                    if grew or (first == current and local[first] == entry.max_transaction_id):
                         violations.append(
                             f"{where} was offloaded unsealed: the tier copy ends at "
                             f"{entry.max_transaction_id}, the local segment at {local.get(first)}"

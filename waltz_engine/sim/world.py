@@ -148,6 +148,8 @@ class SimWorld:
         self.bucket = SimBucket()  # the object store the storage nodes' tiers offload to
         self.operator = Operator(self)
         self.storage_port, self.storage_admin_port = STORAGE_PORT, STORAGE_ADMIN_PORT
+        self.storage_down: set[int] = set()  # crashed, not restarted yet
+        self.storage_crashes = 0
 
     def _zookeeper_keys(self) -> dict[str, Any]:
         return {
@@ -346,6 +348,8 @@ class SimWorld:
 
     async def crash_storage(self, number: int) -> None:
         host = f"storage-{number}"
+        self.storage_down.add(number)
+        self.storage_crashes += 1
         for a, b in self._links_of(host):
             self.network.partition(a, b)  # nothing it says on the way out crosses
         await self.storage[number].stop()
@@ -355,6 +359,7 @@ class SimWorld:
         for a, b in self._links_of(f"storage-{number}"):
             self.network.heal(a, b)
         self.storage[number] = await _until_started(lambda: self._start_storage(number))
+        self.storage_down.discard(number)
 
     async def forge_reads(self) -> None:
         """A rogue client that knows the cluster key reads with a session id nobody issued."""
