@@ -108,7 +108,9 @@ class AutoRecovery:
             try:
                 await self._check()
             except (WaltzError, OSError, TimeoutError, KazooException) as e:
-                log.warning("auto-recovery: %s; trying again in %d ms", e, self.check_interval_ms)
+                # kazoo's ConnectionLoss says nothing in words: its name does.
+                why = str(e) or type(e).__name__
+                log.warning("auto-recovery: %s; trying again in %d ms", why, self.check_interval_ms)
 
     async def _check(self) -> None:
         layout = await asyncio.to_thread(admin_ops.read_store_layout, self._zk, self._root)
