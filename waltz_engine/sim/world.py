@@ -43,6 +43,7 @@ from waltz_engine.sim.faults import DEFAULT_FAULTS, inject_faults
 from waltz_engine.sim.loop import START_MONOTONIC_S, SimDiskRunner, SimLoop
 from waltz_engine.sim.network import SimNetwork
 from waltz_engine.sim.node_faults import NodeFaults
+<<<<<<< HEAD
 from waltz_engine.sim.replicas import check_replicas, export_read
 from waltz_engine.sim.workload import (
     SERVER_FRAME_LIMIT_BYTES,
@@ -53,6 +54,12 @@ from waltz_engine.sim.workload import (
     payload,
     payload_size_bytes,
 )
+=======
+from waltz_engine.sim.object_store import SimBucket
+from waltz_engine.sim.operator import Operator, operator_server_keys, operator_storage_keys
+from waltz_engine.sim.replicas import check_replicas
+from waltz_engine.sim.workload import Application, ApplicationError, SimContext, check_outcomes
+>>>>>>> i32-ops
 from waltz_engine.sim.zk_model import SimZkClient, SimZooKeeper
 from waltz_engine.storage.client import StorageAdminClient, StorageClient, StorageRpcError
 from waltz_engine.storage.constants import INDEX_SUFFIX, SEGMENT_SUFFIX
@@ -135,6 +142,7 @@ class WorldShape:
     # The client's process restarts among the node faults (False: the world as it was before,
     # where the regression seeds found then replay).
     client_restarts: bool = True
+<<<<<<< HEAD
     # ACLs on (issue 34): every connection carries its host's principal, the nodes enforce, and
     # the client may append to and read all but the last two partitions, only read the one
     # before last (its appends are refused) and neither on the last (its mounts are refused).
@@ -144,6 +152,11 @@ class WorldShape:
     # low-water mark can make later rot in a record cut synced records as a torn tail; see
     # docs/reliability.md).
     control_file_flips: bool = False
+=======
+    # The operator's actions among the faults (waltz_engine.sim.operator), and the settings that
+    # give them something to act on (False: the world as it was before them).
+    operator_actions: bool = True
+>>>>>>> i32-ops
 
 
 @dataclass
@@ -200,6 +213,11 @@ class SimWorld:
         self.paused: set[int] = set()  # servers cut off by a pause or a crash
         self.forged_served: list[str] = []
         self.close_failures: list[str] = []
+        self.bucket = SimBucket()  # the object store the storage nodes' tiers offload to
+        self.operator = Operator(self)
+        self.storage_port, self.storage_admin_port = STORAGE_PORT, STORAGE_ADMIN_PORT
+        self.storage_down: set[int] = set()  # crashed, not restarted yet
+        self.storage_crashes = 0
 
     def _acl_keys(self, prefix: str) -> dict[str, Any]:
         """A node's authorizer keys with ``acl``: no TLS here, so the trust store is never read."""
@@ -321,16 +339,26 @@ class SimWorld:
             "storage.port": STORAGE_PORT,
             "storage.admin.port": STORAGE_ADMIN_PORT,
             "storage.directory": f"/{host}",
+<<<<<<< HEAD
             **self._acl_keys("storage"),
             "storage.segment.size.threshold": SEGMENT_SIZE_THRESHOLD_BYTES,
+=======
+            **operator_storage_keys(self.shape.operator_actions),
+>>>>>>> i32-ops
         }
         storage_config = StorageConfig.from_config(self._config(host, storage_keys))
         disk = self.disks[host]
         node = StorageNode(
             storage_config,
             **self._seams(host),
+<<<<<<< HEAD
             disk=disk,
             disk_runner=functools.partial(SimDiskRunner, sync_delay_ms=disk.take_sync_delay_ms),
+=======
+            disk=self.disks.setdefault(host, SimDisk()),
+            disk_runner=SimDiskRunner,
+            tier_seam=self.bucket.seam(),
+>>>>>>> i32-ops
         )
         await self._as_host(host, node.start)
         return node
@@ -341,8 +369,12 @@ class SimWorld:
             "server.host": host,
             "server.advertisedHost": host,
             "server.port": SERVER_PORT,
+<<<<<<< HEAD
             **self._acl_keys("server"),
             "server.maxBufferedBytesPerConnection": SERVER_FRAME_LIMIT_BYTES + FRAME_HEADER_SIZE_BYTES,
+=======
+            **operator_server_keys(self.shape.operator_actions),
+>>>>>>> i32-ops
         }
         server = WaltzServer(ServerConfig.from_config(self._config(host, server_keys)), **self._seams(host))
         await self._as_host(host, server.start)
@@ -356,9 +388,13 @@ class SimWorld:
             self.resume_server(number)
         if self.zookeeper.in_outage:
             self.zookeeper.end_outage()
+<<<<<<< HEAD
         for disk in self.disks.values():
             disk.capacity_bytes = None
         self.sync_latency_ms.clear()
+=======
+        self.bucket.heal()
+>>>>>>> i32-ops
 
     async def stop(self) -> None:
         if self.client is not None:
@@ -391,6 +427,18 @@ class SimWorld:
     @property
     def client_restarts(self) -> bool:
         return self.shape.client_restarts
+
+    @property
+    def operator_actions(self) -> bool:
+        return self.shape.operator_actions
+
+    def operate(self, kind: str, rng: Any, busy: set[str]) -> asyncio.Task[None] | None:
+        return self.operator.inject(kind, rng, busy)
+
+    async def add_storage_node(self, number: int) -> None:
+        """A storage node beyond the shape's (the operator's ``add_storage``), started empty."""
+        assert number == len(self.storage)
+        self.storage.append(await _until_started(lambda: self._start_storage(number)))
 
     def _links_of(self, host: str) -> list[tuple[str, str]]:
         return [(a, b) for a, b in self.fault_pairs() if host in (a, b)]
@@ -442,6 +490,7 @@ class SimWorld:
     async def force_unassign(self, partition_id: int) -> None:
         await self._change_forced(lambda zk: force_unassign(zk, CLUSTER_ROOT, partition_id))
 
+<<<<<<< HEAD
     def _power_off(self, host: str) -> None:
         """``host``'s machine loses power, now, in this turn: its disk keeps only what was synced
         (and a torn piece of its last write), its connections and listeners vanish without a
@@ -454,6 +503,12 @@ class SimWorld:
         disk = self.disks.get(host)
         if disk is not None:
             disk.crash(keep_torn_bytes=rng.randrange(disk.torn_write_size_bytes() + 1))
+=======
+    async def crash_storage(self, number: int) -> None:
+        host = f"storage-{number}"
+        self.storage_down.add(number)
+        self.storage_crashes += 1
+>>>>>>> i32-ops
         for a, b in self._links_of(host):
             self.network.partition(a, b)  # until it is back, nothing reaches it or answers
         self._process_exits(host)
@@ -479,6 +534,7 @@ class SimWorld:
         host = f"storage-{number}"
         self._back_up(host)
         self.storage[number] = await _until_started(lambda: self._start_storage(number))
+        self.storage_down.discard(number)
 
     def _back_up(self, host: str) -> None:
         """The machine is back: its links heal (what peers still send to its old connections is
@@ -686,6 +742,7 @@ class SimWorld:
         damaged = None if self.damaged_host is None else int(self.damaged_host.rsplit("-", 1)[1])
         for partition_id in range(self.shape.partitions):
             committed = self.application.applied.get(partition_id, [])
+<<<<<<< HEAD
             violations += check_replicas(self.storage, partition_id, committed, self.payloads, damaged)
         return violations
 
@@ -711,6 +768,15 @@ class SimWorld:
                     )
             finally:
                 await admin.close()
+=======
+            operated = self.shape.operator_actions
+            nodes = self.operator.assigned_nodes(partition_id) if operated else self.storage
+            violations += check_replicas(nodes, partition_id, committed)
+        if self.shape.operator_actions:
+            self.operator.check_retained()
+            violations += self.operator.violations + self.operator.check_tier()
+            violations += self.operator.check_replica_count()
+>>>>>>> i32-ops
         return violations
 
 
@@ -805,6 +871,7 @@ def run_seed(seed: int, shape: WorldShape | None = None) -> SeedResult:
                 except Exception as e:  # a fault's healing that fails is a finding, not the end
                     late.append(f"healing a fault raised {e!r}")
                 world.heal()
+<<<<<<< HEAD
                 try:
                     late += world.check_replicas()
                 except Exception as e:  # a replica that cannot be read at all is a finding
@@ -816,6 +883,11 @@ def run_seed(seed: int, shape: WorldShape | None = None) -> SeedResult:
                     late.append(f"the export read did not end within {STOP_LIMIT_S:.0f} s of virtual time")
                 except Exception as e:
                     late.append(f"the export read raised {e!r}")
+=======
+                if shape.operator_actions:
+                    await world.operator.finish()
+                late += world.check_replicas()
+>>>>>>> i32-ops
                 try:
                     async with asyncio.timeout(STOP_LIMIT_S):
                         await world.stop()

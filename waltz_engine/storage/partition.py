@@ -554,6 +554,11 @@ class Partition(PartitionHead):
             self._refill = None
 
     @property
+    def disk(self) -> Disk:
+        """The file system seam the partition's files are reached through."""
+        return self._disk
+
+    @property
     def segments(self) -> list[tuple[int, int]]:
         """(first, max) txid of each segment, oldest first: for tools and tests."""
         with self._lock:

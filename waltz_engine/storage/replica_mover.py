@@ -37,7 +37,7 @@ from kazoo.client import KazooClient
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.storage import admin_ops
 from waltz_engine.storage.admin_ops import NodePartitions, PartitionStatus, StorageContext, StoreLayout
-from waltz_engine.storage.network_reader import ClusterAccess, discover
+from waltz_engine.storage.network_reader import ClusterAccess, discover_from_loop
 from waltz_engine.zk import replica_moves
 from waltz_engine.zk.replica_moves import ReplicaMove
 from waltz_engine.zk.store_metadata import change_replicas
@@ -206,7 +206,7 @@ class ReplicaMover:
         if self.access is None:
             return None
         try:
-            sources = await asyncio.to_thread(discover, self.access, [p])
+            sources = await discover_from_loop(self.access, [p])
         except (WaltzError, OSError, TimeoutError) as e:
             self.say(f"partition {p}: copying up to the low-water mark only, no committed bound: {e}")
             return None
