@@ -124,7 +124,8 @@ class AutoRecovery:
             except (WaltzError, OSError, TimeoutError, KazooException) as e:
                 self._once(
                     "check",  # kazoo's ConnectionLoss says nothing in words: its name does.
-                    f"{without_java_class(str(e) or type(e).__name__)}; trying again every {self.check_interval_ms} ms",
+                    f"{without_java_class(str(e) or type(e).__name__)}; "
+                    f"trying again every {self.check_interval_ms} ms",
                 )
 
     def _once(self, key: str, reason: str) -> None:

@@ -23,8 +23,8 @@
   move on, and what it sent arrives after, at fenced replicas.
 - Disk faults of a storage node: ``torn_write`` (the power goes inside one of its next writes),
   ``bit_flip`` (rot in a segment, sealed or open up to its durable point, or in the control
-  file's partition structs; always the same node in a seed), ``disk_full`` (writes that grow a file fail with ENOSPC for a
-  while), ``slow_sync`` (each fsync takes up to seconds for a while).
+  file's partition structs; always the same node in a seed), ``disk_full`` (writes that grow a
+  file fail with ENOSPC for a while), ``slow_sync`` (each fsync takes up to seconds for a while).
 
 The world (:class:`waltz_engine.sim.world.SimWorld`) does what a fault means to its nodes; this
 module only chooses and times them, and heals each.

@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterable
 from waltz_engine.common.object_store import ObjectStoreError
 from waltz_engine.storage.tier.store import TierSeam, TierStore
 
-SIM_TIER_URL = "sim://tier"
+# A scheme the node accepts (its settings check it); the seam, not pyarrow, opens it.
+SIM_TIER_URL = "s3://sim-tier"
 
 
 class SimBucket:

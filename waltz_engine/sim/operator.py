@@ -23,9 +23,10 @@ promise of each checked.
   the tier, and a tier copy holds the bytes of the segment it names.
 - ``restart_forced``: a server is restarted and the partition forced onto it, then released.
 
-The local low-water mark moves only when a store session starts, so the world's servers start one
-every ``CHECKPOINT_INTERVAL`` transactions (``storage.checkpointInterval``): without it retention
-and the tier would have nothing to act on in a 100-transaction world.
+Retention and the tier act only below a replica's local low-water mark; the servers tell each
+replica its committed prefix within a session at most every ``LOW_WATER_MARK_INTERVAL_MS``
+(``storage.lowWaterMark.intervalMs``, 20 s by default: longer than a 100-transaction world's
+workload), so they have something to act on.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ RETENTION_CHECK_INTERVAL_MS = 2_000
 TIER_CHECK_INTERVAL_MS = 2_000
 TIER_LOCAL_BYTES = 3_072  # a few segments stay local; older ones are evicted once uploaded
 TIER_BYTES_PER_SECOND = 64 * 1024
-CHECKPOINT_INTERVAL = 10
+LOW_WATER_MARK_INTERVAL_MS = 1_000
 AUTO_RECOVERY_GRACE_MS = 20_000
 # How far below the client's applied high-water mark + 1 a retention bound falls, at most.
 RETENTION_SLACK = 15
@@ -110,7 +111,7 @@ def operator_server_keys(enabled: bool) -> dict[str, Any]:
     if not enabled:
         return {"server.autoRecovery.graceMs": 0}
     return {
-        "storage.checkpointInterval": CHECKPOINT_INTERVAL,
+        "storage.lowWaterMark.intervalMs": LOW_WATER_MARK_INTERVAL_MS,
         "server.autoRecovery.graceMs": AUTO_RECOVERY_GRACE_MS,
     }
 

@@ -43,7 +43,8 @@ from waltz_engine.sim.faults import DEFAULT_FAULTS, inject_faults
 from waltz_engine.sim.loop import START_MONOTONIC_S, SimDiskRunner, SimLoop
 from waltz_engine.sim.network import SimNetwork
 from waltz_engine.sim.node_faults import NodeFaults
-<<<<<<< HEAD
+from waltz_engine.sim.object_store import SimBucket
+from waltz_engine.sim.operator import Operator, operator_server_keys, operator_storage_keys
 from waltz_engine.sim.replicas import check_replicas, export_read
 from waltz_engine.sim.workload import (
     SERVER_FRAME_LIMIT_BYTES,
@@ -54,12 +55,6 @@ from waltz_engine.sim.workload import (
     payload,
     payload_size_bytes,
 )
-=======
-from waltz_engine.sim.object_store import SimBucket
-from waltz_engine.sim.operator import Operator, operator_server_keys, operator_storage_keys
-from waltz_engine.sim.replicas import check_replicas
-from waltz_engine.sim.workload import Application, ApplicationError, SimContext, check_outcomes
->>>>>>> i32-ops
 from waltz_engine.sim.zk_model import SimZkClient, SimZooKeeper
 from waltz_engine.storage.client import StorageAdminClient, StorageClient, StorageRpcError
 from waltz_engine.storage.constants import INDEX_SUFFIX, SEGMENT_SUFFIX
@@ -142,7 +137,6 @@ class WorldShape:
     # The client's process restarts among the node faults (False: the world as it was before,
     # where the regression seeds found then replay).
     client_restarts: bool = True
-<<<<<<< HEAD
     # ACLs on (issue 34): every connection carries its host's principal, the nodes enforce, and
     # the client may append to and read all but the last two partitions, only read the one
     # before last (its appends are refused) and neither on the last (its mounts are refused).
@@ -152,11 +146,9 @@ class WorldShape:
     # low-water mark can make later rot in a record cut synced records as a torn tail; see
     # docs/reliability.md).
     control_file_flips: bool = False
-=======
     # The operator's actions among the faults (waltz_engine.sim.operator), and the settings that
     # give them something to act on (False: the world as it was before them).
     operator_actions: bool = True
->>>>>>> i32-ops
 
 
 @dataclass
@@ -339,26 +331,18 @@ class SimWorld:
             "storage.port": STORAGE_PORT,
             "storage.admin.port": STORAGE_ADMIN_PORT,
             "storage.directory": f"/{host}",
-<<<<<<< HEAD
             **self._acl_keys("storage"),
             "storage.segment.size.threshold": SEGMENT_SIZE_THRESHOLD_BYTES,
-=======
-            **operator_storage_keys(self.shape.operator_actions),
->>>>>>> i32-ops
+            **operator_storage_keys(self.shape.operator_actions),  # (smaller segments with them)
         }
         storage_config = StorageConfig.from_config(self._config(host, storage_keys))
         disk = self.disks[host]
         node = StorageNode(
             storage_config,
             **self._seams(host),
-<<<<<<< HEAD
             disk=disk,
             disk_runner=functools.partial(SimDiskRunner, sync_delay_ms=disk.take_sync_delay_ms),
-=======
-            disk=self.disks.setdefault(host, SimDisk()),
-            disk_runner=SimDiskRunner,
             tier_seam=self.bucket.seam(),
->>>>>>> i32-ops
         )
         await self._as_host(host, node.start)
         return node
@@ -369,12 +353,9 @@ class SimWorld:
             "server.host": host,
             "server.advertisedHost": host,
             "server.port": SERVER_PORT,
-<<<<<<< HEAD
             **self._acl_keys("server"),
             "server.maxBufferedBytesPerConnection": SERVER_FRAME_LIMIT_BYTES + FRAME_HEADER_SIZE_BYTES,
-=======
             **operator_server_keys(self.shape.operator_actions),
->>>>>>> i32-ops
         }
         server = WaltzServer(ServerConfig.from_config(self._config(host, server_keys)), **self._seams(host))
         await self._as_host(host, server.start)
@@ -388,13 +369,10 @@ class SimWorld:
             self.resume_server(number)
         if self.zookeeper.in_outage:
             self.zookeeper.end_outage()
-<<<<<<< HEAD
         for disk in self.disks.values():
             disk.capacity_bytes = None
         self.sync_latency_ms.clear()
-=======
         self.bucket.heal()
->>>>>>> i32-ops
 
     async def stop(self) -> None:
         if self.client is not None:
@@ -490,7 +468,6 @@ class SimWorld:
     async def force_unassign(self, partition_id: int) -> None:
         await self._change_forced(lambda zk: force_unassign(zk, CLUSTER_ROOT, partition_id))
 
-<<<<<<< HEAD
     def _power_off(self, host: str) -> None:
         """``host``'s machine loses power, now, in this turn: its disk keeps only what was synced
         (and a torn piece of its last write), its connections and listeners vanish without a
@@ -503,12 +480,6 @@ class SimWorld:
         disk = self.disks.get(host)
         if disk is not None:
             disk.crash(keep_torn_bytes=rng.randrange(disk.torn_write_size_bytes() + 1))
-=======
-    async def crash_storage(self, number: int) -> None:
-        host = f"storage-{number}"
-        self.storage_down.add(number)
-        self.storage_crashes += 1
->>>>>>> i32-ops
         for a, b in self._links_of(host):
             self.network.partition(a, b)  # until it is back, nothing reaches it or answers
         self._process_exits(host)
@@ -519,6 +490,8 @@ class SimWorld:
     async def crash_storage(self, number: int, mid_write: bool | None = None) -> None:
         """A power loss: at once, or inside one of the node's next writes (a torn write)."""
         host = f"storage-{number}"
+        self.storage_down.add(number)  # (the operator's checks of a move need every node up)
+        self.storage_crashes += 1
         rng = self.loop.rng
         if mid_write is None:
             mid_write = rng.random() < MID_WRITE_CRASH_PROBABILITY
@@ -742,17 +715,27 @@ class SimWorld:
         damaged = None if self.damaged_host is None else int(self.damaged_host.rsplit("-", 1)[1])
         for partition_id in range(self.shape.partitions):
             committed = self.application.applied.get(partition_id, [])
-<<<<<<< HEAD
-            violations += check_replicas(self.storage, partition_id, committed, self.payloads, damaged)
+            # With the operator's actions, the replicas are the nodes ZooKeeper assigns now
+            # (what the partition's quorum counts), moved or recovered ones included.
+            operated = self.shape.operator_actions
+            nodes = self.operator.assigned_nodes(partition_id) if operated else self.storage
+            damaged = next((i for i, node in enumerate(nodes) if node.config.host == self.damaged_host), None)
+            violations += check_replicas(nodes, partition_id, committed, self.payloads, damaged)
+        if self.shape.operator_actions:
+            self.operator.check_retained()
+            violations += self.operator.violations + self.operator.check_tier()
+            violations += self.operator.check_replica_count()
         return violations
 
     async def export_read(self) -> list[str]:
         """The committed range as an export reads it from each replica's admin port (records,
-        their headers, data and checksums): what is served must be what the client built."""
+        their headers, data and checksums): what is served must be what the client built, from
+        the replica's retained start on (below it, retention removed the records: not served)."""
         violations: list[str] = []
-        for number in range(self.shape.storage_nodes):
+        for node in self.storage:
+            host = node.config.host
             admin = StorageAdminClient(
-                f"storage-{number}",
+                host,
                 STORAGE_ADMIN_PORT,
                 None,
                 self.key,
@@ -762,21 +745,12 @@ class SimWorld:
             await admin.open()
             try:
                 for partition_id in range(self.shape.partitions):
+                    if node.manager is None or partition_id not in node.manager.assigned_partition_ids():
+                        continue  # not (or no longer) a replica of it
                     committed = self.application.applied.get(partition_id, [])
-                    violations += await export_read(
-                        admin, f"storage-{number}", partition_id, committed, self.payloads
-                    )
+                    violations += await export_read(admin, host, partition_id, committed, self.payloads)
             finally:
                 await admin.close()
-=======
-            operated = self.shape.operator_actions
-            nodes = self.operator.assigned_nodes(partition_id) if operated else self.storage
-            violations += check_replicas(nodes, partition_id, committed)
-        if self.shape.operator_actions:
-            self.operator.check_retained()
-            violations += self.operator.violations + self.operator.check_tier()
-            violations += self.operator.check_replica_count()
->>>>>>> i32-ops
         return violations
 
 
@@ -871,7 +845,11 @@ def run_seed(seed: int, shape: WorldShape | None = None) -> SeedResult:
                 except Exception as e:  # a fault's healing that fails is a finding, not the end
                     late.append(f"healing a fault raised {e!r}")
                 world.heal()
-<<<<<<< HEAD
+                if shape.operator_actions:
+                    try:
+                        await world.operator.finish()  # moves a fault stopped, run again to their end
+                    except Exception as e:
+                        late.append(f"finishing the operator's moves raised {e!r}")
                 try:
                     late += world.check_replicas()
                 except Exception as e:  # a replica that cannot be read at all is a finding
@@ -883,11 +861,6 @@ def run_seed(seed: int, shape: WorldShape | None = None) -> SeedResult:
                     late.append(f"the export read did not end within {STOP_LIMIT_S:.0f} s of virtual time")
                 except Exception as e:
                     late.append(f"the export read raised {e!r}")
-=======
-                if shape.operator_actions:
-                    await world.operator.finish()
-                late += world.check_replicas()
->>>>>>> i32-ops
                 try:
                     async with asyncio.timeout(STOP_LIMIT_S):
                         await world.stop()
