@@ -22,7 +22,7 @@ from waltz_engine.server.feeds import FeedClient
 from waltz_engine.server.partition import _MOUNT, Partition
 from waltz_engine.server.store.recovery import UNKNOWN_HIGH_WATER_MARK, RecoveryManager
 from waltz_engine.server.transaction_cache import TransactionCache, TransactionData
-from waltz_engine.storage import partition as storage_partition
+from waltz_engine.storage import partition_head
 from waltz_engine.storage.control_file import ConcurrentUpdateError
 from waltz_engine.storage.node.failures import PartitionNotAssignedError
 from waltz_engine.storage.node.partition_worker import _OFFLINE_CAPABLE, PartitionWorker
@@ -185,7 +185,7 @@ def retention_past_low_water_mark(monkeypatch: pytest.MonkeyPatch) -> None:
             count += 1
         return count
 
-    monkeypatch.setattr(storage_partition, "removable_head_segments", removable)
+    monkeypatch.setattr(partition_head, "removable_head_segments", removable)
 
 
 def move_drops_tail(monkeypatch: pytest.MonkeyPatch) -> None:

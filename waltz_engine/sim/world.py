@@ -176,10 +176,9 @@ class SimWorld:
         self.network = SimNetwork(loop)
         self.zookeeper = SimZooKeeper(loop, trace=lambda event: loop.record("zookeeper", event))
         self.sync_latency_ms: dict[str, tuple[float, float] | None] = {}
-        self.disks = {
-            f"storage-{n}": SimDisk(sync_latency_ms=functools.partial(self._sync_latency_ms, f"storage-{n}"))
-            for n in range(shape.storage_nodes)
-        }
+        self.disks: dict[str, SimDisk] = {}
+        for number in range(shape.storage_nodes):
+            self._disk(f"storage-{number}")
         self.settings = ZooKeeperSettings(ZOOKEEPER_HOST, CLUSTER_ROOT, SESSION_TIMEOUT_MS)
         self.storage: list[StorageNode] = []
         self.servers: list[WaltzServer] = []
@@ -288,6 +287,11 @@ class SimWorld:
         self.zookeeper.kill_host(host)
         self.loop.kill_host(host)
 
+    def _disk(self, host: str) -> SimDisk:
+        if host not in self.disks:
+            self.disks[host] = SimDisk(sync_latency_ms=functools.partial(self._sync_latency_ms, host))
+        return self.disks[host]
+
     def _sync_latency_ms(self, host: str) -> float:
         slow = self.sync_latency_ms.get(host)
         return self.loop.rng.uniform(*slow) if slow is not None else 0.0
@@ -336,7 +340,9 @@ class SimWorld:
             **operator_storage_keys(self.shape.operator_actions),  # (smaller segments with them)
         }
         storage_config = StorageConfig.from_config(self._config(host, storage_keys))
-        disk = self.disks[host]
+        disk = self._disk(host)  # (a node the operator added gets its disk at its first start)
+        if self.shape.acl:
+            self.network.principals.setdefault(host, SIM_NODE_PRINCIPAL)
         node = StorageNode(
             storage_config,
             **self._seams(host),
@@ -531,7 +537,13 @@ class SimWorld:
         rng = self.loop.rng
         if host in self.dead or node.manager is None:
             return
-        files = [path for path in disk.files() if path.name.endswith((SEGMENT_SUFFIX, INDEX_SUFFIX))]
+        # Only the replicas it holds (a move leaves a moved-away partition's files behind).
+        assigned = {str(partition_id) for partition_id in node.manager.assigned_partition_ids()}
+        files = [
+            path
+            for path in disk.files()
+            if path.name.endswith((SEGMENT_SUFFIX, INDEX_SUFFIX)) and path.parent.name in assigned
+        ]
         if self.shape.control_file_flips and not self._control_damaged:
             files += [path for path in disk.files() if path.name.endswith(".ctl")]
         if not files:
