@@ -204,3 +204,28 @@ def test_a_dry_run_reads_segment_spans_from_our_nodes_gauges_and_reports_java_no
     assert not removals_from_gauges("n1", gauges(spans, 9, 99), 0, 25).more
     java = removals_from_gauges("n2", {f"{group}.local-low-water-mark": {"value": 34}}, 0, 25)
     assert java.going is None and java.why is not None and "Java" in java.why
+
+
+def test_a_replica_behind_the_retained_start_elsewhere_is_emptied_and_starts_late(tmp_path: Path) -> None:
+    # Its own head removed (20..34 left), it missed 35.. while down; retention removed up to 39
+    # everywhere else. A truncate below its start is refused, so only emptying lets a server
+    # fill it from the retained start (issue 32: the simulator's partition stalled on it).
+    directory = tmp_path / "storage"
+    directory.mkdir()
+    manager = _filled(directory, 35)
+    partition = manager.partition(0)
+    partition.remove_head_segments(25)
+    with pytest.raises(StorageError, match="not below the retention bound 30"):
+        partition.empty_below_bound(30)  # it holds 30..34: records the operator kept
+    assert partition.segments == [(20, 29), (30, 34)]
+    assert partition.empty_below_bound(40) == [(20, 29), (30, 34)]
+    assert partition.is_empty() and partition.first_transaction_id() == 0
+    partition.start_at(40)
+    partition.append(_records(40, 3))
+    manager.close()
+    assert verify(directory).ok
+    reopened = _manager(directory)
+    try:
+        assert reopened.partition(0).segments == [(40, 42)]
+    finally:
+        reopened.close()

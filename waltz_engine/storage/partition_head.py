@@ -76,6 +76,41 @@ class PartitionHead:
             evicted = self.tier.forget_below(end) if self.tier is not None else []
             return evicted + spans[:count]
 
+    def empty_below_bound(self, bound: int) -> list[tuple[int, int]]:
+        """Drop every record of a replica whose head retention removed, when all it holds lies
+        below the retention ``bound`` (records the operator allowed to go): its log is empty
+        again, as if it never held one, so a server fills it from the retained start elsewhere
+        (:meth:`start_at`). Without this a replica that fell behind the others' retained start
+        cannot be emptied (a truncate below its start is refused) and its recovery fails in every
+        store session. Returns the (first, max) txids removed, evicted ones too.
+
+        The segments go oldest first, then segment 0 is created: a crash in between leaves no
+        segment, and :meth:`open` recreates segment 0, the state this call ends in.
+        """
+        with self._lock:
+            self._check_open()
+            held = self._current.max_transaction_id
+            if held >= bound:
+                raise StorageError(
+                    f"partition {self.partition_id} holds transaction {held}, not below the retention "
+                    f"bound {bound}: it cannot be emptied"
+                )
+            self._abort_refill()
+            spans = [(s.first_transaction_id, s.max_transaction_id) for s in self._segments]
+            evicted = self.tier.forget_below(held + 1) if self.tier is not None else []
+            while self._segments:
+                self._drop_head()
+            self._disk.fsync_directory(self.directory)
+            self._segments.append(self._new_segment(0))
+            log.warning(
+                "partition %d: emptied (it held transactions up to %d only, all below the retention "
+                "bound %d): it is filled from the retained start",
+                self.partition_id,
+                held,
+                bound,
+            )
+            return evicted + spans
+
     def _drop_head(self) -> None:
         """Remove the oldest segment's files (``.seg`` first: :meth:`open` removes a lone index)."""
         doomed = self._segments.pop(0)
