@@ -226,5 +226,5 @@ def test_a_roll_over_the_full_disk_refused_is_made_again_once_there_is_room() ->
                 partition.append([record(txid)])
                 rolled_after_refusal += len(partition.segments) > segments
         assert rolled_after_refusal >= 1
-        assert len(partition.segments) > 2 and partition.max_transaction_id() == 11
+        assert len(partition.segments) >= 2 and partition.max_transaction_id() == 11
         assert partition.records(0, 12) == [record(t) for t in range(12)]
