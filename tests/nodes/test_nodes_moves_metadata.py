@@ -81,6 +81,19 @@ def test_a_move_left_to_tell_a_dead_node_lets_its_partition_move_again(
     assert added == [settled, busy, *planned]
 
 
+def test_a_move_back_onto_the_source_of_a_settled_move_drops_that_move(
+    zk_client: KazooClient, cluster_root: str
+) -> None:
+    make_cluster(zk_client, cluster_root)  # h:1 holds 0, 1, 2; h:2 holds 0, 1, 3
+    # 0 moved from h:3 to h:1, h:3 never told; now 0 moves from h:2 back onto h:3: run again,
+    # the old move would take h:3 out of the assignment once more (issue 32).
+    settled, other = ReplicaMove(0, "h:3", "h:1"), ReplicaMove(1, "h:4", "h:2")
+    replica_moves.add_moves(zk_client, cluster_root, [settled, other])
+    back = ReplicaMove(0, "h:2", "h:3")
+    added = replica_moves.add_moves(zk_client, cluster_root, [back], [settled, other])
+    assert added == [other, back]
+
+
 def test_one_lease_holder_and_only_it_releases(
     zookeeper: str, zk_client: KazooClient, cluster_root: str
 ) -> None:

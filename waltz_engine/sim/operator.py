@@ -126,6 +126,7 @@ class Operator:
         self.busy = False  # a decommission is under way
         self.added = 0  # storage nodes added beyond the shape's
         self.moves_done = 0
+        self.lost: set[int] = set()  # storage nodes lost (away past the grace) now
         # (storage host, partition) -> the worker, its count of segments removed and its first local
         # txid when last looked at
         self._removals: dict[tuple[str, int], tuple[PartitionWorker | None, int, int]] = {}
@@ -164,7 +165,9 @@ class Operator:
         world = self.world
         if kind == "storage_lost":
             number = rng.randrange(world.num_storage_nodes)
-            if f"storage-{number}" in busy:
+            if f"storage-{number}" in busy or self.lost:
+                # One node lost at a time: three replicas promise to outlive one failure; with
+                # two away past the grace no quorum is left to re-replicate from.
                 return None
         elif kind == "restart_forced":
             number = rng.randrange(world.num_servers)
@@ -296,9 +299,13 @@ class Operator:
         world = self.world
         if not await self._spare():
             return
-        await world.crash_storage(number)
-        await asyncio.sleep(AUTO_RECOVERY_GRACE_MS / 1000 + rng.uniform(*LOST_BEYOND_GRACE_S))
-        await world.restart_storage(number)
+        self.lost.add(number)
+        try:
+            await world.crash_storage(number)
+            await asyncio.sleep(AUTO_RECOVERY_GRACE_MS / 1000 + rng.uniform(*LOST_BEYOND_GRACE_S))
+            await world.restart_storage(number)
+        finally:
+            self.lost.discard(number)
 
     async def tier_fault(self, rng: random.Random) -> None:
         bucket = self.world.bucket
