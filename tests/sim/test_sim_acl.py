@@ -11,16 +11,19 @@ from waltz_engine.auth.authorizer import Authorizer
 from waltz_engine.sim.world import ACL_MIN_PARTITIONS, WorldShape, run_seed
 
 SHAPE = WorldShape(acl=True, partitions=ACL_MIN_PARTITIONS, transactions=30, faults=4)
-SEEDS = range(3)
+# Seed 5: an append on the partition the client may only read went with the connection to a
+# crashed server; its FLUSH was refused as an append, so nothing ever decided it.
+SEEDS = (0, 1, 2, 5)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_checks_hold_with_acls_on(seed: int) -> None:
     result = run_seed(seed, SHAPE)
     assert result.violations == []
-    # Only the partition the client may append to committed; the other two ended refused.
+    # Only the partition the client may append to committed; the other two ended refused (by the
+    # ACLs, or by the application's own error on a retry after a flush proved an append absent).
     assert 0 < result.transactions <= SHAPE.transactions // ACL_MIN_PARTITIONS
-    assert result.not_committed >= 2 * SHAPE.transactions // ACL_MIN_PARTITIONS
+    assert result.not_committed + result.refused >= 2 * SHAPE.transactions // ACL_MIN_PARTITIONS
 
 
 def test_an_authorizer_that_allows_everything_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -230,7 +230,7 @@ class StreamClient(BaseClient):
                     report(partition.partition_id, partition.client_high_water_mark, error)
                 except Exception:
                     log.exception("callback error [uncaught_exception]")
-        # A refused FLUSH: the appends it would decide had refusals of their own.
+        # A refused FLUSH (a read): the refused mount or feed ended the partition's appends.
 
     def _mount_response(
         self, partition: Partition, network_client: NetworkClient, message: MountResponse

@@ -251,8 +251,11 @@ class ClientConnection:
 
 
 _TYPE_CODES = {spec.cls: spec.type_code for spec in AUTHORIZING_CLIENT_CODEC.specs}
-_READS = (MountRequest, FeedRequest, TransactionDataRequest, HighWaterMarkRequest)
-_APPENDS = (AppendRequest, FlushRequest)
+# A FLUSH writes nothing and tells what a mount tells (the appends sent before it are decided, the
+# high-water mark): a read. As an append, a reader whose append was lost with its connection
+# (never refused, never decided) asked about it without end.
+_READS = (MountRequest, FeedRequest, TransactionDataRequest, HighWaterMarkRequest, FlushRequest)
+_APPENDS = (AppendRequest,)
 _PREFERRED = (AddPreferredPartitionRequest, RemovePreferredPartitionRequest)
 NOT_AUTHORIZED = "not authorized"
 

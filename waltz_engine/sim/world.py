@@ -233,6 +233,7 @@ class SimWorld:
         self.network.principals[CLIENT_HOST] = SIM_CLIENT_PRINCIPAL
         self.network.principals[ROGUE_HOST] = SIM_ROGUE_PRINCIPAL
         entries = [
+            # The export-style read of the replicas (admin port) is a read, as an export's is.
             *make_entries(SIM_OPERATOR_PRINCIPAL, ["admin", "read"], "*", deny=False),
             *make_entries(SIM_CLIENT_PRINCIPAL, ["read"], f"0-{partitions - 2}", deny=False),
             *make_entries(SIM_CLIENT_PRINCIPAL, ["append"], f"0-{partitions - 3}", deny=False),

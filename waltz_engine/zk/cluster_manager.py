@@ -395,6 +395,14 @@ class ClusterWatcher:
 # --- the manager (server side) -----------------------------------------------------------------
 
 
+def _loop_rng() -> random.Random:
+    try:
+        rng = getattr(asyncio.get_running_loop(), "rng", None)
+    except RuntimeError:
+        rng = None
+    return rng if isinstance(rng, random.Random) else random.Random()
+
+
 class ClusterManager(ClusterWatcher):
     """A watcher that also manages one server: registers it, and coordinates when it has the lowest id."""
 
@@ -408,7 +416,9 @@ class ClusterManager(ClusterWatcher):
         rng: random.Random | None = None,
     ) -> None:
         super().__init__(client, root, on_endpoints=on_endpoints, on_server_removed=on_server_removed)
-        self._rng = rng if rng is not None else random.Random()
+        # The shuffles' generator: the caller's, else the running loop's where it has one (the
+        # simulator's, seeded: a simulated run stays a function of its seed), else a fresh one.
+        self._rng = rng if rng is not None else _loop_rng()
         self._registration: _Registration | None = None
         self._forced_version_applied: int | None = None  # forced set this coordinator last honoured
 
