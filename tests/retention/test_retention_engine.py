@@ -206,20 +206,22 @@ def test_a_dry_run_reads_segment_spans_from_our_nodes_gauges_and_reports_java_no
     assert java.going is None and java.why is not None and "Java" in java.why
 
 
-def test_a_replica_behind_the_retained_start_elsewhere_is_emptied_and_starts_late(tmp_path: Path) -> None:
-    # Its own head removed (20..34 left), it missed 35.. while down; retention removed up to 39
-    # everywhere else. A truncate below its start is refused, so only emptying lets a server
-    # fill it from the retained start (issue 32: the simulator's partition stalled on it).
+def test_a_truncate_to_nothing_empties_a_log_whose_head_is_gone(tmp_path: Path) -> None:
+    # Its own head removed (20..34 left), it missed 35.. while down, and retention removed up to
+    # 39 everywhere else: a server empties it to fill it from the retained start (before, the
+    # truncate was refused and every store session failed on it: issue 32). A truncate to a txid
+    # below the start is still refused (it would leave a gap).
     directory = tmp_path / "storage"
     directory.mkdir()
     manager = _filled(directory, 35)
     partition = manager.partition(0)
     partition.remove_head_segments(25)
-    with pytest.raises(StorageError, match="not below the retention bound 30"):
-        partition.empty_below_bound(30)  # it holds 30..34: records the operator kept
+    with pytest.raises(BelowRetainedStartError):
+        partition.truncate(5)
     assert partition.segments == [(20, 29), (30, 34)]
-    assert partition.empty_below_bound(40) == [(20, 29), (30, 34)]
+    assert partition.truncate(-1) == -1
     assert partition.is_empty() and partition.first_transaction_id() == 0
+    assert _segment_files(partition) == [f"{0:019d}.idx", f"{0:019d}.seg"]
     partition.start_at(40)
     partition.append(_records(40, 3))
     manager.close()

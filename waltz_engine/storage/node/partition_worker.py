@@ -329,18 +329,6 @@ class PartitionWorker:
         if self._metrics is not None:
             self._metrics.removed_segments.inc(count)
 
-    def _empties(self, partition: Partition) -> bool:
-        """A truncate to nothing of a replica whose head retention removed (our extension): a
-        server empties a replica that fell behind the retained start elsewhere, to fill it from
-        there. Allowed only when everything it holds lies below the effective retention bound
-        (records the operator allowed to go); else the truncate is refused as before."""
-        bound = self.retention_bound
-        if partition.first_transaction_id() == 0 or bound is None:
-            return False
-        removed = partition.empty_below_bound(bound)
-        self.removed_segments(len(removed), 0)
-        return True
-
     def _start_late(self, partition: Partition, msg: StorageAppendRequest) -> None:
         """Let an empty replica begin at the first appended txid when retention removed everything
         before it: a server fills a replica added after retention from the retained start.
@@ -486,10 +474,9 @@ class PartitionWorker:
             partition.set_low_water_mark(session_id, msg.low_water_mark)
             return StorageSuccessResponse(session_id, seq_num, partition_id)
         if kind is StorageTruncateRequest:
-            if msg.transaction_id == -1 and self._empties(partition):
-                return StorageMaxTransactionIdResponse(session_id, seq_num, partition_id, -1)
             # The original replies min(max txid, t): truncate returns exactly that.
             new_max = partition.truncate(msg.transaction_id)
+            self.first_transaction_id = partition.first_transaction_id()  # (-1 empties a headless log)
             return StorageMaxTransactionIdResponse(session_id, seq_num, partition_id, new_max)
         if kind is StorageAppendRequest:
             held = msg.records and msg.records[0].transaction_id <= partition.max_transaction_id()
