@@ -146,14 +146,19 @@ async def export_read(
     first = gauges.get(f"waltz-storage.partition-{partition_id}.{FIRST_TRANSACTION_ID_GAUGE}", {})
     start = first.get("value") if isinstance(first, dict) else None
     next_txid = start if isinstance(start, int) and not isinstance(start, bool) else 0
+    single_until = -1  # after a refused batch, its range is read one record at a time
     while next_txid <= low_water_mark:
         count = min(READ_BATCH_RECORDS, low_water_mark - next_txid + 1)
+        if next_txid < single_until:
+            count = 1
         try:
             raw = await admin.record_list_raw(partition_id, next_txid, count)
             records, got = decode_records(raw, next_txid, partition_id)
         except (StorageRpcError, BadRecordsError):
             if count > 1:
-                count = 1  # read the range one record at a time, to skip only what is refused
+                # Read the range one record at a time, to skip only what is refused (a batch
+                # again after each record read the range over and over: most of a seed's CPU).
+                single_until, count = next_txid + count, 1
                 try:
                     raw = await admin.record_list_raw(partition_id, next_txid, 1)
                     records, got = decode_records(raw, next_txid, partition_id)
