@@ -11,7 +11,7 @@ from kazoo.client import KazooClient
 
 from waltz_engine.ops.decommission import DecommissionError, decommission
 from waltz_engine.storage.admin_ops import StoreLayout, client_ssl_context, read_store_layout
-from waltz_engine.storage.replica_mover import MoveError, plan_moves, settled_moves, under_way
+from waltz_engine.storage.replica_mover import MoveError, ReplicaMover, plan_moves, settled_moves, under_way
 from waltz_engine.zk import replica_moves
 from waltz_engine.zk.cluster import create_cluster
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
@@ -147,3 +147,17 @@ def test_decommission_refuses_an_unknown_node_and_a_held_lease(
     ):
         decommission(settings, client_ssl_context(None), "h:1")
     assert replica_moves.read_moves(zk_client, cluster_root) == []  # nothing recorded without the lease
+
+
+def test_a_move_is_not_caught_up_when_no_other_replica_answers() -> None:
+    import asyncio
+
+    layout = StoreLayout(uuid.UUID(int=1), 1, {"h:1": (0,), "h:2": (0,), "h:3": (0,)}, {}, {})
+
+    class Silent(ReplicaMover):
+        async def _max_txid(self, layout: StoreLayout, storage: str, p: int) -> int | None:
+            return 5 if storage == "h:3" else None  # only the target answers
+
+    mover = Silent(None, "/root", None)  # type: ignore[arg-type]
+    with pytest.raises(MoveError, match="no other replica answers"):
+        asyncio.run(mover._await_caught_up(layout, ReplicaMove(0, "h:1", "h:3")))

@@ -247,6 +247,14 @@ class ReplicaMover:
         p = move.partition_id
         others = [s for s in holders(layout, p) if s != move.target]
         held = [await self._max_txid(layout, s, p) for s in others]
+        if others and all(h is None for h in held):
+            # No other replica said how far it holds: a goal of -1 would call the target caught
+            # up at once and let the source go with the tail (issue 32: the simulator's bank
+            # seed 9, where the others' answers were refused mid-session).
+            raise MoveError(
+                f"partition {p}: no other replica answers how far it holds, so {move.target}'s "
+                "catch-up cannot be judged; run again when one does"
+            )
         goal = max((h for h in held if h is not None), default=-1)
         self.say(f"partition {p}: waiting for {move.target} to catch up to {goal}")
         loop = asyncio.get_running_loop()
