@@ -11,7 +11,7 @@ from kazoo.client import KazooClient
 
 from waltz_engine.ops.decommission import DecommissionError, decommission
 from waltz_engine.storage.admin_ops import StoreLayout, client_ssl_context, read_store_layout
-from waltz_engine.storage.replica_mover import MoveError, plan_moves, settled_moves, under_way
+from waltz_engine.storage.replica_mover import MoveError, ReplicaMover, plan_moves, settled_moves, under_way
 from waltz_engine.zk import replica_moves
 from waltz_engine.zk.cluster import create_cluster
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
@@ -81,6 +81,19 @@ def test_a_move_left_to_tell_a_dead_node_lets_its_partition_move_again(
     assert added == [settled, busy, *planned]
 
 
+def test_a_move_back_onto_the_source_of_a_settled_move_drops_that_move(
+    zk_client: KazooClient, cluster_root: str
+) -> None:
+    make_cluster(zk_client, cluster_root)  # h:1 holds 0, 1, 2; h:2 holds 0, 1, 3
+    # 0 moved from h:3 to h:1, h:3 never told; now 0 moves from h:2 back onto h:3: run again,
+    # the old move would take h:3 out of the assignment once more (issue 32).
+    settled, other = ReplicaMove(0, "h:3", "h:1"), ReplicaMove(1, "h:4", "h:2")
+    replica_moves.add_moves(zk_client, cluster_root, [settled, other])
+    back = ReplicaMove(0, "h:2", "h:3")
+    added = replica_moves.add_moves(zk_client, cluster_root, [back], [settled, other])
+    assert added == [other, back]
+
+
 def test_one_lease_holder_and_only_it_releases(
     zookeeper: str, zk_client: KazooClient, cluster_root: str
 ) -> None:
@@ -134,3 +147,17 @@ def test_decommission_refuses_an_unknown_node_and_a_held_lease(
     ):
         decommission(settings, client_ssl_context(None), "h:1")
     assert replica_moves.read_moves(zk_client, cluster_root) == []  # nothing recorded without the lease
+
+
+def test_a_move_is_not_caught_up_when_no_other_replica_answers() -> None:
+    import asyncio
+
+    layout = StoreLayout(uuid.UUID(int=1), 1, {"h:1": (0,), "h:2": (0,), "h:3": (0,)}, {}, {})
+
+    class Silent(ReplicaMover):
+        async def _max_txid(self, layout: StoreLayout, storage: str, p: int) -> int | None:
+            return 5 if storage == "h:3" else None  # only the target answers
+
+    mover = Silent(None, "/root", None)  # type: ignore[arg-type]
+    with pytest.raises(MoveError, match="no other replica answers"):
+        asyncio.run(mover._await_caught_up(layout, ReplicaMove(0, "h:1", "h:3")))

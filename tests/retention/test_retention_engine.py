@@ -204,3 +204,30 @@ def test_a_dry_run_reads_segment_spans_from_our_nodes_gauges_and_reports_java_no
     assert not removals_from_gauges("n1", gauges(spans, 9, 99), 0, 25).more
     java = removals_from_gauges("n2", {f"{group}.local-low-water-mark": {"value": 34}}, 0, 25)
     assert java.going is None and java.why is not None and "Java" in java.why
+
+
+def test_a_truncate_to_nothing_empties_a_log_whose_head_is_gone(tmp_path: Path) -> None:
+    # Its own head removed (20..34 left), it missed 35.. while down, and retention removed up to
+    # 39 everywhere else: a server empties it to fill it from the retained start (before, the
+    # truncate was refused and every store session failed on it: issue 32). A truncate to a txid
+    # below the start is still refused (it would leave a gap).
+    directory = tmp_path / "storage"
+    directory.mkdir()
+    manager = _filled(directory, 35)
+    partition = manager.partition(0)
+    partition.remove_head_segments(25)
+    with pytest.raises(BelowRetainedStartError):
+        partition.truncate(5)
+    assert partition.segments == [(20, 29), (30, 34)]
+    assert partition.truncate(-1) == -1
+    assert partition.is_empty() and partition.first_transaction_id() == 0
+    assert _segment_files(partition) == [f"{0:019d}.idx", f"{0:019d}.seg"]
+    partition.start_at(40)
+    partition.append(_records(40, 3))
+    manager.close()
+    assert verify(directory).ok
+    reopened = _manager(directory)
+    try:
+        assert reopened.partition(0).segments == [(40, 42)]
+    finally:
+        reopened.close()

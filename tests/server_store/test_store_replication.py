@@ -443,3 +443,37 @@ def test_an_assignment_change_reopens_only_the_sessions_of_partitions_whose_repl
             await store.close()
 
     asyncio.run(go())
+
+
+def test_a_replica_added_while_a_session_opens_joins_the_next_session(
+    cluster: StorageCluster, zk: KazooClient
+) -> None:
+    # The change arrives while the session is still opening (one of its replicas is stopped), so
+    # there is no open session to close: the session that opens with the old replicas is
+    # followed by one with the new replica (issue 32: the simulator's seed 16 at --faults 20 left
+    # a moved-to node out of every session and the move waited on it forever).
+    from waltz_engine.zk.store_metadata import change_replicas
+
+    names = [node_connect_string(node) for node in cluster.nodes]
+    for name, node, held in zip(names, cluster.nodes, ([0, 1], [0, 1], [0]), strict=True):
+        register(zk, cluster.root, name, node.admin_port, held)
+    stopped = cluster.nodes[1]
+
+    async def go() -> None:
+        store = await open_store(zk, cluster.root)
+        try:
+            partition = store.partition(1)
+            await partition.set_generation(GENERATION)
+            os.kill(stopped.pid, signal.SIGSTOP)
+            opening = asyncio.create_task(partition.ensure_open())
+            await asyncio.sleep(NOT_RESOLVED_PROBE_S)
+            assert not opening.done()  # no quorum of 2 without the stopped node
+            await asyncio.to_thread(change_replicas, zk, cluster.root, [(names[2], 1)])
+            await asyncio.sleep(NOT_RESOLVED_PROBE_S)  # the watch has fired meanwhile
+            os.kill(stopped.pid, signal.SIGCONT)
+            await bounded(opening)
+            await wait_until(lambda: recovered(partition.status(), names), "the added replica in a session")
+        finally:
+            await store.close()
+
+    asyncio.run(go())

@@ -10,7 +10,7 @@ each printed) with ``WALTZ_SIM_SEARCH=1 python -m pytest -q tests/sim/test_sim_f
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -22,11 +22,14 @@ from waltz_engine.server.feeds import FeedClient
 from waltz_engine.server.partition import _MOUNT, Partition
 from waltz_engine.server.store.recovery import UNKNOWN_HIGH_WATER_MARK, RecoveryManager
 from waltz_engine.server.transaction_cache import TransactionCache, TransactionData
+from waltz_engine.storage import partition_head
 from waltz_engine.storage.control_file import ConcurrentUpdateError
 from waltz_engine.storage.node.failures import PartitionNotAssignedError
 from waltz_engine.storage.node.partition_worker import _OFFLINE_CAPABLE, PartitionWorker
 from waltz_engine.storage.partition import Partition as StoragePartition
+from waltz_engine.storage.replica_mover import ReplicaMover
 from waltz_engine.storage.segment import Segment
+from waltz_engine.storage.tier.offload import TierOffloader
 from waltz_engine.wire.client_messages import MountRequest
 
 Plant = Callable[[pytest.MonkeyPatch], None]
@@ -167,3 +170,62 @@ PLANTS: dict[str, Plant] = {
     "cache_serves_wrong_bytes": cache_serves_wrong_bytes,
     "missing_storage_fence": missing_storage_fence,
 }
+
+
+def retention_past_low_water_mark(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A retention bound that removes uncommitted records: the cleaner removes the head segments
+    wholly below the bound without the local low-water mark's limit (records above it may be a
+    dead session's, never committed)."""
+
+    def removable(segments: Sequence[tuple[int, int]], bound: int, local_low_water_mark: int) -> int:
+        count = 0
+        for _, max_transaction_id in segments[:-1]:
+            if max_transaction_id >= bound:
+                break
+            count += 1
+        return count
+
+    monkeypatch.setattr(partition_head, "removable_head_segments", removable)
+
+
+def move_drops_tail(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica move that drops the tail (before 7dfa44a, and without the catch-up wait): the
+    copy goes only up to the source's local low-water mark, and the source leaves the assignment
+    at once, before the target holds the transactions committed meanwhile."""
+
+    async def committed_on(self: ReplicaMover, layout: Any, storage: str, p: int) -> int | None:
+        return None
+
+    async def await_caught_up(self: ReplicaMover, layout: Any, move: Any) -> None:
+        return None
+
+    monkeypatch.setattr(ReplicaMover, "_committed_on", committed_on)
+    monkeypatch.setattr(ReplicaMover, "_await_caught_up", await_caught_up)
+
+
+def offload_unsealed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An offload of an unsealed segment: the tier's round uploads the partition's current
+    segment too once its records are at or below the local low-water mark (appends go on into
+    it after the upload, and the manifest names a copy that is no longer the segment)."""
+    offload = TierOffloader._offload
+
+    def offload_current(self: TierOffloader, partition: StoragePartition, bound: int | None) -> None:
+        segments = partition.segments
+        if segments and segments[-1][1] <= partition.info.current.local_low_water_mark:
+            self.attach(partition)
+            manifest = self._manifest(partition.partition_id)
+            first, last = segments[-1]
+            if first not in manifest.segments and self._records_whole(partition, first, last):
+                manifest.add(self._upload(partition, manifest.prefix, first, last))
+        offload(self, partition, bound)
+
+    monkeypatch.setattr(TierOffloader, "_offload", offload_current)
+
+
+PLANTS.update(
+    {
+        "retention_past_low_water_mark": retention_past_low_water_mark,
+        "move_drops_tail": move_drops_tail,
+        "offload_unsealed": offload_unsealed,
+    }
+)

@@ -4,6 +4,7 @@ fail is no checker), on stand-in replicas and an application fed by hand."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any, cast
 
 from waltz_engine.client import Transaction
@@ -29,6 +30,7 @@ class _Replica:
         self.records_held = records
         self.low_water_mark = low_water_mark
         self.manager = self
+        self.config = SimpleNamespace(host="storage-?")
 
     def partition(self, partition_id: int) -> _Replica:
         return self
@@ -53,6 +55,8 @@ def _check(
     damaged: int | None = None,
 ) -> list[str]:
     log = [(txid, txid, _record(txid).req_id) for txid in range(committed)]
+    for number, replica in enumerate(replicas):
+        replica.config = SimpleNamespace(host=f"storage-{number}")  # the node's name in findings
     return check_replicas(cast("list[StorageNode]", list(replicas)), 0, log, payloads, damaged)
 
 

@@ -201,3 +201,30 @@ def test_names_are_durable_once_their_directory_or_the_new_file_is_synced() -> N
     disk.crash()
     assert disk.files() == [directory / n for n in ("lost", "new-synced", "synced-dir", "synced-file")]
     assert disk.read_bytes(directory / "synced-dir") == b""
+
+
+def test_a_roll_over_the_full_disk_refused_is_made_again_once_there_is_room() -> None:
+    # Room for one file header only: a roll-over creates the new index and fails on the data
+    # file. Before, the index left behind failed every later roll-over with EEXIST, for good
+    # (issue 32: the simulator's seed 29 of the merged world, a replica that never wrote again).
+    disk = SimDisk()
+    with open_manager(SIM_ROOT, disk) as manager:
+        manager.set_partition_assignment([0], True)
+        partition = manager.partition(0)
+        rolled_after_refusal = 0
+        for txid in range(12):
+            disk.capacity_bytes = disk.used_bytes() + HEADER_SIZE_BYTES
+            segments = len(partition.segments)
+            try:
+                partition.append([record(txid)])
+                refused = False
+            except OSError as e:
+                assert e.errno == errno.ENOSPC
+                refused = True
+            disk.capacity_bytes = None
+            if refused:
+                partition.append([record(txid)])
+                rolled_after_refusal += len(partition.segments) > segments
+        assert rolled_after_refusal >= 1
+        assert len(partition.segments) >= 2 and partition.max_transaction_id() == 11
+        assert partition.records(0, 12) == [record(t) for t in range(12)]

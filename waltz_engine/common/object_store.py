@@ -20,7 +20,7 @@ import contextlib
 import hashlib
 import posixpath
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -137,21 +137,22 @@ class ObjectStore:
 
     def download(self, name: str, size: int, target: Path) -> str:
         """The file's first ``size`` bytes into ``target``; their SHA-256 (hex)."""
-        return self._read_prefix(name, size, target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with target.open("wb") as out:
+            return self._read_prefix(name, size, out.write)
+
+    def download_to(self, name: str, size: int, sink: Callable[[bytes], None]) -> str:
+        """The file's first ``size`` bytes, handed to ``sink`` a chunk at a time; their SHA-256."""
+        return self._read_prefix(name, size, sink)
 
     def checksum(self, name: str, size: int) -> str:
         """SHA-256 (hex) of the file's first ``size`` bytes, read without keeping them."""
         return self._read_prefix(name, size, None)
 
-    def _read_prefix(self, name: str, size: int, target: Path | None) -> str:
+    def _read_prefix(self, name: str, size: int, sink: Callable[[bytes], object] | None) -> str:
         def read() -> str:
             digest = hashlib.sha256()
-            if target is not None:
-                target.parent.mkdir(parents=True, exist_ok=True)
-            with (
-                self.fs.open_input_stream(self._path(name)) as source,
-                target.open("wb") if target is not None else contextlib.nullcontext() as out,
-            ):
+            with self.fs.open_input_stream(self._path(name)) as source:
                 left = size
                 while left > 0:
                     chunk = bytes(source.read(min(COPY_CHUNK_BYTES, left)))
@@ -160,8 +161,8 @@ class ObjectStore:
                             f"{self.url}: {name} holds {size - left} bytes, the manifest names {size}"
                         )
                     digest.update(chunk)
-                    if out is not None:
-                        out.write(chunk)
+                    if sink is not None:
+                        sink(chunk)
                     left -= len(chunk)
             return digest.hexdigest()
 
@@ -239,14 +240,26 @@ class ObjectStore:
     ) -> int:
         """Copy a local file to ``name``; the bytes copied. ``throttle`` is told each chunk's size
         once it is written (a rate limit sleeps there)."""
+
+        def chunks() -> Iterator[bytes]:
+            with source.open("rb") as f:
+                while chunk := f.read(chunk_bytes):
+                    yield chunk
+
+        return self.upload_chunks(chunks(), name, throttle)
+
+    def upload_chunks(
+        self, chunks: Iterable[bytes], name: str, throttle: Callable[[int], None] | None = None
+    ) -> int:
+        """Write ``chunks`` to ``name``; the bytes written (see :meth:`upload`)."""
         temporary = self._temporary()
         self._ensure_parent(temporary)
         self._step()
 
         def write() -> int:
             copied = 0
-            with source.open("rb") as f, self.fs.open_output_stream(self._path(temporary)) as out:
-                while chunk := f.read(chunk_bytes):
+            with self.fs.open_output_stream(self._path(temporary)) as out:
+                for chunk in chunks:
                     out.write(chunk)
                     copied += len(chunk)
                     if throttle is not None:

@@ -28,6 +28,7 @@ from kazoo.exceptions import KazooException
 
 from waltz_engine.common.errors import WaltzError, without_java_class
 from waltz_engine.common.metrics import MetricsRegistry
+from waltz_engine.net.transport import ASYNCIO_NETWORK, Network
 from waltz_engine.server.config import AutoRecoverySettings
 from waltz_engine.storage import admin_ops
 from waltz_engine.storage.admin_ops import StoreLayout
@@ -61,17 +62,19 @@ class AutoRecovery:
         self,
         zk: KazooClient,
         root: str,
-        ssl_context: ssl.SSLContext,
+        ssl_context: ssl.SSLContext | None,
         settings: AutoRecoverySettings,
         holder: str,
         metrics: MetricsRegistry,
         access: ClusterAccess | None = None,
+        network: Network = ASYNCIO_NETWORK,
     ) -> None:
         assert settings.grace_ms > 0
         self._access = access  # the servers' committed high-water marks bound each copy
         self._zk = zk
         self._root = root
         self._ssl_context = ssl_context
+        self._network = network  # the storage nodes are reached through it (the simulator's, in `waltz sim`)
         self._settings = settings
         self._holder = holder
         self._metrics = metrics
@@ -120,7 +123,9 @@ class AutoRecovery:
                 self._settled("check")
             except (WaltzError, OSError, TimeoutError, KazooException) as e:
                 self._once(
-                    "check", f"{without_java_class(str(e))}; trying again every {self.check_interval_ms} ms"
+                    "check",  # kazoo's ConnectionLoss says nothing in words: its name does.
+                    f"{without_java_class(str(e) or type(e).__name__)}; "
+                    f"trying again every {self.check_interval_ms} ms",
                 )
 
     def _once(self, key: str, reason: str) -> None:
@@ -137,7 +142,7 @@ class AutoRecovery:
         mover = ReplicaMover(
             self._zk,
             self._root,
-            layout.context(self._ssl_context, REQUEST_TIMEOUT_MS),
+            layout.context(self._ssl_context, REQUEST_TIMEOUT_MS, self._network),
             self._settings.bytes_per_second,
             lambda line: log.info("auto-recovery: %s", line),
             access=self._access,

@@ -281,7 +281,7 @@ class WaltzServer:
         self.server_id = await manager.manage(
             ManagedServer(config.advertised_host, self.port, self._on_partitions, core.preferred_partitions)
         )
-        if config.auto_recovery.grace_ms > 0 and self.network is ASYNCIO_NETWORK:
+        if config.auto_recovery.grace_ms > 0:
             self._auto_recovery = self._start_auto_recovery(zk)
         if config.jetty_port is not None:
             self._http = HttpEndpoints(SERVICE_NAME, self.metrics)
@@ -325,11 +325,12 @@ class WaltzServer:
         recovery = AutoRecovery(
             zk,
             self.config.zookeeper.cluster_root,
-            client_context(self.config.tls),
+            tls_context(self.network, lambda: client_context(self.config.tls)),
             self.config.auto_recovery,
             holder,
             self.metrics,
-            ClusterAccess(self.config.zookeeper, self.config.tls),
+            ClusterAccess(self.config.zookeeper, self.config.tls, self.network, self._zk_connector),
+            self.network,
         )
         recovery.start()
         return recovery

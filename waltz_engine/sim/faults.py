@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from waltz_engine.sim.loop import SimLoop
 from waltz_engine.sim.network import Latency, SimNetwork
 from waltz_engine.sim.node_faults import NODE_FAULT_KINDS, NodeFaults, node_fault_kinds
+from waltz_engine.sim.operator import OPERATOR_KINDS
 from waltz_engine.sim.zk_model import SimZooKeeper
 
 FAULT_KINDS = ("reset", "partition", "drop", "slow", "latency", "zookeeper_outage")
@@ -50,7 +51,7 @@ async def inject_faults(
         a, b = rng.choice(pairs)
         kind = rng.choice(kinds)
         injected[kind] += 1
-        if nodes is not None and kind in NODE_FAULT_KINDS:
+        if nodes is not None and kind in NODE_FAULT_KINDS + OPERATOR_KINDS:
             nodes.inject(kind, rng)
             continue
         if kind == "reset":

@@ -21,6 +21,7 @@ import contextlib
 import contextvars
 import functools
 import hashlib
+import heapq
 import random
 import selectors
 import struct
@@ -111,6 +112,31 @@ def _describe(func: Callable[..., Any]) -> str:
     return f"{module}.{name}" if module else str(name)
 
 
+class _SimTimerHandle(asyncio.TimerHandle):
+    """A timer ordered by its time, then by when it was set: two timers due at the same virtual
+    time run in the order they were set, whatever the heap's shape (asyncio's own timers tie on
+    time alone, and the heap's shape depends on cancellations, some made by the garbage
+    collector at moments a seed does not decide)."""
+
+    __slots__ = ("_sequence",)
+
+    def __init__(
+        self, when: float, callback: Any, args: Any, loop: SimLoop, context: Any, sequence: int
+    ) -> None:
+        super().__init__(when, callback, args, loop, context)
+        self._sequence = sequence
+
+    def __lt__(self, other: object) -> bool:
+        if isinstance(other, _SimTimerHandle):
+            return (self.when(), self._sequence) < (other.when(), other._sequence)
+        return NotImplemented
+
+    def __le__(self, other: object) -> bool:
+        if isinstance(other, _SimTimerHandle):
+            return (self.when(), self._sequence) <= (other.when(), other._sequence)
+        return NotImplemented
+
+
 class SimLoop(asyncio.BaseEventLoop):
     """asyncio's loop with virtual time, executors run inline, one seeded generator and a trace."""
 
@@ -130,6 +156,7 @@ class SimLoop(asyncio.BaseEventLoop):
         self._hash.update(struct.pack("<q", seed))
         self.events = 0
         self.tail: collections.deque[SimEvent] = collections.deque(maxlen=TRACE_TAIL_EVENTS)
+        self._timers_set = 0
         # Each host's current life, for :meth:`kill_host`; the ended ones and their tasks, held
         # until :meth:`revive_the_dead` (collected mid-run, a task's coroutine would run its
         # ``finally`` at an arbitrary moment).
@@ -162,9 +189,14 @@ class SimLoop(asyncio.BaseEventLoop):
         *args: Any,
         context: contextvars.Context | None = None,
     ) -> asyncio.TimerHandle:
-        handle = super().call_at(when, callback, *args, context=context)
-        self._tag(handle, context)
-        return handle
+        """asyncio's ``call_at``, with timers that tie on time ordered by when they were set."""
+        self._check_closed()
+        self._timers_set += 1
+        timer = _SimTimerHandle(when, callback, args, self, context, self._timers_set)
+        heapq.heappush(self._scheduled, timer)
+        timer._scheduled = True  # type: ignore[attr-defined]  # (asyncio's own, undeclared)
+        self._tag(timer, context)
+        return timer
 
     def create_task(  # type: ignore[override]
         self,

@@ -37,6 +37,7 @@ import random
 from typing import Protocol
 
 from waltz_engine.sim.loop import SimLoop
+from waltz_engine.sim.operator import OPERATOR_KINDS
 
 NODE_FAULT_KINDS = (
     "server_pause",
@@ -120,6 +121,12 @@ class NodeWorld(Protocol):
 
     async def restart_client(self) -> None: ...
 
+    @property
+    def operator_actions(self) -> bool: ...
+
+    def operate(self, kind: str, rng: random.Random, busy: set[str]) -> asyncio.Task[None] | None:
+        """Start the operator's action ``kind`` (waltz_engine.sim.operator); None: not now."""
+
 
 def node_fault_kinds(world: NodeWorld) -> tuple[str, ...]:
     """The kinds that make sense in ``world``: moving a partition needs a second server; the
@@ -127,7 +134,8 @@ def node_fault_kinds(world: NodeWorld) -> tuple[str, ...]:
     left_out = (MOVING_KINDS if world.num_servers < 2 else ()) + (
         () if world.client_restarts else CLIENT_KINDS
     )
-    return tuple(kind for kind in NODE_FAULT_KINDS if kind not in left_out)
+    kinds = tuple(kind for kind in NODE_FAULT_KINDS if kind not in left_out)
+    return kinds + (OPERATOR_KINDS if world.operator_actions else ())
 
 
 class NodeFaults:
@@ -141,6 +149,11 @@ class NodeFaults:
 
     def inject(self, kind: str, rng: random.Random) -> None:
         world = self.world
+        if kind in OPERATOR_KINDS:
+            task = world.operate(kind, rng, self._busy)
+            if task is not None:
+                self._healing.append(task)
+            return
         if kind == "forged_read":
             node = "rogue-0"
         elif kind == "client_restart":

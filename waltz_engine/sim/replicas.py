@@ -23,6 +23,7 @@ from waltz_engine.common.crc import crc32
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.common.record import Record
 from waltz_engine.common.reqid import ReqId
+from waltz_engine.storage.admin_ops.operations import FIRST_TRANSACTION_ID_GAUGE
 from waltz_engine.storage.client import StorageAdminClient, StorageRpcError
 from waltz_engine.storage.network_reader import BadRecordsError, decode_records
 from waltz_engine.storage.node.node import StorageNode
@@ -82,10 +83,11 @@ def check_replicas(
     damaged_holds: set[int] = set()  # txids the damaged replica holds whole
     retained_from = 0  # below the highest retained start, retention may have removed a copy
     for number, node in enumerate(nodes):
+        name = node.config.host
         try:
             records, low_water_mark, first = _replica_records(node, partition_id, last, number == damaged)
         except WaltzError as e:
-            violations.append(f"storage-{number}: partition {partition_id} cannot be read: {e}")
+            violations.append(f"{name}: partition {partition_id} cannot be read: {e}")
             continue
         retained_from = max(retained_from, first)
         for record in records:
@@ -97,14 +99,14 @@ def check_replicas(
             if (record.req_id, record.header) == (req_id, header):
                 if not _whole(record, data):
                     violations.append(
-                        f"storage-{number}: partition {partition_id} txid {txid} ({req_id}) is served "
+                        f"{name}: partition {partition_id} txid {txid} ({req_id}) is served "
                         "with data other than the client appended"
                     )
                 elif number == damaged:
                     damaged_holds.add(txid)
             elif txid <= low_water_mark:
                 violations.append(
-                    f"storage-{number}: partition {partition_id} txid {txid} is {record.req_id} header "
+                    f"{name}: partition {partition_id} txid {txid} is {record.req_id} header "
                     f"{record.header} at or below its low-water mark {low_water_mark}, but {req_id} "
                     f"header {header} committed"
                 )
@@ -138,15 +140,25 @@ async def export_read(
     takes it from another replica; one served must be the committed one with the client's bytes."""
     violations: list[str] = []
     low_water_mark = min(len(committed) - 1, (await admin.last_session_info(partition_id)).low_water_mark)
-    next_txid = 0
+    # From the retained start on, as an export learns it (the node's gauge): retention removed
+    # what is below it, and a refusal there is no finding; everything above must be served whole.
+    gauges = (await admin.metrics())["gauges"]
+    first = gauges.get(f"waltz-storage.partition-{partition_id}.{FIRST_TRANSACTION_ID_GAUGE}", {})
+    start = first.get("value") if isinstance(first, dict) else None
+    next_txid = start if isinstance(start, int) and not isinstance(start, bool) else 0
+    single_until = -1  # after a refused batch, its range is read one record at a time
     while next_txid <= low_water_mark:
         count = min(READ_BATCH_RECORDS, low_water_mark - next_txid + 1)
+        if next_txid < single_until:
+            count = 1
         try:
             raw = await admin.record_list_raw(partition_id, next_txid, count)
             records, got = decode_records(raw, next_txid, partition_id)
         except (StorageRpcError, BadRecordsError):
             if count > 1:
-                count = 1  # read the range one record at a time, to skip only what is refused
+                # Read the range one record at a time, to skip only what is refused (a batch
+                # again after each record read the range over and over: most of a seed's CPU).
+                single_until, count = next_txid + count, 1
                 try:
                     raw = await admin.record_list_raw(partition_id, next_txid, 1)
                     records, got = decode_records(raw, next_txid, partition_id)

@@ -43,6 +43,8 @@ from waltz_engine.sim.faults import DEFAULT_FAULTS, inject_faults
 from waltz_engine.sim.loop import START_MONOTONIC_S, SimDiskRunner, SimLoop
 from waltz_engine.sim.network import SimNetwork
 from waltz_engine.sim.node_faults import NodeFaults
+from waltz_engine.sim.object_store import SimBucket
+from waltz_engine.sim.operator import Operator, operator_server_keys, operator_storage_keys
 from waltz_engine.sim.replicas import check_replicas, export_read
 from waltz_engine.sim.workload import (
     SERVER_FRAME_LIMIT_BYTES,
@@ -144,6 +146,9 @@ class WorldShape:
     # low-water mark can make later rot in a record cut synced records as a torn tail; see
     # docs/reliability.md).
     control_file_flips: bool = False
+    # The operator's actions among the faults (waltz_engine.sim.operator), and the settings that
+    # give them something to act on (False: the world as it was before them).
+    operator_actions: bool = True
 
 
 @dataclass
@@ -171,10 +176,9 @@ class SimWorld:
         self.network = SimNetwork(loop)
         self.zookeeper = SimZooKeeper(loop, trace=lambda event: loop.record("zookeeper", event))
         self.sync_latency_ms: dict[str, tuple[float, float] | None] = {}
-        self.disks = {
-            f"storage-{n}": SimDisk(sync_latency_ms=functools.partial(self._sync_latency_ms, f"storage-{n}"))
-            for n in range(shape.storage_nodes)
-        }
+        self.disks: dict[str, SimDisk] = {}
+        for number in range(shape.storage_nodes):
+            self._disk(f"storage-{number}")
         self.settings = ZooKeeperSettings(ZOOKEEPER_HOST, CLUSTER_ROOT, SESSION_TIMEOUT_MS)
         self.storage: list[StorageNode] = []
         self.servers: list[WaltzServer] = []
@@ -200,6 +204,11 @@ class SimWorld:
         self.paused: set[int] = set()  # servers cut off by a pause or a crash
         self.forged_served: list[str] = []
         self.close_failures: list[str] = []
+        self.bucket = SimBucket()  # the object store the storage nodes' tiers offload to
+        self.operator = Operator(self)
+        self.storage_port, self.storage_admin_port = STORAGE_PORT, STORAGE_ADMIN_PORT
+        self.storage_down: set[int] = set()  # crashed, not restarted yet
+        self.storage_crashes = 0
 
     def _acl_keys(self, prefix: str) -> dict[str, Any]:
         """A node's authorizer keys with ``acl``: no TLS here, so the trust store is never read."""
@@ -225,7 +234,7 @@ class SimWorld:
         self.network.principals[ROGUE_HOST] = SIM_ROGUE_PRINCIPAL
         entries = [
             # The export-style read of the replicas (admin port) is a read, as an export's is.
-            *make_entries(SIM_OPERATOR_PRINCIPAL, ["read", "admin"], "*", deny=False),
+            *make_entries(SIM_OPERATOR_PRINCIPAL, ["admin", "read"], "*", deny=False),
             *make_entries(SIM_CLIENT_PRINCIPAL, ["read"], f"0-{partitions - 2}", deny=False),
             *make_entries(SIM_CLIENT_PRINCIPAL, ["append"], f"0-{partitions - 3}", deny=False),
         ]
@@ -279,6 +288,11 @@ class SimWorld:
         self.zookeeper.kill_host(host)
         self.loop.kill_host(host)
 
+    def _disk(self, host: str) -> SimDisk:
+        if host not in self.disks:
+            self.disks[host] = SimDisk(sync_latency_ms=functools.partial(self._sync_latency_ms, host))
+        return self.disks[host]
+
     def _sync_latency_ms(self, host: str) -> float:
         slow = self.sync_latency_ms.get(host)
         return self.loop.rng.uniform(*slow) if slow is not None else 0.0
@@ -324,14 +338,18 @@ class SimWorld:
             "storage.directory": f"/{host}",
             **self._acl_keys("storage"),
             "storage.segment.size.threshold": SEGMENT_SIZE_THRESHOLD_BYTES,
+            **operator_storage_keys(self.shape.operator_actions),  # (smaller segments with them)
         }
         storage_config = StorageConfig.from_config(self._config(host, storage_keys))
-        disk = self.disks[host]
+        disk = self._disk(host)  # (a node the operator added gets its disk at its first start)
+        if self.shape.acl:
+            self.network.principals.setdefault(host, SIM_NODE_PRINCIPAL)
         node = StorageNode(
             storage_config,
             **self._seams(host),
             disk=disk,
             disk_runner=functools.partial(SimDiskRunner, sync_delay_ms=disk.take_sync_delay_ms),
+            tier_seam=self.bucket.seam(),
         )
         await self._as_host(host, node.start)
         return node
@@ -344,6 +362,7 @@ class SimWorld:
             "server.port": SERVER_PORT,
             **self._acl_keys("server"),
             "server.maxBufferedBytesPerConnection": SERVER_FRAME_LIMIT_BYTES + FRAME_HEADER_SIZE_BYTES,
+            **operator_server_keys(self.shape.operator_actions),
         }
         server = WaltzServer(ServerConfig.from_config(self._config(host, server_keys)), **self._seams(host))
         await self._as_host(host, server.start)
@@ -360,6 +379,7 @@ class SimWorld:
         for disk in self.disks.values():
             disk.capacity_bytes = None
         self.sync_latency_ms.clear()
+        self.bucket.heal()
 
     async def stop(self) -> None:
         if self.client is not None:
@@ -392,6 +412,18 @@ class SimWorld:
     @property
     def client_restarts(self) -> bool:
         return self.shape.client_restarts
+
+    @property
+    def operator_actions(self) -> bool:
+        return self.shape.operator_actions
+
+    def operate(self, kind: str, rng: Any, busy: set[str]) -> asyncio.Task[None] | None:
+        return self.operator.inject(kind, rng, busy)
+
+    async def add_storage_node(self, number: int) -> None:
+        """A storage node beyond the shape's (the operator's ``add_storage``), started empty."""
+        assert number == len(self.storage)
+        self.storage.append(await _until_started(lambda: self._start_storage(number)))
 
     def _links_of(self, host: str) -> list[tuple[str, str]]:
         return [(a, b) for a, b in self.fault_pairs() if host in (a, b)]
@@ -465,6 +497,8 @@ class SimWorld:
     async def crash_storage(self, number: int, mid_write: bool | None = None) -> None:
         """A power loss: at once, or inside one of the node's next writes (a torn write)."""
         host = f"storage-{number}"
+        self.storage_down.add(number)  # (the operator's checks of a move need every node up)
+        self.storage_crashes += 1
         rng = self.loop.rng
         if mid_write is None:
             mid_write = rng.random() < MID_WRITE_CRASH_PROBABILITY
@@ -480,6 +514,7 @@ class SimWorld:
         host = f"storage-{number}"
         self._back_up(host)
         self.storage[number] = await _until_started(lambda: self._start_storage(number))
+        self.storage_down.discard(number)
 
     def _back_up(self, host: str) -> None:
         """The machine is back: its links heal (what peers still send to its old connections is
@@ -503,7 +538,13 @@ class SimWorld:
         rng = self.loop.rng
         if host in self.dead or node.manager is None:
             return
-        files = [path for path in disk.files() if path.name.endswith((SEGMENT_SUFFIX, INDEX_SUFFIX))]
+        # Only the replicas it holds (a move leaves a moved-away partition's files behind).
+        assigned = {str(partition_id) for partition_id in node.manager.assigned_partition_ids()}
+        files = [
+            path
+            for path in disk.files()
+            if path.name.endswith((SEGMENT_SUFFIX, INDEX_SUFFIX)) and path.parent.name in assigned
+        ]
         if self.shape.control_file_flips and not self._control_damaged:
             files += [path for path in disk.files() if path.name.endswith(".ctl")]
         if not files:
@@ -687,16 +728,27 @@ class SimWorld:
         damaged = None if self.damaged_host is None else int(self.damaged_host.rsplit("-", 1)[1])
         for partition_id in range(self.shape.partitions):
             committed = self.application.applied.get(partition_id, [])
-            violations += check_replicas(self.storage, partition_id, committed, self.payloads, damaged)
+            # With the operator's actions, the replicas are the nodes ZooKeeper assigns now
+            # (what the partition's quorum counts), moved or recovered ones included.
+            operated = self.shape.operator_actions
+            nodes = self.operator.assigned_nodes(partition_id) if operated else self.storage
+            damaged = next((i for i, node in enumerate(nodes) if node.config.host == self.damaged_host), None)
+            violations += check_replicas(nodes, partition_id, committed, self.payloads, damaged)
+        if self.shape.operator_actions:
+            self.operator.check_retained()
+            violations += self.operator.violations + self.operator.check_tier()
+            violations += self.operator.check_replica_count()
         return violations
 
     async def export_read(self) -> list[str]:
         """The committed range as an export reads it from each replica's admin port (records,
-        their headers, data and checksums): what is served must be what the client built."""
+        their headers, data and checksums): what is served must be what the client built, from
+        the replica's retained start on (below it, retention removed the records: not served)."""
         violations: list[str] = []
-        for number in range(self.shape.storage_nodes):
+        for node in self.storage:
+            host = node.config.host
             admin = StorageAdminClient(
-                f"storage-{number}",
+                host,
                 STORAGE_ADMIN_PORT,
                 None,
                 self.key,
@@ -706,10 +758,10 @@ class SimWorld:
             await admin.open()
             try:
                 for partition_id in range(self.shape.partitions):
+                    if node.manager is None or partition_id not in node.manager.assigned_partition_ids():
+                        continue  # not (or no longer) a replica of it
                     committed = self.application.applied.get(partition_id, [])
-                    violations += await export_read(
-                        admin, f"storage-{number}", partition_id, committed, self.payloads
-                    )
+                    violations += await export_read(admin, host, partition_id, committed, self.payloads)
             finally:
                 await admin.close()
         return violations
@@ -806,6 +858,11 @@ def run_seed(seed: int, shape: WorldShape | None = None) -> SeedResult:
                 except Exception as e:  # a fault's healing that fails is a finding, not the end
                     late.append(f"healing a fault raised {e!r}")
                 world.heal()
+                if shape.operator_actions:
+                    try:
+                        await world.operator.finish()  # moves a fault stopped, run again to their end
+                    except Exception as e:
+                        late.append(f"finishing the operator's moves raised {e!r}")
                 try:
                     late += world.check_replicas()
                 except Exception as e:  # a replica that cannot be read at all is a finding

@@ -46,11 +46,12 @@ from waltz_engine.common.errors import ProtocolError, WaltzError
 from waltz_engine.common.record import Record
 from waltz_engine.net.channel import ConnectionClosedError
 from waltz_engine.net.tls import TlsConfig, client_context
+from waltz_engine.net.transport import ASYNCIO_NETWORK, Network, tls_context
 from waltz_engine.storage.client import StorageAdminClient, StorageRpcError
 from waltz_engine.wire.primitives import read_records
 from waltz_engine.zk import store_metadata
 from waltz_engine.zk.cluster import read_cluster_params
-from waltz_engine.zk.connection import ZooKeeperSettings, connect
+from waltz_engine.zk.connection import ZooKeeperConnector, ZooKeeperSettings, connect, new_client
 from waltz_engine.zk.partition_ranges import not_in_cluster
 from waltz_engine.zk.paths import ClusterPaths
 from waltz_engine.zk.retention import read_retention_bounds
@@ -84,10 +85,14 @@ class NetworkReadError(WaltzError):
 
 @dataclass(frozen=True)
 class ClusterAccess:
-    """Where a cluster is and how to talk to it: picklable, built from the client's config."""
+    """Where a cluster is and how to talk to it: picklable, built from the client's config.
+    ``network`` and ``zk_connector`` are the seams its connections go through (the simulator's
+    in-memory ones in ``waltz sim``; the defaults everywhere else)."""
 
     zookeeper: ZooKeeperSettings
     tls: TlsConfig = field(default_factory=TlsConfig)
+    network: Network = ASYNCIO_NETWORK
+    zk_connector: ZooKeeperConnector = new_client
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,7 @@ class StoreAccess:
     key: uuid.UUID
     num_partitions: int
     tls: TlsConfig
+    network: Network = ASYNCIO_NETWORK
 
 
 @dataclass(frozen=True)
@@ -214,7 +220,9 @@ async def _high_water_marks(access: ClusterAccess, partitions: Sequence[int] | N
         ensure_mounted_timeout_ms=QUERY_TIMEOUT_MS,
         rpc_timeout_ms=QUERY_TIMEOUT_MS,
     )
-    client = await WaltzClient.create(_NoFeed(), config)
+    client = await WaltzClient.create(
+        _NoFeed(), config, network=access.network, zk_connector=access.zk_connector
+    )
     try:
         wanted = range(client.num_partitions) if partitions is None else partitions
         marks = await asyncio.gather(
@@ -244,7 +252,7 @@ def check_partition_ids(partitions: Sequence[int], num_partitions: int) -> list[
 
 def partition_count(access: ClusterAccess) -> int:
     """How many partitions the cluster has."""
-    with connect(access.zookeeper) as zk:
+    with connect(access.zookeeper, access.zk_connector) as zk:
         return read_cluster_params(zk, access.zookeeper.cluster_root).num_partitions
 
 
@@ -256,12 +264,33 @@ def discover(
     bounds_read_before: bool = True,
 ) -> ClusterLayout:
     """Each wanted partition's committed bound and reachable replicas (see the module's doc for
-    the order of the reads, which is what makes ``readable_to`` safe).
+    the order of the reads, which is what makes ``readable_to`` safe); blocking: it runs its
+    own event loop.
 
     ``bounds_read_before=False``: the bounds were not read from the servers before this call
     (e.g. a reader's own ``to_txid``), so a replica is trusted only up to its low-water mark."""
+    return asyncio.run(discover_async(access, partitions, bounds, bounds_read_before=bounds_read_before))
+
+
+async def discover_from_loop(access: ClusterAccess, partitions: Sequence[int] | None = None) -> ClusterLayout:
+    """:func:`discover` from a running loop: on a thread (its ZooKeeper calls block), or on the
+    loop itself where the access goes through the simulator's seams (nothing there blocks, and
+    the simulator runs a thread's work inline, where a second loop cannot run)."""
+    if access.network is ASYNCIO_NETWORK:
+        return await asyncio.to_thread(discover, access, partitions)
+    return await discover_async(access, partitions)
+
+
+async def discover_async(
+    access: ClusterAccess,
+    partitions: Sequence[int] | None = None,
+    bounds: Mapping[int, int] | None = None,
+    *,
+    bounds_read_before: bool = True,
+) -> ClusterLayout:
+    """:func:`discover`'s work as a coroutine (its ZooKeeper calls block the loop it runs on)."""
     root = access.zookeeper.cluster_root
-    with connect(access.zookeeper) as zk:
+    with connect(access.zookeeper, access.zk_connector) as zk:
         num_partitions = read_cluster_params(zk, root).num_partitions
         params = store_metadata.read_store_params(zk, root)
         assignments = store_metadata.read_replica_assignments(zk, root).as_dict()
@@ -270,7 +299,7 @@ def discover(
             range(num_partitions) if partitions is None else partitions, num_partitions
         )
         if bounds is None:
-            bounds = committed_high_water_marks(access, wanted)  # first the bound...
+            bounds = await _high_water_marks(access, wanted)  # first the bound...
         # ...then the partitions' current sessions (synced: a lagging ensemble member could show
         # an older session, and a replica of it would be trusted past its low-water mark)...
         sessions = {}
@@ -281,9 +310,9 @@ def discover(
         # asked where their logs start (a bound cleared since leaves segments removed, but those
         # readers meet a "retained start" answer, as before).
         retained = set(read_retention_bounds(zk, root)) & set(wanted)
-    store = StoreAccess(params.key, params.num_partitions, access.tls)
+    store = StoreAccess(params.key, params.num_partitions, access.tls, access.network)
     # ...then what each replica holds.
-    infos = asyncio.run(_session_infos(store, assignments, admin_ports, wanted, retained))
+    infos = await _session_infos(store, assignments, admin_ports, wanted, retained)
     layout = {}
     for p in wanted:
         bound = bounds.get(p, NO_TRANSACTION)
@@ -348,11 +377,12 @@ def _admin_client(store: StoreAccess, host: str, port: int, raw: bool = False) -
     return StorageAdminClient(
         host,
         port,
-        client_context(store.tls),
+        tls_context(store.network, lambda: client_context(store.tls)),
         store.key,
         store.num_partitions,
         request_timeout_ms=REQUEST_TIMEOUT_MS,
         raw_records=raw,
+        network=store.network,
     )
 
 
@@ -537,6 +567,8 @@ __all__ = [
     "StoreAccess",
     "committed_high_water_marks",
     "discover",
+    "discover_async",
+    "discover_from_loop",
     "decode_records",
     "read_slice_records",
     "read_slice_runs",

@@ -267,6 +267,12 @@ class Partition(PartitionHead):
             self._check_open()
             if transaction_id < -1:
                 raise StorageError(f"transaction id out of range: {transaction_id}")
+            if transaction_id == -1 and self._segments[0].first_transaction_id > 0:
+                # Nothing kept of a log whose local head is gone (in the tier, or removed): it
+                # begins again at 0, no gap (a replica moved back onto a node that kept its
+                # files, cut to its low-water mark -1: issue 32, the simulator's seed 12).
+                self._empty()
+                return -1
             # Records removed by retention cannot come back: refuse rather than leave a gap.
             self._check_retained(transaction_id + 1)
             if self._current.max_transaction_id <= transaction_id:
@@ -552,6 +558,11 @@ class Partition(PartitionHead):
             log.warning("partition %d: refill of %s abandoned", self.partition_id, self._refill.seg_path.name)
             self._refill.abort()
             self._refill = None
+
+    @property
+    def disk(self) -> Disk:
+        """The file system seam the partition's files are reached through."""
+        return self._disk
 
     @property
     def segments(self) -> list[tuple[int, int]]:

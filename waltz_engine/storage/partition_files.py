@@ -10,17 +10,24 @@ from pathlib import Path
 from waltz_engine.common.fileio import pread_upto
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
 from waltz_engine.storage.constants import INDEX_SUFFIX, SEGMENT_SUFFIX
-from waltz_engine.storage.file_system import Disk
+from waltz_engine.storage.file_system import Disk, OsDisk
 from waltz_engine.storage.refill import clean_interrupted_refills
 from waltz_engine.storage.segment import first_transaction_id_of
 
 log = logging.getLogger(__name__)
 
 
-def local_usage(directory: Path) -> tuple[int, int]:
+def local_usage(directory: Path, disk: Disk | None = None) -> tuple[int, int]:
     """(segments, bytes of their data and index files) in a partition directory, read without
-    the partition's lock (a gauge must not wait for an fsync)."""
+    the partition's lock (a gauge must not wait for an fsync); through ``disk`` when it is not
+    the machine's (the simulator's)."""
     segments = size_bytes = 0
+    if disk is not None and not isinstance(disk, OsDisk):
+        for path in disk.glob(directory, "*"):
+            if path.name.endswith((SEGMENT_SUFFIX, INDEX_SUFFIX)):
+                segments += path.name.endswith(SEGMENT_SUFFIX)
+                size_bytes += disk.file_size_bytes(path)
+        return segments, size_bytes
     with os.scandir(directory) as entries:
         for entry in entries:
             if entry.name.endswith((SEGMENT_SUFFIX, INDEX_SUFFIX)):

@@ -76,6 +76,23 @@ class PartitionHead:
             evicted = self.tier.forget_below(end) if self.tier is not None else []
             return evicted + spans[:count]
 
+    def _empty(self) -> list[tuple[int, int]]:
+        """Under the lock: drop every segment, local and evicted, and begin again at segment 0
+        (``truncate(-1)`` of a log whose local head is gone). A replica that fell behind the
+        others' retained start while its own head was removed too is emptied so, then filled
+        from the retained start (:meth:`start_at`); a replica moved back onto a node that kept
+        its files likewise. The segments go oldest first, then segment 0 is created: a crash in
+        between leaves no segment, and :meth:`open` recreates segment 0, the state this ends in."""
+        self._abort_refill()
+        held = self._current.max_transaction_id
+        spans = [(s.first_transaction_id, s.max_transaction_id) for s in self._segments]
+        evicted = self.tier.forget_below(held + 1) if self.tier is not None else []
+        while self._segments:
+            self._drop_head()
+        self._disk.fsync_directory(self.directory)
+        self._segments.append(self._new_segment(0))
+        return evicted + spans
+
     def _drop_head(self) -> None:
         """Remove the oldest segment's files (``.seg`` first: :meth:`open` removes a lone index)."""
         doomed = self._segments.pop(0)

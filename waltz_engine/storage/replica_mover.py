@@ -37,7 +37,7 @@ from kazoo.client import KazooClient
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.storage import admin_ops
 from waltz_engine.storage.admin_ops import NodePartitions, PartitionStatus, StorageContext, StoreLayout
-from waltz_engine.storage.network_reader import ClusterAccess, discover
+from waltz_engine.storage.network_reader import ClusterAccess, discover_from_loop
 from waltz_engine.zk import replica_moves
 from waltz_engine.zk.replica_moves import ReplicaMove
 from waltz_engine.zk.store_metadata import change_replicas
@@ -206,7 +206,7 @@ class ReplicaMover:
         if self.access is None:
             return None
         try:
-            sources = await asyncio.to_thread(discover, self.access, [p])
+            sources = await discover_from_loop(self.access, [p])
         except (WaltzError, OSError, TimeoutError) as e:
             self.say(f"partition {p}: copying up to the low-water mark only, no committed bound: {e}")
             return None
@@ -247,6 +247,14 @@ class ReplicaMover:
         p = move.partition_id
         others = [s for s in holders(layout, p) if s != move.target]
         held = [await self._max_txid(layout, s, p) for s in others]
+        if others and all(h is None for h in held):
+            # No other replica said how far it holds: a goal of -1 would call the target caught
+            # up at once and let the source go with the tail (issue 32: the simulator's bank
+            # seed 9, where the others' answers were refused mid-session).
+            raise MoveError(
+                f"partition {p}: no other replica answers how far it holds, so {move.target}'s "
+                "catch-up cannot be judged; run again when one does"
+            )
         goal = max((h for h in held if h is not None), default=-1)
         self.say(f"partition {p}: waiting for {move.target} to catch up to {goal}")
         loop = asyncio.get_running_loop()

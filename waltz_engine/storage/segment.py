@@ -20,6 +20,7 @@ Rules (reference §1.5, §1.6):
 from __future__ import annotations
 
 import bisect
+import contextlib
 import uuid
 import zlib
 from collections.abc import Callable, Sequence
@@ -101,17 +102,27 @@ def create_segment_files(
 ) -> None:
     """Create an empty segment: the index header first, then the data header, each synced.
 
-    Each file takes its own creation time, as the original's.
+    Each file takes its own creation time, as the original's. A creation that fails (a full
+    disk) removes what it created, so the next roll-over creates the segment again; before, the
+    index left behind failed every later attempt with EEXIST, after the disk had room again.
     """
-    for path in (idx_path, seg_path):
-        header = SegmentFileHeader(FORMAT_VERSION, clock_ms(), key, partition_id, first_transaction_id)
-        file = disk.open(path, create=True, exclusive=True)
-        try:
-            pwrite_all(file, header.to_bytes(), 0)
-            file.fsync()
-        finally:
-            file.close()
-    disk.fsync_directory(seg_path.parent)
+    created: list[Path] = []
+    try:
+        for path in (idx_path, seg_path):
+            header = SegmentFileHeader(FORMAT_VERSION, clock_ms(), key, partition_id, first_transaction_id)
+            file = disk.open(path, create=True, exclusive=True)
+            created.append(path)
+            try:
+                pwrite_all(file, header.to_bytes(), 0)
+                file.fsync()
+            finally:
+                file.close()
+        disk.fsync_directory(seg_path.parent)
+    except OSError:
+        for path in reversed(created):
+            with contextlib.suppress(OSError):
+                disk.unlink(path, missing_ok=True)
+        raise
 
 
 class Segment:

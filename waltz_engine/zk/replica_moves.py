@@ -109,12 +109,18 @@ def add_moves(
     client: KazooClient, root: str, moves: Iterable[ReplicaMove], settled: Collection[ReplicaMove] = ()
 ) -> list[ReplicaMove]:
     """Record moves; a partition that has a move already keeps it (a re-run resumes it), unless
-    that move is ``settled`` (all left of it is telling its source node, which may never answer)."""
+    that move is ``settled`` (all left of it is telling its source node, which may never answer).
+    A settled move whose source node a new move of its partition targets is dropped: that node
+    takes the partition again, and running the old move again would take it out of the
+    assignment (issue 32: the simulator's seed 64 ended with 2 replicas)."""
     wanted = list(moves)
 
     def change(current: list[ReplicaMove]) -> list[ReplicaMove]:
         moving = {m.partition_id for m in current if m not in settled}
-        return current + [m for m in wanted if m.partition_id not in moving]
+        added = [m for m in wanted if m.partition_id not in moving]
+        back = {(m.partition_id, m.target) for m in added}
+        kept = [m for m in current if not (m in settled and (m.partition_id, m.source) in back)]
+        return kept + added
 
     return update_moves(client, root, change)
 

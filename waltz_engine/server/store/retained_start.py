@@ -6,8 +6,9 @@ left: its log then begins at the retained start. The storage node allows that on
 partition that never held a record, and only up to its effective retention bound (see
 ``PartitionWorker._start_late``), so a replica holding some old records is emptied first —
 they are below the retained start, i.e. records the operator allowed to go. A replica whose own
-head was removed too cannot be emptied (the storage refuses to truncate below its start): that
-fails with the storage's message naming its retained start.
+head was removed too (it fell behind while down) is emptied as well: our storage nodes take a
+truncate to -1 of a log whose local head is gone as "begin again at 0" (``Partition.truncate``);
+a Java node has no retention, so never such a log.
 """
 
 from __future__ import annotations

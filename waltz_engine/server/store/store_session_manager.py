@@ -158,6 +158,16 @@ class StoreSessionManager:
             session.on_failure = self._session_failed
             self._current = session
             self.last_high_water_mark = session.high_water_mark
+            if set(self._replica_ids(self.partition_id)) != set(replica_ids):
+                # The assignment changed while it opened (``close_current_session`` found no
+                # open session to close): a replica added then would be left out of every
+                # session until the next change. Its successor opens with the new replicas.
+                log.info(
+                    "partition %d: the replicas changed while session %d opened",
+                    self.partition_id,
+                    session_id,
+                )
+                session.close()
         else:
             session.close()
 

@@ -17,6 +17,7 @@ from waltz_engine.common.address import HostPort, parse_host_port
 from waltz_engine.common.config import Config
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.net.tls import TlsConfig, client_context
+from waltz_engine.net.transport import ASYNCIO_NETWORK, Network
 from waltz_engine.zk import store_metadata
 from waltz_engine.zk.partition_ranges import format_partition_ranges
 
@@ -81,12 +82,14 @@ class StorageNode(NamedTuple):
 
 @dataclass(frozen=True)
 class StorageContext:
-    """What every connection to a storage node of one cluster needs."""
+    """What every connection to a storage node of one cluster needs. ``network`` is the seam
+    the connections go through (the simulator's in-memory network, where ``ssl_context`` is None)."""
 
     key: uuid.UUID
     num_partitions: int
-    ssl_context: ssl.SSLContext
+    ssl_context: ssl.SSLContext | None
     timeout_ms: int = DEFAULT_TIMEOUT_MS
+    network: Network = ASYNCIO_NETWORK
 
     def __post_init__(self) -> None:
         assert self.num_partitions >= 0
@@ -135,8 +138,13 @@ class StoreLayout(NamedTuple):
     groups: dict[str, int]  # data connect string → group (store/group)
     admin_ports: dict[str, int]  # data connect string → admin port (store/connection)
 
-    def context(self, ssl_context: ssl.SSLContext, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> StorageContext:
-        return StorageContext(self.key, self.num_partitions, ssl_context, timeout_ms)
+    def context(
+        self,
+        ssl_context: ssl.SSLContext | None,
+        timeout_ms: int = DEFAULT_TIMEOUT_MS,
+        network: Network = ASYNCIO_NETWORK,
+    ) -> StorageContext:
+        return StorageContext(self.key, self.num_partitions, ssl_context, timeout_ms, network)
 
     def admin_address(self, storage: str) -> HostPort:
         """The original takes the host of the data connect string and the registered admin port."""

@@ -90,6 +90,7 @@ async def admin_client(context: StorageContext, address: HostPort) -> AsyncItera
         context.key,
         context.num_partitions,
         request_timeout_ms=context.timeout_ms,
+        network=context.network,
     )
     try:
         await call_node(
@@ -115,6 +116,7 @@ async def data_client(
         context.num_partitions,
         used_by_offline_recovery=used_by_offline_recovery,
         request_timeout_ms=context.timeout_ms,
+        network=context.network,
     )
     try:
         await call_node(

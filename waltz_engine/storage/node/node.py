@@ -44,6 +44,7 @@ from waltz_engine.storage.node.session_bounds import SessionBounds
 from waltz_engine.storage.partition import Partition
 from waltz_engine.storage.storage_manager import StorageManager
 from waltz_engine.storage.tier.offload import TierOffloader, replica_name
+from waltz_engine.storage.tier.store import OBJECT_STORE_TIER, TierSeam
 from waltz_engine.wire.admin_messages import ADMIN_CODEC
 from waltz_engine.wire.codec import MessageCodec
 from waltz_engine.wire.hello import STORAGE_ADMIN_SERVER_HELLO_TEXT, STORAGE_SERVER_HELLO_TEXT
@@ -132,8 +133,10 @@ class StorageNode:
         zk_connector: ZooKeeperConnector = new_client,
         disk: Disk = OS_DISK,
         disk_runner: RunnerFactory = ThreadedRunner,
+        tier_seam: TierSeam = OBJECT_STORE_TIER,
     ) -> None:
         self.config = config
+        self._tier_seam = tier_seam
         self.network = network
         self._zk_connector = zk_connector
         self._disk = disk
@@ -249,6 +252,8 @@ class StorageNode:
                 replica_name(config.host, config.port),
                 config.directory,
                 lambda: self.workers,
+                self._disk,
+                self._tier_seam,
             )
             try:
                 await self._off_loop(self.tier.open_store)

@@ -491,6 +491,7 @@ class PartitionWorker:
         if kind is StorageTruncateRequest:
             # The original replies min(max txid, t): truncate returns exactly that.
             new_max = partition.truncate(msg.transaction_id)
+            self.first_transaction_id = partition.first_transaction_id()  # (-1 empties a headless log)
             return StorageMaxTransactionIdResponse(session_id, seq_num, partition_id, new_max)
         if kind is StorageAppendRequest:
             held = msg.records and msg.records[0].transaction_id <= partition.max_transaction_id()

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from waltz_engine.common.errors import StorageError
-from waltz_engine.common.object_store import FileEntry, ObjectStore
+from waltz_engine.common.object_store import FileEntry
 from waltz_engine.storage.constants import INDEX_SUFFIX, SEGMENT_NAME_DIGITS, SEGMENT_SUFFIX
+from waltz_engine.storage.tier.store import TierStore
 
 FORMAT_NAME = "waltz-tier"
 FORMAT_VERSION = 1
@@ -81,13 +82,13 @@ def tmp_dir(key: uuid.UUID, replica: str) -> str:
 class TierManifest:
     """The segments of one replica's partition that are in the tier, by first txid."""
 
-    def __init__(self, store: ObjectStore, prefix: str, segments: dict[int, TierSegment]) -> None:
+    def __init__(self, store: TierStore, prefix: str, segments: dict[int, TierSegment]) -> None:
         self.store = store
         self.prefix = prefix
         self.segments = segments
 
     @classmethod
-    def load(cls, store: ObjectStore, prefix: str) -> TierManifest:
+    def load(cls, store: TierStore, prefix: str) -> TierManifest:
         """What the prefix's manifest names (nothing when there is no manifest yet)."""
         name = posixpath.join(prefix, MANIFEST_NAME)
         if not store.exists(name):

@@ -16,20 +16,22 @@ its local files (nothing is removed locally before the manifest names it). Last,
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import socket
 import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from waltz_engine.common import clock
 from waltz_engine.common.errors import StorageError, WaltzError
 from waltz_engine.common.limited_log import LimitedLog
-from waltz_engine.common.object_store import FileEntry, ObjectStore, sha256_of_file
+from waltz_engine.common.object_store import FileEntry
 from waltz_engine.common.tasks import cancel_and_wait
 from waltz_engine.storage.constants import segment_paths
+from waltz_engine.storage.file_system import OS_DISK, Disk
 from waltz_engine.storage.partition import Partition
 from waltz_engine.storage.segment import CorruptRecordError
 from waltz_engine.storage.tier.manifest import (
@@ -42,6 +44,7 @@ from waltz_engine.storage.tier.manifest import (
 from waltz_engine.storage.tier.reads import TierPending, TierSegments
 from waltz_engine.storage.tier.retention import remove_below, sweep
 from waltz_engine.storage.tier.settings import KEY_TIER_URL, TierSettings
+from waltz_engine.storage.tier.store import OBJECT_STORE_TIER, TierSeam, TierStore
 
 if TYPE_CHECKING:  # the node package imports this module
     from waltz_engine.storage.node.partition_worker import PartitionWorker
@@ -65,18 +68,31 @@ class OffloadStopped(WaltzError):
 
 class RateLimit:
     """At most ``bytes_per_second``: :meth:`take` sleeps until the bytes taken so far are due.
-    Time spent idle is not saved up for a burst."""
+    Time spent idle is not saved up for a burst. Not ``blocking`` (the simulator's seam,
+    :class:`~waltz_engine.storage.tier.store.TierSeam`), it never sleeps: :meth:`take_owed_s`
+    says how long the caller must sleep on its loop instead."""
 
-    def __init__(self, bytes_per_second: int, stopping: threading.Event) -> None:
+    def __init__(self, bytes_per_second: int, stopping: threading.Event, blocking: bool = True) -> None:
         self._bytes_per_second = bytes_per_second
         self._stopping = stopping
+        self._blocking = blocking
         self._due_s = 0.0
+        self._owed_s = 0.0
 
     def take(self, size_bytes: int) -> None:
         now = clock.monotonic_s()
         self._due_s = max(self._due_s, now) + size_bytes / self._bytes_per_second
-        if self._stopping.wait(self._due_s - now):
+        if not self._blocking:
+            self._owed_s = max(self._owed_s, self._due_s - now)
+            if self._stopping.is_set():
+                raise OffloadStopped("node stopping")
+        elif self._stopping.wait(self._due_s - now):
             raise OffloadStopped("node stopping")
+
+    def take_owed_s(self) -> float:
+        """The wait the bytes taken since the last call owe (0 where :meth:`take` slept)."""
+        owed, self._owed_s = self._owed_s, 0.0
+        return owed
 
 
 def replica_name(host: str, port: int) -> str:
@@ -94,25 +110,30 @@ class TierOffloader:
         replica: str,
         storage_directory: Path,
         workers: Callable[[], Mapping[int, PartitionWorker]],
+        disk: Disk = OS_DISK,
+        seam: TierSeam = OBJECT_STORE_TIER,
     ) -> None:
         self.settings = settings
+        self._disk = disk
+        self._seam = seam
         self._key = key
         self._replica = replica
         self._cache_root = storage_directory / CACHE_DIRECTORY
         self._workers = workers
-        self._store: ObjectStore | None = None
+        self._store: TierStore | None = None
         self._manifests: dict[int, TierManifest] = {}
         # Partitions whose prefix was swept since the start (what a killed removal left).
         self._swept: set[int] = set()
         self._stopping = threading.Event()
-        self._rate = RateLimit(settings.bytes_per_second, self._stopping)
+        self._rate = RateLimit(settings.bytes_per_second, self._stopping, seam.blocking_rate)
         self._task: asyncio.Task[None] | None = None
         # A round and a scrub's check of a copy both rewrite manifests: one at a time.
         self._manifest_lock = asyncio.Lock()
 
     def open_store(self) -> None:
         """Reach the store and remove this node's temporary debris (blocking)."""
-        store = ObjectStore(self.settings.url, f"'{KEY_TIER_URL}'", tmp_dir(self._key, self._replica))
+        tmp = tmp_dir(self._key, self._replica)
+        store = self._seam.open_store(self.settings.url, f"'{KEY_TIER_URL}'", tmp)
         store.remove_debris()
         self._store = store
 
@@ -134,6 +155,7 @@ class TierOffloader:
             self._cache_root / str(partition.partition_id),
             self.settings.cache_bytes,
             manifest.chain_below(local_first),
+            self._disk,
         )
         tier.uploaded_segments, tier.uploaded_bytes = len(manifest.segments), manifest.size_bytes
         partition.tier = tier
@@ -176,7 +198,10 @@ class TierOffloader:
                 continue
             try:
                 async with self._manifest_lock:
-                    await asyncio.to_thread(self._offload, partition, worker.retention_bound)
+                    try:
+                        await asyncio.to_thread(self._offload, partition, worker.retention_bound)
+                    finally:
+                        await asyncio.sleep(self._rate.take_owed_s())
             except OffloadStopped:
                 raise
             except (WaltzError, OSError) as e:
@@ -300,11 +325,24 @@ class TierOffloader:
         for path, name in zip(
             segment_paths(partition.directory, first), object_names(prefix, first), strict=True
         ):
-            digest = sha256_of_file(path)
-            size = store.upload(path, name, UPLOAD_CHUNK_BYTES, self._rate.take)
-            if store.checksum(name, size) != digest:
+            digest = hashlib.sha256()
+            for chunk in self._chunks(path):
+                digest.update(chunk)
+            size = store.upload_chunks(self._chunks(path), name, self._rate.take)
+            if store.checksum(name, size) != digest.hexdigest():
                 raise StorageError(
                     f"{store.url}/{name}: the uploaded object differs from {path}; uploading again"
                 )
-            uploaded.append(FileEntry(size, digest))
+            uploaded.append(FileEntry(size, digest.hexdigest()))
         return TierSegment(first, last, uploaded[0], uploaded[1])
+
+    def _chunks(self, path: Path) -> Iterator[bytes]:
+        """A local file's bytes, read through the node's disk a chunk at a time."""
+        file = self._disk.open(path)
+        try:
+            offset = 0
+            while chunk := file.pread(UPLOAD_CHUNK_BYTES, offset):
+                yield chunk
+                offset += len(chunk)
+        finally:
+            file.close()

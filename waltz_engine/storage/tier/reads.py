@@ -12,7 +12,6 @@ from __future__ import annotations
 import bisect
 import logging
 import os
-import shutil
 import signal
 import uuid
 from collections import OrderedDict
@@ -20,10 +19,11 @@ from pathlib import Path
 from typing import Protocol
 
 from waltz_engine.common.errors import StorageError
-from waltz_engine.common.object_store import ObjectStore
+from waltz_engine.storage.file_system import OS_DISK, Disk
 from waltz_engine.storage.partition_files import local_usage
 from waltz_engine.storage.segment import Segment
 from waltz_engine.storage.tier.manifest import TierSegment, object_names
+from waltz_engine.storage.tier.store import TierStore
 
 log = logging.getLogger(__name__)
 
@@ -73,16 +73,18 @@ class TierSegments:
 
     def __init__(
         self,
-        store: ObjectStore,
+        store: TierStore,
         prefix: str,
         key: uuid.UUID,
         partition_id: int,
         cache_directory: Path,
         cache_bytes: int,
         evicted: list[TierSegment],
+        disk: Disk = OS_DISK,
     ) -> None:
         assert cache_bytes > 0
         self._store = store
+        self._disk = disk
         self._prefix = prefix
         self._key = key
         self._partition_id = partition_id
@@ -95,8 +97,8 @@ class TierSegments:
         # first txid → (segment, bytes of its two files)
         self._cached: OrderedDict[int, tuple[Segment, int]] = OrderedDict()
         # A cache, nothing more: what an earlier run left is not trusted.
-        shutil.rmtree(cache_directory, ignore_errors=True)
-        cache_directory.mkdir(parents=True, exist_ok=True)
+        disk.mkdir(cache_directory, parents=True)
+        self._empty_cache()
 
     @property
     def first_transaction_id(self) -> int | None:
@@ -153,7 +155,7 @@ class TierSegments:
         ):
             path = self._cache_directory / name.rsplit("/", 1)[1]
             partial = path.with_name(path.name + DOWNLOAD_SUFFIX)
-            digest = self._store.download(name, expected.size, partial)
+            digest = self._download(name, expected.size, partial)
             if digest != expected.sha256:
                 # Served all the same: each record is checked when read, and only those that
                 # fail are refused (the server reads them from another replica).
@@ -166,7 +168,7 @@ class TierSegments:
                     digest,
                     expected.sha256,
                 )
-            partial.rename(path)
+            self._disk.rename(partial, path)
             paths.append(path)
             kill_point("read")
         return Segment.open(
@@ -177,7 +179,27 @@ class TierSegments:
             entry.max_transaction_id,
             entry.size_bytes,
             sealed_end=entry.max_transaction_id + 1,
+            disk=self._disk,
         )
+
+    def _download(self, name: str, size: int, target: Path) -> str:
+        """The object's first ``size`` bytes into the cache file ``target``; their SHA-256."""
+        file = self._disk.open(target, create=True)
+        try:
+            file.truncate(0)
+            written = 0
+
+            def sink(chunk: bytes) -> None:
+                nonlocal written
+                written += file.pwrite(chunk, written)
+
+            return self._store.download_to(name, size, sink)
+        finally:
+            file.close()
+
+    def _empty_cache(self) -> None:
+        for path in self._disk.glob(self._cache_directory, "*"):
+            self._disk.unlink(path, missing_ok=True)
 
     def _trim(self, keep: int) -> None:
         """Least recently read first, down to the cache's bytes; never ``keep`` (being read)."""
@@ -194,7 +216,7 @@ class TierSegments:
         for segment, _ in self._cached.values():
             segment.close()
         self._cached.clear()
-        shutil.rmtree(self._cache_directory, ignore_errors=True)
+        self._empty_cache()
 
 
 def kill_point(name: str) -> None:
@@ -206,11 +228,14 @@ class _Tiered(Protocol):
     directory: Path
     tier: TierSegments | TierPending | None
 
+    @property
+    def disk(self) -> Disk: ...
+
 
 def disk_usage(partition: _Tiered) -> dict[str, int]:
     """Where a partition's segments are: on this node's disk, in the tier (uploaded), and in
     the tier only (evicted), with their bytes."""
-    local_segments, local_bytes = local_usage(partition.directory)
+    local_segments, local_bytes = local_usage(partition.directory, partition.disk)
     tier = partition.tier
     return {
         "local_segments": local_segments,

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import posixpath
 
-from waltz_engine.common.object_store import ObjectStore
 from waltz_engine.storage.constants import INDEX_SUFFIX, SEGMENT_SUFFIX
 from waltz_engine.storage.tier.manifest import TierManifest
+from waltz_engine.storage.tier.store import TierStore
 
 
 def remove_below(manifest: TierManifest, end: int) -> list[tuple[int, int]]:
@@ -26,7 +26,7 @@ def remove_below(manifest: TierManifest, end: int) -> list[tuple[int, int]]:
     return doomed
 
 
-def sweep(store: ObjectStore, manifest: TierManifest, end: int) -> int:
+def sweep(store: TierStore, manifest: TierManifest, end: int) -> int:
     """Delete the prefix's segment objects that start below ``end`` and that the manifest does
     not name (an upload in progress is of a local segment, at or above the partition's start);
     how many."""
