@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from waltz_engine.auth.authorizer import Authorizer
-from waltz_engine.sim.world import ACL_MIN_PARTITIONS, WorldShape, run_seed
+from waltz_engine.sim.world import WorldShape, run_seed
+from waltz_engine.sim.world_acl import ACL_MIN_PARTITIONS
 
 SHAPE = WorldShape(acl=True, partitions=ACL_MIN_PARTITIONS, transactions=30, faults=4)
 # Seed 5: an append on the partition the client may only read went with the connection to a

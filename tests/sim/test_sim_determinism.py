@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from waltz_engine.sim.world import ACL_MIN_PARTITIONS
+from waltz_engine.sim.world_acl import ACL_MIN_PARTITIONS
 
 RUN_BOUND_S = 300
 SHAPES = {

@@ -14,7 +14,6 @@ from waltz_cli.output import one_line_errors, print_json
 from waltz_engine.sim.faults import DEFAULT_FAULTS
 from waltz_engine.sim.runner import MAX_JOBS, MAX_SEEDS, run_seeds
 from waltz_engine.sim.world import (
-    ACL_MIN_PARTITIONS,
     DEFAULT_TRANSACTIONS,
     MAX_FAULTS,
     MAX_TRANSACTIONS,
@@ -22,6 +21,7 @@ from waltz_engine.sim.world import (
     SeedResult,
     WorldShape,
 )
+from waltz_engine.sim.world_acl import ACL_MIN_PARTITIONS
 
 
 @one_line_errors

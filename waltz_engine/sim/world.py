@@ -15,14 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import gc
-import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 from kazoo.client import KazooClient
@@ -32,35 +28,31 @@ from waltz_engine.client.config import WaltzClientConfig
 from waltz_engine.client.errors import AuthorizationError
 from waltz_engine.common.config import Config
 from waltz_engine.common.errors import WaltzError
-from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
-from waltz_engine.disk.partition_info import PARTITION_INFO_SIZE_BYTES, STRUCT1_OFFSET, partition_info_offset
-from waltz_engine.disk.record_format import CHECKPOINT_INTERVAL, INDEX_ENTRY, INDEX_ENTRY_SIZE_BYTES
 from waltz_engine.server.config import ServerConfig
 from waltz_engine.server.server import WaltzServer
+from waltz_engine.sim import world_checks
 from waltz_engine.sim.bank import Ledger, Transfer
 from waltz_engine.sim.disk import SimDisk
-from waltz_engine.sim.faults import DEFAULT_FAULTS, inject_faults
+from waltz_engine.sim.disk_faults import DiskFaults
+from waltz_engine.sim.faults import DEFAULT_FAULTS
 from waltz_engine.sim.loop import START_MONOTONIC_S, SimDiskRunner, SimLoop
 from waltz_engine.sim.network import SimNetwork
-from waltz_engine.sim.node_faults import NodeFaults
 from waltz_engine.sim.object_store import SimBucket
 from waltz_engine.sim.operator import Operator, operator_server_keys, operator_storage_keys
-from waltz_engine.sim.replicas import check_replicas, export_read
+from waltz_engine.sim.seed import end_leftovers, quiet_logs, run_world
 from waltz_engine.sim.workload import (
     SERVER_FRAME_LIMIT_BYTES,
     Application,
     ApplicationError,
     SimContext,
-    check_outcomes,
     payload,
     payload_size_bytes,
 )
+from waltz_engine.sim.world_acl import CLIENT_HOST, ROGUE_HOST, SIM_NODE_PRINCIPAL, acl_keys, grant
 from waltz_engine.sim.zk_model import SimZkClient, SimZooKeeper
 from waltz_engine.storage.client import StorageAdminClient, StorageClient, StorageRpcError
-from waltz_engine.storage.constants import INDEX_SUFFIX, SEGMENT_SUFFIX
 from waltz_engine.storage.node.config import StorageConfig
 from waltz_engine.storage.node.node import StorageNode
-from waltz_engine.storage.segment_scan import _java_div
 from waltz_engine.wire.frame import FRAME_HEADER_SIZE_BYTES
 from waltz_engine.zk.cluster import create_cluster
 from waltz_engine.zk.cluster_manager import force_assign, force_unassign
@@ -73,27 +65,15 @@ ZOOKEEPER_HOST = "zookeeper:2181"
 STORAGE_PORT = 7000
 STORAGE_ADMIN_PORT = 7001
 SERVER_PORT = 6000
-CLIENT_HOST = "client-0"
-# With WorldShape.acl: who each host is (the nodes share one principal, as a dev cluster's do).
-SIM_NODE_PRINCIPAL = "CN=node,O=sim"
-SIM_OPERATOR_PRINCIPAL = "CN=operator,O=sim"
-SIM_CLIENT_PRINCIPAL = "CN=client,O=sim"
-SIM_ROGUE_PRINCIPAL = "CN=rogue,O=sim"
-ACL_MIN_PARTITIONS = 3
-ROGUE_HOST = "rogue-0"
 FORGED_SESSION_ID = 1 << 62  # a session id ZooKeeper never issues in a seed's time
 SESSION_TIMEOUT_MS = 10_000
 DEFAULT_TRANSACTIONS = 100
 MAX_TRANSACTIONS = 1_000_000
 MAX_FAULTS = 100_000
 # A seed whose transactions are not all applied within this much virtual time has failed.
-RUN_LIMIT_S = 600.0
 # Every node fault is healed within this much virtual time of the workload's end.
-HEAL_LIMIT_S = 120.0
 # Tasks left by nodes that did not stop get this much virtual time to end once cancelled.
-LEFTOVER_LIMIT_S = 10.0
 # A healthy world's nodes stop within this much virtual time.
-STOP_LIMIT_S = 120.0
 # A node that failed to start (ZooKeeper out) is started again this much later.
 RESTART_RETRY_S = 1.0
 # The share of transactions that raise an application error when executed again (a retry).
@@ -105,7 +85,6 @@ RESUBMIT_DELAY_S = 1.0
 # A failing seed's report ends with this many events of its trace, in words.
 LAST_EVENTS_SHOWN = 20
 # The simulator's nodes log only what goes wrong.
-NODE_LOG_LEVEL = logging.ERROR
 # Storage nodes roll segments at this size, so seeds have sealed segments as well as open ones.
 SEGMENT_SIZE_THRESHOLD_BYTES = 64 * 1024
 # A storage crash falls inside one of the node's next writes (between a write and its sync) with
@@ -115,8 +94,6 @@ MID_WRITE_CRASH_PROBABILITY = 0.5
 MAX_WRITES_BEFORE_CRASH = 6
 MID_WRITE_CRASH_WAIT_S = 3.0
 # A full disk leaves a node this much room beyond what it holds; a slow sync takes this long.
-DISK_FULL_HEADROOM_BYTES = (0, 4096)
-SLOW_SYNC_MS = (20.0, 2_000.0)
 
 _Node = TypeVar("_Node", StorageNode, WaltzServer, WaltzClient)
 _R = TypeVar("_R")
@@ -167,7 +144,7 @@ class SeedResult:
     not_committed: int = 0
 
 
-class SimWorld:
+class SimWorld(DiskFaults):
     """The hosts of one seed's cluster: ZooKeeper, storage nodes, servers and one client."""
 
     def __init__(self, loop: SimLoop, shape: WorldShape) -> None:
@@ -210,36 +187,6 @@ class SimWorld:
         self.storage_down: set[int] = set()  # crashed, not restarted yet
         self.storage_crashes = 0
 
-    def _acl_keys(self, prefix: str) -> dict[str, Any]:
-        """A node's authorizer keys with ``acl``: no TLS here, so the trust store is never read."""
-        if not self.shape.acl:
-            return {}
-        return {
-            "authorizer.enabled": True,
-            "authorizer.nodePrincipals": [SIM_NODE_PRINCIPAL],
-            "authorizer.audit.log": "",
-            f"{prefix}.ssl.trustStore.location": "unused: the simulated network carries no TLS",
-        }
-
-    def _grant(self, zk: KazooClient) -> None:
-        """The hosts' principals and the ACLs of ``WorldShape.acl``."""
-        from waltz_engine.auth.acl import change_acls, make_entries
-
-        partitions = self.shape.partitions
-        assert partitions >= ACL_MIN_PARTITIONS, "acl needs a partition to use, one to read, one refused"
-        for host in [*self.disks, *(f"server-{n}" for n in range(self.shape.servers))]:
-            self.network.principals[host] = SIM_NODE_PRINCIPAL
-        self.network.principals["operator"] = SIM_OPERATOR_PRINCIPAL
-        self.network.principals[CLIENT_HOST] = SIM_CLIENT_PRINCIPAL
-        self.network.principals[ROGUE_HOST] = SIM_ROGUE_PRINCIPAL
-        entries = [
-            # The export-style read of the replicas (admin port) is a read, as an export's is.
-            *make_entries(SIM_OPERATOR_PRINCIPAL, ["admin", "read"], "*", deny=False),
-            *make_entries(SIM_CLIENT_PRINCIPAL, ["read"], f"0-{partitions - 2}", deny=False),
-            *make_entries(SIM_CLIENT_PRINCIPAL, ["append"], f"0-{partitions - 3}", deny=False),
-        ]
-        change_acls(zk, CLUSTER_ROOT, entries)
-
     def _zookeeper_keys(self) -> dict[str, Any]:
         return {
             "zookeeper.connectString": ZOOKEEPER_HOST,
@@ -257,7 +204,7 @@ class SimWorld:
                 add_storage_node(zk, CLUSTER_ROOT, storage, 0, STORAGE_ADMIN_PORT)
                 assign_partitions(zk, CLUSTER_ROOT, storage, partitions)
             if self.shape.acl:
-                self._grant(zk)
+                grant(zk, CLUSTER_ROOT, self.shape, self.network.principals, [*self.disks])
         return params.key
 
     async def _assign_partitions(self, host: str, key: uuid.UUID) -> None:
@@ -336,7 +283,7 @@ class SimWorld:
             "storage.port": STORAGE_PORT,
             "storage.admin.port": STORAGE_ADMIN_PORT,
             "storage.directory": f"/{host}",
-            **self._acl_keys("storage"),
+            **acl_keys(self.shape.acl, "storage"),
             "storage.segment.size.threshold": SEGMENT_SIZE_THRESHOLD_BYTES,
             **operator_storage_keys(self.shape.operator_actions),  # (smaller segments with them)
         }
@@ -360,7 +307,7 @@ class SimWorld:
             "server.host": host,
             "server.advertisedHost": host,
             "server.port": SERVER_PORT,
-            **self._acl_keys("server"),
+            **acl_keys(self.shape.acl, "server"),
             "server.maxBufferedBytesPerConnection": SERVER_FRAME_LIMIT_BYTES + FRAME_HEADER_SIZE_BYTES,
             **operator_server_keys(self.shape.operator_actions),
         }
@@ -523,89 +470,6 @@ class SimWorld:
         for a, b in self._links_of(host):
             self.network.heal(a, b)
 
-    # --- disk faults ---------------------------------------------------------------------------
-
-    def flip_bit(self, number: int) -> None:
-        """Rot on one storage node (the same one all seed long, so a quorum stays whole): a bit
-        of a record or index entry the node knows is durable changes in place, in a sealed
-        segment or in the open one up to its durable point (the last checkpoint or the local
-        low-water mark: past it, rot looks like a torn write, which recovery rightly cuts), or
-        (``control_file_flips``) a bit of a partition's struct in the control file."""
-        host = f"storage-{number}" if self.damaged_host is None else self.damaged_host
-        self.damaged_host = host
-        disk = self.disks[host]
-        node = self.storage[int(host.rsplit("-", 1)[1])]
-        rng = self.loop.rng
-        if host in self.dead or node.manager is None:
-            return
-        # Only the replicas it holds (a move leaves a moved-away partition's files behind).
-        assigned = {str(partition_id) for partition_id in node.manager.assigned_partition_ids()}
-        files = [
-            path
-            for path in disk.files()
-            if path.name.endswith((SEGMENT_SUFFIX, INDEX_SUFFIX)) and path.parent.name in assigned
-        ]
-        if self.shape.control_file_flips and not self._control_damaged:
-            files += [path for path in disk.files() if path.name.endswith(".ctl")]
-        if not files:
-            return
-        path = rng.choice(files)
-        size_bytes = disk.file_size_bytes(path)
-        if path.name.endswith(".ctl"):
-            offset = _control_struct_offset(rng, size_bytes)
-            self._control_damaged = True
-        else:
-            end = self._durable_end(disk, node, path)
-            if end <= HEADER_SIZE_BYTES:
-                return  # nothing known durable in it yet
-            offset = rng.randrange(HEADER_SIZE_BYTES, end)
-        bit = rng.randrange(8)
-        disk.flip_bit(path, offset, bit)
-        self.damage.append(f"{host}:{path} byte {offset} bit {bit}")
-        self.loop.record("fault", f"bit flip {host}:{path} byte {offset} bit {bit}")
-
-    @staticmethod
-    def _durable_end(disk: SimDisk, node: StorageNode, path: Path) -> int:
-        """The end of the bytes of ``path`` (a segment's data or index) that hold records the node
-        knows are durable: all of a sealed segment; the open one's up to its durable point."""
-        assert node.manager is not None
-        first = int(path.stem)
-        directory = path.parent
-        starts = sorted(int(p.stem) for p in disk.glob(directory, f"*{SEGMENT_SUFFIX}"))
-        index = directory / f"{path.stem}{INDEX_SUFFIX}"
-        if first != starts[-1]:
-            return disk.file_size_bytes(path)  # sealed
-        partition = node.manager.partition(int(directory.name))
-        local_low_water_mark = partition.last_session_info().local_low_water_mark
-        max_transaction_id = partition.max_transaction_id()
-        # As start-up recovery reckons it (segment_scan.recovery_window).
-        checkpoint = _java_div(max_transaction_id - 1, CHECKPOINT_INTERVAL) * CHECKPOINT_INTERVAL
-        durable = max(checkpoint - 1, local_low_water_mark)
-        if max_transaction_id <= local_low_water_mark:
-            durable = max_transaction_id
-        if durable < first:
-            return 0
-        if path.name.endswith(INDEX_SUFFIX):
-            return HEADER_SIZE_BYTES + INDEX_ENTRY_SIZE_BYTES * (durable + 1 - first)
-        entries = disk.read_bytes(index)
-        position = HEADER_SIZE_BYTES + INDEX_ENTRY_SIZE_BYTES * (durable + 1 - first)
-        if durable + 1 > max_transaction_id or position + INDEX_ENTRY_SIZE_BYTES > len(entries):
-            return disk.file_size_bytes(path)  # every record of it is durable
-        return int(INDEX_ENTRY.unpack_from(entries, position)[0])
-
-    def fill_disk(self, number: int) -> None:
-        disk = self.disks[f"storage-{number}"]
-        disk.capacity_bytes = disk.used_bytes() + self.loop.rng.randint(*DISK_FULL_HEADROOM_BYTES)
-        self.loop.record("fault", f"disk full storage-{number} at {disk.capacity_bytes} bytes")
-
-    def free_disk(self, number: int) -> None:
-        self.disks[f"storage-{number}"].capacity_bytes = None
-        self.loop.record("fault", f"disk room again storage-{number}")
-
-    def slow_syncs(self, number: int, slow: bool) -> None:
-        self.sync_latency_ms[f"storage-{number}"] = SLOW_SYNC_MS if slow else None
-        self.loop.record("fault", f"syncs {'slow' if slow else 'fast'} storage-{number}")
-
     async def forge_reads(self) -> None:
         """A rogue client that knows the cluster key reads with a session id nobody issued."""
         for number in range(self.shape.storage_nodes):
@@ -710,61 +574,13 @@ class SimWorld:
             await self.application.changed.wait()
 
     def check(self) -> list[str]:
-        """Every outcome against the log, and the bank's ledger (and with ``acl``: nothing of the
-        refused partitions was committed or delivered)."""
-        violations = check_outcomes(self.application, self.contexts, self.incarnation)
-        if self.shape.acl:
-            for partition_id in (self.shape.partitions - 2, self.shape.partitions - 1):
-                delivered = self.application.applied.get(partition_id, [])
-                if delivered:
-                    violations.append(
-                        f"partition {partition_id}: the ACLs refuse it, yet {len(delivered)} delivered"
-                    )
-        return violations + self.forged_served + self.close_failures + self.ledger.violations
+        return world_checks.check(self)
 
     def check_replicas(self) -> list[str]:
-        """The storage nodes' records against the client's log and data (while the nodes run)."""
-        violations: list[str] = []
-        damaged = None if self.damaged_host is None else int(self.damaged_host.rsplit("-", 1)[1])
-        for partition_id in range(self.shape.partitions):
-            committed = self.application.applied.get(partition_id, [])
-            # With the operator's actions, the replicas are the nodes ZooKeeper assigns now
-            # (what the partition's quorum counts), moved or recovered ones included.
-            operated = self.shape.operator_actions
-            nodes = self.operator.assigned_nodes(partition_id) if operated else self.storage
-            damaged = next((i for i, node in enumerate(nodes) if node.config.host == self.damaged_host), None)
-            violations += check_replicas(nodes, partition_id, committed, self.payloads, damaged)
-        if self.shape.operator_actions:
-            self.operator.check_retained()
-            violations += self.operator.violations + self.operator.check_tier()
-            violations += self.operator.check_replica_count()
-        return violations
+        return world_checks.check_replicas(self)
 
     async def export_read(self) -> list[str]:
-        """The committed range as an export reads it from each replica's admin port (records,
-        their headers, data and checksums): what is served must be what the client built, from
-        the replica's retained start on (below it, retention removed the records: not served)."""
-        violations: list[str] = []
-        for node in self.storage:
-            host = node.config.host
-            admin = StorageAdminClient(
-                host,
-                STORAGE_ADMIN_PORT,
-                None,
-                self.key,
-                self.shape.partitions,
-                network=self.network.node("operator"),
-            )
-            await admin.open()
-            try:
-                for partition_id in range(self.shape.partitions):
-                    if node.manager is None or partition_id not in node.manager.assigned_partition_ids():
-                        continue  # not (or no longer) a replica of it
-                    committed = self.application.applied.get(partition_id, [])
-                    violations += await export_read(admin, host, partition_id, committed, self.payloads)
-            finally:
-                await admin.close()
-        return violations
+        return await world_checks.export_read(self)
 
 
 def _committed(context: SimContext) -> bool:
@@ -782,113 +598,22 @@ async def _until_started(start: Callable[[], Awaitable[_Node]]) -> _Node:
             await asyncio.sleep(RESTART_RETRY_S)
 
 
-def _control_struct_offset(rng: Any, size_bytes: int) -> int:
-    """A byte of one of a partition's two info structs in the control file (not of the file's
-    header: a damaged header is a node that refuses to start, the operator's to repair, not in
-    the schedule; nor of the partition's first 4 bytes, its id)."""
-    partitions = max(1, (size_bytes - HEADER_SIZE_BYTES) // PARTITION_INFO_SIZE_BYTES)
-    start = partition_info_offset(rng.randrange(partitions)) + STRUCT1_OFFSET
-    return min(size_bytes - 1, start + int(rng.randrange(PARTITION_INFO_SIZE_BYTES - STRUCT1_OFFSET)))
-
-
-def _end_leftovers(loop: SimLoop) -> None:
-    """What a node that did not stop cleanly left running ends on its own loop (not in a later
-    seed's, or in the garbage collector at an arbitrary moment after the loop closed)."""
-    loop.bury_the_dead()
-    leftovers = asyncio.all_tasks(loop)
-    for task in leftovers:
-        task.cancel()
-    if leftovers:
-        loop.run_until_complete(asyncio.wait(leftovers, timeout=LEFTOVER_LIMIT_S))
-    for task in leftovers:
-        if task.done() and not task.cancelled():
-            task.exception()  # read: a task may end in its closed connection's error
-    gc.collect()  # coroutines never scheduled close while their loop still runs callbacks
-    loop.run_until_complete(asyncio.sleep(0))
-
-
-@contextmanager
-def _quiet_logs() -> Iterator[None]:
-    root = logging.getLogger("waltz_engine")
-    level = root.level
-    root.setLevel(NODE_LOG_LEVEL)
-    try:
-        yield
-    finally:
-        root.setLevel(level)
-
-
 def run_seed(seed: int, shape: WorldShape | None = None) -> SeedResult:
     """One seed: a cluster started, the workload appended and checked, the cluster stopped."""
     shape = shape or WorldShape()
     started_s = time.process_time()
     loop = SimLoop(seed)
-    with _quiet_logs():
+    with quiet_logs():
         world = SimWorld(loop, shape)
         injected: dict[str, int] = {}
-        nodes = NodeFaults(loop, world)
-
-        async def main() -> list[str]:
-            await world.start()
-            faults = loop.create_task(
-                inject_faults(
-                    loop,
-                    world.network,
-                    world.zookeeper,
-                    world.fault_pairs(),
-                    shape.faults,
-                    shape.transactions * SUBMIT_INTERVAL_S,
-                    nodes,
-                )
-            )
-            late = []
-            try:
-                async with asyncio.timeout(RUN_LIMIT_S):
-                    await world.append_all()
-                    injected.update(await faults)
-            except TimeoutError:
-                late = [f"not every transaction was applied within {RUN_LIMIT_S:.0f} s of virtual time"]
-            finally:
-                faults.cancel()
-                try:
-                    async with asyncio.timeout(HEAL_LIMIT_S):
-                        await nodes.finish()  # every crashed node restarted, every pause over
-                except TimeoutError:
-                    late.append(f"a crashed node did not restart within {HEAL_LIMIT_S:.0f} s")
-                except Exception as e:  # a fault's healing that fails is a finding, not the end
-                    late.append(f"healing a fault raised {e!r}")
-                world.heal()
-                if shape.operator_actions:
-                    try:
-                        await world.operator.finish()  # moves a fault stopped, run again to their end
-                    except Exception as e:
-                        late.append(f"finishing the operator's moves raised {e!r}")
-                try:
-                    late += world.check_replicas()
-                except Exception as e:  # a replica that cannot be read at all is a finding
-                    late.append(f"reading the replicas raised {e!r} (dead: {sorted(world.dead)})")
-                try:
-                    async with asyncio.timeout(STOP_LIMIT_S):
-                        late += await world.export_read()
-                except TimeoutError:
-                    late.append(f"the export read did not end within {STOP_LIMIT_S:.0f} s of virtual time")
-                except Exception as e:
-                    late.append(f"the export read raised {e!r}")
-                try:
-                    async with asyncio.timeout(STOP_LIMIT_S):
-                        await world.stop()
-                except TimeoutError:
-                    late.append(f"the nodes did not stop within {STOP_LIMIT_S:.0f} s of virtual time")
-                except Exception as e:  # a node that cannot stop cleanly is a finding too
-                    late.append(f"stopping the nodes raised {e!r}")
-            return world.check() + late
 
         asyncio.set_event_loop(loop)
         try:
-            violations = loop.run_until_complete(main())
+            span_s = shape.transactions * SUBMIT_INTERVAL_S
+            violations = loop.run_until_complete(run_world(world, span_s, injected))
             trace_hash, virtual_s = loop.trace_hash, loop.time() - START_MONOTONIC_S
         finally:
-            _end_leftovers(loop)
+            end_leftovers(loop)
             asyncio.set_event_loop(None)
             loop.close()
     return SeedResult(

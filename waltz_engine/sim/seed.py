@@ -1,0 +1,112 @@
+"""A seed's run in the simulated world, start to checks (the work of
+:func:`waltz_engine.sim.world.run_seed`, kept apart for size)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from waltz_engine.sim.faults import inject_faults
+from waltz_engine.sim.loop import SimLoop
+from waltz_engine.sim.node_faults import NodeFaults
+
+if TYPE_CHECKING:
+    from waltz_engine.sim.world import SimWorld
+
+RUN_LIMIT_S = 600.0
+HEAL_LIMIT_S = 120.0
+LEFTOVER_LIMIT_S = 10.0
+STOP_LIMIT_S = 120.0
+NODE_LOG_LEVEL = logging.ERROR
+
+
+async def run_world(world: SimWorld, faults_span_s: float, injected: dict[str, int]) -> list[str]:
+    """Start the world, append the workload under the faults (spread over ``faults_span_s``),
+    heal, check the replicas and an export-style read, stop: the violations found."""
+    loop = world.loop
+    shape = world.shape
+    nodes = NodeFaults(loop, world)
+    await world.start()
+    faults = loop.create_task(
+        inject_faults(
+            loop,
+            world.network,
+            world.zookeeper,
+            world.fault_pairs(),
+            shape.faults,
+            faults_span_s,
+            nodes,
+        )
+    )
+    late = []
+    try:
+        async with asyncio.timeout(RUN_LIMIT_S):
+            await world.append_all()
+            injected.update(await faults)
+    except TimeoutError:
+        late = [f"not every transaction was applied within {RUN_LIMIT_S:.0f} s of virtual time"]
+    finally:
+        faults.cancel()
+        try:
+            async with asyncio.timeout(HEAL_LIMIT_S):
+                await nodes.finish()  # every crashed node restarted, every pause over
+        except TimeoutError:
+            late.append(f"a crashed node did not restart within {HEAL_LIMIT_S:.0f} s")
+        except Exception as e:  # a fault's healing that fails is a finding, not the end
+            late.append(f"healing a fault raised {e!r}")
+        world.heal()
+        if shape.operator_actions:
+            try:
+                await world.operator.finish()  # moves a fault stopped, run again to their end
+            except Exception as e:
+                late.append(f"finishing the operator's moves raised {e!r}")
+        try:
+            late += world.check_replicas()
+        except Exception as e:  # a replica that cannot be read at all is a finding
+            late.append(f"reading the replicas raised {e!r} (dead: {sorted(world.dead)})")
+        try:
+            async with asyncio.timeout(STOP_LIMIT_S):
+                late += await world.export_read()
+        except TimeoutError:
+            late.append(f"the export read did not end within {STOP_LIMIT_S:.0f} s of virtual time")
+        except Exception as e:
+            late.append(f"the export read raised {e!r}")
+        try:
+            async with asyncio.timeout(STOP_LIMIT_S):
+                await world.stop()
+        except TimeoutError:
+            late.append(f"the nodes did not stop within {STOP_LIMIT_S:.0f} s of virtual time")
+        except Exception as e:  # a node that cannot stop cleanly is a finding too
+            late.append(f"stopping the nodes raised {e!r}")
+    return world.check() + late
+
+
+def end_leftovers(loop: SimLoop) -> None:
+    """What a node that did not stop cleanly left running ends on its own loop (not in a later
+    seed's, or in the garbage collector at an arbitrary moment after the loop closed)."""
+    loop.bury_the_dead()
+    leftovers = asyncio.all_tasks(loop)
+    for task in leftovers:
+        task.cancel()
+    if leftovers:
+        loop.run_until_complete(asyncio.wait(leftovers, timeout=LEFTOVER_LIMIT_S))
+    for task in leftovers:
+        if task.done() and not task.cancelled():
+            task.exception()  # read: a task may end in its closed connection's error
+    gc.collect()  # coroutines never scheduled close while their loop still runs callbacks
+    loop.run_until_complete(asyncio.sleep(0))
+
+
+@contextmanager
+def quiet_logs() -> Iterator[None]:
+    root = logging.getLogger("waltz_engine")
+    level = root.level
+    root.setLevel(NODE_LOG_LEVEL)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
