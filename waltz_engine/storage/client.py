@@ -291,7 +291,9 @@ class _RpcConnection:
         loop = asyncio.get_running_loop()
         now = loop.time()
         earliest: float | None = None
-        for seq_num, (future, deadline, wait_ms) in self._pending.items():
+        # A snapshot: failing a call runs its callback (a direct batch's answer), which may end
+        # other calls of this connection.
+        for seq_num, (future, deadline, wait_ms) in list(self._pending.items()):
             if deadline <= now:
                 if not future.done():
                     where = f"{self.name} {self.endpoint}"
