@@ -69,7 +69,9 @@ class StorageCluster:
     def checksums(self, partition_id: int) -> list[int]:
         """The replicas' partition checksums (nodes must be stopped)."""
         return [
-            replica_checksums(node.directory, self.key, self.num_partitions, [partition_id])[partition_id]
+            replica_checksums(node.directory, self.key, self.num_partitions, [partition_id]).checksums[
+                partition_id
+            ]
             for node in self.nodes
         ]
 
