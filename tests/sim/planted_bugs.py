@@ -70,6 +70,8 @@ def forged_fence(monkeypatch: pytest.MonkeyPatch) -> None:
         await self._put((conn, msg))
 
     monkeypatch.setattr(PartitionWorker, "submit", submit)
+    # Every request: the receipt path from the read callback (issue 33) goes through it too.
+    monkeypatch.setattr(PartitionWorker, "submit_now", lambda self, conn, msg: False)
 
 
 def retry_worker_dies(monkeypatch: pytest.MonkeyPatch) -> None:
