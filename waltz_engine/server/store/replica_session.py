@@ -281,13 +281,7 @@ class ReplicaSession(LatencyWeightedRoute):
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            if not self._closed:
-                log.warning(
-                    "closing replica session %s (session %d): %s", self.replica_id, self.session_id, e
-                )
-                self.close(e)
-                if self._store_session is not None and not self._left_recovery:
-                    self._store_session.replica_failed(self)
+            self._fail(e)
         finally:
             self.close()
 
