@@ -10,6 +10,7 @@ start and matches the others, and `waltz inspect verify` passes on every retaine
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import time
 from collections.abc import Callable
@@ -251,8 +252,16 @@ def test_retention_end_to_end(cluster: LocalCluster, tmp_path: Path, monkeypatch
     _wait_all_at(cluster, context, "max-transaction-id", last)
     assert _segment_firsts(cluster.storages[0])[0] == start
 
+    # The bound lowered after the cleaners acted on it (an application's consumed position
+    # moved back, say): what went stays gone, and the highest bound set stays on record.
+    lowered = _cli(cluster, "set", "--partition", str(PARTITION), "--before", "1")
+    assert f"a bound of {bound} was set before" in lowered, lowered
+    shown = json.loads(_cli(cluster, "show", "--json"))["partitions"][PARTITION]
+    assert (shown["bound"], shown["highest_bound"]) == (1, bound), shown
+
     # A replica whose disk was replaced: nobody has the records below the retained start any
-    # more, so it is filled from there.
+    # more, so it is filled from there (allowed by the highest bound ever set, the current one
+    # being lower: before, every store session failed on the refused late start, issue 32).
     replaced = cluster.storages[2]
     replaced.stop()
     shutil.rmtree(replaced.directory / "data")

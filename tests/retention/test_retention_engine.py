@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,11 +21,17 @@ from waltz_engine.zk.export_watermarks import decode_export_watermarks
 from waltz_engine.zk.java_io import DataWriter, JavaFormatError
 from waltz_engine.zk.retention import (
     BelowRetainedStartError,
+    NodeBounds,
+    clear_retention_bound,
     decode_retention_bound,
     effective_bound,
     encode_retention_bound,
+    read_highest_bounds,
+    read_node_bounds,
     removable_head_segments,
     retained_start_in,
+    retention_highest_path,
+    set_retention_bound,
 )
 
 KEY = uuid.UUID("6a0f3c2e-51b4-4f0e-9d2c-7b8e1a4c5d36")
@@ -111,8 +118,6 @@ def test_removal_reads_reopen_and_verify(tmp_path: Path) -> None:
     assert retained_start_in(str(below.value)) == 20
     with pytest.raises(BelowRetainedStartError):
         partition.record_headers(0, 1)
-    with pytest.raises(BelowRetainedStartError):
-        partition.truncate(5)
     assert [r.transaction_id for r in partition.records(20, 3)] == [20, 21, 22]
     manager.close()
 
@@ -210,14 +215,14 @@ def test_a_truncate_to_nothing_empties_a_log_whose_head_is_gone(tmp_path: Path) 
     # Its own head removed (20..34 left), it missed 35.. while down, and retention removed up to
     # 39 everywhere else: a server empties it to fill it from the retained start (before, the
     # truncate was refused and every store session failed on it: issue 32). A truncate to a txid
-    # below the start is still refused (it would leave a gap).
+    # below the start keeps nothing either (it cannot keep what is not here, and must not leave a
+    # gap): the answer, -1, says so.
     directory = tmp_path / "storage"
     directory.mkdir()
     manager = _filled(directory, 35)
     partition = manager.partition(0)
     partition.remove_head_segments(25)
-    with pytest.raises(BelowRetainedStartError):
-        partition.truncate(5)
+    assert partition.truncate(34) == 34
     assert partition.segments == [(20, 29), (30, 34)]
     assert partition.truncate(-1) == -1
     assert partition.is_empty() and partition.first_transaction_id() == 0
@@ -229,5 +234,28 @@ def test_a_truncate_to_nothing_empties_a_log_whose_head_is_gone(tmp_path: Path) 
     reopened = _manager(directory)
     try:
         assert reopened.partition(0).segments == [(40, 42)]
+        # Begun late at 40, it is cut to a stale session's low-water mark below its start (seed
+        # 290 of the simulator): nothing kept, it begins again at 0.
+        partition = reopened.partition(0)
+        assert partition.truncate(5) == -1
+        assert partition.is_empty() and partition.first_transaction_id() == 0
     finally:
         reopened.close()
+
+
+def test_the_highest_bound_set_is_kept_for_late_starts(zk_client: Any, cluster_root: str) -> None:
+    """A lowered or cleared bound does not bring back what cleaners removed under a higher one:
+    an empty replica may still begin its log up to the highest bound ever set (issue 32, the
+    simulator's seeds 199, 243 and bank 15, 44 stalled on that refusal)."""
+    assert read_node_bounds(zk_client, cluster_root, 2) == NodeBounds({}, {})
+    assert set_retention_bound(zk_client, cluster_root, 0, 100) == 100
+    assert set_retention_bound(zk_client, cluster_root, 0, 40) == 100  # lowered: the highest stays
+    assert set_retention_bound(zk_client, cluster_root, 1, 7) == 7
+    assert read_node_bounds(zk_client, cluster_root, 2) == NodeBounds({0: 40, 1: 7}, {0: 100, 1: 7})
+    assert clear_retention_bound(zk_client, cluster_root, 0)
+    assert read_node_bounds(zk_client, cluster_root, 2) == NodeBounds({1: 7}, {0: 100, 1: 7})
+    assert set_retention_bound(zk_client, cluster_root, 0, 120) == 120
+    assert read_highest_bounds(zk_client, cluster_root) == {0: 120, 1: 7}
+    # A bound set before the highest was recorded (an older node's cluster): the bound stands.
+    zk_client.delete(retention_highest_path(cluster_root, 0))
+    assert read_node_bounds(zk_client, cluster_root, 2).late_start == {0: 120, 1: 7}

@@ -34,7 +34,7 @@ from waltz_engine.storage.network_reader import ClusterAccess, committed_high_wa
 from waltz_engine.zk import retention
 from waltz_engine.zk.connection import connect
 from waltz_engine.zk.partition_ranges import not_in_cluster
-from waltz_engine.zk.retention import effective_bound
+from waltz_engine.zk.retention import effective_bound, read_highest_bounds
 
 app = options.group(help="Log retention: which records the storage nodes may remove.")
 
@@ -104,9 +104,14 @@ def set_(
                     f"(give --before {mark + 1} at most, or --force)"
                 )
         if not dry_run:
-            retention.set_retention_bound(client, settings.cluster_root, partition, before)
+            highest = retention.set_retention_bound(client, settings.cluster_root, partition, before)
     if not dry_run:
         console.print(f"partition {partition}: records below {before} may be removed")
+        if highest > before:
+            console.print(
+                f"partition {partition}: a bound of {highest} was set before: records below it may "
+                "be gone already (a lower bound keeps what is still there, it brings nothing back)"
+            )
         return
     limit = effective_bound(before, list(watermarks.values())) or 0
     tls = cluster.tls_context(ssl_config)
@@ -165,12 +170,13 @@ def show(
     with connect(settings) as client:
         layout = admin_ops.read_store_layout(client, settings.cluster_root)
         partitions = read_retentions(client, settings.cluster_root, layout)
+        highest = read_highest_bounds(client, settings.cluster_root)
     replicas = asyncio.run(replica_starts(layout, cluster.tls_context(ssl_config), cluster.timeout_ms))
-    report = RetentionReport(partitions, replicas)
+    report = RetentionReport(partitions, replicas, highest)
     if as_json:
         print_json(report.to_json())
         return
-    table = Table("partition", "bound", "exports", "effective", "replica first txids")
+    table = Table("partition", "bound", "highest set", "exports", "effective", "replica first txids")
     for r in report.partitions:
         exports = ", ".join(f"{e}={w}" for e, w in sorted(r.watermarks.items())) or NONE_TEXT
         starts = ", ".join(
@@ -180,6 +186,7 @@ def show(
         table.add_row(
             str(r.partition_id),
             NONE_TEXT if r.bound is None else str(r.bound),
+            str(report.highest.get(r.partition_id, NONE_TEXT)),
             exports,
             NONE_TEXT if r.effective_bound is None else str(r.effective_bound),
             starts or NONE_TEXT,

@@ -38,6 +38,9 @@ class ReplicaStart(NamedTuple):
 class RetentionReport(NamedTuple):
     partitions: list[PartitionRetention]
     replicas: dict[int, list[ReplicaStart]]  # partition id → its replicas
+    # partition id → the highest bound ever set (records below it may be gone, whatever the
+    # bound is now); absent for a partition never bounded (or bounded before it was recorded)
+    highest: dict[int, int]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -45,6 +48,7 @@ class RetentionReport(NamedTuple):
                 {
                     "partition": r.partition_id,
                     "bound": r.bound,
+                    "highest_bound": self.highest.get(r.partition_id),
                     "export_watermarks": r.watermarks,
                     "effective_bound": r.effective_bound,
                     "replicas": [s._asdict() for s in self.replicas.get(r.partition_id, [])],

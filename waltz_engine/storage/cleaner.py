@@ -19,7 +19,7 @@ from kazoo.exceptions import KazooException
 from waltz_engine.common.errors import StorageError, WaltzError
 from waltz_engine.common.tasks import cancel_and_wait
 from waltz_engine.zk.connection import ZooKeeperConnector, ZooKeeperSettings, connect, new_client
-from waltz_engine.zk.retention import read_effective_bounds
+from waltz_engine.zk.retention import NodeBounds, read_node_bounds
 
 if TYPE_CHECKING:  # the node package imports this module
     from waltz_engine.storage.node.partition_worker import PartitionWorker
@@ -48,6 +48,7 @@ class RetentionCleaner:
         self._workers = workers
         self._interval_ms = interval_ms
         self._bounds: dict[int, int] = {}
+        self._late_start_bounds: dict[int, int] = {}
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -63,6 +64,7 @@ class RetentionCleaner:
         """Tell every worker its partition's last known effective bound (also after assignment)."""
         for partition_id, worker in self._workers().items():
             worker.retention_bound = self._bounds.get(partition_id)
+            worker.late_start_bound = self._late_start_bounds.get(partition_id)
 
     async def _run(self) -> None:
         while True:
@@ -79,10 +81,11 @@ class RetentionCleaner:
         may start at the retained start); False, the last known kept, when ZooKeeper does not
         answer."""
         try:
-            self._bounds = await asyncio.to_thread(self._read_bounds)
+            bounds = await asyncio.to_thread(self._read_bounds)
         except (KazooException, WaltzError, OSError, TimeoutError) as e:
             log.warning("retention cleaner: cannot read bounds from ZooKeeper: %s", e)
             return False
+        self._bounds, self._late_start_bounds = bounds.effective, bounds.late_start
         self.apply_bounds()
         return True
 
@@ -118,7 +121,7 @@ class RetentionCleaner:
                 )
         return removed
 
-    def _read_bounds(self) -> dict[int, int]:
+    def _read_bounds(self) -> NodeBounds:
         settings = self._zookeeper
         with connect(settings, self._zk_connector) as client:
-            return read_effective_bounds(client, settings.cluster_root, self._num_partitions)
+            return read_node_bounds(client, settings.cluster_root, self._num_partitions)

@@ -54,7 +54,7 @@ from waltz_engine.zk.cluster import read_cluster_params
 from waltz_engine.zk.connection import ZooKeeperConnector, ZooKeeperSettings, connect, new_client
 from waltz_engine.zk.partition_ranges import not_in_cluster
 from waltz_engine.zk.paths import ClusterPaths
-from waltz_engine.zk.retention import read_retention_bounds
+from waltz_engine.zk.retention import read_highest_bounds, read_retention_bounds
 
 log = logging.getLogger(__name__)
 
@@ -306,10 +306,10 @@ async def discover_async(
         for p in wanted:
             zk.sync(ClusterPaths.of(root).partition(p))
             sessions[p] = store_metadata.read_partition_metadata(zk, root, p).metadata.session_id
-        # Only partitions with a retention bound may start later than 0: only their nodes are
-        # asked where their logs start (a bound cleared since leaves segments removed, but those
-        # readers meet a "retained start" answer, as before).
-        retained = set(read_retention_bounds(zk, root)) & set(wanted)
+        # Only partitions that ever had a retention bound may start later than 0: only their
+        # nodes are asked where their logs start.
+        ever = set(read_retention_bounds(zk, root)) | set(read_highest_bounds(zk, root))
+        retained = ever & set(wanted)
     store = StoreAccess(params.key, params.num_partitions, access.tls, access.network)
     # ...then what each replica holds.
     infos = await _session_infos(store, assignments, admin_ports, wanted, retained)

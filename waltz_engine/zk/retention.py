@@ -10,6 +10,11 @@ ZooKeeper layout (Java nodes ignore znodes they do not know):
 
 * ``<root>/retention/partition/<p>``: ``int8 version=1, int64 beforeTxid`` — records below
   ``beforeTxid`` may be removed;
+* ``<root>/retention/highest/<p>``: the same payload, the highest bound ever set for the
+  partition (raised before the bound itself is written, never lowered, kept by a clear): records
+  below it may be gone from every replica, whatever the bound is now, so an empty replica may
+  begin its log up to it (``PartitionWorker._start_late``). A bound lowered after cleaners acted
+  on a higher one would otherwise strand every replica added later;
 * ``<root>/exports/<export-id>``: per partition the highest txid the export has durably
   taken; nothing above it may go (codec: :mod:`waltz_engine.zk.export_watermarks`).
 
@@ -24,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from waltz_engine.common.errors import StorageError
 from waltz_engine.zk.export_watermarks import read_export_watermarks
@@ -34,6 +39,10 @@ from waltz_engine.zk.paths import normalize_root
 RETENTION_PAYLOAD_VERSION = 1
 RETENTION_ZNODE = "retention"
 PARTITION_ZNODE = "partition"
+HIGHEST_ZNODE = "highest"
+# Compare-and-set attempts at raising the highest bound before giving up (each lost one means
+# another writer raised it meanwhile: a handful covers any real contention).
+MAX_HIGHEST_BOUND_ATTEMPTS = 16
 
 # The storage FAILURE message a read below the retained start carries; servers parse the start
 # back out of it (the data protocol has no field for it and must stay byte-compatible).
@@ -84,17 +93,51 @@ def retention_partition_path(root: str, partition_id: int) -> str:
     return f"{normalize_root(root)}/{RETENTION_ZNODE}/{PARTITION_ZNODE}/{partition_id}"
 
 
+def retention_highest_path(root: str, partition_id: int) -> str:
+    return f"{normalize_root(root)}/{RETENTION_ZNODE}/{HIGHEST_ZNODE}/{partition_id}"
+
+
 def set_retention_bound(
     client: KazooClient, root: str, partition_id: int, before_transaction_id: int
-) -> None:
+) -> int:
+    """Set the bound; returns the highest bound ever set for the partition (this one or above).
+
+    The highest is raised first: once a cleaner may act on the bound, it is on record."""
     if before_transaction_id < 0:
         raise ValueError(f"retention bound must not be negative: {before_transaction_id}")
+    highest = _raise_highest_bound(client, root, partition_id, before_transaction_id)
     path = retention_partition_path(root, partition_id)
     payload = encode_retention_bound(before_transaction_id)
     if client.exists(path) is None:
         client.create(path, payload, makepath=True)
     else:
         client.set(path, payload)
+    return highest
+
+
+def _raise_highest_bound(client: KazooClient, root: str, partition_id: int, bound: int) -> int:
+    path = retention_highest_path(root, partition_id)
+    for _ in range(MAX_HIGHEST_BOUND_ATTEMPTS):
+        try:
+            data, stat = client.get(path)
+        except NoNodeError:
+            try:
+                client.create(path, encode_retention_bound(bound), makepath=True)
+            except NodeExistsError:
+                continue  # created meanwhile: compare with it
+            return bound
+        highest = decode_retention_bound(data or b"")
+        if highest >= bound:
+            return highest
+        try:
+            client.set(path, encode_retention_bound(bound), version=stat.version)
+        except BadVersionError:
+            continue  # raised meanwhile: compare again
+        return bound
+    raise StorageError(
+        f"could not record partition {partition_id}'s highest retention bound: {path} changed "
+        f"{MAX_HIGHEST_BOUND_ATTEMPTS} times while being raised; run the command again"
+    )
 
 
 def clear_retention_bound(client: KazooClient, root: str, partition_id: int) -> bool:
@@ -107,7 +150,15 @@ def clear_retention_bound(client: KazooClient, root: str, partition_id: int) -> 
 
 
 def read_retention_bounds(client: KazooClient, root: str) -> dict[int, int]:
-    directory = f"{normalize_root(root)}/{RETENTION_ZNODE}/{PARTITION_ZNODE}"
+    return _read_bounds(client, f"{normalize_root(root)}/{RETENTION_ZNODE}/{PARTITION_ZNODE}")
+
+
+def read_highest_bounds(client: KazooClient, root: str) -> dict[int, int]:
+    """partition id → the highest retention bound ever set (for the partitions that had one)."""
+    return _read_bounds(client, f"{normalize_root(root)}/{RETENTION_ZNODE}/{HIGHEST_ZNODE}")
+
+
+def _read_bounds(client: KazooClient, directory: str) -> dict[int, int]:
     bounds = {}
     try:
         children = client.get_children(directory)
@@ -162,6 +213,22 @@ def read_effective_bounds(client: KazooClient, root: str, num_partitions: int) -
         num_partitions, read_retention_bounds(client, root), read_export_watermarks(client, root)
     )
     return {r.partition_id: r.effective_bound for r in retentions if r.effective_bound is not None}
+
+
+class NodeBounds(NamedTuple):
+    """What a storage node reads each cleaner round, partition id → txid."""
+
+    effective: dict[int, int]  # records below may be removed now
+    late_start: dict[int, int]  # an empty replica may begin its log up to here
+
+
+def read_node_bounds(client: KazooClient, root: str, num_partitions: int) -> NodeBounds:
+    effective = read_effective_bounds(client, root, num_partitions)
+    late_start = dict(effective)
+    for partition_id, highest in read_highest_bounds(client, root).items():
+        # A bound set before the highest was recorded has none: the current bound stands then.
+        late_start[partition_id] = max(highest, late_start.get(partition_id, highest))
+    return NodeBounds(effective, late_start)
 
 
 def removable_head_segments(

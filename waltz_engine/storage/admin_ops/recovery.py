@@ -107,7 +107,7 @@ class _RecoveryState:
 
 # How a storage node of ours words its refusal to begin an empty log above its retention bound
 # (``PartitionWorker._start_late``).
-_RETENTION_BOUND_REFUSAL = "above the retention bound"
+_RETENTION_BOUND_REFUSAL = "above the highest retention bound"
 
 
 class _Gap(NamedTuple):
@@ -299,11 +299,11 @@ async def _recover_once(
                     raise
                 raise NodeCallFailure(
                     f"{e}. Transactions 0..{state.started_late - 1} are gone from the source "
-                    f"(removed by retention) and the destination's retention bound does not allow "
-                    f"its log to begin at {state.started_late}: the bound was lowered or an export "
-                    f"started after they went, or the node could not read it (see its log). Set it "
-                    f"back (waltz retention set -p {partition_id} --before {state.started_late}), or "
-                    "end the export, and run again",
+                    f"(removed by retention) and the destination does not know of a retention bound "
+                    f"that allows its log to begin at {state.started_late}: they went under a bound set "
+                    f"before the highest bound was recorded, or the node could not read ZooKeeper "
+                    f"(see its log). Set it (waltz retention set -p {partition_id} --before "
+                    f"{state.started_late}) and run again",
                     transient=False,
                 ) from None
             current += len(records)

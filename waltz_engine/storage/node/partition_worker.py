@@ -197,9 +197,11 @@ class PartitionWorker:
         self.first_transaction_id = 0
         # The last write's disk error (a full disk, EIO), until a write succeeds: for /health.
         self.write_error: str | None = None
-        # The effective retention bound the node's cleaner last read (None: none, or unknown). An
-        # empty replica may start its log late only at or below it (see ``_start_late``).
+        # The effective retention bound the node's cleaner last read (None: none, or unknown).
         self.retention_bound: int | None = None
+        # How late an empty replica may begin its log (``_start_late``): the highest retention
+        # bound ever set, as the cleaner last read it (None: none, or unknown).
+        self.late_start_bound: int | None = None
         # Requests not yet handed to a pass (PARTITION_QUEUE_CAPACITY at most), and the
         # submitters waiting for room; both touched on the event loop only.
         self._queued: list[Pending] = []
@@ -348,17 +350,18 @@ class PartitionWorker:
         """Let an empty replica begin at the first appended txid when retention removed everything
         before it: a server fills a replica added after retention from the retained start.
 
-        Only a partition that never held a record, and only up to the effective retention bound,
-        so a gap can appear only where the operator (and every export) allowed records to go.
+        Only a partition that never held a record, and only up to the highest retention bound
+        ever set, so a gap can appear only where the operator once allowed records to go (a
+        bound lowered since does not bring back what cleaners removed under the higher one).
         """
         first = msg.records[0].transaction_id if msg.records else 0
         if first <= 0 or not partition.is_empty():
             return
-        bound = self.retention_bound
+        bound = self.late_start_bound
         if bound is None or first > bound:
             raise StorageError(
                 f"partition {self.partition_id} is empty: cannot start at transaction {first} above "
-                f"the retention bound ({'none' if bound is None else bound})"
+                f"the highest retention bound ever set ({'none' if bound is None else bound})"
             )
         partition.start_at(first)
 
