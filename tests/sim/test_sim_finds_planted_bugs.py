@@ -33,8 +33,8 @@ FIRST_FINDING: dict[str, tuple[int, str]] = {
     # Issue 32: the bytes the application reads are another transaction's.
     "cache_serves_wrong_bytes": (0, "other than the"),
     # Issue 32: a deposed server's late appends are written at replicas a newer session fenced
-    # (here the partition's replicas then disagree and its log stalls for good).
-    "missing_storage_fence": (16, "not every transaction was applied within 600 s"),
+    # (here a replica then holds, below its low-water mark, another record than was committed).
+    "missing_storage_fence": (191, "at or below its low-water mark"),
     # Issue 32, the operator's actions: a cleaner removed segments above a replica's local
     # low-water mark; a decommission's target held less than was committed when the move
     # started; a tier manifest names a copy of a segment that was still being appended to.
