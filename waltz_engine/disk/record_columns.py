@@ -157,7 +157,7 @@ def _columns(starts: np.ndarray, first: int, stop: int) -> np.ndarray:
     return (starts[:, None] + np.arange(first, stop, dtype=np.int64)).ravel()
 
 
-def disk_to_wire(buf: bytes, record_offsets: np.ndarray, first_txid: int) -> np.ndarray | None:
+def disk_to_wire(buf: bytes, record_offsets: np.ndarray | list[int], first_txid: int) -> np.ndarray | None:
     """The wire layout of the whole records tiling ``buf`` from ``record_offsets[0] == 0`` to
     ``record_offsets[-1]`` (each record ends where the next starts), as uint8s; None unless
     every record is whole and has txid ``first_txid + k``, a data length that fills it, its
@@ -168,7 +168,9 @@ def disk_to_wire(buf: bytes, record_offsets: np.ndarray, first_txid: int) -> np.
     if n <= 0 or int(record_offsets[0]) != 0 or end > len(buf):
         return None
     if n <= SMALL_RUN_MAX_RECORDS:
-        return _small_disk_to_wire(buf, record_offsets.tolist(), first_txid)
+        offsets = record_offsets if isinstance(record_offsets, list) else record_offsets.tolist()
+        return _small_disk_to_wire(buf, offsets, first_txid)
+    record_offsets = np.asarray(record_offsets, dtype=np.int64)
     sizes = np.diff(record_offsets)
     if bool((sizes < RECORD_OVERHEAD_BYTES).any()):
         return None
