@@ -258,18 +258,25 @@ class SimDisk:
 
     def _grow(self, inode: _Inode, size_bytes: int) -> None:
         growth = size_bytes - len(inode.data)
-        if self.capacity_bytes is not None and self.used_bytes() + growth > self.capacity_bytes:
-            raise OSError(errno.ENOSPC, "No space left on device")
+        self._check_room(growth)
         inode.data.extend(bytes(growth))
+
+    def _check_room(self, growth_bytes: int) -> None:
+        if self.capacity_bytes is not None and self.used_bytes() + growth_bytes > self.capacity_bytes:
+            raise OSError(errno.ENOSPC, "No space left on device")
 
     def _write(self, inode: _Inode, data: bytes, offset: int) -> int:
         crashing = False
         if self._crash_countdown is not None:
             self._crash_countdown -= 1
             crashing = self._crash_countdown == 0
-        if offset + len(data) > len(inode.data):
-            self._grow(inode, offset + len(data))
-        inode.data[offset : offset + len(data)] = data
+        if data and offset == len(inode.data):  # at the end (the usual write): no zeros to overwrite
+            self._check_room(len(data))
+            inode.data += data
+        else:
+            if offset + len(data) > len(inode.data):
+                self._grow(inode, offset + len(data))
+            inode.data[offset : offset + len(data)] = data
         self._last_write = _TornWrite(inode, offset, data)
         if crashing:
             raise SimulatedCrash(f"the process died in a write of {len(data)} bytes")
