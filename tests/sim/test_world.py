@@ -58,6 +58,7 @@ def test_waltz_sim_json() -> None:
     report = json.loads(result.stdout)
     assert report["seeds"] == 2 and report["violations"] == [] and report["failing_seeds"] == []
     assert report["transactions"] == 60 and sum(report["faults"].values()) == 6
+    assert report["cpu_s"] > 0 and report["cpu_s_per_seed"] == pytest.approx(report["cpu_s"] / 2, abs=1e-3)
     again = json.loads(CliRunner().invoke(app, arguments).stdout)
     assert again["trace_hash"] == report["trace_hash"]
 

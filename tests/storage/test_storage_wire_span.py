@@ -18,7 +18,12 @@ from waltz_engine.common.crc import crc32
 from waltz_engine.common.record import Record
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
-from waltz_engine.disk.record_columns import LINEAR_CHECK_MIN_RECORDS, disk_to_wire, unshift_crcs
+from waltz_engine.disk.record_columns import (
+    LINEAR_CHECK_MIN_RECORDS,
+    SMALL_RUN_MAX_RECORDS,
+    disk_to_wire,
+    unshift_crcs,
+)
 from waltz_engine.disk.record_format import (
     INDEX_ENTRY,
     INDEX_ENTRY_SIZE_BYTES,
@@ -184,7 +189,8 @@ def test_damaged_records_answer_as_the_exact_reader(tmp_path: Path, damage: str)
         manager.close()
 
 
-@pytest.mark.parametrize("count", [20, LINEAR_CHECK_MIN_RECORDS])  # data checks: 2 passes, linearity
+# Record by record (a short run), data checks in 2 passes, by linearity.
+@pytest.mark.parametrize("count", [SMALL_RUN_MAX_RECORDS, 20, LINEAR_CHECK_MIN_RECORDS])
 @pytest.mark.parametrize("one_size", [None, 0, 100])
 def test_disk_to_wire_refuses_what_does_not_check_out(one_size: int | None, count: int) -> None:
     records = _random_records(random.Random(3), count, one_size=one_size)

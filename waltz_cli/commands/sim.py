@@ -76,7 +76,8 @@ def sim(
 
     A failing seed prints its replay command and its last events.
 
-    With --json stdout holds only the report: seeds, violations, failing_seeds, trace_hash, transactions.
+    With --json stdout holds only the report: seeds, violations, failing_seeds, trace_hash, transactions,
+    cpu_s and cpu_s_per_seed (CPU seconds, summed over the processes).
 
     Example: waltz sim --seeds 300 (the default mix); waltz sim --seeds 200 --faults 0 --json
     """

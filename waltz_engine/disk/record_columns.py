@@ -18,7 +18,12 @@ import zlib
 
 import numpy as np
 
-from waltz_engine.disk.record_format import RECORD_HEADER_SIZE_BYTES, RECORD_OVERHEAD_BYTES
+from waltz_engine.disk.record_format import (
+    RECORD_CRC_UNSIGNED,
+    RECORD_HEADER,
+    RECORD_HEADER_SIZE_BYTES,
+    RECORD_OVERHEAD_BYTES,
+)
 
 CRC_SIZE_BYTES = RECORD_OVERHEAD_BYTES - RECORD_HEADER_SIZE_BYTES
 # XORed into a record's stored CRC and written back little-endian, it makes the CRC32 of the
@@ -54,6 +59,10 @@ _FIELD = np.arange(CRC_SIZE_BYTES, dtype=np.int64)
 CRC_BITS = 32
 # Record data sizes whose CRC tables (8 KiB each) are kept (:func:`_unshift_tables`).
 UNSHIFT_TABLES_CACHED = 64
+# Runs of at most this many records are checked and converted record by record (a few C calls
+# each): numpy's fixed cost per call outweighs its gain below that (a consumer at the tail reads
+# one record; 1 KiB segments hold a few).
+SMALL_RUN_MAX_RECORDS = 32
 # Records of one size in a run from which their data checksums are checked by linearity
 # (:func:`_data_checksums_ok`): a size's tables cost 33 CRC passes over that much data, paid
 # back many times over from this many records on, even when every run has a new size.
@@ -148,7 +157,7 @@ def _columns(starts: np.ndarray, first: int, stop: int) -> np.ndarray:
     return (starts[:, None] + np.arange(first, stop, dtype=np.int64)).ravel()
 
 
-def disk_to_wire(buf: bytes, record_offsets: np.ndarray, first_txid: int) -> np.ndarray | None:
+def disk_to_wire(buf: bytes, record_offsets: np.ndarray | list[int], first_txid: int) -> np.ndarray | None:
     """The wire layout of the whole records tiling ``buf`` from ``record_offsets[0] == 0`` to
     ``record_offsets[-1]`` (each record ends where the next starts), as uint8s; None unless
     every record is whole and has txid ``first_txid + k``, a data length that fills it, its
@@ -158,6 +167,10 @@ def disk_to_wire(buf: bytes, record_offsets: np.ndarray, first_txid: int) -> np.
     end = int(record_offsets[-1])
     if n <= 0 or int(record_offsets[0]) != 0 or end > len(buf):
         return None
+    if n <= SMALL_RUN_MAX_RECORDS:
+        offsets = record_offsets if isinstance(record_offsets, list) else record_offsets.tolist()
+        return _small_disk_to_wire(buf, offsets, first_txid)
+    record_offsets = np.asarray(record_offsets, dtype=np.int64)
     sizes = np.diff(record_offsets)
     if bool((sizes < RECORD_OVERHEAD_BYTES).any()):
         return None
@@ -216,3 +229,26 @@ def disk_to_wire(buf: bytes, record_offsets: np.ndarray, first_txid: int) -> np.
     keep = np.ones(end, dtype=np.bool_)
     keep[checksum_places] = False
     return moved[keep]
+
+
+def _small_disk_to_wire(buf: bytes, offsets: list[int], first_txid: int) -> np.ndarray | None:
+    """:func:`disk_to_wire` of a short run, one record at a time: each record's CRC32 and data
+    checksum by ``zlib.crc32`` over its own bytes (as the exact reader checks them)."""
+    view = memoryview(buf)
+    wire = bytearray()
+    for k in range(len(offsets) - 1):
+        start, stop = offsets[k], offsets[k + 1]
+        if stop - start < RECORD_OVERHEAD_BYTES:
+            return None
+        txid, _, _, _, length, checksum = RECORD_HEADER.unpack_from(buf, start)
+        data_start, crc_start = start + RECORD_HEADER_SIZE_BYTES, stop - CRC_SIZE_BYTES
+        if txid != first_txid + k or length != crc_start - data_start:
+            return None
+        if zlib.crc32(view[start:crc_start]) != RECORD_CRC_UNSIGNED.unpack_from(buf, crc_start)[0]:
+            return None
+        if zlib.crc32(view[data_start:crc_start]) != checksum & 0xFFFFFFFF:
+            return None
+        wire += view[start : start + SHARED_PREFIX_BYTES]
+        wire += view[data_start:crc_start]
+        wire += view[start + SHARED_PREFIX_BYTES : data_start]
+    return np.frombuffer(wire, dtype=np.uint8)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from waltz_engine import __version__
+from waltz_engine.common.json_text import dumps_indented
 from waltz_engine.common.metrics import MetricsRegistry
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ class HttpEndpoints:
             info = {"version": __version__, "service_name": self.service_name}
             return 200, "application/json", json.dumps(info).encode()
         if path == "/metrics":
-            return 200, "application/json", json.dumps(self.metrics.to_json(), indent=2).encode()
+            return 200, "application/json", dumps_indented(self.metrics.to_json(), 2).encode()
         if path == "/metrics/prometheus":
             return 200, "text/plain; version=0.0.4", self.metrics.to_prometheus().encode()
         if path == "/health":

@@ -82,6 +82,7 @@ class FeedCache:
         "_usage",
         "_first_transaction_id",
         "_free",
+        "_next_unused",
         "_shared",
         "_partitions",
         "_miss_meter",
@@ -97,8 +98,11 @@ class FeedCache:
         self._headers = zeroed_array("i", num_entries)
         self._usage = zeroed_array("Q", total_blocks)
         self._first_transaction_id = zeroed_array("q", total_blocks)
-        # Free blocks are recycled before any valid one; popped from the end.
-        self._free = array("i", reversed(range(total_blocks)))
+        # Free blocks are recycled before any valid one: freed ones popped from the end, then
+        # the ones never used, from block 0 up (counted, not listed: a list of every block cost
+        # a server's start ~10 ms of Python ints).
+        self._free = array("i")
+        self._next_unused = 0
         # (partition id, first txid) -> block number, oldest first.
         self._shared: dict[tuple[int, int], int] = {}
         self._partitions: dict[int, _LocalPool] = {}
@@ -193,11 +197,11 @@ class FeedCache:
         return len(self._shared)
 
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return len(self._free) + self.total_blocks - self._next_unused
 
     def check_invariants(self) -> None:
         """Every block is in exactly one place; local pools within quota; frontiers are local."""
-        placed = list(self._free) + list(self._shared.values())
+        placed = [*self._free, *range(self._next_unused, self.total_blocks), *self._shared.values()]
         for pool in self._partitions.values():
             assert len(pool.blocks) <= pool.quota_blocks, (len(pool.blocks), pool.quota_blocks)
             assert pool.frontier == _NO_BLOCK or pool.frontier in pool.blocks.values()
@@ -250,6 +254,9 @@ class FeedCache:
     def _recycle(self, pool: _LocalPool) -> int:
         if self._free:
             return self._free.pop()
+        if self._next_unused < self.total_blocks:
+            self._next_unused += 1
+            return self._next_unused - 1
         if self._shared:
             oldest = next(iter(self._shared))
             return self._shared.pop(oldest)

@@ -65,7 +65,8 @@ class SimFile:
         return self._inode
 
     def pread(self, size_bytes: int, offset: int) -> bytes:
-        return bytes(self._live().data[offset : offset + size_bytes])
+        with memoryview(self._live().data) as data:  # one copy, not a slice and then its bytes
+            return data[offset : offset + size_bytes].tobytes()
 
     def pwrite(self, data: Bytes, offset: int) -> int:
         return self._disk._write(self._live(), bytes(data), offset)
@@ -113,6 +114,7 @@ class SimDisk:
         self._crash_countdown: int | None = None
         self._sync_delay_ms = 0.0
         self.generation = 0  # bumped by a crash: handles of the dead process stop working
+        self._parents: dict[Path, Path] = {}  # each path's directory (pathlib builds a new one per ask)
         self.syncs = 0
 
     # --- the world's controls ---------------------------------------------------------------
@@ -193,10 +195,11 @@ class SimDisk:
 
     def fsync_directory(self, directory: Path) -> None:
         self._check_directory(directory)
-        for path in [p for p in self._durable_names if p.parent == directory and p not in self._names]:
+        parent = self._parent
+        for path in [p for p in self._durable_names if parent(p) == directory and p not in self._names]:
             del self._durable_names[path]
         for path, inode in self._names.items():
-            if path.parent == directory:
+            if parent(path) == directory:
                 self._durable_names[path] = inode
         self._charge_sync()
 
@@ -221,7 +224,7 @@ class SimDisk:
 
     def glob(self, directory: Path, pattern: str) -> list[Path]:
         return sorted(
-            p for p in self._names if p.parent == directory and fnmatch.fnmatchcase(p.name, pattern)
+            p for p in self._names if self._parent(p) == directory and fnmatch.fnmatchcase(p.name, pattern)
         )
 
     def mkdir(self, directory: Path, *, parents: bool = False) -> None:
@@ -237,6 +240,12 @@ class SimDisk:
 
     # --- inside -------------------------------------------------------------------------------
 
+    def _parent(self, path: Path) -> Path:
+        parent = self._parents.get(path)
+        if parent is None:
+            parent = self._parents[path] = path.parent
+        return parent
+
     def _inode(self, path: Path) -> _Inode:
         inode = self._names.get(path)
         if inode is None:
@@ -249,18 +258,25 @@ class SimDisk:
 
     def _grow(self, inode: _Inode, size_bytes: int) -> None:
         growth = size_bytes - len(inode.data)
-        if self.capacity_bytes is not None and self.used_bytes() + growth > self.capacity_bytes:
-            raise OSError(errno.ENOSPC, "No space left on device")
+        self._check_room(growth)
         inode.data.extend(bytes(growth))
+
+    def _check_room(self, growth_bytes: int) -> None:
+        if self.capacity_bytes is not None and self.used_bytes() + growth_bytes > self.capacity_bytes:
+            raise OSError(errno.ENOSPC, "No space left on device")
 
     def _write(self, inode: _Inode, data: bytes, offset: int) -> int:
         crashing = False
         if self._crash_countdown is not None:
             self._crash_countdown -= 1
             crashing = self._crash_countdown == 0
-        if offset + len(data) > len(inode.data):
-            self._grow(inode, offset + len(data))
-        inode.data[offset : offset + len(data)] = data
+        if data and offset == len(inode.data):  # at the end (the usual write): no zeros to overwrite
+            self._check_room(len(data))
+            inode.data += data
+        else:
+            if offset + len(data) > len(inode.data):
+                self._grow(inode, offset + len(data))
+            inode.data[offset : offset + len(data)] = data
         self._last_write = _TornWrite(inode, offset, data)
         if crashing:
             raise SimulatedCrash(f"the process died in a write of {len(data)} bytes")

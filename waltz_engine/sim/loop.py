@@ -40,20 +40,21 @@ START_WALL_NS = 1_764_028_800 * 1_000_000_000
 # The events kept in words for a failing seed's report.
 TRACE_TAIL_EVENTS = 200
 _TURN = struct.Struct("<dI")
+TRACE_HASH_BUFFER_BYTES = 64 * 1024
 
 
 class Incarnation:
     """One life of a simulated host's machine: the code of a node started on it, its callbacks
-    and tasks. A power loss ends it (:meth:`SimLoop.kill_host`); the host's next start is a new one."""
+    (each carries it in its context) and tasks. A power loss ends it (:meth:`SimLoop.kill_host`);
+    the host's next start is a new one."""
 
-    __slots__ = ("host", "alive", "context", "handles", "tasks")
+    __slots__ = ("host", "alive", "context", "tasks")
 
     def __init__(self, host: str) -> None:
         self.host = host
         self.alive = True
         self.context = contextvars.Context()
         self.context.run(CURRENT_HOST.set, self)
-        self.handles: weakref.WeakSet[asyncio.Handle] = weakref.WeakSet()
         self.tasks: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
 
 
@@ -126,15 +127,13 @@ class _SimTimerHandle(asyncio.TimerHandle):
         super().__init__(when, callback, args, loop, context)
         self._sequence = sequence
 
-    def __lt__(self, other: object) -> bool:
-        if isinstance(other, _SimTimerHandle):
-            return (self.when(), self._sequence) < (other.when(), other._sequence)
-        return NotImplemented
+    # The loop's heap holds only these (SimLoop.call_at makes every timer): compared there on
+    # every push and pop, so straight from the fields.
+    def __lt__(self, other: _SimTimerHandle) -> bool:  # type: ignore[override]
+        return (self._when, self._sequence) < (other._when, other._sequence)  # type: ignore[attr-defined]
 
-    def __le__(self, other: object) -> bool:
-        if isinstance(other, _SimTimerHandle):
-            return (self.when(), self._sequence) <= (other.when(), other._sequence)
-        return NotImplemented
+    def __le__(self, other: _SimTimerHandle) -> bool:  # type: ignore[override]
+        return (self._when, self._sequence) <= (other._when, other._sequence)  # type: ignore[attr-defined]
 
 
 class SimLoop(asyncio.BaseEventLoop):
@@ -144,6 +143,7 @@ class SimLoop(asyncio.BaseEventLoop):
     _ready: collections.deque[asyncio.Handle]
     _scheduled: list[asyncio.TimerHandle]
     _check_closed: Callable[[], None]
+    _debug: bool
 
     def __init__(self, seed: int) -> None:
         super().__init__()
@@ -154,6 +154,9 @@ class SimLoop(asyncio.BaseEventLoop):
         self._clock_resolution = 1e-9
         self._hash = hashlib.blake2b(digest_size=16)
         self._hash.update(struct.pack("<q", seed))
+        # What the trace adds, hashed a buffer at a time (a hash of the bytes in order, however
+        # they are split: the same digest as an update per turn, for less CPU).
+        self._unhashed = bytearray()
         self.events = 0
         self.tail: collections.deque[SimEvent] = collections.deque(maxlen=TRACE_TAIL_EVENTS)
         self._timers_set = 0
@@ -162,6 +165,9 @@ class SimLoop(asyncio.BaseEventLoop):
         # ``finally`` at an arbitrary moment).
         self._incarnations: dict[str, Incarnation] = {}
         self._dead: list[tuple[Incarnation, list[asyncio.Task[Any]]]] = []
+        # Callbacks scheduled past call_soon and call_at (call_soon_threadsafe): a host's death
+        # never cancelled them, and does not.
+        self._untagged: weakref.WeakSet[asyncio.Handle] = weakref.WeakSet()
         # Told the host whose code died in a disk call (SimulatedCrash): the world kills it.
         self.on_crash: Callable[[str], None] | None = None
 
@@ -178,7 +184,12 @@ class SimLoop(asyncio.BaseEventLoop):
     def call_soon(  # type: ignore[override]
         self, callback: Callable[..., Any], *args: Any, context: contextvars.Context | None = None
     ) -> asyncio.Handle:
-        handle = super().call_soon(callback, *args, context=context)
+        if self._debug:
+            handle = super().call_soon(callback, *args, context=context)
+        else:  # asyncio's call_soon without debug, in one frame (the loop's most frequent call)
+            self._check_closed()
+            handle = asyncio.Handle(callback, args, self, context)
+            self._ready.append(handle)
         self._tag(handle, context)
         return handle
 
@@ -198,6 +209,13 @@ class SimLoop(asyncio.BaseEventLoop):
         self._tag(timer, context)
         return timer
 
+    def call_soon_threadsafe(  # type: ignore[override]
+        self, callback: Callable[..., Any], *args: Any, context: contextvars.Context | None = None
+    ) -> asyncio.Handle:
+        handle = super().call_soon_threadsafe(callback, *args, context=context)
+        self._untagged.add(handle)
+        return handle
+
     def create_task(  # type: ignore[override]
         self,
         coro: Coroutine[Any, Any, _T] | Generator[Any, None, _T],
@@ -213,11 +231,8 @@ class SimLoop(asyncio.BaseEventLoop):
 
     def _tag(self, handle: asyncio.Handle, context: contextvars.Context | None) -> None:
         incarnation = CURRENT_HOST.get() if context is None else context.get(CURRENT_HOST)
-        if incarnation is not None:
-            if incarnation.alive:
-                incarnation.handles.add(handle)
-            else:
-                handle.cancel()  # a dead machine's code never runs again
+        if incarnation is not None and not incarnation.alive:
+            handle.cancel()  # a dead machine's code never runs again
 
     def kill_host(self, host: str) -> None:
         """``host``'s machine dies, as with ``kill -9`` of everything on it: none of its pending
@@ -229,8 +244,12 @@ class SimLoop(asyncio.BaseEventLoop):
         if incarnation is None:
             return
         incarnation.alive = False
-        for handle in list(incarnation.handles):
-            handle.cancel()
+        # Its pending callbacks: every callback not yet run is in the ready queue or the timers'
+        # heap, and carries its host's incarnation in its context (the context it was scheduled
+        # in, or a copy of it).
+        for handle in [*self._ready, *self._scheduled]:
+            if handle._context.get(CURRENT_HOST) is incarnation and handle not in self._untagged:  # type: ignore[attr-defined]
+                handle.cancel()
         self._dead.append((incarnation, list(incarnation.tasks)))
 
     def bury_the_dead(self) -> None:
@@ -278,7 +297,10 @@ class SimLoop(asyncio.BaseEventLoop):
             # The next timer's own time, not now + timeout: a float sum could land a hair short.
             when = scheduled[0].when() if scheduled else self._now + timeout
             self._now = max(self._now, min(when, self._now + timeout))
-        self._hash.update(_TURN.pack(self._now, ready))
+        self._unhashed += _TURN.pack(self._now, ready)
+        if len(self._unhashed) >= TRACE_HASH_BUFFER_BYTES:
+            self._hash.update(self._unhashed)
+            self._unhashed.clear()
 
     # The trace.
 
@@ -286,11 +308,13 @@ class SimLoop(asyncio.BaseEventLoop):
         """Add an event of the simulated world to the trace (and to its hash)."""
         self.events += 1
         self.tail.append(SimEvent(self._now, kind, detail))
-        self._hash.update(f"{self._now!r}|{kind}|{detail}\n".encode())
+        self._unhashed += f"{self._now!r}|{kind}|{detail}\n".encode()
 
     @property
     def trace_hash(self) -> str:
         """The running hash of the trace so far, as hex."""
+        self._hash.update(self._unhashed)
+        self._unhashed.clear()
         return self._hash.hexdigest()
 
     # Executors, replaced: the function runs on the loop, at the next turn.

@@ -39,7 +39,7 @@ from waltz_engine.sim.loop import START_MONOTONIC_S, SimDiskRunner, SimLoop
 from waltz_engine.sim.network import SimNetwork
 from waltz_engine.sim.object_store import SimBucket
 from waltz_engine.sim.operator import Operator, operator_server_keys, operator_storage_keys
-from waltz_engine.sim.seed import end_leftovers, quiet_logs, run_world
+from waltz_engine.sim.seed import end_leftovers, quiet_logs, run_world, seed_heap
 from waltz_engine.sim.workload import (
     SERVER_FRAME_LIMIT_BYTES,
     Application,
@@ -602,8 +602,8 @@ def run_seed(seed: int, shape: WorldShape | None = None) -> SeedResult:
     """One seed: a cluster started, the workload appended and checked, the cluster stopped."""
     shape = shape or WorldShape()
     started_s = time.process_time()
-    loop = SimLoop(seed)
-    with quiet_logs():
+    with seed_heap(), quiet_logs():
+        loop = SimLoop(seed)
         world = SimWorld(loop, shape)
         injected: dict[str, int] = {}
 

@@ -16,6 +16,8 @@ of ``segment.py``, ``segment_scan.py`` and ``damage.py`` decide exactly as befor
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import struct
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -25,7 +27,7 @@ import numpy as np
 from waltz_engine.common.fileio import DiskFile, pread_upto
 from waltz_engine.common.record import Record
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
-from waltz_engine.disk.record_columns import WIRE_SAVING_BYTES, disk_to_wire
+from waltz_engine.disk.record_columns import SMALL_RUN_MAX_RECORDS, WIRE_SAVING_BYTES, disk_to_wire
 from waltz_engine.disk.record_format import INDEX_ENTRY_SIZE_BYTES, RECORD_OVERHEAD_BYTES
 from waltz_engine.wire.frame import MAX_FRAME_SIZE_BYTES
 from waltz_engine.wire.primitives import Buffer, write_record
@@ -73,10 +75,14 @@ def encode_wire_records(records: Sequence[Record]) -> bytearray:
     return out
 
 
-def _index_entries(idx_file: DiskFile, position: int, count: int) -> np.ndarray:
+def _index_entries(idx_file: DiskFile, position: int, count: int) -> np.ndarray | list[int]:
+    """The entries, as int64s; a few (a short run) as a list (numpy's fixed cost per call is
+    far more than a short run's work)."""
     raw = pread_upto(idx_file, count * INDEX_ENTRY_SIZE_BYTES, position)
-    whole = len(raw) - len(raw) % INDEX_ENTRY_SIZE_BYTES
-    return np.frombuffer(raw[:whole], dtype=">i8").astype(np.int64)
+    entries = len(raw) // INDEX_ENTRY_SIZE_BYTES
+    if entries <= SMALL_RUN_MAX_RECORDS + 1:
+        return list(struct.unpack_from(f">{entries}q", raw))
+    return np.frombuffer(raw, dtype=">i8", count=entries).astype(np.int64)
 
 
 def read_wire_span(
@@ -105,26 +111,34 @@ def read_wire_span(
         position = HEADER_SIZE_BYTES + (first - segment_first_txid) * INDEX_ENTRY_SIZE_BYTES
         at_end = first + window == next_txid
         offsets = _index_entries(idx_file, position, window + (0 if at_end else 1))
+        short = isinstance(offsets, list)
         if at_end and len(offsets) == window:
-            offsets = np.append(offsets, np.int64(data_end))
+            offsets = [*offsets, data_end] if short else np.append(offsets, np.int64(data_end))
         if len(offsets) != window + 1:
             break
-        sizes = np.diff(offsets)
         if int(offsets[0]) < HEADER_SIZE_BYTES or int(offsets[-1]) > data_end:
             break
-        if bool((sizes < RECORD_OVERHEAD_BYTES).any()):
+        if not _sizes_ok(offsets):
             break
         start = 0
         while start < window:
             if wire_bytes >= max_bytes:
                 return WireRecords(done, chunks)  # a short answer: the asker goes on from there
             base = int(offsets[start])
-            stop = int(np.searchsorted(offsets, base + CHUNK_BYTES, side="right")) - 1
+            if isinstance(offsets, list):
+                stop = bisect.bisect_right(offsets, base + CHUNK_BYTES) - 1
+            else:
+                stop = int(np.searchsorted(offsets, base + CHUNK_BYTES, side="right")) - 1
             stop = min(stop, window)
             if stop <= start:
                 return WireRecords(done, chunks)  # a record larger than a chunk: the exact reader's
             buf = pread_upto(seg_file, int(offsets[stop]) - base, base)
-            wire = disk_to_wire(buf, offsets[start : stop + 1] - base, first + start)
+            if isinstance(offsets, list):
+                wire = disk_to_wire(
+                    buf, [offset - base for offset in offsets[start : stop + 1]], first + start
+                )
+            else:
+                wire = disk_to_wire(buf, offsets[start : stop + 1] - base, first + start)
             if wire is None:
                 return WireRecords(done, chunks)
             chunks.append(wire.data)
@@ -132,3 +146,10 @@ def read_wire_span(
             done += stop - start
             start = stop
     return WireRecords(done, chunks)
+
+
+def _sizes_ok(offsets: np.ndarray | list[int]) -> bool:
+    """Whether every record the offsets bound can hold a record's overhead."""
+    if isinstance(offsets, list):
+        return all(stop - start >= RECORD_OVERHEAD_BYTES for start, stop in itertools.pairwise(offsets))
+    return not bool((np.diff(offsets) < RECORD_OVERHEAD_BYTES).any())

@@ -5,7 +5,6 @@ node's admin thread, so the event loop and the partitions' threads are never hel
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -14,6 +13,7 @@ from typing import Any, NamedTuple, TypeVar
 from waltz_engine.auth.acl import ADMIN, NO_PARTITION, READ
 from waltz_engine.auth.authorizer import Authorizer, resource_name
 from waltz_engine.common.errors import ProtocolError, StorageError
+from waltz_engine.common.json_text import dumps_indented
 from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.net.channel import FramedConnection
 from waltz_engine.storage.node.data_handler import NOT_OPENED_MESSAGE, check_open
@@ -196,7 +196,7 @@ class AdminHandler:
             return AdminLastSessionInfoResponse(msg.seq_num, msg.partition_id, SessionInfo(*info))
         if kind is AdminMetricsRequest:
             return AdminMetricsResponse(
-                msg.seq_num, json.dumps(self._metrics.to_json(), indent=METRICS_JSON_INDENT)
+                msg.seq_num, dumps_indented(self._metrics.to_json(), METRICS_JSON_INDENT)
             )
         if kind is AdminAssignedPartitionStatusRequest:
             status = await self._off_loop(manager.assigned_partition_status)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from waltz_engine.common.errors import StorageError
+from waltz_engine.common.json_text import dumps_indented
 from waltz_engine.common.object_store import FileEntry
 from waltz_engine.storage.constants import INDEX_SUFFIX, SEGMENT_NAME_DIGITS, SEGMENT_SUFFIX
 from waltz_engine.storage.tier.store import TierStore
@@ -127,7 +128,7 @@ class TierManifest:
             "segments": [s.to_json() for _, s in sorted(segments.items())],
         }
         self.store.write_bytes(
-            posixpath.join(self.prefix, MANIFEST_NAME), json.dumps(value, indent=1).encode()
+            posixpath.join(self.prefix, MANIFEST_NAME), dumps_indented(value, 1).encode()
         )
         self.segments = segments
 
