@@ -14,9 +14,9 @@ import time
 import pytest
 from cluster_support import local_cluster, run_waltz_cli, wait_assigned
 
+from waltz_engine.net.transport import is_local_host
 from waltz_engine.zk.cluster import read_server_descriptors
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
-from waltz_engine.zk.stale_registrations import is_local_host
 
 DOCUMENTATION_ADDRESS = "192.0.2.1"  # TEST-NET-1: never an address of this machine
 

@@ -12,6 +12,7 @@ in both.
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple, Protocol, SupportsIndex
@@ -95,6 +96,9 @@ class Network(Protocol):
         """Listen on ``host:port`` (port 0: any free one); each accepted connection gets a new
         protocol from ``protocol_factory`` (TLS, if any, is the protocol's business)."""
 
+    def is_local_host(self, host: str) -> bool:
+        """Whether every address ``host`` names belongs to this node's machine (can be bound here)."""
+
 
 class AsyncioNetwork:
     """The operating system's network, through the running asyncio loop."""
@@ -113,8 +117,28 @@ class AsyncioNetwork:
     async def create_server(self, protocol_factory: ProtocolFactory, host: str, port: int) -> ServerHandle:
         return await socket_transport.listen(protocol_factory, host, port)
 
+    def is_local_host(self, host: str) -> bool:
+        return is_local_host(host)
+
 
 ASYNCIO_NETWORK: Network = AsyncioNetwork()
+
+
+def is_local_host(host: str) -> bool:
+    """Whether every address ``host`` resolves to belongs to this machine (can be bound here)."""
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (socket.gaierror, UnicodeError):
+        return False
+    if not infos:
+        return False
+    for family, _, _, _, address in infos:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((address[0], 0))
+            except OSError:
+                return False
+    return True
 
 
 def tls_context(network: Network, build: Callable[[], ssl.SSLContext]) -> ssl.SSLContext | None:

@@ -258,7 +258,9 @@ class WaltzServer:
         if store_params.num_partitions != cluster.num_partitions:
             raise ServerStartError("inconsistent number of partition")
         self._store = store = await self._open_store(zk)
-        self.cluster_manager = manager = ClusterManager(zk, settings.cluster_root)
+        self.cluster_manager = manager = ClusterManager(
+            zk, settings.cluster_root, is_local_host=self.network.is_local_host
+        )
         self.core = core = ServerCore(store, config.engine, self.metrics, manager.set_preferred_partitions)
         self._register_metrics()
         self.authorizer = authorizer = await self._start_authorizer(zk)

@@ -350,6 +350,10 @@ class SimNodeNetwork:
         protocol.connection_made(transport)
         return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
 
+    def is_local_host(self, host: str) -> bool:
+        """Only the host's own name (never the machine's resolver: a run is a function of its seed)."""
+        return host == self.host
+
     async def create_server(self, protocol_factory: ProtocolFactory, host: str, port: int) -> ServerHandle:
         if host not in WILDCARD_HOSTS and host != self.host:
             raise OSError(errno.EADDRNOTAVAIL, f"{self.host} cannot listen on {host}:{port}")

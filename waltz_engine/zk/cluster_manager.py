@@ -414,8 +414,12 @@ class ClusterManager(ClusterWatcher):
         on_endpoints: OnEndpoints | None = None,
         on_server_removed: OnServerRemoved | None = None,
         rng: random.Random | None = None,
+        is_local_host: Callable[[str], bool] | None = None,
     ) -> None:
         super().__init__(client, root, on_endpoints=on_endpoints, on_server_removed=on_server_removed)
+        # Whether a host is this machine's (the node's network's answer; None: never, so no
+        # other registration is removed as stale).
+        self._is_local_host = is_local_host or (lambda _host: False)
         # The shuffles' generator: the caller's, else the running loop's where it has one (the
         # simulator's, seeded: a simulated run stays a function of its seed), else a fresh one.
         self._rng = rng if rng is not None else _loop_rng()
@@ -441,7 +445,12 @@ class ClusterManager(ClusterWatcher):
             node_path = await asyncio.to_thread(self._create_node, descriptor)
             self._registration = _Registration(server, descriptor, node_path)
             await asyncio.to_thread(
-                remove_stale_registrations, self._client, self._paths.root, descriptor, node_path
+                remove_stale_registrations,
+                self._client,
+                self._paths.root,
+                descriptor,
+                node_path,
+                self._is_local_host,
             )
         return server_id
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import socket
+from collections.abc import Callable
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NoNodeError
@@ -31,28 +31,16 @@ log = logging.getLogger(__name__)
 MAX_REGISTRATIONS_READ = 10_000  # server descriptors listed at most (a bound on a hostile tree)
 
 
-def is_local_host(host: str) -> bool:
-    """Whether every address ``host`` resolves to belongs to this machine (can be bound here)."""
-    try:
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    except (socket.gaierror, UnicodeError):
-        return False
-    if not infos:
-        return False
-    for family, _, _, _, address in infos:
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            try:
-                probe.bind((address[0], 0))
-            except OSError:
-                return False
-    return True
-
-
 def remove_stale_registrations(
-    client: KazooClient, root: str, own: ServerDescriptor, own_path: str
+    client: KazooClient,
+    root: str,
+    own: ServerDescriptor,
+    own_path: str,
+    is_local_host: Callable[[str], bool],
 ) -> list[int]:
     """Delete the other registrations of ``own``'s endpoint (this process holds its port); the
-    server ids removed. Call only once this process listens on that endpoint."""
+    server ids removed. Call only once this process listens on that endpoint. ``is_local_host``:
+    the node's network's answer (``Network.is_local_host``)."""
     if not is_local_host(own.host):
         return []
     paths = ClusterPaths.of(root)
