@@ -274,6 +274,13 @@ class SimLoop(asyncio.BaseEventLoop):
     def call_exception_handler(self, context: dict[str, Any]) -> None:
         if isinstance(context.get("exception"), SimulatedCrash):
             return  # a dead machine's task, ended by its crash (the world killed the machine)
+        task = context.get("future")
+        if isinstance(task, asyncio.Task) and type(task.get_coro()).__name__ == "async_generator_athrow":
+            # The garbage collector finalized an async generator a dead machine's task was
+            # suspended in; asyncio closes it in a task, which the generator refuses ("already
+            # running"). Nothing is left to close: not a finding, and not worth a traceback on
+            # stderr per generator after the seed.
+            return
         super().call_exception_handler(context)
 
     # The clock.

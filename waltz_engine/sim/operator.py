@@ -129,7 +129,7 @@ class Operator:
         self.lost: set[int] = set()  # storage nodes lost (away past the grace) now
         # (storage host, partition) -> the worker, its count of segments removed and its first local
         # txid when last looked at
-        self._removals: dict[tuple[str, int], tuple[PartitionWorker | None, int, int]] = {}
+        self._removals: dict[tuple[str, int], tuple[PartitionWorker | None, int, int, int]] = {}
 
     # --- seams ---------------------------------------------------------------------------------
 
@@ -389,13 +389,19 @@ class Operator:
                 if metrics is None or partition is None:
                     continue
                 removed = metrics.removed_segments.count
+                late_starts = metrics.late_starts.count
                 with contextlib.suppress(WaltzError):
                     local_first = partition.segments[0][0]
                     key = (node.config.host, partition_id)
-                    seen_worker, seen_removed, seen_first = self._removals.get(key, (None, 0, local_first))
-                    self._removals[key] = (worker, removed, local_first)
+                    seen = self._removals.get(key, (None, 0, 0, local_first))
+                    seen_worker, seen_removed, seen_late_starts, seen_first = seen
+                    self._removals[key] = (worker, removed, late_starts, local_first)
                     if seen_worker is not worker or removed <= seen_removed or local_first <= seen_first:
                         continue  # the cleaner removed no local segment since the last look
+                    if late_starts != seen_late_starts:
+                        # Emptied and begun at the others' retained start meanwhile (a server's
+                        # fill): its first txid is theirs, not its cleaner's doing (seed 124).
+                        continue
                     low_water_mark = partition.info.current.local_low_water_mark
                     if local_first - 1 > low_water_mark:
                         self.violations.append(

@@ -161,6 +161,8 @@ class _PartitionMetrics:
         # Damaged segments (issue 13): kept on disk and refused on reads until refilled.
         registry.gauge(group, DAMAGE_GAUGE, lambda: worker.partition and worker.partition.damage_json())
         self.removed_segments: Counter = registry.counter(group, "removed-segments")
+        # An empty replica begun at the retained start (``_start_late``): its head never held here.
+        self.late_starts: Counter = registry.counter(group, "late-starts")
         # The oldest local segments' spans (our extension, read by the dry runs; a Java node has none).
         registry.gauge(
             group,
@@ -364,6 +366,9 @@ class PartitionWorker:
                 f"the highest retention bound ever set ({'none' if bound is None else bound})"
             )
         partition.start_at(first)
+        if self._metrics is not None:
+            self._metrics.late_starts.inc()
+        log.info("partition %d: empty, begins its log at the retained start %d", self.partition_id, first)
 
     def _check_permissions(self, partition: Partition | None, msg: Any) -> Partition:
         """The original's ``checkPermissions``; returns the partition to work on."""
