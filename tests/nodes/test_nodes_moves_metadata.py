@@ -4,24 +4,38 @@ holder; only the holder releases it) and the group-aware choice of targets."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections.abc import Collection
 
 import pytest
 from kazoo.client import KazooClient
 
 from waltz_engine.ops.decommission import DecommissionError, decommission
-from waltz_engine.storage.admin_ops import StoreLayout, client_ssl_context, read_store_layout
-from waltz_engine.storage.replica_mover import MoveError, ReplicaMover, plan_moves, settled_moves, under_way
+from waltz_engine.storage.admin_ops import NodePartitions, StoreLayout, client_ssl_context, read_store_layout
+from waltz_engine.storage.replica_mover import (
+    MoveError,
+    ReplicaMover,
+    holders,
+    plan_moves,
+    recorded_quorum_gap,
+    settled_moves,
+    under_way,
+)
 from waltz_engine.zk import replica_moves
 from waltz_engine.zk.cluster import create_cluster
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
+from waltz_engine.zk.java_io import JavaHashMap
 from waltz_engine.zk.paths import ClusterPaths
+from waltz_engine.zk.payloads import UNRESOLVED_HIGH_WATER_MARK, PartitionMetadata, ReplicaId, ReplicaState
 from waltz_engine.zk.replica_moves import REASON_AUTO_RECOVERY, ReplicaMove
 from waltz_engine.zk.store_metadata import (
     add_storage_node,
     assign_partitions,
     change_replicas,
+    read_partition_metadata,
     unassign_partitions,
+    write_partition_metadata,
 )
 
 NODES = ("h:1", "h:2", "h:3", "h:4")
@@ -161,3 +175,143 @@ def test_a_move_is_not_caught_up_when_no_other_replica_answers() -> None:
     mover = Silent(None, "/root", None)  # type: ignore[arg-type]
     with pytest.raises(MoveError, match="no other replica answers"):
         asyncio.run(mover._await_caught_up(layout, ReplicaMove(0, "h:1", "h:3")))
+
+
+# --- the replicas of record (issue 32: the simulator's seed 154) ---------------------------------
+
+UNRESOLVED = UNRESOLVED_HIGH_WATER_MARK
+
+
+def record_session(zk: KazooClient, root: str, session_id: int, states: dict[str, int]) -> None:
+    """``store/partition/0`` as a store session's completed recovery leaves it: the replicas it
+    recorded, each clean (unresolved) in the session ``states`` gives."""
+    metadata, version = read_partition_metadata(zk, root, 0)
+    recorded: JavaHashMap[ReplicaId, ReplicaState] = JavaHashMap(ReplicaId.java_hash)
+    for storage, state_session in states.items():
+        replica = ReplicaId(0, storage)
+        recorded.put(replica, ReplicaState(replica, state_session, UNRESOLVED))
+    write_partition_metadata(zk, root, 0, PartitionMetadata.of_map(1, session_id, recorded), version)
+
+
+class Nodes(ReplicaMover):
+    """A mover over nodes that answer as told: the copy and the release always succeed, every
+    replica holds nothing (nothing committed yet), and each node took part last in the store
+    session ``sessions`` gives (-1: never, or reset when it was unassigned)."""
+
+    sessions: dict[str, int]
+    down: set[str]
+
+    async def copy(self, layout: StoreLayout, move: ReplicaMove) -> None:
+        return None
+
+    async def node(self, layout: StoreLayout, storage: str) -> NodePartitions | None:
+        return None if storage in self.down else NodePartitions(layout.admin_address(storage), [], storage)
+
+    async def _max_txid(self, layout: StoreLayout, storage: str, p: int) -> int | None:
+        return None if storage in self.down else -1
+
+    async def _session_of(self, layout: StoreLayout, p: int, storage: str) -> int | None:
+        return None if storage in self.down else self.sessions[storage]
+
+    async def _release(self, layout: StoreLayout, move: ReplicaMove) -> bool:
+        return move.source not in self.down
+
+
+def nodes_mover(zk: KazooClient, root: str, sessions: dict[str, int], down: Collection[str] = ()) -> Nodes:
+    mover = Nodes(zk, root, None, say=lambda line: None, catch_up_timeout_ms=300)  # type: ignore[arg-type]
+    mover.sessions, mover.down = sessions, set(down)
+    return mover
+
+
+def five_nodes(zk: KazooClient, root: str, holding: tuple[str, ...]) -> tuple[str, ...]:
+    nodes = tuple(f"h:{i}" for i in range(1, 6))
+    create_cluster(zk, root, "moves", 1)
+    for i, node in enumerate(nodes):
+        add_storage_node(zk, root, node, 0, 1000 + i)
+    change_replicas(zk, root, [(node, 0) for node in holding])
+    return nodes
+
+
+def test_a_move_keeps_its_source_until_a_store_session_records_a_voter_that_stays(
+    zk_client: KazooClient, cluster_root: str
+) -> None:
+    """Seed 154's end: the last completed recovery recorded h:1, h:2 and h:3 in session 0, and no
+    session completed since; h:1 and h:2 have since been moved away and back (unassigning reset
+    their nodes' session to -1), so h:3 is the one replica of record that votes. Taking it out
+    left a recovery that never resolves: the replicas of record that stay do not vote."""
+    five_nodes(zk_client, cluster_root, ("h:1", "h:2", "h:3"))
+    record_session(zk_client, cluster_root, 0, {"h:1": 0, "h:2": 0, "h:3": 0})
+    sessions = {"h:1": -1, "h:2": -1, "h:3": 0, "h:4": -1, "h:5": -1}
+    move = ReplicaMove(0, "h:3", "h:4")
+    replica_moves.add_moves(zk_client, cluster_root, [move])
+    mover = nodes_mover(zk_client, cluster_root, sessions)
+    with pytest.raises(
+        MoveError, match=r"h:3 cannot leave yet: none of h:1, h:2 that stay .* is known to vote"
+    ):
+        asyncio.run(mover.run(move))
+    layout = read_store_layout(zk_client, cluster_root)
+    assert holders(layout, 0) == ["h:1", "h:2", "h:3", "h:4"], "the source stays beside its target"
+    assert replica_moves.read_moves(zk_client, cluster_root) == [move]
+
+    # The servers' recovery of a session with the four (the assignment change opened one)
+    # records them; the move, run again, takes the source out.
+    record_session(zk_client, cluster_root, 4, {"h:1": 4, "h:2": 4, "h:3": 4, "h:4": 4})
+    mover.sessions = {**sessions, "h:1": 4, "h:2": 4, "h:3": 4, "h:4": 4}
+    assert asyncio.run(mover.run(move))
+    assert holders(read_store_layout(zk_client, cluster_root), 0) == ["h:1", "h:2", "h:4"]
+    assert replica_moves.read_moves(zk_client, cluster_root) == []
+
+
+def test_an_unreachable_source_is_replaced_in_place_only_while_a_quorum_of_record_stays(
+    zk_client: KazooClient, cluster_root: str
+) -> None:
+    """h:3 was replaced in place by h:4 (unreachable then) and no store session completed since:
+    the replicas of record are still h:1, h:2 and h:3. h:2 is unreachable now; replaced in place
+    by h:5, only h:1 of them would stay, and no recovery could ever decide (h:2 back would not
+    be assigned to report). h:5 joins beside h:2 instead, which stays."""
+    five_nodes(zk_client, cluster_root, ("h:1", "h:2", "h:4"))
+    record_session(zk_client, cluster_root, 0, {"h:1": 0, "h:2": 0, "h:3": 0})
+    sessions = {"h:1": 0, "h:2": 0, "h:3": 0, "h:4": -1, "h:5": -1}
+    move = ReplicaMove(0, "h:2", "h:5")
+    replica_moves.add_moves(zk_client, cluster_root, [move])
+    mover = nodes_mover(zk_client, cluster_root, sessions, down={"h:2"})
+    with pytest.raises(
+        MoveError, match=r"h:2 cannot leave yet: 1 of the replicas .* fewer than a quorum of 2"
+    ):
+        asyncio.run(mover.run(move))
+    assert holders(read_store_layout(zk_client, cluster_root), 0) == ["h:1", "h:2", "h:4", "h:5"]
+
+    # Where a quorum of record stays with a voter among it, the unreachable source goes at once.
+    record_session(zk_client, cluster_root, 1, {"h:1": 1, "h:2": 0, "h:4": 1})
+    other = ReplicaMove(0, "h:2", "h:3")
+    change_replicas(zk_client, cluster_root, (), [("h:5", 0)])
+    replica_moves.finish_move(zk_client, cluster_root, move)
+    replica_moves.add_moves(zk_client, cluster_root, [other])
+    mover.sessions = {**sessions, "h:1": 1, "h:4": 1}
+    assert not asyncio.run(mover.run(other))  # left to tell h:2 when it answers
+    assert holders(read_store_layout(zk_client, cluster_root), 0) == ["h:1", "h:3", "h:4"]
+
+
+def test_the_replicas_of_record_that_stay_decide_the_next_recovery() -> None:
+    async def gap(
+        states: dict[str, tuple[int, int]], staying: set[str], sessions: dict[str, int]
+    ) -> str | None:
+        recorded: JavaHashMap[ReplicaId, ReplicaState] = JavaHashMap(ReplicaId.java_hash)
+        for storage, (session_id, closing) in states.items():
+            recorded.put(ReplicaId(0, storage), ReplicaState(ReplicaId(0, storage), session_id, closing))
+
+        async def session_of(storage: str) -> int | None:
+            return sessions.get(storage)
+
+        return await recorded_quorum_gap(PartitionMetadata.of_map(1, 5, recorded), staying, session_of)
+
+    clean = {"h:1": (3, UNRESOLVED), "h:2": (3, UNRESOLVED), "h:3": (3, UNRESOLVED)}
+    live = {"h:1": 3, "h:2": 3, "h:3": 4, "h:4": -1}
+    assert asyncio.run(gap({}, {"h:4"}, {})) is None  # no recovery completed yet: -1, any replicas
+    assert asyncio.run(gap(clean, {"h:1", "h:2", "h:4"}, live)) is None
+    assert "fewer than a quorum of 2" in str(asyncio.run(gap(clean, {"h:1", "h:4"}, live)))
+    # Reset since (session -1 < 3), silent, or truncated to a closing mark: none votes.
+    closed = {**clean, "h:2": (2, 7)}
+    no_voter = asyncio.run(gap(closed, {"h:1", "h:2", "h:4"}, {"h:1": -1, "h:4": 3}))
+    assert no_voter is not None and "none of h:1, h:2 that stay" in no_voter
+    assert asyncio.run(gap(closed, {"h:1", "h:2", "h:4"}, {"h:1": 3})) is None

@@ -228,3 +228,22 @@ def test_a_roll_over_the_full_disk_refused_is_made_again_once_there_is_room() ->
         assert rolled_after_refusal >= 1
         assert len(partition.segments) >= 2 and partition.max_transaction_id() == 11
         assert partition.records(0, 12) == [record(t) for t in range(12)]
+
+
+def test_rot_reaches_all_of_a_copy_the_tier_cached_not_the_partitions_durable_point() -> None:
+    """The tier caches sealed segments under ``.tier-cache/<p>``: the whole of each copy is
+    durable. Its last copy was bounded by the partition's own durable point, which can lie past
+    the copy's end: the flip then fell outside the file (seed 626: an IndexError, not a fault)."""
+    from waltz_engine.sim.disk_faults import DiskFaults
+
+    disk = SimDisk()
+    cached = SIM_ROOT / ".tier-cache" / "0" / "0000000000000000008.idx"
+    disk.mkdir(cached.parent, parents=True)
+    file = disk.open(cached, create=True)
+    file.pwrite(b"\0" * 160, 0)
+    file.close()
+
+    class Unused:
+        manager = object()  # the partition's state is not asked
+
+    assert DiskFaults._durable_end(disk, Unused(), cached) == 160  # type: ignore[arg-type]

@@ -89,5 +89,7 @@ def test_a_seed_runs_the_operators_actions_and_each_keeps_its_promise(
 
 
 # A seed of the default world whose schedule holds a retention policy, a decommission, a node lost
-# past the grace and a store fault (waltz sim --seeds 1 --seed-base 11); two moves.
-SEED_WITH_EVERY_ACTION = 11
+# past the grace and a store fault (waltz sim --seeds 1 --seed-base 8); two moves. (Seed 11 was
+# one until a move waited for the replicas of record: its second decommission now waits and is
+# finished at the end, issue 32's seed 154.)
+SEED_WITH_EVERY_ACTION = 8

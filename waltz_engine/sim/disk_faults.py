@@ -15,6 +15,7 @@ from waltz_engine.sim.loop import SimLoop
 from waltz_engine.storage.constants import INDEX_SUFFIX, SEGMENT_SUFFIX
 from waltz_engine.storage.node.node import StorageNode
 from waltz_engine.storage.segment_scan import _java_div
+from waltz_engine.storage.tier.offload import CACHE_DIRECTORY
 
 if TYPE_CHECKING:
     from waltz_engine.sim.world import WorldShape
@@ -82,6 +83,10 @@ class DiskFaults:
         assert node.manager is not None
         first = int(path.stem)
         directory = path.parent
+        if directory.parent.name == CACHE_DIRECTORY:
+            # A copy the tier cached (of a sealed segment) is whole: the partition's own durable
+            # point says nothing of it (it bounded the last copy past its end, seed 626).
+            return disk.file_size_bytes(path)
         starts = sorted(int(p.stem) for p in disk.glob(directory, f"*{SEGMENT_SUFFIX}"))
         index = directory / f"{path.stem}{INDEX_SUFFIX}"
         if first != starts[-1]:

@@ -15,8 +15,10 @@ after a kill at any step finishes it:
 2. assign: the target joins the assignment, beside a source that still answers (the servers
    bring its tail up to date), or in one write in place of a source that does not (it holds
    nothing caught up, so the partition never has fewer caught-up replicas than before);
-3. catch up: once the target holds every transaction the others held, the source leaves the
-   assignment;
+3. catch up: once the target holds every transaction the others held, and the replicas that stay
+   keep what the partition's next store-session recovery needs to decide (a quorum of the replicas
+   its last completed recovery recorded in ZooKeeper, one of them able to vote: see
+   ``recorded_quorum_gap``), the source leaves the assignment;
 4. release: the source node is told it no longer holds the partition (``PARTITION_ASSIGNMENT``
    with assign=false; files kept unless asked). A source that does not answer is told when it
    does; the move stays recorded until then.
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -39,8 +41,9 @@ from waltz_engine.storage import admin_ops
 from waltz_engine.storage.admin_ops import NodePartitions, PartitionStatus, StorageContext, StoreLayout
 from waltz_engine.storage.network_reader import ClusterAccess, discover_from_loop
 from waltz_engine.zk import replica_moves
+from waltz_engine.zk.payloads import PartitionMetadata
 from waltz_engine.zk.replica_moves import ReplicaMove
-from waltz_engine.zk.store_metadata import change_replicas
+from waltz_engine.zk.store_metadata import change_replicas, read_partition_metadata
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +100,16 @@ class ReplicaMover:
         if move.target not in holders(layout, p):
             await self.copy(layout, move)
             source_node = await self.node(layout, move.source)
+            staying = {*holders(layout, p), move.target} - {move.source}
+            gap = None if source_node is not None else await self.recorded_quorum_gap(layout, p, staying)
             if source_node is not None and move.source in holders(layout, p):
                 self.say(f"partition {p}: assigning {move.target} beside {move.source}")
+                await asyncio.to_thread(change_replicas, self.zk, self.root, [(move.target, p)])
+            elif gap is not None and move.source in holders(layout, p):
+                # Replaced now, the unreachable source would leave the next recovery undecidable
+                # for good (its replicas of record gone from the assignment): it stays, counted
+                # when it answers again, until a recovery records the target.
+                self.say(f"partition {p}: assigning {move.target} beside unreachable {move.source}: {gap}")
                 await asyncio.to_thread(change_replicas, self.zk, self.root, [(move.target, p)])
             else:
                 self.say(f"partition {p}: assigning {move.target} in place of unreachable {move.source}")
@@ -112,6 +123,7 @@ class ReplicaMover:
             # A replica in place of an unreachable one is not moved until caught up either.
             await self._await_caught_up(layout, move)
         if leaving:
+            await self._await_recorded_quorum(layout, move)
             self.say(f"partition {p}: {move.target} caught up; taking {move.source} out of the assignment")
             await asyncio.to_thread(change_replicas, self.zk, self.root, (), [(move.source, p)])
         if not await self._release(layout, move):
@@ -270,6 +282,52 @@ class ReplicaMover:
                 )
             await asyncio.sleep(CATCH_UP_POLL_INTERVAL_MS / 1000)
 
+    async def recorded_quorum_gap(self, layout: StoreLayout, p: int, staying: Collection[str]) -> str | None:
+        """Why the partition's next store-session recovery could not decide with only ``staying``
+        assigned, or None when it could.
+
+        A recovery votes over the replicas the last completed one recorded in ZooKeeper
+        (``store/partition/<p>``): it waits while those that have not reported could change the
+        answer, which they always can while fewer than a quorum of them are assigned (the
+        removed count as absent, as the original), and it resolves nothing until one of them
+        votes: a replica whose state is unresolved and whose node has not been reset since
+        (unassigning resets a node's session to -1; the recovery calls such a replica's disk
+        inconsistent, and it does not vote). Moves in a row with no recovery completed between
+        them, or a replica moved away and back, left no voter of record assigned (issue 32,
+        the simulator's seed 154): the log stalled for good.
+        """
+        metadata, _ = await asyncio.to_thread(read_partition_metadata, self.zk, self.root, p)
+        return await recorded_quorum_gap(metadata, staying, partial(self._session_of, layout, p))
+
+    async def _await_recorded_quorum(self, layout: StoreLayout, move: ReplicaMove) -> None:
+        """Until the replicas that stay once ``move``'s source leaves let the next recovery decide:
+        the servers' recovery of a session with the target records it (the assignment change
+        opens one)."""
+        p = move.partition_id
+        staying = {*holders(layout, p), move.target} - {move.source}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.catch_up_timeout_ms / 1000
+        gap = await self.recorded_quorum_gap(layout, p, staying)
+        if gap is not None:
+            self.say(f"partition {p}: waiting for a store session to record {move.target}: {gap}")
+        while gap is not None:
+            if loop.time() >= deadline:
+                raise MoveError(
+                    f"partition {p}: {move.source} cannot leave yet: {gap}; no store session recorded "
+                    f"{move.target} within {self.catch_up_timeout_ms} ms (is a server up?); run again"
+                )
+            await asyncio.sleep(CATCH_UP_POLL_INTERVAL_MS / 1000)
+            gap = await self.recorded_quorum_gap(layout, p, staying)
+
+    async def _session_of(self, layout: StoreLayout, p: int, storage: str) -> int | None:
+        """The store session ``storage``'s node last took part in for ``p`` (None: no answer)."""
+        try:
+            async with admin_ops.admin_client(self.context, layout.admin_address(storage)) as admin:
+                info = await admin.last_session_info(p)
+        except (WaltzError, OSError, TimeoutError):
+            return None
+        return info.session_id
+
     async def _release(self, layout: StoreLayout, move: ReplicaMove) -> bool:
         p = move.partition_id
         node = await self.node(layout, move.source)
@@ -285,6 +343,31 @@ class ReplicaMover:
             files = "deleted" if move.delete_files else "kept"
             self.say(f"partition {p}: {move.source} no longer holds it (files {files})")
         return True
+
+
+async def recorded_quorum_gap(
+    metadata: PartitionMetadata,
+    staying: Collection[str],
+    session_of: Callable[[str], Awaitable[int | None]],
+) -> str | None:
+    """:meth:`ReplicaMover.recorded_quorum_gap` over a partition's ``metadata``; ``session_of``
+    asks a node the session it last took part in (None: no answer, so not known to vote)."""
+    recorded = {state.replica_id.storage: state for state in metadata.replica_states}
+    if not recorded:
+        return None  # no recovery completed yet: the next one resolves -1 with any replicas
+    quorum = len(recorded) // 2 + 1
+    kept = sorted(set(staying) & recorded.keys())
+    of_record = f"the replicas the last recovery recorded ({', '.join(sorted(recorded))})"
+    if len(kept) < quorum:
+        return f"{len(kept)} of {of_record} would stay assigned, fewer than a quorum of {quorum}"
+    for storage in kept:
+        state = recorded[storage]
+        if not state.is_unresolved:
+            continue  # truncated to its closing mark, it does not vote
+        session = await session_of(storage)
+        if session is not None and session >= state.session_id:
+            return None
+    return f"none of {', '.join(kept)} that stay of {of_record} is known to vote (reset since, or silent)"
 
 
 def release_only(layout: StoreLayout, move: ReplicaMove) -> bool:

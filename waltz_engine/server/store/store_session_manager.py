@@ -68,8 +68,24 @@ class StoreSessionManager:
         return self._current
 
     def set_generation(self, generation: int) -> None:
-        """Monotonic: a newer generation makes the next use open a new session."""
+        """Monotonic: a newer generation makes the next use open a new session.
+
+        A session still opening for an older generation is closed (its recovery aborted): it
+        could never serve, and it holds the lock the newer generation's session opens under. Its
+        recovery may wait for good on replicas a newer owner's session fenced meanwhile (issue
+        32, the simulator's seed 7 once moves waited for the replicas of record: the partition,
+        assigned back to this server, never opened again)."""
         self.generation = max(self.generation, generation)
+        opening = self._opening
+        if opening is not None and opening.generation < self.generation:
+            log.info(
+                "partition %d: generation %d: closing session %d, still opening for generation %d",
+                self.partition_id,
+                self.generation,
+                opening.session_id,
+                opening.generation,
+            )
+            opening.close()
 
     def close_current_session(self) -> bool:
         """Close the open session (its undecided appends go to the next one); True if there was one."""
