@@ -50,6 +50,32 @@ class _ReplicaRecoveryState(NamedTuple):
     is_new: bool
 
 
+async def _truncate(connection: ReplicaConnection, replica_id: ReplicaId, transaction_id: int) -> int:
+    """Cut the replica's dirty tail above ``transaction_id``; the max txid it keeps.
+
+    A replica whose log begins above ``transaction_id + 1`` keeps nothing: it was filled from
+    the others' retained start (``restart_at_retained_start``) after its control file last took
+    a low-water mark, and the session that filled it ended before setting a new one. The node
+    refuses that truncate (it would leave a gap), and every store session failed on it, for good
+    (issue 32: the simulator's seed 236, a full disk between the emptying and the fill). All it
+    holds is above the mark, the tail the truncate would cut: it is emptied, to be filled again
+    from the retained start.
+    """
+    try:
+        return await connection.truncate(transaction_id)
+    except StorageRpcError as e:
+        retained = retained_start_error(e)
+        if retained is None or retained.retained_start <= transaction_id + 1:
+            raise
+        log.warning(
+            "%s: its log begins at %d, above its mark %d: emptying it",
+            replica_id,
+            retained.retained_start,
+            transaction_id,
+        )
+        return await connection.truncate(-1)
+
+
 class RecoveryManager:
     def __init__(
         self,
@@ -157,11 +183,11 @@ class RecoveryManager:
                         info.session_id,
                         state.session_id,
                     )
-                max_transaction_id = await connection.truncate(info.low_water_mark)
+                max_transaction_id = await _truncate(connection, replica_id, info.low_water_mark)
                 voting = False
             elif not state.is_unresolved:
                 # The closing high-water mark of its last session is known: anything above is dirty.
-                max_transaction_id = await connection.truncate(state.closing_high_water_mark)
+                max_transaction_id = await _truncate(connection, replica_id, state.closing_high_water_mark)
                 voting = False
             else:
                 max_transaction_id = await connection.max_transaction_id()
