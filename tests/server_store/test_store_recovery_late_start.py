@@ -19,15 +19,12 @@ import pytest
 from storage_node_support import ISSUED_SESSION_ID, make_records
 from store_cluster_support import (
     StorageCluster,
-    bounded,
-    caught_up,
     node_connect_string,
-    open_store,
     read_all,
+    recover_all,
     register,
     replica_state,
     set_up_storage,
-    wait_until,
     write_metadata,
 )
 
@@ -84,15 +81,7 @@ def test_a_replica_whose_log_begins_above_its_mark_is_emptied_and_filled(
                 for name in storages
             ]
             write_metadata(zk, cluster.root, PARTITION_ID, GENERATION, PREVIOUS_SESSION_ID, states)
-            store = await open_store(zk, cluster.root)
-            try:
-                partition = store.partition(PARTITION_ID)
-                await partition.set_generation(GENERATION)
-                await bounded(partition.ensure_open())
-                await wait_until(lambda: caught_up(partition.status(), storages), "every replica caught up")
-                assert partition.high_water_mark == LAST_TXID
-            finally:
-                await store.close()
+            assert await recover_all(zk, cluster.root, PARTITION_ID, GENERATION, storages) == LAST_TXID
         # Emptied, it was filled from 0 (the others hold the whole log): no gap, every record.
         filled = await read_all(late, PARTITION_ID, PREVIOUS_SESSION_ID + 1, LAST_TXID + 1)
         assert filled == make_records(0, LAST_TXID + 1, PARTITION_ID)

@@ -17,15 +17,12 @@ import pytest
 from storage_node_support import ISSUED_SESSION_ID, StorageNodeProcess, flip_data_bits, make_records
 from store_cluster_support import (
     StorageCluster,
-    bounded,
-    caught_up,
     node_connect_string,
-    open_store,
     read_all,
+    recover_all,
     register,
     replica_state,
     set_up_storage,
-    wait_until,
     write_metadata,
 )
 
@@ -77,15 +74,7 @@ def test_catch_up_takes_a_rotten_record_from_another_replica(cluster: StorageClu
                 for name in storages
             ]
             write_metadata(zk, cluster.root, PARTITION_ID, GENERATION, PREVIOUS_SESSION_ID, states)
-            store = await open_store(zk, cluster.root)
-            try:
-                partition = store.partition(PARTITION_ID)
-                await partition.set_generation(GENERATION)
-                await bounded(partition.ensure_open())
-                await wait_until(lambda: caught_up(partition.status(), storages), "every replica caught up")
-                assert partition.high_water_mark == LAST_TXID
-            finally:
-                await store.close()
+            assert await recover_all(zk, cluster.root, PARTITION_ID, GENERATION, storages) == LAST_TXID
         session_id = PREVIOUS_SESSION_ID + 1
         lagging = await read_all(cluster.nodes[2], PARTITION_ID, session_id, LAST_TXID + 1)
         assert lagging == make_records(0, LAST_TXID + 1, PARTITION_ID)
@@ -122,15 +111,7 @@ def test_a_rotten_record_is_copied_from_a_replica_new_to_the_set(
                 for name in (storages[0], storages[1], moved_away)
             ]
             write_metadata(zk, cluster.root, PARTITION_ID, GENERATION, PREVIOUS_SESSION_ID, states)
-            store = await open_store(zk, cluster.root)
-            try:
-                partition = store.partition(PARTITION_ID)
-                await partition.set_generation(GENERATION)
-                await bounded(partition.ensure_open())
-                await wait_until(lambda: caught_up(partition.status(), storages), "every replica caught up")
-                assert partition.high_water_mark == LAST_TXID
-            finally:
-                await store.close()
+            assert await recover_all(zk, cluster.root, PARTITION_ID, GENERATION, storages) == LAST_TXID
         caught = await read_all(lagging, PARTITION_ID, PREVIOUS_SESSION_ID + 1, LAST_TXID + 1)
         assert caught == make_records(0, LAST_TXID + 1, PARTITION_ID)
 
