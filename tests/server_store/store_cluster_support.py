@@ -203,3 +203,19 @@ async def open_store(zk: KazooClient, root: str, config: StoreConfig = TEST_STOR
     store = Store(zk, root, client_ssl(), config)
     await store.start()
     return store
+
+
+async def recover_all(
+    zk: KazooClient, root: str, partition_id: int, generation: int, storages: Sequence[str]
+) -> int:
+    """Open a store session of ``partition_id`` and wait until every one of ``storages`` caught
+    up; the partition's high-water mark then (the store is closed again)."""
+    store = await open_store(zk, root)
+    try:
+        partition = store.partition(partition_id)
+        await partition.set_generation(generation)
+        await bounded(partition.ensure_open())
+        await wait_until(lambda: caught_up(partition.status(), storages), "every replica caught up")
+        return partition.high_water_mark
+    finally:
+        await store.close()

@@ -127,9 +127,8 @@ class Operator:
         self.added = 0  # storage nodes added beyond the shape's
         self.moves_done = 0
         self.lost: set[int] = set()  # storage nodes lost (away past the grace) now
-        # (storage host, partition) -> the worker, its count of segments removed and its first local
-        # txid when last looked at
-        self._removals: dict[tuple[str, int], tuple[PartitionWorker | None, int, int, int]] = {}
+        # (storage host, partition) -> the worker and its count of segments removed when last looked at
+        self._removals: dict[tuple[str, int], tuple[PartitionWorker | None, int]] = {}
 
     # --- seams ---------------------------------------------------------------------------------
 
@@ -389,24 +388,21 @@ class Operator:
                 if metrics is None or partition is None:
                     continue
                 removed = metrics.removed_segments.count
-                late_starts = metrics.late_starts.count
                 with contextlib.suppress(WaltzError):
-                    local_first = partition.segments[0][0]
                     key = (node.config.host, partition_id)
-                    seen = self._removals.get(key, (None, 0, 0, local_first))
-                    seen_worker, seen_removed, seen_late_starts, seen_first = seen
-                    self._removals[key] = (worker, removed, late_starts, local_first)
-                    if seen_worker is not worker or removed <= seen_removed or local_first <= seen_first:
-                        continue  # the cleaner removed no local segment since the last look
-                    if late_starts != seen_late_starts:
-                        # Emptied and begun at the others' retained start meanwhile (a server's
-                        # fill): its first txid is theirs, not its cleaner's doing (seed 124).
-                        continue
+                    seen_worker, seen_removed = self._removals.get(key, (None, 0))
+                    self._removals[key] = (worker, removed)
+                    if seen_worker is not worker or removed <= seen_removed:
+                        continue  # the cleaner removed no segment since the last look
+                    # What the cleaner removed, as it reported it: the log's start may lie above
+                    # that without retention (a log emptied and begun again at the others'
+                    # retained start; taken for retention's, seed 336 of the combined world).
+                    through = worker.retention_removed_through
                     low_water_mark = partition.info.current.local_low_water_mark
-                    if local_first - 1 > low_water_mark:
+                    if through > low_water_mark:
                         self.violations.append(
                             f"{node.config.host}: retention removed partition {partition_id}'s "
-                            f"transactions up to {local_first - 1}, above its local low-water mark "
+                            f"transactions up to {through}, above its local low-water mark "
                             f"{low_water_mark} (not known committed)"
                         )
                     bound, first = self.bounds.get(partition_id), partition.first_transaction_id()

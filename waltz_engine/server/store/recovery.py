@@ -48,6 +48,34 @@ class _ReplicaRecoveryState(NamedTuple):
     connection: ReplicaConnection
     high_water_mark: int
     is_new: bool
+    # Its records up to here are committed ones (its low-water mark when the recovery began).
+    low_water_mark: int
+
+
+async def _truncate(connection: ReplicaConnection, replica_id: ReplicaId, transaction_id: int) -> int:
+    """Cut the replica's dirty tail above ``transaction_id``; the max txid it keeps.
+
+    A replica whose log begins above ``transaction_id + 1`` keeps nothing: it was filled from
+    the others' retained start (``restart_at_retained_start``) after its control file last took
+    a low-water mark, and the session that filled it ended before setting a new one. The node
+    refuses that truncate (it would leave a gap), and every store session failed on it, for good
+    (issue 32: the simulator's seed 236, a full disk between the emptying and the fill). All it
+    holds is above the mark, the tail the truncate would cut: it is emptied, to be filled again
+    from the retained start.
+    """
+    try:
+        return await connection.truncate(transaction_id)
+    except StorageRpcError as e:
+        retained = retained_start_error(e)
+        if retained is None or retained.retained_start <= transaction_id + 1:
+            raise
+        log.warning(
+            "%s: its log begins at %d, above its mark %d: emptying it",
+            replica_id,
+            retained.retained_start,
+            transaction_id,
+        )
+        return await connection.truncate(-1)
 
 
 class RecoveryManager:
@@ -157,11 +185,11 @@ class RecoveryManager:
                         info.session_id,
                         state.session_id,
                     )
-                max_transaction_id = await connection.truncate(info.low_water_mark)
+                max_transaction_id = await _truncate(connection, replica_id, info.low_water_mark)
                 voting = False
             elif not state.is_unresolved:
                 # The closing high-water mark of its last session is known: anything above is dirty.
-                max_transaction_id = await connection.truncate(state.closing_high_water_mark)
+                max_transaction_id = await _truncate(connection, replica_id, state.closing_high_water_mark)
                 voting = False
             else:
                 max_transaction_id = await connection.max_transaction_id()
@@ -243,7 +271,7 @@ class RecoveryManager:
             self._set_resolved(UNKNOWN_HIGH_WATER_MARK)
 
         state = _ReplicaRecoveryState(
-            replica_id, connection, high_water_mark, replica_id not in last_replica_ids
+            replica_id, connection, high_water_mark, replica_id not in last_replica_ids, low_water_mark
         )
         while True:
             self._check_abort()
@@ -336,6 +364,11 @@ class RecoveryManager:
         first_usher = usher
         while current < target:
             count = 1 if one_by_one else min(target - current, RECOVERY_BATCH_SIZE)
+            if usher.is_new:  # taken past rot (_other_usher): only what it holds committed
+                if current >= usher.low_water_mark:
+                    usher = first_usher
+                    continue
+                count = min(count, usher.low_water_mark - current)
             try:
                 records = await usher.connection.records(current + 1, count)
             except StorageRpcError as e:
@@ -388,13 +421,20 @@ class RecoveryManager:
     def _other_usher(
         self, state: _ReplicaRecoveryState, transaction_id: int, refused: set[ReplicaId]
     ) -> _ReplicaRecoveryState | None:
-        """A replica to copy ``transaction_id`` from, other than those that refused it as corrupt."""
+        """A replica to copy ``transaction_id`` from, other than those that refused it as corrupt.
+
+        The original never copies from a replica new to the set; here one may give a record at or
+        below its own low-water mark (a committed record, the same on every replica): with rot on
+        the usher and the previous session's other replicas lagging or moved away, it may be the
+        only one holding it whole, and without it every recovery aborted, for good (issue 32: the
+        simulator's seed 274, a decommission's target).
+        """
         for other in sorted(self._states.values(), key=lambda s: s.high_water_mark, reverse=True):
             if (
                 other.replica_id != state.replica_id
                 and other.replica_id not in refused
                 and other.replica_id not in self._left
-                and not other.is_new  # the original never copies from a replica new to the set
+                and (not other.is_new or transaction_id <= other.low_water_mark)
                 and other.high_water_mark >= transaction_id
             ):
                 return other

@@ -197,6 +197,9 @@ class PartitionWorker:
         self.session_id = -1
         self.max_transaction_id = -1
         self.first_transaction_id = 0
+        # The last txid the cleaner's last removal took (-1: none yet). The retained start may lie
+        # above it without retention: a log emptied and begun again at the others' retained start.
+        self.retention_removed_through = -1
         # The last write's disk error (a full disk, EIO), until a write succeeds: for /health.
         self.write_error: str | None = None
         # The effective retention bound the node's cleaner last read (None: none, or unknown).
@@ -345,6 +348,7 @@ class PartitionWorker:
     def removed_segments(self, count: int, first_transaction_id: int) -> None:
         """The cleaner removed ``count`` head segments; the log now starts at ``first_transaction_id``."""
         self.first_transaction_id = first_transaction_id
+        self.retention_removed_through = first_transaction_id - 1
         if self._metrics is not None:
             self._metrics.removed_segments.inc(count)
 
