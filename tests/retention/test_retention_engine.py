@@ -215,14 +215,14 @@ def test_a_truncate_to_nothing_empties_a_log_whose_head_is_gone(tmp_path: Path) 
     # Its own head removed (20..34 left), it missed 35.. while down, and retention removed up to
     # 39 everywhere else: a server empties it to fill it from the retained start (before, the
     # truncate was refused and every store session failed on it: issue 32). A truncate to a txid
-    # below the start keeps nothing either (it cannot keep what is not here, and must not leave a
-    # gap): the answer, -1, says so.
+    # below the start is still refused (it would leave a gap).
     directory = tmp_path / "storage"
     directory.mkdir()
     manager = _filled(directory, 35)
     partition = manager.partition(0)
     partition.remove_head_segments(25)
-    assert partition.truncate(34) == 34
+    with pytest.raises(BelowRetainedStartError):
+        partition.truncate(5)
     assert partition.segments == [(20, 29), (30, 34)]
     assert partition.truncate(-1) == -1
     assert partition.is_empty() and partition.first_transaction_id() == 0
@@ -234,11 +234,6 @@ def test_a_truncate_to_nothing_empties_a_log_whose_head_is_gone(tmp_path: Path) 
     reopened = _manager(directory)
     try:
         assert reopened.partition(0).segments == [(40, 42)]
-        # Begun late at 40, it is cut to a stale session's low-water mark below its start (seed
-        # 290 of the simulator): nothing kept, it begins again at 0.
-        partition = reopened.partition(0)
-        assert partition.truncate(5) == -1
-        assert partition.is_empty() and partition.first_transaction_id() == 0
     finally:
         reopened.close()
 

@@ -267,14 +267,12 @@ class Partition(PartitionHead):
             self._check_open()
             if transaction_id < -1:
                 raise StorageError(f"transaction id out of range: {transaction_id}")
-            if transaction_id < self._segments[0].first_transaction_id - 1:
-                # Records up to ``transaction_id`` are not here (the local head is in the tier, or
-                # removed): what the truncate keeps cannot be held, so nothing is kept and the log
-                # begins again at 0, no gap; the caller learns max txid -1 and fills it (from the
-                # retained start). Seen in the simulator (issue 32): a replica moved back onto a
-                # node that kept its files, cut to its low-water mark -1 (seed 12); an emptied
-                # replica begun late at the retained start, cut to its stale session's low-water
-                # mark below it (seed 290), refused by every store session after.
+            if transaction_id == -1 and self._segments[0].first_transaction_id > 0:
+                # Nothing kept of a log whose local head is gone (in the tier, or removed): it
+                # begins again at 0, no gap (a replica moved back onto a node that kept its
+                # files, cut to its low-water mark -1: issue 32, the simulator's seed 12). A
+                # truncate to a txid below the start is refused (a server that means "keep
+                # nothing" asks -1: ``recovery._truncate``).
                 self._empty()
                 return -1
             # Records removed by retention cannot come back: refuse rather than leave a gap.
