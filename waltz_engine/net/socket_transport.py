@@ -35,6 +35,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from waltz_engine.common.loop_turns import run_turn_end
+
 log = logging.getLogger(__name__)
 
 # One read takes at most this much; TLS hands out one record (16 KiB) per read anyway.
@@ -282,6 +284,12 @@ class SocketTransport(asyncio.Transport):
             self._loop.remove_reader(self._fd)
 
     def _read_ready(self) -> None:
+        self._read_some()
+        # What the bytes read asked for at the end of the loop turn may go now (a lone
+        # appender's batch), when nothing else is left to this turn.
+        run_turn_end(self._loop)
+
+    def _read_some(self) -> None:
         if self._write_wants_read:
             self._write_wants_read = False
             if not self._reading:
