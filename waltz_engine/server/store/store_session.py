@@ -155,6 +155,7 @@ class StoreSession:
         self._encoded_batches_bytes = 0
         self._num_pending = 0
         self._changed = asyncio.Event()  # queue, pending count or running state changed
+        self._num_waiting = 0  # callers waiting on ``_changed``: without any, a change sets nothing
         self._running = True
         self.failed = False  # closed because a vote failed or a replica abstained
         self.on_failure: Callable[[StoreSession], None] | None = None
@@ -215,8 +216,18 @@ class StoreSession:
             await replica_session.wait_closed()
 
     def _wake(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
+        # Three changes per commit, and almost never a waiter (a full queue, a FLUSH): a new
+        # Event only when one is waiting on the current one.
+        if self._num_waiting:
+            self._changed.set()
+            self._changed = asyncio.Event()
+
+    async def _wait_changed(self) -> None:
+        self._num_waiting += 1
+        try:
+            await self._changed.wait()
+        finally:
+            self._num_waiting -= 1
 
     @property
     def writable(self) -> bool:
@@ -235,7 +246,7 @@ class StoreSession:
     async def append(self, request: StoreAppendRequest) -> None:
         """Queue ``request`` (waiting while the queue is full)."""
         while self._running and len(self._queue) >= self._queue_capacity:
-            await self._changed.wait()
+            await self._wait_changed()
         if not self._running:
             raise SessionClosedError(f"partition {self.partition_id}: store session {self.session_id} closed")
         if request.req_id.generation != self.generation:
@@ -275,7 +286,7 @@ class StoreSession:
                 raise SessionClosedError(
                     f"partition {self.partition_id}: store session {self.session_id} closed"
                 )
-            await self._changed.wait()
+            await self._wait_changed()
         return self.high_water_mark
 
     async def resolve_by(self, successor: StoreSession) -> None:
