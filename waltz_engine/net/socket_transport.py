@@ -59,7 +59,6 @@ LISTEN_BACKLOG = 100
 # Out of file descriptors: stop accepting this long (asyncio's choice).
 ACCEPT_RETRY_DELAY_S = 1.0
 
-_FIONREAD_ARG = bytes(4)  # a C int
 _WANT = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 _read_buffers = threading.local()
 
@@ -74,10 +73,13 @@ def _read_buffer() -> memoryview:
 
 def _unread_bytes(fd: int) -> int:
     """Bytes the kernel holds for ``fd`` that were not read yet (FIONREAD)."""
+    count = bytearray(4)  # a C int, written in place (an immutable argument is first tried as
+    # a writable one: that failed parse, with its error text, cost more than the ioctl itself)
     try:
-        return int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, _FIONREAD_ARG), sys.byteorder)
+        fcntl.ioctl(fd, termios.FIONREAD, count, True)
     except OSError:
         return 1  # the read tells what is wrong
+    return int.from_bytes(count, sys.byteorder)
 
 
 def _tls_object(sock: socket.socket) -> Any:
