@@ -7,7 +7,7 @@ import socket
 from collections.abc import Coroutine
 from typing import Any
 
-from waltz_engine.common.loop_turns import call_at_turn_end, count_turns, run_turn_end
+from waltz_engine.common.loop_turns import LoopTurns, call_at_turn_end, count_turns, run_turn_end
 
 
 def _run(main: Coroutine[Any, Any, None]) -> None:
@@ -18,11 +18,16 @@ def _run(main: Coroutine[Any, Any, None]) -> None:
         loop.close()
 
 
+def _counted_loop() -> tuple[asyncio.AbstractEventLoop, LoopTurns]:
+    loop = asyncio.get_running_loop()
+    turns = count_turns(loop)
+    assert turns is not None
+    return loop, turns
+
+
 def test_the_last_callback_of_a_turn_runs_the_end_of_turn_work_without_another_select() -> None:
     async def main() -> None:
-        loop = asyncio.get_running_loop()
-        turns = count_turns(loop)
-        assert turns is not None
+        loop, turns = _counted_loop()
         a, b = socket.socketpair()
         ran: list[int] = []
         done = loop.create_future()
@@ -47,9 +52,7 @@ def test_the_last_callback_of_a_turn_runs_the_end_of_turn_work_without_another_s
 
 def test_end_of_turn_work_waits_for_the_turn_when_other_callbacks_are_ready() -> None:
     async def main() -> None:
-        loop = asyncio.get_running_loop()
-        turns = count_turns(loop)
-        assert turns is not None
+        loop, turns = _counted_loop()
         order: list[str] = []
         done = loop.create_future()
 
@@ -69,9 +72,7 @@ def test_end_of_turn_work_waits_for_the_turn_when_other_callbacks_are_ready() ->
 
 def test_end_of_turn_work_of_an_earlier_turn_is_left_to_the_loop() -> None:
     async def main() -> None:
-        loop = asyncio.get_running_loop()
-        turns = count_turns(loop)
-        assert turns is not None
+        loop, turns = _counted_loop()
         ran: list[int] = []
         call_at_turn_end(loop, lambda: ran.append(turns.count))
         scheduled_in = turns.count
