@@ -82,11 +82,20 @@ class NetworkClient:
             self._run(wait_first), name=f"waltz-client {self.endpoint} seq={self.seq_num}"
         )
 
-    def send(self, message: ClientMessage) -> bool:
-        """Queue ``message``; all queued in one loop turn leave in one write. False if not connected."""
+    def send(self, message: ClientMessage, write_now: bool = False) -> bool:
+        """Queue ``message``; all queued in one loop turn leave in one write. False if not connected.
+
+        ``write_now``: the caller writes at once anyway (an append, whose submit drains right
+        after): with nothing else queued the message is written here, and no write is scheduled
+        for the end of the turn, whose empty run would cost the loop one more iteration.
+        """
         if not self.ready:
             return False
         if not self._outbox:
+            if write_now:
+                self._outbox.append(message)
+                self._write_outbox()
+                return True
             asyncio.get_running_loop().call_soon(self._write_outbox)
         self._outbox.append(message)
         return True

@@ -257,7 +257,7 @@ class Partition:
             self.registration_timeouts += 1
             return None
         network_client = self.network_client
-        if not future.done() and (network_client is None or not network_client.send(request)):
+        if not future.done() and (network_client is None or not network_client.send(request, write_now=True)):
             # Not sent: the connection is gone, but this partition may still count as mounted
             # until the connection's reader gets past an apply_transaction that waits on the
             # dead server. Failing it now would retry at once, and again, without end (a retry

@@ -206,18 +206,32 @@ class ReplicaSession(LatencyWeightedRoute):
         self._batch_transaction_id = first_transaction_id
         batch = _Batch(first_transaction_id, encoded, count, voting)
         connection = self._connection
-        if (
-            self._parked
-            and self._direct is None
-            and not self._mark_due()  # the task path tells the replica its mark before the batch
-            and first_transaction_id == self._next_transaction_id
-            and connection is not None
-            and connection.can_send_now()
-        ):
+        if self._parked and connection is not None and self._can_send_now(connection, batch):
             self._send_now(connection, batch)
             return
         self._batch = batch
+        direct = self._direct
+        if (
+            self._parked
+            and direct is not None
+            and first_transaction_id == direct.first_transaction_id + direct.num_records
+        ):
+            # The replica still writes the batch before (the slowest of a quorum, say): that
+            # answer's read callback sends this one or wakes the task. Waking it now would only
+            # see the answer due and wait again.
+            return
         self._wakeup.set()
+
+    def _can_send_now(self, connection: ReplicaConnection, batch: _Batch) -> bool:
+        """A batch may go from the caller's call: the parked task is not writing and the replica
+        holds everything before it."""
+        return (
+            self._direct is None
+            and not self._closed
+            and not self._mark_due()  # the task path tells the replica its mark before the batch
+            and batch.first_transaction_id == self._next_transaction_id
+            and connection.can_send_now()
+        )
 
     def _send_now(self, connection: ReplicaConnection, batch: _Batch) -> None:
         """Write the batch from the caller's turn; its answer votes from the read callback. The
@@ -234,6 +248,12 @@ class ReplicaSession(LatencyWeightedRoute):
                 return
             self._next_transaction_id += batch.num_records
             batch.voting.vote()
+            follow = self._batch
+            if follow is not None and self._parked and self._can_send_now(connection, follow):
+                # The batch handed over meanwhile goes from this read callback too.
+                self._batch = None
+                self._send_now(connection, follow)
+                return
             if (
                 self._batch is not None
                 or not self._parked
