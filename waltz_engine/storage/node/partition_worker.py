@@ -407,11 +407,11 @@ class PartitionWorker:
                 # the next txid needs no look (a lock) at the partition.
                 self._start_late(partition, first)
                 expected = partition.max_transaction_id() + 1
+            alone = not _consecutive(first.records, expected)
         except Exception:
-            conn, msg = batch[start]
-            replies.append((conn, self._process_one(msg)))
-            return start + 1
-        if not _consecutive(first.records, expected):
+            alone = True
+        if alone:
+            # It fails (or is refilled) on its own, with the error it would meet alone.
             conn, msg = batch[start]
             replies.append((conn, self._process_one(msg)))
             return start + 1
