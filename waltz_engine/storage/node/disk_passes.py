@@ -220,6 +220,11 @@ class DiskPasses:
 
     def _run(self, taken: list[tuple[BatchOwner, list[Any]]]) -> list[Outcome]:
         """On the pass's thread of the pool."""
+        if len(taken) == 1:
+            # A partition alone (one appender): no jobs to build; every runner's gather would
+            # run its one job right here.
+            ((worker, batch),) = taken
+            return [_process(worker, batch)]
         jobs = [lambda worker=worker, batch=batch: _process(worker, batch) for worker, batch in taken]
         return self._runner.gather(jobs, self._late_done)
 

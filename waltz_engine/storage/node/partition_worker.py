@@ -410,18 +410,27 @@ class PartitionWorker:
         """Append the run of consecutive APPENDs from ``start`` that would each succeed alone, with
         one fsync; return the index after the run. A request that would fail stops the run and is
         then processed alone, so the outcome of every request is the same as one by one."""
-        partition = self.partition
+        first = batch[start][1]
         try:
-            partition = self._check_permissions(partition, batch[start][1])
-            self._start_late(partition, batch[start][1])
+            partition = self._check_permissions(self.partition, first)
             expected = partition.max_transaction_id() + 1
+            if first.records and first.records[0].transaction_id != expected:
+                # Only an empty replica can begin late, and its next txid is 0: an append at
+                # the next txid needs no look (a lock) at the partition.
+                self._start_late(partition, first)
+                expected = partition.max_transaction_id() + 1
+            alone = not _consecutive(first.records, expected)
         except Exception:
+            alone = True
+        if alone:
+            # It fails (or is refilled) on its own, with the error it would meet alone.
             conn, msg = batch[start]
             replies.append((conn, self._process_one(msg)))
             return start + 1
-        group: list[Pending] = []
-        records: list[Record] = []
-        end = start
+        group: list[Pending] = [batch[start]]
+        records: list[Record] = list(first.records)
+        expected += len(first.records)
+        end = start + 1
         while end < len(batch) and type(batch[end][1]) is StorageAppendRequest:
             msg = batch[end][1]
             try:
@@ -434,10 +443,6 @@ class PartitionWorker:
             records += msg.records
             expected += len(msg.records)
             end += 1
-        if not group:
-            conn, msg = batch[start]
-            replies.append((conn, self._process_one(msg)))
-            return start + 1
         metrics = self._metrics
         started_ns = clock.monotonic_ns()
         try:
