@@ -83,13 +83,14 @@ def test_a_seed_runs_the_operators_actions_and_each_keeps_its_promise(
     result = run_seed(SEED_WITH_EVERY_ACTION, WorldShape())
     assert result.violations == []
     assert {"retention", "decommission", "storage_lost", "tier_fault"} <= set(result.faults)
-    assert seen["moves"] == 2 and seen["added"] == 1 and seen["assigned"] == 3
+    assert seen["moves"] >= 1 and seen["added"] == 1 and seen["assigned"] == 3
     assert "storage-3" in seen["firsts"]  # the added node took a replica
     assert seen["objects"]  # the tier offloaded
 
 
 # A seed of the default world whose schedule holds a retention policy, a decommission, a node lost
-# past the grace and a store fault (waltz sim --seeds 1 --seed-base 8); two moves. (Seed 11 was
-# one until a move waited for the replicas of record: its second decommission now waits and is
-# finished at the end, issue 32's seed 154.)
-SEED_WITH_EVERY_ACTION = 8
+# past the grace and a store fault (waltz sim --seeds 1 --seed-base 10); a move finished within the
+# run. (Seeds 11 and then 8 were until moves waited for the replicas of record, issue 32's seed
+# 154, and a restarted server removed its predecessor's registration: a decommission now often
+# waits and is finished by the re-run at the end.)
+SEED_WITH_EVERY_ACTION = 10
