@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from storage_node_support import flip_data_bits, make_records
@@ -175,3 +176,29 @@ def test_the_scrub_finds_a_flipped_bit_in_the_tier_copies(partition: Partition, 
     _round(partition, offloader.settings, tmp_path, None)
     assert _manifest_spans(tier) == [(0, 9), (10, 19), (20, 29)]
     assert local_copy.read_bytes() == whole  # uploaded again from the local files
+
+
+def test_a_tier_that_fails_reads_does_not_end_the_scrubber(
+    partition: Partition, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The simulator's seed 1948: a store answering 500 to the read of an evicted segment ended the
+    # scrubber's task, and the node's stop then raised the store's error.
+    offloader = _offload(partition, tmp_path / "tier", RECORDS - 1)
+    assert partition.segments[0][0] == 20  # 0..19 in the tier only
+    store = partition.tier._store  # type: ignore[union-attr]
+
+    def failing(name: str, size: int, sink: Any) -> Any:
+        raise ObjectStoreError(f"{store.url}: cannot read {name}: the store answered an error (500)")
+
+    monkeypatch.setattr(store, "download_to", failing)
+    scrubber = Scrubber(lambda: _workers(partition), start_delay_s=0, tier=offloader)  # type: ignore[arg-type, return-value]
+
+    async def two_passes() -> None:
+        scrubber.start()
+        async with asyncio.timeout(30):
+            while scrubber.passes < 1:
+                await asyncio.sleep(0.01)
+        await scrubber.stop()  # raised the store's error, the task having died of it
+
+    asyncio.run(two_passes())
+    assert scrubber.passes >= 1

@@ -75,8 +75,10 @@ class Scrubber:
                     continue
                 try:
                     await self.scrub_partition(partition)
-                except (StorageError, OSError) as e:
-                    # Unassigned or closed meanwhile, or the disk fails reads: the next pass tries again.
+                except (StorageError, OSError, ObjectStoreError) as e:
+                    # Unassigned or closed meanwhile, the disk fails reads, or the tier fails the
+                    # read of an evicted segment (seed 1948 of the simulator: that ended the task,
+                    # and the node's stop raised the store's error): the next pass tries again.
                     log.warning("scrub of partition %d stopped: %s", partition_id, e)
             self.passes += 1
             await asyncio.sleep(SCRUB_PASS_PAUSE_S)
