@@ -177,6 +177,31 @@ def test_a_move_is_not_caught_up_when_no_other_replica_answers() -> None:
         asyncio.run(mover._await_caught_up(layout, ReplicaMove(0, "h:1", "h:3")))
 
 
+def test_a_move_is_not_caught_up_on_the_answer_of_a_lagging_replica_alone() -> None:
+    """The simulator's seed 387: h:1 leaves for h:4; h:1 and h:3 hold the tail (committed up to
+    98) but refuse the question mid-session, and only h:2, lagging at 10, answers. The target at
+    10 is not caught up on that answer: the source would leave with 11..98 on h:3 alone."""
+    import asyncio
+
+    layout = StoreLayout(uuid.UUID(int=1), 1, {"h:1": (0,), "h:2": (0,), "h:3": (0,), "h:4": (0,)}, {}, {})
+    answers: dict[str, int | None] = {"h:1": None, "h:2": 10, "h:3": None, "h:4": 10}
+
+    class Refused(ReplicaMover):
+        async def _max_txid(self, layout: StoreLayout, storage: str, p: int) -> int | None:
+            return answers[storage]
+
+    mover = Refused(None, "/root", None)  # type: ignore[arg-type]
+    move = ReplicaMove(0, "h:1", "h:4")
+    with pytest.raises(MoveError, match=r"only h:2 of h:1, h:2, h:3 answer .* fewer than a quorum"):
+        asyncio.run(mover._await_caught_up(layout, move))
+    answers["h:3"] = 98  # a quorum answers: the goal is the tail, the target must reach it
+    mover.catch_up_timeout_ms = 0
+    with pytest.raises(MoveError, match="h:4 holds up to 10, not 98"):
+        asyncio.run(mover._await_caught_up(layout, move))
+    answers["h:4"] = 98
+    asyncio.run(mover._await_caught_up(layout, move))
+
+
 # --- the replicas of record (issue 32: the simulator's seed 154) ---------------------------------
 
 UNRESOLVED = UNRESOLVED_HIGH_WATER_MARK

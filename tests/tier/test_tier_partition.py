@@ -202,3 +202,22 @@ def test_a_tier_that_fails_reads_does_not_end_the_scrubber(
 
     asyncio.run(two_passes())
     assert scrubber.passes >= 1
+def test_a_segment_above_the_local_low_water_mark_is_not_evicted_on_an_older_manifest(
+    partition: Partition, tmp_path: Path
+) -> None:
+    """The simulator's seed 1429: a replica's tier prefix keeps the manifest of its earlier
+    holding of the partition (uploaded at or below the mark then); moved back and filled again,
+    its local low-water mark -1, segments of the same spans were evicted on that manifest and
+    retention then forgot them: removed above the mark, not known committed."""
+    _offload(partition, tmp_path / "tier", RECORDS - 1)  # the earlier holding: (0, 9)..(20, 29) in the tier
+    (tmp_path / "again").mkdir()
+    with StorageManager(tmp_path / "again", KEY, 1, segment_size_threshold_bytes=THRESHOLD_BYTES) as manager:
+        manager.set_partition_assignment([0], True)
+        again = manager.partition(0)
+        again.append(make_records(0, RECORDS, size_bytes=DATA_BYTES))  # no session yet: the mark is -1
+        assert again.info.current.local_low_water_mark == -1
+        settings = TierSettings((tmp_path / "tier").as_uri(), local_bytes=1, cache_bytes=1)
+        _round(again, settings, tmp_path / "again-tier", 35)
+        assert again.segments == [(0, 9), (10, 19), (20, 29), (30, 39)]  # nothing evicted
+        assert again.remove_head_segments(35) == []  # nor removed
+        assert again.first_transaction_id() == 0

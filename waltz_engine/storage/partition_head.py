@@ -106,13 +106,22 @@ class PartitionHead:
 
     def evict_to_tier(self, local_bytes: int, in_tier: Callable[[int, int], TierSegment | None]) -> int:
         """Remove the oldest local segments ``in_tier`` finds verified in the tier while the files
-        exceed ``local_bytes`` (the last two stay), as retention removes them; how many went."""
+        exceed ``local_bytes`` (the last two stay), as retention removes them; how many went.
+
+        Only segments at or below the local low-water mark: the tier's copies were uploaded at
+        or below it, but a manifest outlives the replica's holding of the partition, and a
+        replica moved back and filled again may hold segments of the same spans above its mark
+        (issue 32: the simulator's seed 1429, where retention then forgot them, not known
+        committed)."""
         with self._lock:
             self._check_open()
             assert isinstance(self.tier, TierSegments)
             removed = 0
+            local_low_water_mark = self.info.current.local_low_water_mark
             while self._local_bytes() > local_bytes and len(self._segments) > 2:
                 head = self._segments[0]
+                if head.max_transaction_id > local_low_water_mark:
+                    break
                 uploaded = in_tier(head.first_transaction_id, head.max_transaction_id)
                 if uploaded is None:
                     break

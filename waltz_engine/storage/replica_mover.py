@@ -255,7 +255,8 @@ class ReplicaMover:
 
     async def _await_caught_up(self, layout: StoreLayout, move: ReplicaMove) -> None:
         """Until the target holds every transaction any other answering replica held when the
-        wait began (committed ones are on a quorum, so on one of those)."""
+        wait began; a quorum of the replicas before the move (the others and the source) must
+        answer: committed transactions are on a quorum, so on one of those."""
         p = move.partition_id
         others = [s for s in holders(layout, p) if s != move.target]
         held = [await self._max_txid(layout, s, p) for s in others]
@@ -266,6 +267,18 @@ class ReplicaMover:
             raise MoveError(
                 f"partition {p}: no other replica answers how far it holds, so {move.target}'s "
                 "catch-up cannot be judged; run again when one does"
+            )
+        before = {*others, move.source}
+        answered = sorted(s for s, h in zip(others, held, strict=True) if h is not None)
+        if others and len(answered) < len(before) // 2 + 1:
+            # Fewer than a quorum answered: the transactions committed on the silent ones may be
+            # on none that answered, and a lagging one's answer would set the goal below them
+            # (issue 32: the simulator's seed 387, where the replicas holding the tail refused
+            # the question mid-session and only a lagging one answered).
+            raise MoveError(
+                f"partition {p}: only {', '.join(answered)} of {', '.join(sorted(before))} answer how "
+                f"far they hold, fewer than a quorum, so {move.target}'s catch-up cannot be judged; "
+                "run again when more do"
             )
         goal = max((h for h in held if h is not None), default=-1)
         self.say(f"partition {p}: waiting for {move.target} to catch up to {goal}")
