@@ -202,6 +202,30 @@ def test_a_move_is_not_caught_up_on_the_answer_of_a_lagging_replica_alone() -> N
     asyncio.run(mover._await_caught_up(layout, move))
 
 
+def test_a_move_is_not_caught_up_on_a_minority_of_the_others_answers() -> None:
+    # The simulator's seeds 1215 and 2433: storage-0 and storage-1 held the committed tail
+    # (0..13) in a store session newer than their admin ports reported, so both refused the
+    # max-txid question; storage-2, which lagged (9), alone answered, and the target, at 10,
+    # was called caught up: the source left with 11..13.
+    layout = StoreLayout(uuid.UUID(int=1), 1, {"h:0": (0,), "h:1": (0,), "h:2": (0,), "h:3": (0,)}, {}, {})
+    answers = {"h:2": 9, "h:3": 10}
+
+    class Refusing(ReplicaMover):
+        async def _max_txid(self, layout: StoreLayout, storage: str, p: int) -> int | None:
+            return answers.get(storage)
+
+    mover = Refusing(None, "/root", None, catch_up_timeout_ms=0)  # type: ignore[arg-type]
+    move = ReplicaMove(0, "h:1", "h:3")
+    with pytest.raises(MoveError, match="fewer than a quorum"):
+        asyncio.run(mover._await_caught_up(layout, move))
+    # A majority of the others answering includes a holder of every committed transaction.
+    answers["h:0"] = 13
+    with pytest.raises(MoveError, match="holds up to 10, not 13"):
+        asyncio.run(mover._await_caught_up(layout, move))
+    answers["h:3"] = 13
+    asyncio.run(mover._await_caught_up(layout, move))
+
+
 # --- the replicas of record (issue 32: the simulator's seed 154) ---------------------------------
 
 UNRESOLVED = UNRESOLVED_HIGH_WATER_MARK

@@ -273,8 +273,9 @@ class ReplicaMover:
         if others and len(answered) < len(before) // 2 + 1:
             # Fewer than a quorum answered: the transactions committed on the silent ones may be
             # on none that answered, and a lagging one's answer would set the goal below them
-            # (issue 32: the simulator's seed 387, where the replicas holding the tail refused
-            # the question mid-session and only a lagging one answered).
+            # (issue 32: the simulator's seeds 387, 1215 and 2433, where the replicas holding
+            # the tail refused the question mid-session, a server's recovery under way, and only
+            # a lagging one answered).
             raise MoveError(
                 f"partition {p}: only {', '.join(answered)} of {', '.join(sorted(before))} answer how "
                 f"far they hold, fewer than a quorum, so {move.target}'s catch-up cannot be judged; "
