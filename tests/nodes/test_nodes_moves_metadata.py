@@ -177,6 +177,32 @@ def test_a_move_is_not_caught_up_when_no_other_replica_answers() -> None:
         asyncio.run(mover._await_caught_up(layout, ReplicaMove(0, "h:1", "h:3")))
 
 
+def test_a_rerun_move_is_not_finished_before_its_catch_up_is_judged() -> None:
+    """A move whose target replaced an unreachable source in place, its catch-up wait failed: the
+    re-run (target assigned, source not) judged nothing and released the source, calling it moved
+    (a diagnosis of the simulator's seeds 3006 and 4704)."""
+    import asyncio
+
+    layout = StoreLayout(uuid.UUID(int=1), 1, {"h:2": (0,), "h:3": (0,), "h:4": (0,)}, {}, {})
+    released: list[ReplicaMove] = []
+
+    class Rerun(ReplicaMover):
+        async def layout(self) -> StoreLayout:
+            return layout
+
+        async def _await_caught_up(self, layout: StoreLayout, move: ReplicaMove) -> None:
+            raise MoveError("h:4 holds up to 10, not 13")
+
+        async def _release(self, layout: StoreLayout, move: ReplicaMove) -> bool:
+            released.append(move)
+            return False
+
+    mover = Rerun(None, "/root", None)  # type: ignore[arg-type]
+    with pytest.raises(MoveError, match="not 13"):
+        asyncio.run(mover.run(ReplicaMove(0, "h:1", "h:4")))
+    assert released == []  # the source keeps its files until the target is judged caught up
+
+
 def test_a_move_is_not_caught_up_on_the_answer_of_a_lagging_replica_alone() -> None:
     """The simulator's seed 387: h:1 leaves for h:4; h:1 and h:3 hold the tail (committed up to
     98) but refuse the question mid-session, and only h:2, lagging at 10, answers. The target at

@@ -27,9 +27,9 @@ FIRST_FINDING: dict[str, tuple[int, str]] = {
     "forged_fence": (0, "served a read of partition 0 with the forged session id"),
     # Acknowledged transactions cut: a committed record is left on no replica.
     "recovery_cuts_committed": (0, "fewer than a quorum of 2"),
-    # Issue 32: a power loss takes records a storage node acknowledged before syncing them (a
-    # replica then holds, at or below its low-water mark, another record than was committed).
-    "ack_before_sync": (7, "at or below its low-water mark"),
+    # Issue 32: a power loss takes records a storage node acknowledged before syncing them (the
+    # replicas then disagree below what was acknowledged, and the log stalls).
+    "ack_before_sync": (10, "ended without an outcome (in the log 0 times)"),
     # Issue 32: the bytes the application reads are another transaction's.
     "cache_serves_wrong_bytes": (0, "other than the"),
     # Issue 32: a deposed server's late appends are written at replicas a newer session fenced

@@ -96,7 +96,6 @@ class ReplicaMover:
         when only telling an unreachable source node is left."""
         p = move.partition_id
         layout = await self.layout()
-        replaced = False
         if move.target not in holders(layout, p):
             await self.copy(layout, move)
             source_node = await self.node(layout, move.source)
@@ -116,12 +115,13 @@ class ReplicaMover:
                 await asyncio.to_thread(
                     change_replicas, self.zk, self.root, [(move.target, p)], [(move.source, p)]
                 )
-                replaced = True
             layout = await self.layout()
         leaving = move.source in holders(layout, p)
-        if leaving or replaced:
-            # A replica in place of an unreachable one is not moved until caught up either.
-            await self._await_caught_up(layout, move)
+        # Judged on every run that may end the move: beside the source, in place of an
+        # unreachable one, and on a re-run after either, whose earlier wait may have failed (it
+        # released the source without judging: a "moved" never caught up, seen by a diagnosis of
+        # the simulator's seeds 3006 and 4704).
+        await self._await_caught_up(layout, move)
         if leaving:
             await self._await_recorded_quorum(layout, move)
             self.say(f"partition {p}: {move.target} caught up; taking {move.source} out of the assignment")
