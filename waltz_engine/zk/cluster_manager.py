@@ -34,6 +34,7 @@ from kazoo.protocol.states import KazooState
 
 from waltz_engine.common.errors import FormatError, WaltzError
 from waltz_engine.common.tasks import cancel_and_wait
+from waltz_engine.net import transport
 from waltz_engine.zk import assignment_policy
 from waltz_engine.zk.cluster import next_server_id, read_cluster_params
 from waltz_engine.zk.paths import ClusterPaths
@@ -414,12 +415,12 @@ class ClusterManager(ClusterWatcher):
         on_endpoints: OnEndpoints | None = None,
         on_server_removed: OnServerRemoved | None = None,
         rng: random.Random | None = None,
-        is_local_host: Callable[[str], bool] | None = None,
+        is_local_host: Callable[[str], bool] = transport.is_local_host,
     ) -> None:
         super().__init__(client, root, on_endpoints=on_endpoints, on_server_removed=on_server_removed)
-        # Whether a host is this machine's (the node's network's answer; None: never, so no
-        # other registration is removed as stale).
-        self._is_local_host = is_local_host or (lambda _host: False)
+        # Whether a host is this machine's: the node's network answers (the simulator's from its
+        # own host names), the operating system's by default.
+        self._is_local_host = is_local_host
         # The shuffles' generator: the caller's, else the running loop's where it has one (the
         # simulator's, seeded: a simulated run stays a function of its seed), else a fresh one.
         self._rng = rng if rng is not None else _loop_rng()
