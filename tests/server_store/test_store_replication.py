@@ -418,14 +418,20 @@ def test_a_replica_that_fails_after_the_recovery_resolved_is_recovered_without_t
     asyncio.run(go())
 
 
+def _register_partition_1_on_two(cluster: StorageCluster, zk: KazooClient) -> list[str]:
+    """Nodes 0 and 1 hold partitions 0 and 1, node 2 only partition 0; their connect strings."""
+    names = [node_connect_string(node) for node in cluster.nodes]
+    for name, node, held in zip(names, cluster.nodes, ([0, 1], [0, 1], [0]), strict=True):
+        register(zk, cluster.root, name, node.admin_port, held)
+    return names
+
+
 def test_an_assignment_change_reopens_only_the_sessions_of_partitions_whose_replicas_changed(
     cluster: StorageCluster, zk: KazooClient
 ) -> None:
     from waltz_engine.zk.store_metadata import change_replicas
 
-    names = [node_connect_string(node) for node in cluster.nodes]
-    for name, node, held in zip(names, cluster.nodes, ([0, 1], [0, 1], [0]), strict=True):
-        register(zk, cluster.root, name, node.admin_port, held)
+    names = _register_partition_1_on_two(cluster, zk)
 
     async def go() -> None:
         store = await open_store(zk, cluster.root)
@@ -459,9 +465,7 @@ def test_a_replica_added_while_a_session_opens_joins_the_next_session(
     # a moved-to node out of every session and the move waited on it forever).
     from waltz_engine.zk.store_metadata import change_replicas
 
-    names = [node_connect_string(node) for node in cluster.nodes]
-    for name, node, held in zip(names, cluster.nodes, ([0, 1], [0, 1], [0]), strict=True):
-        register(zk, cluster.root, name, node.admin_port, held)
+    names = _register_partition_1_on_two(cluster, zk)
     stopped = cluster.nodes[1]
 
     async def go() -> None:
