@@ -105,14 +105,13 @@ def set_(
                 )
         if not dry_run:
             highest = retention.set_retention_bound(client, settings.cluster_root, partition, before)
-    if not dry_run:
-        console.print(f"partition {partition}: records below {before} may be removed")
-        if highest > before:
-            console.print(
-                f"partition {partition}: a bound of {highest} was set before: records below it may "
-                "be gone already (a lower bound keeps what is still there, it brings nothing back)"
-            )
-        return
+            console.print(f"partition {partition}: records below {before} may be removed")
+            if highest > before:
+                console.print(
+                    f"partition {partition}: a bound of {highest} was set before: records below it "
+                    "may be gone already (a lower bound keeps what is still there, it brings nothing back)"
+                )
+            return
     limit = effective_bound(before, list(watermarks.values())) or 0
     tls = cluster.tls_context(ssl_config)
     _dry_run(
