@@ -176,7 +176,14 @@ class Store:
                 # the appends the closed session left undecided.
                 task = asyncio.create_task(self._partitions[partition_id].ensure_open())
                 self._background.add(task)
-                task.add_done_callback(self._background.discard)
+                task.add_done_callback(self._reopened)
+
+    def _reopened(self, task: asyncio.Task[None]) -> None:
+        # A reopen ends early when the partition closes or a newer generation owns it; both
+        # are the normal course of a reassignment, said once, not a "never retrieved" traceback.
+        self._background.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.info("reopening a partition after the assignment change ended: %s", error)
 
     async def close(self) -> None:
         self._running = False
