@@ -172,7 +172,7 @@ def test_a_move_is_not_caught_up_when_no_other_replica_answers() -> None:
         async def _max_txid(self, layout: StoreLayout, storage: str, p: int) -> int | None:
             return 5 if storage == "h:3" else None  # only the target answers
 
-    mover = Silent(None, "/root", None)  # type: ignore[arg-type]
+    mover = Silent(None, "/root", None, catch_up_timeout_ms=0)  # type: ignore[arg-type]
     with pytest.raises(MoveError, match="no other replica answers"):
         asyncio.run(mover._await_caught_up(layout, ReplicaMove(0, "h:1", "h:3")))
 
@@ -216,12 +216,11 @@ def test_a_move_is_not_caught_up_on_the_answer_of_a_lagging_replica_alone() -> N
         async def _max_txid(self, layout: StoreLayout, storage: str, p: int) -> int | None:
             return answers[storage]
 
-    mover = Refused(None, "/root", None)  # type: ignore[arg-type]
+    mover = Refused(None, "/root", None, catch_up_timeout_ms=0)  # type: ignore[arg-type]
     move = ReplicaMove(0, "h:1", "h:4")
     with pytest.raises(MoveError, match=r"only h:2 of h:1, h:2, h:3 answer .* fewer than a quorum"):
         asyncio.run(mover._await_caught_up(layout, move))
     answers["h:3"] = 98  # a quorum answers: the goal is the tail, the target must reach it
-    mover.catch_up_timeout_ms = 0
     with pytest.raises(MoveError, match="h:4 holds up to 10, not 98"):
         asyncio.run(mover._await_caught_up(layout, move))
     answers["h:4"] = 98
@@ -250,6 +249,40 @@ def test_a_move_is_not_caught_up_on_a_minority_of_the_others_answers() -> None:
         asyncio.run(mover._await_caught_up(layout, move))
     answers["h:3"] = 13
     asyncio.run(mover._await_caught_up(layout, move))
+
+
+def test_a_move_waits_for_the_others_answers_refused_while_a_recovery_runs() -> None:
+    """The simulator's seed 963: a decommission re-run assigned its target beside the source, which
+    opens a store session; while its recovery ran, two of the three others refused the max-txid
+    question (their sessions moved past what their admin ports report) and the move failed at
+    once, leaving 4 replicas assigned. It waits for the answers as it waits for the catch-up."""
+    import asyncio
+
+    layout = StoreLayout(uuid.UUID(int=1), 1, {"h:0": (0,), "h:1": (0,), "h:2": (0,), "h:3": (0,)}, {}, {})
+    asked: list[str] = []
+
+    class Recovering(ReplicaMover):
+        async def _max_txid(self, layout: StoreLayout, storage: str, p: int) -> int | None:
+            asked.append(storage)
+            if storage in ("h:0", "h:2") and asked.count(storage) <= 2:
+                return None  # refused: the servers' recovery has not completed yet
+            return 99
+
+    mover = Recovering(None, "/root", None, catch_up_timeout_ms=10_000)  # type: ignore[arg-type]
+    asyncio.run(mover._await_caught_up(layout, ReplicaMove(0, "h:0", "h:3")))
+    assert asked.count("h:0") == 3 and asked.count("h:3") == 1  # asked until they answered
+    # Never answering, it still fails (and the move stays recorded), after the timeout.
+    asked.clear()
+
+    class Silent(Recovering):
+        async def _max_txid(self, layout: StoreLayout, storage: str, p: int) -> int | None:
+            asked.append(storage)
+            return None if storage in ("h:0", "h:2") else 99
+
+    silent = Silent(None, "/root", None, catch_up_timeout_ms=300)  # type: ignore[arg-type]
+    with pytest.raises(MoveError, match=r"only h:1 of h:0, h:1, h:2 answer .* after 300 ms"):
+        asyncio.run(silent._await_caught_up(layout, ReplicaMove(0, "h:0", "h:3")))
+    assert asked.count("h:0") >= 2
 
 
 # --- the replicas of record (issue 32: the simulator's seed 154) ---------------------------------

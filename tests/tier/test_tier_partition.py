@@ -221,3 +221,26 @@ def test_a_segment_above_the_local_low_water_mark_is_not_evicted_on_an_older_man
         assert again.segments == [(0, 9), (10, 19), (20, 29), (30, 39)]  # nothing evicted
         assert again.remove_head_segments(35) == []  # nor removed
         assert again.first_transaction_id() == 0
+
+
+def test_the_evicted_head_of_a_replica_assigned_again_is_not_forgotten_above_its_mark(tmp_path: Path) -> None:
+    """The simulator's seed 2932 (and bank seed 224): a replica evicted its head at or below its
+    mark, was unassigned (the mark reset to -1, the files and the manifest kept) and assigned
+    again as a move's target; retention forgot the evicted head below the bound, above the mark
+    -1: removed what the replica did not know committed. It waits until a session sets a mark."""
+    (tmp_path / "data").mkdir()
+    with StorageManager(tmp_path / "data", KEY, 1, segment_size_threshold_bytes=THRESHOLD_BYTES) as manager:
+        manager.set_partition_assignment([0], True)
+        offloader = _offload(manager.partition(0), tmp_path / "tier", 25)  # evicted: (0, 9), (10, 19)
+        manager.set_partition_assignment([0], False)  # reset: the mark is -1, the files stay
+        manager.set_partition_assignment([0], True)
+        again = manager.partition(0)
+        offloader.attach(again)
+        assert again.info.current.local_low_water_mark == -1
+        assert again.first_transaction_id() == 0  # the evicted head is served again
+        assert again.remove_head_segments(15) == []
+        assert again.first_transaction_id() == 0
+        assert again.records(0, 1) == make_records(0, 1, size_bytes=DATA_BYTES)
+        again.set_low_water_mark(2, RECORDS - 1)  # a session: every record held is committed
+        assert again.remove_head_segments(15) == [(0, 9)]
+        assert again.first_transaction_id() == 10

@@ -57,7 +57,8 @@ class PartitionHead:
 
     def remove_head_segments(self, bound: int) -> list[tuple[int, int]]:
         """Remove the oldest segments lying wholly below ``bound`` and the local low-water mark + 1
-        (never the current one), evicted ones too; return their (first, max) txids.
+        (never the current one), evicted ones too (under the same two limits); return their
+        (first, max) txids.
 
         Oldest first, each ``.seg`` before its ``.idx`` (see :meth:`_drop_head`). The directory
         is synced so that a removal, once reported, stays done.
@@ -65,14 +66,19 @@ class PartitionHead:
         with self._lock:
             self._check_open()
             spans = [(s.first_transaction_id, s.max_transaction_id) for s in self._segments]
-            count = removable_head_segments(spans, bound, self.info.current.local_low_water_mark)
+            local_low_water_mark = self.info.current.local_low_water_mark
+            count = removable_head_segments(spans, bound, local_low_water_mark)
             if count:
                 self._abort_refill()
             for _ in range(count):
                 self._drop_head()
             if count:
                 self._disk.fsync_directory(self.directory)
-            end = min(bound, self._segments[0].first_transaction_id)
+            # The evicted segments too only at or below the mark: they were evicted at or below
+            # it, but an unassignment resets the mark to -1 and keeps the files and the manifest,
+            # so a replica assigned again (a move's target) serves them above its mark until a
+            # session sets one (issue 32: the simulator's seed 2932, bank seed 224).
+            end = min(bound, self._segments[0].first_transaction_id, local_low_water_mark + 1)
             evicted = self.tier.forget_below(end) if self.tier is not None else []
             return evicted + spans[:count]
 

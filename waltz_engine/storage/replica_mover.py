@@ -256,35 +256,24 @@ class ReplicaMover:
     async def _await_caught_up(self, layout: StoreLayout, move: ReplicaMove) -> None:
         """Until the target holds every transaction any other answering replica held when the
         wait began; a quorum of the replicas before the move (the others and the source) must
-        answer: committed transactions are on a quorum, so on one of those."""
+        answer: committed transactions are on a quorum, so on one of those. Their answers are
+        awaited as the catch-up is (one deadline for both): a replica refuses the question while
+        a server's store-session recovery moves its session (the assignment change just made
+        opens one), until that recovery completes."""
         p = move.partition_id
         others = [s for s in holders(layout, p) if s != move.target]
-        held = [await self._max_txid(layout, s, p) for s in others]
-        if others and all(h is None for h in held):
-            # No other replica said how far it holds: a goal of -1 would call the target caught
-            # up at once and let the source go with the tail (issue 32: the simulator's bank
-            # seed 9, where the others' answers were refused mid-session).
-            raise MoveError(
-                f"partition {p}: no other replica answers how far it holds, so {move.target}'s "
-                "catch-up cannot be judged; run again when one does"
-            )
-        before = {*others, move.source}
-        answered = sorted(s for s, h in zip(others, held, strict=True) if h is not None)
-        if others and len(answered) < len(before) // 2 + 1:
-            # Fewer than a quorum answered: the transactions committed on the silent ones may be
-            # on none that answered, and a lagging one's answer would set the goal below them
-            # (issue 32: the simulator's seeds 387, 1215 and 2433, where the replicas holding
-            # the tail refused the question mid-session, a server's recovery under way, and only
-            # a lagging one answered).
-            raise MoveError(
-                f"partition {p}: only {', '.join(answered)} of {', '.join(sorted(before))} answer how "
-                f"far they hold, fewer than a quorum, so {move.target}'s catch-up cannot be judged; "
-                "run again when more do"
-            )
-        goal = max((h for h in held if h is not None), default=-1)
-        self.say(f"partition {p}: waiting for {move.target} to catch up to {goal}")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.catch_up_timeout_ms / 1000
+        while True:
+            held = [await self._max_txid(layout, s, p) for s in others]
+            refusal = _too_few_answers(p, move, others, held)
+            if refusal is None:
+                break
+            if loop.time() >= deadline:
+                raise MoveError(f"{refusal} after {self.catch_up_timeout_ms} ms; run again when more answer")
+            await asyncio.sleep(CATCH_UP_POLL_INTERVAL_MS / 1000)
+        goal = max((h for h in held if h is not None), default=-1)
+        self.say(f"partition {p}: waiting for {move.target} to catch up to {goal}")
         while True:
             at = await self._max_txid(layout, move.target, p)
             if at is not None and at >= goal:
@@ -382,6 +371,32 @@ async def recorded_quorum_gap(
         if session is not None and session >= state.session_id:
             return None
     return f"none of {', '.join(kept)} that stay of {of_record} is known to vote (reset since, or silent)"
+
+
+def _too_few_answers(p: int, move: ReplicaMove, others: list[str], held: list[int | None]) -> str | None:
+    """Why ``move``'s catch-up cannot be judged on the other replicas' answers ``held`` (None:
+    not answered), or None when it can."""
+    if others and all(h is None for h in held):
+        # No other replica said how far it holds: a goal of -1 would call the target caught up
+        # at once and let the source go with the tail (issue 32: the simulator's bank seed 9,
+        # where the others' answers were refused mid-session).
+        return (
+            f"partition {p}: no other replica answers how far it holds, so {move.target}'s "
+            "catch-up cannot be judged"
+        )
+    before = {*others, move.source}
+    answered = sorted(s for s, h in zip(others, held, strict=True) if h is not None)
+    if others and len(answered) < len(before) // 2 + 1:
+        # Fewer than a quorum answered: the transactions committed on the silent ones may be on
+        # none that answered, and a lagging one's answer would set the goal below them (issue
+        # 32: the simulator's seeds 387, 1215 and 2433, where the replicas holding the tail
+        # refused the question mid-session, a server's recovery under way, and only a lagging
+        # one answered).
+        return (
+            f"partition {p}: only {', '.join(answered)} of {', '.join(sorted(before))} answer how far "
+            f"they hold, fewer than a quorum, so {move.target}'s catch-up cannot be judged"
+        )
+    return None
 
 
 def release_only(layout: StoreLayout, move: ReplicaMove) -> bool:
