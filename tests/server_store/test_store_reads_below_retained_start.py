@@ -24,13 +24,13 @@ from store_cluster_support import (
     register,
     replica_state,
     set_up_storage,
+    started_cluster,
     write_metadata,
 )
 
 from waltz_engine.server.store.errors import RetainedStartError
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
 from waltz_engine.zk.payloads import UNRESOLVED_HIGH_WATER_MARK
-from waltz_engine.zk.retention import set_retention_bound
 
 REMOVED = 0  # partition whose every replica begins its log at LATE_START
 ONE_KEEPS = 1  # partition whose first replica still holds the whole log
@@ -45,15 +45,9 @@ ANSWER_TIMEOUT_S = 20.0
 
 @pytest.fixture
 def cluster(zookeeper: str, tmp_path: Path) -> Iterator[StorageCluster]:
-    storage_cluster = StorageCluster(zookeeper, tmp_path, 3, 2)
-    with connect(ZooKeeperSettings(zookeeper, storage_cluster.root)) as zk:
-        for partition_id in (REMOVED, ONE_KEEPS):
-            set_retention_bound(zk, storage_cluster.root, partition_id, RETENTION_BOUND)
-    storage_cluster.start()
-    try:
+    bounds = {REMOVED: RETENTION_BOUND, ONE_KEEPS: RETENTION_BOUND}
+    with started_cluster(zookeeper, tmp_path, 3, 2, bounds) as storage_cluster:
         yield storage_cluster
-    finally:
-        storage_cluster.close()
 
 
 async def begin_late(node: StorageNodeProcess, partition_id: int) -> None:
