@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,7 +22,9 @@ from waltz_engine.common.record import Record
 from waltz_engine.server.store import Store, StoreConfig
 from waltz_engine.storage.admin_ops import replica_checksums
 from waltz_engine.storage.client import SessionInfo
+from waltz_engine.zk.connection import ZooKeeperSettings, connect
 from waltz_engine.zk.payloads import PartitionMetadata, ReplicaId, ReplicaState
+from waltz_engine.zk.retention import set_retention_bound
 from waltz_engine.zk.store_metadata import (
     add_storage_node,
     assign_partitions,
@@ -73,6 +76,28 @@ class StorageCluster:
             for node in self.nodes
         ]
         return [s.checksums[partition_id] for s in sums]
+
+
+@contextmanager
+def started_cluster(
+    zookeeper: str,
+    work_dir: Path,
+    num_nodes: int,
+    num_partitions: int,
+    retention_bounds: Mapping[int, int] | None = None,
+) -> Iterator[StorageCluster]:
+    """A started :class:`StorageCluster`, closed after; ``retention_bounds`` (partition -> bound)
+    are set before the nodes start, so their cleaner's first round tells the partitions."""
+    storage_cluster = StorageCluster(zookeeper, work_dir, num_nodes, num_partitions)
+    if retention_bounds:
+        with connect(ZooKeeperSettings(zookeeper, storage_cluster.root)) as zk:
+            for partition_id, bound in retention_bounds.items():
+                set_retention_bound(zk, storage_cluster.root, partition_id, bound)
+    storage_cluster.start()
+    try:
+        yield storage_cluster
+    finally:
+        storage_cluster.close()
 
 
 def node_connect_string(node: StorageNodeProcess) -> str:

@@ -25,12 +25,12 @@ from store_cluster_support import (
     register,
     replica_state,
     set_up_storage,
+    started_cluster,
     write_metadata,
 )
 
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
 from waltz_engine.zk.payloads import UNRESOLVED_HIGH_WATER_MARK
-from waltz_engine.zk.retention import set_retention_bound
 
 PARTITION_ID = 0
 GENERATION = 3
@@ -44,15 +44,8 @@ RETENTION_BOUND = LATE_START + 1  # lets an empty log begin at LATE_START
 
 @pytest.fixture
 def cluster(zookeeper: str, tmp_path: Path) -> Iterator[StorageCluster]:
-    storage_cluster = StorageCluster(zookeeper, tmp_path, 3, 1)
-    # Before the nodes start: their cleaner's first round tells the partition's worker the bound.
-    with connect(ZooKeeperSettings(zookeeper, storage_cluster.root)) as zk:
-        set_retention_bound(zk, storage_cluster.root, PARTITION_ID, RETENTION_BOUND)
-    storage_cluster.start()
-    try:
+    with started_cluster(zookeeper, tmp_path, 3, 1, {PARTITION_ID: RETENTION_BOUND}) as storage_cluster:
         yield storage_cluster
-    finally:
-        storage_cluster.close()
 
 
 def test_a_replica_whose_log_begins_above_its_mark_is_emptied_and_filled(

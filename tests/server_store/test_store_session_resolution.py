@@ -8,6 +8,7 @@ from collections import deque
 
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.server.store.config import StoreConfig
+from waltz_engine.server.store.errors import AppendOutcomeUnknownError, RetainedStartError
 from waltz_engine.server.store.store_session import FAILED_TRANSACTION_ID, StoreAppendRequest, StoreSession
 
 GENERATION = 3
@@ -16,14 +17,17 @@ GENERATION = 3
 class Successor:
     """A recovered session whose log holds ``logged`` from ``first`` on."""
 
-    def __init__(self, low_water_mark: int, first: int, logged: list[ReqId]) -> None:
+    def __init__(self, low_water_mark: int, first: int, logged: list[ReqId], retained_start: int = 0) -> None:
         self.low_water_mark = low_water_mark
         self._first = first
         self._logged = logged
+        self._retained_start = retained_start  # retention removed the records below it
         self.reads: list[tuple[int, int]] = []
 
     async def logged_req_ids(self, first_transaction_id: int, count: int) -> list[ReqId]:
         self.reads.append((first_transaction_id, count))
+        if first_transaction_id < self._retained_start:
+            raise RetainedStartError("removed by retention", self._retained_start)
         start = first_transaction_id - self._first
         return self._logged[start : start + count]
 
@@ -70,5 +74,30 @@ def test_a_batch_above_the_recovered_mark_is_absent_without_a_read() -> None:
         await session.resolve_by(successor)  # type: ignore[arg-type]
         assert [r.future.result() for r in batch] == [FAILED_TRANSACTION_ID] * 2
         assert successor.reads == []
+
+    asyncio.run(test())
+
+
+def test_appends_whose_records_retention_removed_are_unknown_and_the_rest_decided() -> None:
+    """Issue 32 (the simulator's bank seeds 218, 498, 906): the read below the retained start
+    was retried with every new session, and the partition never opened again."""
+
+    async def test() -> None:
+        batch = [request(1), request(2), request(3), request(4)]
+        session = failed_session(batch, [], next_txid=10)
+        successor = Successor(
+            low_water_mark=20,
+            first=12,
+            logged=[batch[2].req_id, ReqId(8, GENERATION + 1, 0, 1)],
+            retained_start=12,
+        )
+        await session.resolve_by(successor)  # type: ignore[arg-type]
+        for i in (0, 1):
+            error = batch[i].future.exception()
+            assert isinstance(error, AppendOutcomeUnknownError), error
+            assert error.transaction_id == 10 + i
+        assert [r.future.result() for r in batch[2:]] == [12, FAILED_TRANSACTION_ID]
+        assert successor.reads == [(10, 4), (12, 2)]
+        assert session.num_pending_appends == 0
 
     asyncio.run(test())

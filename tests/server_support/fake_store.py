@@ -11,6 +11,7 @@ import asyncio
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.common.record import Record, RecordHeader
 from waltz_engine.common.reqid import ReqId
+from waltz_engine.server.store.errors import RetainedStartError
 
 FAKE_MAX_BATCH_SIZE = 100
 
@@ -48,6 +49,8 @@ class FakeStorePartition:
         self.opened_generation: int | None = None
         self.ensure_open_calls = 0
         self.recovered_high_water_mark = -1
+        # Retention removed the records below it: reads of them fail, as the store's do.
+        self.retained_start = 0
         self._elsewhere: list[Record] = []
         self._pending: list[_Pending] = []
         self._changed = asyncio.Condition()
@@ -140,8 +143,16 @@ class FakeStorePartition:
             await self._changed.wait_for(lambda: not self._pending)
         return self.high_water_mark
 
+    def _check_retained(self, transaction_id: int) -> None:
+        if transaction_id < self.retained_start:
+            raise RetainedStartError(
+                f"transaction {transaction_id} is below the retained start {self.retained_start}",
+                self.retained_start,
+            )
+
     async def record_headers(self, transaction_id: int, max_num: int) -> list[RecordHeader]:
         self.record_header_calls += 1
+        self._check_retained(transaction_id)
         return [r.record_header() for r in self.records[transaction_id : transaction_id + max_num]]
 
     async def record(self, transaction_id: int) -> Record | None:
@@ -150,6 +161,7 @@ class FakeStorePartition:
 
     async def committed_records(self, transaction_id: int, max_records: int) -> list[Record]:
         self.record_list_calls += 1
+        self._check_retained(transaction_id)
         return self.records[transaction_id : transaction_id + max_records] if transaction_id >= 0 else []
 
     def preload(self, records: list[Record]) -> None:

@@ -35,6 +35,7 @@ from waltz_engine.server.feed_cache import (
     FeedCache,
 )
 from waltz_engine.server.feed_frames import FeedFrames
+from waltz_engine.server.store.errors import RetainedStartError
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +213,8 @@ class FeedWorker:
             context = contexts.popleft()
             outcome = self._serve(context)
             if outcome == _LOAD:
-                outcome = self._serve(context) if await self._load(context) else _KEEP
+                loaded = await self._load(context)
+                outcome = self._serve(context) if loaded is True else _KEEP if loaded is False else _DONE
                 if outcome == _LOAD:
                     outcome = _KEEP  # storage did not have it (yet): try again on the next round
             if outcome == _KEEP:
@@ -256,12 +258,33 @@ class FeedWorker:
             return _DONE
         return _KEEP
 
-    async def _load(self, context: FeedContext) -> bool:
+    async def _load(self, context: FeedContext) -> bool | None:
         """Reads the headers of the context's next txid up to its block's end from storage, as
-        the original prefetches; False when storage did not have the first one."""
+        the original prefetches; False when storage did not have the first one; None when it
+        never will (retention removed it): the context is dropped.
+
+        The worker serves every context of the partition in one task, so a read that waited for
+        good here stalled them all: a feed request from before a client's last mount, at a txid
+        the operator's bound let go meanwhile, kept the client's current feed from every commit
+        (issue 32, the simulator's seeds 1558, 2056 and bank 214)."""
         transaction_id = context.next_transaction_id
         prefetch = FEED_CACHE_BLOCK_NUM_TRANSACTIONS - (transaction_id & FEED_CACHE_BLOCK_INDEX_MASK)
-        headers = await self.source.record_headers(transaction_id, prefetch)
+        try:
+            headers = await self.source.record_headers(transaction_id, prefetch)
+        except RetainedStartError as e:
+            # Nothing to send it, ever: the wire has no "removed" answer to a feed, and its
+            # terminal would claim a mount caught up. A client still waiting for it could not be
+            # fed anyway; the context of an older mount (the usual case) just goes.
+            log.warning(
+                "%s: %s: transaction %d was removed by retention (the log starts at %d): "
+                "this feed ends unanswered",
+                self.name,
+                context,
+                transaction_id,
+                e.retained_start,
+            )
+            self._remove()
+            return None
         if not headers or headers[0].transaction_id != transaction_id:
             log.warning("%s: storage has no header for txid %d", self.name, transaction_id)
             return False

@@ -169,6 +169,14 @@ class Locks:
         for slot in self._slots(request.append_locks):
             high_water_marks[slot] = transaction_id
 
+    def may_have_committed(self, request: LockRequest, transaction_id: int) -> None:
+        """As :meth:`commit`, for an append that may or may not have committed at
+        ``transaction_id`` (its outcome unknowable): a slot only rises, since it may hold a later
+        commit already. A false conflict costs a retry; a missed one, a lost update."""
+        high_water_marks = self._high_water_marks
+        for slot in [*self._slots(request.write_locks), *self._slots(request.append_locks)]:
+            high_water_marks[slot] = max(high_water_marks[slot], transaction_id)
+
     def reset(self, high_water_mark: int) -> None:
         """Forgets every lock: all slots back to ``high_water_mark``, nothing in flight."""
         self._high_water_marks[:] = array("q", [high_water_mark]) * self._size

@@ -47,7 +47,7 @@ from waltz_engine.server.feed_frames import FeedFrames
 from waltz_engine.server.feeds import FeedClient, FeedContext, FeedWorker
 from waltz_engine.server.locks import NUM_HASH_FUNCS, LockRequest, Locks
 from waltz_engine.server.partition_data import PartitionData
-from waltz_engine.server.store.errors import GenerationMismatchError
+from waltz_engine.server.store.errors import AppendOutcomeUnknownError, GenerationMismatchError
 from waltz_engine.server.transaction_cache import TransactionFetcher
 from waltz_engine.wire.client_messages import (
     NO_LOCKS,
@@ -540,6 +540,14 @@ class Partition(PartitionData):
                 self._settled.set()
             locks.end(lock_req)
             if done.cancelled() or done.exception() is not None:
+                error = None if done.cancelled() else done.exception()
+                if isinstance(error, AppendOutcomeUnknownError):
+                    # Unknowable for good, but final (its txid lies below the log's low-water
+                    # mark: nothing of it commits later), so what waits behind it may be
+                    # answered; its locks count as written there.
+                    locks.may_have_committed(lock_req, error.transaction_id)
+                    self._barrier.decide(append_number)
+                    return
                 self._outcome_unknown(append_number, request.req_id)
                 return
             transaction_id = done.result()

@@ -35,3 +35,13 @@ class RetainedStartError(StoreError):
     def __init__(self, message: str, retained_start: int) -> None:
         super().__init__(message)
         self.retained_start = retained_start
+
+
+class AppendOutcomeUnknownError(StoreError):
+    """An append of a failed session whose outcome cannot be learnt, for good: the record at
+    its txid was removed (by retention) before the successor read it back. Final: nothing of it
+    can commit later (the txid lies below the successor's low-water mark)."""
+
+    def __init__(self, message: str, transaction_id: int) -> None:
+        super().__init__(message)
+        self.transaction_id = transaction_id

@@ -13,6 +13,7 @@ from waltz_engine.common.reqid import ReqId
 from waltz_engine.server.store.config import StoreConfig
 from waltz_engine.server.store.errors import (
     GenerationMismatchError,
+    RetainedStartError,
     SessionClosedError,
     StoreError,
     StorePartitionClosedError,
@@ -151,7 +152,10 @@ class StorePartition:
                 if result is not None or not retry_on_none:
                     return result  # type: ignore[return-value]
                 continue  # checkpoint: the next attempt opens a new session at once
-            except (GenerationMismatchError, StorePartitionClosedError):
+            except (GenerationMismatchError, StorePartitionClosedError, RetainedStartError):
+                # Final answers: a retry would get the same one (a read below the retained start
+                # was retried for good, and the feed or session opening that waited on it stalled
+                # the partition: issue 32's seeds 1558, 2056 and bank 214).
                 raise
             except SessionClosedError:
                 pass

@@ -28,8 +28,10 @@ from waltz_engine.common.record import Record, RecordHeader
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.server.store.config import QUEUE_CAPACITY_BATCHES, StoreConfig
 from waltz_engine.server.store.errors import (
+    AppendOutcomeUnknownError,
     GenerationMismatchError,
     RecoveryFailedError,
+    RetainedStartError,
     SessionClosedError,
     StoreError,
 )
@@ -298,17 +300,41 @@ class StoreSession:
         there), so a high-water mark alone proves nothing. Appends still queued were never sent:
         certainly absent. Raises (leaving them undecided) when the successor cannot be read; the
         next session tries again.
+
+        An append at a txid that retention removed since (the others committed it, the
+        application consumed it, the operator's bound passed it) can never be read back: its
+        outcome is unknown and stays so, and it fails with :class:`AppendOutcomeUnknownError`
+        (the partition counts its locks as written there; its client learns the outcome from its
+        feed, as always). Before, the read was retried with every new session, and the
+        partition never opened again (issue 32, the simulator's bank seeds 218, 498 and 906).
         """
         assert not self._running, "only a closed session's appends are resolved by its successor"
         batch = self._in_flight or []
         first = self._next_transaction_id
         count = min(len(batch), successor.low_water_mark - first + 1)
-        logged = await successor.logged_req_ids(first, count) if count > 0 else []
+        gone = 0  # the batch's first appends, at txids below the successor's retained start
+        logged: list[ReqId] = []
+        while gone < count:
+            try:
+                logged = await successor.logged_req_ids(first + gone, count - gone)
+                break
+            except RetainedStartError as e:
+                assert e.retained_start > first + gone, (e.retained_start, first, gone)
+                gone = min(count, e.retained_start - first)
         if self._in_flight is not batch and batch:
             return  # decided meanwhile (the partition closed: fail_all)
         self._in_flight = None
         for i, request in enumerate(batch):
-            if i < len(logged) and logged[i] == request.req_id:
+            if i < gone:
+                request.fail(
+                    AppendOutcomeUnknownError(
+                        f"partition {self.partition_id}: the outcome of append {request.req_id} "
+                        f"(transaction {first + i} of session {self.session_id}) is unknown: "
+                        "retention removed that transaction before it could be read back",
+                        first + i,
+                    )
+                )
+            elif i - gone < len(logged) and logged[i - gone] == request.req_id:
                 request.commit(first + i)
                 self._next_transaction_id = first + i + 1
             else:
@@ -498,6 +524,10 @@ class StoreSession:
     ) -> T:
         """From the replica of least expected latency that has the record; lagging ones are penalised."""
         rotten: list[ReplicaSession] = []  # answered "corrupt record" for this read: skipped
+        # Answered "below the retained start": skipped too (another replica whose cleaner has
+        # not run yet may still serve it); raised if no replica serves it.
+        retained: RetainedStartError | None = None
+        removed: list[ReplicaSession] = []
         for _ in range(len(self.replica_sessions) * 2):
             if not self._running:
                 break
@@ -508,6 +538,7 @@ class StoreSession:
             if (
                 replica is exclude
                 or replica in rotten
+                or replica in removed
                 or transaction_id >= replica.next_transaction_id
                 or not replica.recovered.is_set()
             ):
@@ -517,11 +548,14 @@ class StoreSession:
             try:
                 value = await call(replica)
             except StorageRpcError as e:
-                retained = retained_start_error(e)
-                if retained is not None:
-                    # Retention removed it: an answer, not a broken replica (closing it would roll
-                    # the session on every such read).
-                    raise retained from None
+                below = retained_start_error(e)
+                if below is not None:
+                    # Retention removed it there: an answer, not a broken replica (closing it
+                    # would roll the session on every such read).
+                    if retained is None or below.retained_start > retained.retained_start:
+                        retained = below
+                    removed.append(replica)
+                    continue
                 if CORRUPT_RECORD_MESSAGE in str(e):
                     # Rot on that replica's disk: the record is read from another one; the
                     # replica stays (its other records are good).
@@ -534,6 +568,10 @@ class StoreSession:
                 continue
             replica.update_expected_latency((clock.monotonic_s() - started_s) * 1000)
             return value
+        if retained is not None:
+            # Final: the records are gone (a read of them never succeeds later), so callers
+            # must not retry it (``StorePartition`` passes it on; issue 32's stalled feeds).
+            raise retained
         raise SessionClosedError(
             f"partition {self.partition_id}: no replica can serve transaction {transaction_id}"
         )
