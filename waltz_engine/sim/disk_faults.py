@@ -18,6 +18,7 @@ from waltz_engine.storage.segment_scan import _java_div
 from waltz_engine.storage.tier.offload import CACHE_DIRECTORY
 
 if TYPE_CHECKING:
+    from waltz_engine.sim.operator import Operator
     from waltz_engine.sim.world import WorldShape
 
 DISK_FULL_HEADROOM_BYTES = (0, 4096)
@@ -36,6 +37,7 @@ class DiskFaults:
     damaged_host: str | None
     _control_damaged: bool
     sync_latency_ms: dict[str, tuple[float, float] | None]
+    operator: Operator
 
     def flip_bit(self, number: int) -> None:
         """Rot on one storage node (the same one all seed long, so a quorum stays whole): a bit
@@ -50,6 +52,8 @@ class DiskFaults:
         rng = self.loop.rng
         if host in self.dead or node.manager is None:
             return
+        if any(f"storage-{lost}" != host for lost in self.operator.lost):
+            return  # another node is away past the grace: rot here would be a second failure
         # Only the replicas it holds (a move leaves a moved-away partition's files behind).
         assigned = {str(partition_id) for partition_id in node.manager.assigned_partition_ids()}
         files = [

@@ -164,9 +164,11 @@ class Operator:
         world = self.world
         if kind == "storage_lost":
             number = rng.randrange(world.num_storage_nodes)
-            if f"storage-{number}" in busy or self.lost:
+            if f"storage-{number}" in busy or self.lost or self._rot_elsewhere(f"storage-{number}"):
                 # One node lost at a time: three replicas promise to outlive one failure; with
-                # two away past the grace no quorum is left to re-replicate from.
+                # two away past the grace no quorum is left to re-replicate from. A node whose
+                # media rotted is the one failure already: losing another past the grace leaves
+                # one whole copy of a record (seeds 623, 1970, 3370: recovery rightly waits).
                 return None
         elif kind == "restart_forced":
             number = rng.randrange(world.num_servers)
@@ -258,6 +260,11 @@ class Operator:
         layout = await self._zk(lambda zk: admin_ops.read_store_layout(zk, root))
         holders = sorted(s for s, ids in layout.assignments.items() if ids)
         source = rng.choice(holders)
+        if source.split(":")[0] in world.dead and self._rot_elsewhere(source.split(":")[0]):
+            # A node down is replaced in place (its copy comes from the others): with another's
+            # media rotted, that is two of three replicas failed at once (seeds 3752, 24079).
+            world.loop.record("operator", f"decommission of {source} skipped: down, and another node rotted")
+            return
         goals = {p: len(world.application.applied.get(p, [])) - 1 for p in layout.assignments[source]}
         # Held to its goal only when every node answered throughout (a node down may have been
         # the only other holder of the goal).
@@ -286,6 +293,11 @@ class Operator:
                     f"a move of partition {move.partition_id} from {source} to {move.target} dropped the "
                     f"tail: the target holds up to {held}, but {goal} was committed when the move started"
                 )
+
+    def _rot_elsewhere(self, host: str) -> bool:
+        """Whether the world damaged another storage node's media than ``host``'s."""
+        world = self.world
+        return bool(world.damage) and world.damaged_host is not None and world.damaged_host != host
 
     async def _max_txid(self, storage: str, partition_id: int) -> int | None:
         for node in self.world.storage:
