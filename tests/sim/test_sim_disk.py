@@ -247,3 +247,28 @@ def test_rot_reaches_all_of_a_copy_the_tier_cached_not_the_partitions_durable_po
         manager = object()  # the partition's state is not asked
 
     assert DiskFaults._durable_end(disk, Unused(), cached) == 160  # type: ignore[arg-type]
+
+
+def test_segments_a_truncate_removed_stay_removed_after_a_power_loss() -> None:
+    """A truncate removed the segments after the one it cut without syncing their directory: after
+    a power loss they came back behind the cut segment, with the dirty tail the truncate removed,
+    and the records appended after the cut were damage in a segment now sealed (issue 32: the
+    simulator's seed 30296, a replica no one could read any more)."""
+    disk = SimDisk()
+    manager = open_manager(SIM_ROOT, disk)
+    manager.set_partition_assignment([0], True)
+    partition = manager.partition(0)
+    partition.append([record(t) for t in range(14)])
+    firsts = [first for first, _ in partition.segments]
+    assert len(firsts) >= 3, firsts
+    cut = firsts[1]  # keeps the first record of the second segment, removes the ones after it
+    assert partition.truncate(cut) == cut
+    # A new session's records after the cut: synced (acknowledged), their index entries not yet.
+    after = [Record(t, ReqId(8, 2, 0, t), t, b"new", crc32(b"new")) for t in (cut + 1, cut + 2)]
+    partition.append(after)
+    disk.crash()
+    with open_manager(SIM_ROOT, disk) as reopened:
+        partition = reopened.partition(0)
+        assert [first for first, _ in partition.segments] == firsts[:2]
+        assert partition.records(0, 20) == [record(t) for t in range(cut + 1)] + after
+        assert partition.damage_report() == []
