@@ -98,7 +98,15 @@ FIRST_SEQ_NUM = 0
 APPEND_REQUEST_TYPE = 6
 # type, sessionId, seqNum, partitionId: the part of an APPEND frame that differs per connection.
 _APPEND_HEAD = struct.Struct(">bqqi")
+# A whole SUCCESS_RESPONSE frame: magic, version, length; type, sessionId, seqNum, partitionId.
+_SUCCESS_FRAME = struct.Struct(">Bhibqqi")
+SUCCESS_RESPONSE_TYPE = 7
+# Its first bytes, the same in every SUCCESS answer (what the read callback recognises).
+_SUCCESS_PREFIX = struct.pack(
+    ">Bhib", STORAGE_MAGIC, STORAGE_VERSION, _SUCCESS_FRAME.size - FRAME_HEADER.size, SUCCESS_RESPONSE_TYPE
+)
 _BOOL = struct.Struct(">?")
+_APPEND_FRAME_HEAD = struct.Struct(FRAME_HEADER.format + _APPEND_HEAD.format.lstrip(">"))
 
 R = TypeVar("R")
 
@@ -170,7 +178,7 @@ class _RpcConnection:
             self._network,
         )
         # Responses are cut and handed out in the connection's read callback (no reader task).
-        self._conn.dispatch(self._on_message, self._on_end)
+        self._conn.dispatch(self._on_message, self._on_end, self._on_bytes)
         try:
             response = await self._exchange(OPEN_SEQ_NUM, [open_frame], timeout_ms)
         except BaseException:
@@ -249,6 +257,11 @@ class _RpcConnection:
                 f"{self.name} {self.endpoint}: expected {expected.__name__}, got {type(response).__name__}"
             )
         return response
+
+    def _on_bytes(self, data: bytes) -> bool:
+        """Answers recognised by their bytes before any decoding (see ``FramedConnection.dispatch``);
+        False: none here, the frame decoder takes them."""
+        return False
 
     def _on_message(self, message: Any) -> None:
         """A response, in the connection's read callback: its caller's future is resolved here."""
@@ -382,6 +395,27 @@ class StorageClient(_RpcConnection):
     def _is_success(self, response: Any) -> bool:
         return type(response) is StorageSuccessResponse
 
+    def _on_bytes(self, data: bytes) -> bool:
+        """Bytes that are whole SUCCESS answers and nothing else (an APPEND's answer, the commonest
+        thing a replica says) go to their calls without the frame decoder and the codec: checked by
+        their fixed first bytes, the rest unpacked with one struct. Anything else (another answer,
+        a partial frame, bad bytes) is left to the decoder, which judges it as before."""
+        frame_size = _SUCCESS_FRAME.size
+        size = len(data)
+        if size % frame_size or not size:
+            return False
+        prefix = _SUCCESS_PREFIX
+        prefix_size = len(prefix)
+        for offset in range(0, size, frame_size):
+            if data[offset : offset + prefix_size] != prefix:
+                return False
+        unpack_from = _SUCCESS_FRAME.unpack_from
+        on_message = self._on_message
+        for offset in range(0, size, frame_size):
+            _, _, _, _, session_id, seq_num, partition_id = unpack_from(data, offset)
+            on_message(StorageSuccessResponse(session_id, seq_num, partition_id))
+        return True
+
     def _failure_message(self, response: Any) -> str | None:
         if type(response) is StorageFailureResponse:
             return response.exception.message or "storage node failure (no message)"
@@ -466,10 +500,12 @@ class StorageClient(_RpcConnection):
         self, session_id: int, seq_num: int, partition_id: int, encoded: bytes, count: int
     ) -> list[bytes]:
         assert len(encoded) >= I32.size and I32.unpack_from(encoded, 0)[0] == count, "count does not match"
-        head = _APPEND_HEAD.pack(APPEND_REQUEST_TYPE, session_id, seq_num, partition_id)
-        length = len(head) + len(encoded) + _BOOL.size
+        length = _APPEND_HEAD.size + len(encoded) + _BOOL.size
         check_frame_length(length)
-        frame_head = FRAME_HEADER.pack(STORAGE_MAGIC, STORAGE_VERSION, length) + head
+        # The frame's header and the request's head in one pack.
+        frame_head = _APPEND_FRAME_HEAD.pack(
+            STORAGE_MAGIC, STORAGE_VERSION, length, APPEND_REQUEST_TYPE, session_id, seq_num, partition_id
+        )
         return [frame_head, encoded, _BOOL.pack(self.used_by_offline_recovery)]
 
     async def record_header(
