@@ -66,6 +66,7 @@ class FramedConnection:
         "_closed",
         "_unsent",
         "_coalesce",
+        "_transport",
     )
 
     def __init__(
@@ -87,6 +88,9 @@ class FramedConnection:
         self._closed = False
         self._unsent = bytearray()
         self._coalesce: Callable[[], bool] | None = None
+        # The writer's transport, kept: its property and the writer's pass-through methods cost a
+        # call each, several times per request on a node's hot path.
+        self._transport = writer.transport
         writer.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES, low=WRITE_BUFFER_LOW_BYTES)
 
     @property
@@ -101,7 +105,7 @@ class FramedConnection:
 
     @property
     def closed(self) -> bool:
-        return self._closed or self.writer.is_closing()
+        return self._closed or self._transport.is_closing()
 
     async def receive(self) -> Any | None:
         """The next message (keep-alives are skipped); None when the peer closed cleanly.
@@ -262,7 +266,7 @@ class FramedConnection:
     def _write(self, frames: Sequence[bytes | bytearray | memoryview]) -> None:
         self.writes += 1
         # To the transport itself: the stream writer's write and writelines only pass it on.
-        transport = self.writer.transport
+        transport = self._transport
         if len(frames) > 1 and sum(map(len, frames)) <= JOIN_LIMIT_BYTES:
             transport.write(b"".join(frames))
         else:
