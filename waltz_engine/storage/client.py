@@ -100,6 +100,8 @@ APPEND_REQUEST_TYPE = 6
 _APPEND_HEAD = struct.Struct(">bqqi")
 # A whole SUCCESS_RESPONSE frame: magic, version, length; type, sessionId, seqNum, partitionId.
 _SUCCESS_FRAME = struct.Struct(">Bhibqqi")
+# What an eager call is answered with when its SUCCESS was recognised by its bytes.
+RECOGNISED_SUCCESS = StorageSuccessResponse(NO_SESSION_ID, OPEN_SEQ_NUM, NO_PARTITION_ID)
 SUCCESS_RESPONSE_TYPE = 7
 # Its first bytes, the same in every SUCCESS answer (what the read callback recognises).
 _SUCCESS_PREFIX = struct.pack(
@@ -155,6 +157,7 @@ class _RpcConnection:
         self._pending: dict[int, tuple[asyncio.Future[Any] | _EagerCall, float, int]] = {}
         # One timer per connection, at the earliest deadline, instead of one per request.
         self._watchdog: asyncio.TimerHandle | None = None
+        self._watchdog_deadline = 0.0  # its time on the loop's clock (when it is set)
         self._next_seq_num = FIRST_SEQ_NUM
         self._closed_reason: str | None = None
 
@@ -234,10 +237,11 @@ class _RpcConnection:
         deadline = loop.time() + wait_ms / 1000
         self._pending[seq_num] = (waiter, deadline, wait_ms)
         watchdog = self._watchdog
-        if watchdog is None or deadline < watchdog.when():
+        if watchdog is None or deadline < self._watchdog_deadline:
             if watchdog is not None:
                 watchdog.cancel()
             self._watchdog = loop.call_at(deadline, self._expire)
+            self._watchdog_deadline = deadline
 
     def can_send_now(self) -> bool:
         """Open, and its write buffer below the high-water mark: a request may go without waiting."""
@@ -316,6 +320,7 @@ class _RpcConnection:
                 earliest = deadline
         if earliest is not None:
             self._watchdog = loop.call_at(earliest, self._expire)
+            self._watchdog_deadline = earliest
 
     async def close(self) -> None:
         self._fail_all("client closed")
@@ -351,6 +356,11 @@ class _EagerCall:
     def set_result(self, response: Any) -> None:
         self._done = True
         self._answered(response, None)
+
+    def succeeded(self) -> None:
+        """A SUCCESS recognised by its bytes (``StorageClient._on_bytes``): no response to check."""
+        self._done = True
+        self._answered(RECOGNISED_SUCCESS, None)
 
     def set_exception(self, error: BaseException) -> None:
         self._done = True
@@ -410,10 +420,14 @@ class StorageClient(_RpcConnection):
             if data[offset : offset + prefix_size] != prefix:
                 return False
         unpack_from = _SUCCESS_FRAME.unpack_from
-        on_message = self._on_message
+        pending = self._pending
         for offset in range(0, size, frame_size):
             _, _, _, _, session_id, seq_num, partition_id = unpack_from(data, offset)
-            on_message(StorageSuccessResponse(session_id, seq_num, partition_id))
+            call = pending.get(seq_num)
+            if call is not None and type(call[0]) is _EagerCall and not call[0].done():
+                call[0].succeeded()  # an APPEND sent from a callback: its answer's callback now
+            else:
+                self._on_message(StorageSuccessResponse(session_id, seq_num, partition_id))
         return True
 
     def _failure_message(self, response: Any) -> str | None:
@@ -479,7 +493,7 @@ class StorageClient(_RpcConnection):
 
         def answered(response: Any, error: BaseException | None) -> None:
             self._pending.pop(seq_num, None)
-            if error is None:
+            if error is None and response is not RECOGNISED_SUCCESS:
                 message = self._failure_message(response)
                 if message is not None:
                     error = StorageRpcError(message)
