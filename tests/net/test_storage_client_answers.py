@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from collections.abc import AsyncIterator
+
+from storage_data_port_support import client_of_data_port
 
 from waltz_engine.common.record import Record
 from waltz_engine.common.reqid import ReqId
-from waltz_engine.net.channel import FramedConnection, serve
-from waltz_engine.net.tls import TlsConfig, client_context, server_context
+from waltz_engine.net.channel import FramedConnection
 from waltz_engine.storage import client as storage_client
 from waltz_engine.storage.client import StorageClient, StorageRpcError, encode_append_records
 from waltz_engine.wire.primitives import StorageRpcException
@@ -70,25 +70,8 @@ async def _client_and_node() -> AsyncIterator[tuple[_CountingClient, asyncio.Que
             else:
                 await appends.put((msg, conn))
 
-    server = await serve(
-        "127.0.0.1",
-        0,
-        server_context(TlsConfig()),
-        {0: STORAGE_CODEC},
-        "Waltz Storage Server",
-        handler,
-        "test",
-    )
-    port = server.sockets[0].getsockname()[1]
-    client = _CountingClient("127.0.0.1", port, client_context(TlsConfig()), uuid.uuid4(), 4)
-    try:
-        async with asyncio.timeout(TEST_BOUND_S):
-            await client.open()
-            yield client, appends
-    finally:
-        await client.close()
-        server.close()
-        await server.wait_closed()
+    async with client_of_data_port(handler, _CountingClient) as client:
+        yield client, appends
 
 
 def _records(first_transaction_id: int, count: int) -> list[Record]:
