@@ -140,9 +140,24 @@ def test_send_frames_joins_pieces_that_fit_one_tls_record_and_passes_larger_ones
         try:
             conn = await connect("127.0.0.1", port, client_context(TlsConfig()), STORAGE, "x")
             writes: list[str] = []
-            write, writelines = conn.writer.write, conn.writer.writelines
-            conn.writer.write = lambda data: (writes.append("write"), write(data))[1]  # type: ignore[method-assign]
-            conn.writer.writelines = lambda data: (writes.append("writelines"), writelines(data))[1]  # type: ignore[method-assign]
+            transport: Any = conn.writer.transport  # written to directly, past the stream writer
+            write, writelines = transport.write, transport.writelines
+            inner: list[bool] = []  # within writelines (whose own writes are not the connection's)
+
+            def spy_write(data: bytes) -> None:
+                if not inner:
+                    writes.append("write")
+                write(data)
+
+            def spy_writelines(data: list[bytes]) -> None:
+                writes.append("writelines")
+                inner.append(True)
+                try:
+                    writelines(data)
+                finally:
+                    inner.pop()
+
+            transport.write, transport.writelines = spy_write, spy_writelines
             conn.send_frames(pieces(small))
             conn.send_frames(pieces(large))
             await conn.drain()

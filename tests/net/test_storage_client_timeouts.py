@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from storage_data_port_support import client_of_data_port
 
-from waltz_engine.net.channel import FramedConnection, serve
-from waltz_engine.net.tls import TlsConfig, client_context, server_context
+from waltz_engine.net.channel import FramedConnection
 from waltz_engine.storage.client import StorageClient, StorageTimeoutError
 from waltz_engine.wire.storage_messages import (
     STORAGE_CODEC,
@@ -55,28 +54,9 @@ async def _client_of_half_deaf_node(
             else:
                 silent.append(msg.seq_num)
 
-    server = await serve(
-        "127.0.0.1",
-        0,
-        server_context(TlsConfig()),
-        {0: STORAGE_CODEC},
-        "Waltz Storage Server",
-        handler,
-        "test",
-    )
-    port = server.sockets[0].getsockname()[1]
-    client = StorageClient(
-        "127.0.0.1", port, client_context(TlsConfig()), uuid.uuid4(), 4, request_timeout_ms=request_timeout_ms
-    )
-    try:
-        async with asyncio.timeout(TEST_BOUND_S):
-            # As long as the calls: the OPEN's deadline must not be what ends a shorter call.
-            await client.open(request_timeout_ms)
-            yield client, silent
-    finally:
-        await client.close()
-        server.close()
-        await server.wait_closed()
+    # As long as the calls: the OPEN's deadline must not be what ends a shorter call.
+    async with client_of_data_port(handler, request_timeout_ms=request_timeout_ms) as client:
+        yield client, silent
 
 
 def _request(seq_num: int, partition_id: int) -> list[bytes]:

@@ -153,6 +153,26 @@ def test_read_locks_are_not_marked_in_flight() -> None:
     assert locks.num_active_locks() == 3
 
 
+_SMALL_TABLE_SIZE_FOR_NO_LOCKS = 11
+
+
+def test_an_append_without_locks_never_waits_and_changes_no_slot() -> None:
+    locks = Locks(_SMALL_TABLE_SIZE_FOR_NO_LOCKS, NUM_HASH_FUNCS, 2)
+    assert locks.begin(_write(9))
+    none = LockRequest([], [], [])
+    assert locks.begin(none)  # beside an append holding a write lock
+    assert locks.num_active_locks() == 2
+    assert locks.get_lock_high_water_mark(none) == NO_LOCK_HIGH_WATER_MARK
+    locks.commit(none, 7)
+    locks.end(none)
+    slots = [locks.slot_high_water_mark(slot) for slot in range(_SMALL_TABLE_SIZE_FOR_NO_LOCKS)]
+    in_flight = [locks.is_in_flight(slot) for slot in range(_SMALL_TABLE_SIZE_FOR_NO_LOCKS)]
+    assert slots == [2] * _SMALL_TABLE_SIZE_FOR_NO_LOCKS
+    assert sum(in_flight) == len(set(lock_slots(9, _SMALL_TABLE_SIZE_FOR_NO_LOCKS)))  # the write lock's
+    assert locks.num_active_locks() == 1
+    assert not locks.begin(_write(9))
+
+
 def test_end_after_reset_keeps_the_active_count_at_zero() -> None:
     locks = Locks(DEFAULT_LOCK_TABLE_SIZE, NUM_HASH_FUNCS, 0)
     assert locks.begin(_write(1))

@@ -66,6 +66,7 @@ class FramedConnection:
         "_closed",
         "_unsent",
         "_coalesce",
+        "_transport",
     )
 
     def __init__(
@@ -87,6 +88,9 @@ class FramedConnection:
         self._closed = False
         self._unsent = bytearray()
         self._coalesce: Callable[[], bool] | None = None
+        # The writer's transport, kept: its property and the writer's pass-through methods cost a
+        # call each, several times per request on a node's hot path.
+        self._transport = writer.transport
         writer.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES, low=WRITE_BUFFER_LOW_BYTES)
 
     @property
@@ -101,7 +105,7 @@ class FramedConnection:
 
     @property
     def closed(self) -> bool:
-        return self._closed or self.writer.is_closing()
+        return self._closed or self._transport.is_closing()
 
     async def receive(self) -> Any | None:
         """The next message (keep-alives are skipped); None when the peer closed cleanly.
@@ -122,12 +126,20 @@ class FramedConnection:
                 return message
 
     def dispatch(
-        self, on_message: Callable[[Any], None], on_end: Callable[[BaseException | None], None]
+        self,
+        on_message: Callable[[Any], None],
+        on_end: Callable[[BaseException | None], None],
+        on_bytes: Callable[[bytes], bool] | None = None,
     ) -> None:
         """From now on cut frames as bytes arrive and hand each message to ``on_message`` in the
         transport's read callback (no task, no loop turn); the end goes to ``on_end`` once: None
         for a clean end of stream, else the error (a ProtocolError for bad bytes, after which the
-        connection is closed). :meth:`receive` is not used after this."""
+        connection is closed). :meth:`receive` is not used after this.
+
+        ``on_bytes`` sees what arrives before the frame decoder does, when no frame is partly
+        buffered: True means it recognised whole frames and handled them (the storage client's
+        fixed-size SUCCESS answers, without a decoder pass and a codec lookup each); False
+        leaves the bytes to the decoder."""
         reader = self.reader
         assert isinstance(reader, StreamReader), "connections are built with net.transport.StreamReader"
         codec = self.codec
@@ -146,6 +158,8 @@ class FramedConnection:
 
         def on_data(data: bytes) -> None:
             if ended:
+                return
+            if on_bytes is not None and not decoder.buffered_bytes and on_bytes(data):
                 return
             try:
                 frames = decoder.feed(data)
@@ -251,10 +265,12 @@ class FramedConnection:
 
     def _write(self, frames: Sequence[bytes | bytearray | memoryview]) -> None:
         self.writes += 1
+        # To the transport itself: the stream writer's write and writelines only pass it on.
+        transport = self._transport
         if len(frames) > 1 and sum(map(len, frames)) <= JOIN_LIMIT_BYTES:
-            self.writer.write(b"".join(frames))
+            transport.write(b"".join(frames))
         else:
-            self.writer.writelines(frames)
+            transport.writelines(frames)
 
     async def send(self, message: Any) -> None:
         self.send_frame(self.codec.encode_frame(message))

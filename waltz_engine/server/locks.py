@@ -118,6 +118,10 @@ class Locks:
 
     def begin(self, request: LockRequest) -> bool:
         """Marks the write and append slots in flight, unless any slot of any lock already is."""
+        if not (request.write_locks or request.read_locks or request.append_locks):
+            # No lock at all (most appends): nothing to mark or check.
+            self._num_active_requests += 1
+            return True
         write_slots = self._slots(request.write_locks)
         append_slots = self._slots(request.append_locks)
         if (
@@ -133,8 +137,9 @@ class Locks:
 
     def end(self, request: LockRequest) -> None:
         """Unmarks what ``begin`` marked, whether or not the append committed."""
-        self._unmark(self._slots(request.write_locks))
-        self._unmark(self._slots(request.append_locks))
+        if request.write_locks or request.append_locks:
+            self._unmark(self._slots(request.write_locks))
+            self._unmark(self._slots(request.append_locks))
         # An append begun before a reset may end after it; the original's count then goes
         # negative, which only distorts a log line, so the count stops at zero instead.
         self._num_active_requests = max(0, self._num_active_requests - 1)
@@ -158,11 +163,15 @@ class Locks:
 
         Never below the true value; NO_LOCK_HIGH_WATER_MARK without write or read locks.
         """
+        if not (request.write_locks or request.read_locks):
+            return NO_LOCK_HIGH_WATER_MARK
         high_water_mark = self._max_of_min(request.write_locks, NO_LOCK_HIGH_WATER_MARK)
         return self._max_of_min(request.read_locks, high_water_mark)
 
     def commit(self, request: LockRequest, transaction_id: int) -> None:
         """Records ``transaction_id`` in every slot of the write and append locks."""
+        if not (request.write_locks or request.append_locks):
+            return
         high_water_marks = self._high_water_marks
         for slot in self._slots(request.write_locks):
             high_water_marks[slot] = transaction_id

@@ -13,6 +13,7 @@ import contextlib
 import ssl
 import uuid
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from waltz_engine.common.address import parse_host_port
 from waltz_engine.common.record import Record, RecordHeader
@@ -106,6 +107,13 @@ class ReplicaConnection:
         self.client = client
         self.partition_id = partition_id
         self.session_id = session_id
+        # The lone append's calls, bound once (a replica's every batch goes through them): whether
+        # a request may go without waiting; :meth:`append_encoded` without a task, ``on_done(error)``
+        # getting its outcome (see ``StorageClient.send_append_encoded``).
+        self.can_send_now: Callable[[], bool] = client.can_send_now
+        self.send_append_encoded: Callable[[bytes, int, Callable[[BaseException | None], None]], None] = (
+            partial(client.send_append_encoded, session_id, partition_id)
+        )
 
     async def last_session_info(self) -> SessionInfo:
         return await self.client.last_session_info(self.session_id, self.partition_id)
@@ -124,15 +132,6 @@ class ReplicaConnection:
 
     async def append_encoded(self, encoded: bytes, count: int) -> None:
         await self.client.append_encoded(self.session_id, self.partition_id, encoded, count)
-
-    def can_send_now(self) -> bool:
-        return self.client.can_send_now()
-
-    def send_append_encoded(
-        self, encoded: bytes, count: int, on_done: Callable[[BaseException | None], None]
-    ) -> None:
-        """:meth:`append_encoded` without a task; ``on_done`` gets its outcome (see StorageClient)."""
-        self.client.send_append_encoded(self.session_id, self.partition_id, encoded, count, on_done)
 
     async def records(self, transaction_id: int, max_records: int) -> list[Record]:
         return await self.client.records(self.session_id, self.partition_id, transaction_id, max_records)
