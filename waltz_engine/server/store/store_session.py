@@ -30,6 +30,7 @@ from waltz_engine.server.store.config import QUEUE_CAPACITY_BATCHES, StoreConfig
 from waltz_engine.server.store.errors import (
     GenerationMismatchError,
     RecoveryFailedError,
+    RetainedStartError,
     SessionClosedError,
     StoreError,
 )
@@ -303,12 +304,34 @@ class StoreSession:
         batch = self._in_flight or []
         first = self._next_transaction_id
         count = min(len(batch), successor.low_water_mark - first + 1)
-        logged = await successor.logged_req_ids(first, count) if count > 0 else []
+        # Leading slots that retention removed on every replica: what was committed there cannot
+        # be read, so those appends' outcome stays unknown (a deposed owner back after another
+        # committed past its batch and the operator's bound passed it: the simulator's seed 1207
+        # of issue 32). Raising here instead failed every later session the same way, for good.
+        removed = 0
+        logged: list[ReqId] = []
+        if count > 0:
+            try:
+                logged = await successor.logged_req_ids(first, count)
+            except RetainedStartError as e:
+                removed = min(count, e.retained_start - first)
+                if removed <= 0:
+                    raise
+                if removed < count:
+                    logged = await successor.logged_req_ids(first + removed, count - removed)
         if self._in_flight is not batch and batch:
             return  # decided meanwhile (the partition closed: fail_all)
         self._in_flight = None
         for i, request in enumerate(batch):
-            if i < len(logged) and logged[i] == request.req_id:
+            if i < removed:
+                request.fail(
+                    RetainedStartError(
+                        f"partition {self.partition_id}: the outcome of the append at transaction "
+                        f"{first + i} is unknown: retention removed that transaction on every replica",
+                        first + removed,
+                    )
+                )
+            elif i - removed < len(logged) and logged[i - removed] == request.req_id:
                 request.commit(first + i)
                 self._next_transaction_id = first + i + 1
             else:
@@ -497,7 +520,9 @@ class StoreSession:
         exclude: ReplicaSession | None = None,
     ) -> T:
         """From the replica of least expected latency that has the record; lagging ones are penalised."""
-        rotten: list[ReplicaSession] = []  # answered "corrupt record" for this read: skipped
+        # Answered "corrupt record" (rot on its disk) or "removed by retention" for this read: skipped.
+        rotten: list[ReplicaSession] = []
+        removed: RetainedStartError | None = None  # a replica's answer that retention removed it
         for _ in range(len(self.replica_sessions) * 2):
             if not self._running:
                 break
@@ -519,9 +544,13 @@ class StoreSession:
             except StorageRpcError as e:
                 retained = retained_start_error(e)
                 if retained is not None:
-                    # Retention removed it: an answer, not a broken replica (closing it would roll
-                    # the session on every such read).
-                    raise retained from None
+                    # Retention removed it there: an answer, not a broken replica (closing it would
+                    # roll the session on every such read). Another replica may still hold it (one
+                    # begun late at a retained start above the others'): asked before answering.
+                    removed = retained
+                    rotten.append(replica)
+                    replica.update_expected_latency(MAX_LATENCY_MS)
+                    continue
                 if CORRUPT_RECORD_MESSAGE in str(e):
                     # Rot on that replica's disk: the record is read from another one; the
                     # replica stays (its other records are good).
@@ -534,6 +563,8 @@ class StoreSession:
                 continue
             replica.update_expected_latency((clock.monotonic_s() - started_s) * 1000)
             return value
+        if removed is not None and self._running:
+            raise removed
         raise SessionClosedError(
             f"partition {self.partition_id}: no replica can serve transaction {transaction_id}"
         )
