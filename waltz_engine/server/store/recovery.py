@@ -106,6 +106,8 @@ class RecoveryManager:
         self._recovered: set[ReplicaId] = set()
         self._clean: set[ReplicaId] = set()
         self._left: set[ReplicaId] = set()  # failed during this recovery: finishes without them
+        # Not voting for a disk session older than ZooKeeper's: blind above their mark (``_evaluate``).
+        self._blind: set[ReplicaId] = set()
         self._min_voting_high_water_mark: int | None = None
         self.resolved_high_water_mark: int | None = None
         self._aborted: RecoveryFailedError | None = None
@@ -178,7 +180,6 @@ class RecoveryManager:
                     is_new = True
                     state = ReplicaState(replica_id, NO_DUMMY_SESSION_ID, UNKNOWN_HIGH_WATER_MARK)
             info = await connection.last_session_info()
-            blind_above = False
             if info.session_id < state.session_id or is_new:
                 # A disk restored from an old copy (its session is older than ZK says), or a replica
                 # new to the partition: only records up to its own low-water mark are known clean.
@@ -191,7 +192,7 @@ class RecoveryManager:
                     )
                 max_transaction_id = await _truncate(connection, replica_id, info.low_water_mark)
                 voting = False
-                blind_above = True
+                self._blind.add(replica_id)
             elif not state.is_unresolved:
                 # The closing high-water mark of its last session is known: anything above is dirty.
                 max_transaction_id = await _truncate(connection, replica_id, state.closing_high_water_mark)
@@ -200,9 +201,7 @@ class RecoveryManager:
                 max_transaction_id = await connection.max_transaction_id()
                 # Below its session's low-water mark the replica is clean but too far behind to vote.
                 voting = max_transaction_id >= info.low_water_mark
-            await self._resolve(
-                replica_id, connection, voting, max_transaction_id, info.low_water_mark, blind_above
-            )
+            await self._resolve(replica_id, connection, voting, max_transaction_id, info.low_water_mark)
             assert self.resolved_high_water_mark is not None
             return self.resolved_high_water_mark
         except asyncio.CancelledError:
@@ -264,7 +263,6 @@ class RecoveryManager:
         voting: bool,
         high_water_mark: int,
         low_water_mark: int,
-        blind_above: bool = False,
     ) -> None:
         if voting:
             if self._min_voting_high_water_mark is None or high_water_mark < self._min_voting_high_water_mark:
@@ -284,7 +282,7 @@ class RecoveryManager:
             high_water_mark,
             replica_id not in last_replica_ids,
             low_water_mark,
-            blind_above,
+            replica_id in self._blind,
         )
         while True:
             self._check_abort()
