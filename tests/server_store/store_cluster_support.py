@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -73,6 +73,16 @@ class StorageCluster:
             for node in self.nodes
         ]
         return [s.checksums[partition_id] for s in sums]
+
+
+def started_cluster(zookeeper: str, work_dir: Path, num_nodes: int = 3) -> Iterator[StorageCluster]:
+    """A fixture's body: ``num_nodes`` started storage nodes with one partition, closed after."""
+    storage_cluster = StorageCluster(zookeeper, work_dir, num_nodes, 1)
+    storage_cluster.start()
+    try:
+        yield storage_cluster
+    finally:
+        storage_cluster.close()
 
 
 def node_connect_string(node: StorageNodeProcess) -> str:

@@ -31,6 +31,7 @@ from store_cluster_support import (
     register,
     replica_state,
     set_up_storage,
+    started_cluster,
     wait_until,
     wait_until_async,
     write_metadata,
@@ -51,12 +52,7 @@ LAGGING_TXID = 4  # the lagging voter's end (it lost the rest in a power loss)
 
 @pytest.fixture
 def cluster(zookeeper: str, tmp_path: Path) -> Iterator[StorageCluster]:
-    storage_cluster = StorageCluster(zookeeper, tmp_path, 3, 1)
-    storage_cluster.start()
-    try:
-        yield storage_cluster
-    finally:
-        storage_cluster.close()
+    yield from started_cluster(zookeeper, tmp_path)
 
 
 async def _holds_exactly(node: StorageNodeProcess, max_transaction_id: int) -> bool:
