@@ -331,6 +331,9 @@ def test_a_partition_whose_task_dies_is_reopened_and_serves_again() -> None:
             assert asyncio.get_running_loop().time() < deadline, "the partition was never reopened"
             await asyncio.sleep(0.01)
         assert failed.closed and h.core.partitions[0].generation == GENERATION
+        # The mounted client is told by losing its connection (it reconnects and remounts): its
+        # mount and flushes ended with the old partition, and nothing else tells it.
+        assert await c.receive() is None
         again = await mounted(h, 2, hwm=0)
         await again.send(append(req(2, 2), 0, b"after"))
         assert await flush(again, 2) == 1

@@ -23,6 +23,7 @@ from store_cluster_support import (
     register,
     replica_state,
     set_up_storage,
+    started_cluster,
     write_metadata,
 )
 
@@ -40,12 +41,8 @@ ROTTEN = {0: 70, 1: 80}  # node index → the txid rotten on it (both below its 
 
 @pytest.fixture
 def cluster(zookeeper: str, tmp_path: Path) -> Iterator[StorageCluster]:
-    storage_cluster = StorageCluster(zookeeper, tmp_path, 3, 1)
-    storage_cluster.start()
-    try:
+    with started_cluster(zookeeper, tmp_path, 3, 1) as storage_cluster:
         yield storage_cluster
-    finally:
-        storage_cluster.close()
 
 
 async def _refused(node: StorageNodeProcess, txid: int) -> bool:

@@ -6,10 +6,16 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
+import pytest
+
+from waltz_engine.common.record import RecordHeader
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.server.store.config import StoreConfig
 from waltz_engine.server.store.errors import AppendOutcomeUnknownError, RetainedStartError
+from waltz_engine.server.store.latency_router import LatencyWeightedRoute
 from waltz_engine.server.store.store_session import FAILED_TRANSACTION_ID, StoreAppendRequest, StoreSession
+from waltz_engine.storage.client import StorageRpcError
+from waltz_engine.zk.retention import BelowRetainedStartError
 
 GENERATION = 3
 
@@ -99,5 +105,60 @@ def test_appends_whose_records_retention_removed_are_unknown_and_the_rest_decide
         assert [r.future.result() for r in batch[2:]] == [12, FAILED_TRANSACTION_ID]
         assert successor.reads == [(10, 4), (12, 2)]
         assert session.num_pending_appends == 0
+
+    asyncio.run(test())
+
+
+class Replica(LatencyWeightedRoute):
+    """A recovered replica session whose log begins at ``start`` (retention removed the rest)."""
+
+    def __init__(self, name: str, start: int) -> None:
+        super().__init__()
+        self.replica_id = name
+        self.next_transaction_id = 100
+        self.recovered = asyncio.Event()
+        self.recovered.set()
+        self.connection = self
+        self._start = start
+        self.asked = 0
+
+    @property
+    def closed(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        raise AssertionError(f"{self.replica_id} closed: a refusal by retention is an answer")
+
+    async def record_headers(self, transaction_id: int, count: int) -> list[RecordHeader]:
+        self.asked += 1
+        if transaction_id < self._start:
+            raise StorageRpcError(str(BelowRetainedStartError(0, transaction_id, self._start)))
+        return [
+            RecordHeader(t, ReqId(7, GENERATION, 0, t), 0)
+            for t in range(transaction_id, transaction_id + count)
+        ]
+
+
+def reading_session(replicas: list[Replica]) -> StoreSession:
+    session = StoreSession(0, GENERATION, 5, StoreConfig(), replicas, None, "/r")  # type: ignore[arg-type]
+    session._next_transaction_id = 100
+    return session
+
+
+def test_a_read_refused_by_retention_on_one_replica_is_read_from_another() -> None:
+    """A replica emptied and begun late at its retained start refuses what the others still
+    hold: before, its refusal was the answer, and the read of a slot every other replica held
+    failed (a successor deciding a batch there failed every session the same way)."""
+
+    async def test() -> None:
+        late, holder = Replica("late", start=31), Replica("holder", start=0)
+        headers = await reading_session([late, holder]).record_headers(30, 2)
+        assert [h.transaction_id for h in headers] == [30, 31]
+        assert late.asked >= 1 and holder.asked == 1
+        # Removed on every replica: the refusal is the answer.
+        everywhere = [Replica("a", start=31), Replica("b", start=31)]
+        with pytest.raises(RetainedStartError) as refused:
+            await reading_session(everywhere).record_headers(30, 2)
+        assert refused.value.retained_start == 31
 
     asyncio.run(test())

@@ -73,6 +73,10 @@ class FeedClient(Protocol):
 
     def park(self, context: FeedContext) -> None: ...
 
+    def disconnect(self) -> None:
+        """Close the connection: the client reconnects and remounts its partitions."""
+        ...
+
 
 class FeedContext:
     """One feed in progress: txids ``next_transaction_id .. end_transaction_id`` then ``terminal``."""

@@ -148,6 +148,9 @@ class ClientConnection:
         else:
             self.conn.writer.writelines((frames, self.codec.encode_frame(terminal)))
 
+    def disconnect(self) -> None:
+        self.conn.writer.close()
+
     def park(self, context: FeedContext) -> None:
         """Holds a feed until the write buffer drains; one drain task per connection at most."""
         self._parked.append(context)

@@ -298,6 +298,10 @@ class Partition(PartitionData):
         registration = self._clients.get(client_id)
         return registration is not None and registration.client is client
 
+    def registered_clients(self) -> list[FeedClient]:
+        """The connections of the clients that mounted here (or asked to)."""
+        return [registration.client for registration in self._clients.values()]
+
     def remove_client(self, client: FeedClient, client_id: int | None) -> None:
         """The connection closed; its feed contexts are dropped as the workers reach them."""
         if client_id is not None and self._is_valid(client, client_id):

@@ -187,8 +187,15 @@ class ServerCore:
             if self.partitions.get(partition_id) is not partition:
                 return  # already closed or replaced by an assignment
             log.warning("partition %d: reopening after a failure", partition_id)
+            clients = partition.registered_clients()
             await self._close_partition(partition_id)
             await self._open_partition(partition_id, partition.generation)
+            # Their mounts, flushes and feeds ended with the old partition, untold: a reassignment
+            # tells them through ZooKeeper, a replacement on this server does not, and they waited
+            # for good (the simulator's seed 1207 of issue 32: a mount behind an append whose
+            # outcome could not be read). They lose the connection and remount here.
+            for client in clients:
+                client.disconnect()
 
     async def _close_partition(self, partition_id: int) -> None:
         partition = self.partitions.pop(partition_id)

@@ -136,8 +136,9 @@ class Partition(PartitionHead):
         self._segments[-1].writable = True
         for damaged in self.damage_report():
             log.warning(
-                "partition %d: %s; its bytes are kept and its damaged records are not served: "
-                "refill it from a healthy replica (waltz storage recover-partition)",
+                "partition %d: %s; its bytes are kept and its damaged records are not served (a record "
+                "whole in the data, only its index entry damaged, is): refill it from a healthy "
+                "replica (waltz storage recover-partition)",
                 self.partition_id,
                 damaged.describe(),
             )

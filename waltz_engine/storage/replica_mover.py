@@ -363,13 +363,28 @@ async def recorded_quorum_gap(
     of_record = f"the replicas the last recovery recorded ({', '.join(sorted(recorded))})"
     if len(kept) < quorum:
         return f"{len(kept)} of {of_record} would stay assigned, fewer than a quorum of {quorum}"
+    # A replica whose node's session is older than its recorded one (reset since: moved away and
+    # back) says nothing in the recovery of the records above its mark, and counts as absent
+    # there (``RecoveryManager._evaluate``): with fewer than a quorum of the others the recovery
+    # waits for good (issue 32, the simulator's seed 22045: a decommission's source left while
+    # the replica moved back was counted in the quorum of record).
+    known: list[str] = []
+    voter = False
     for storage in kept:
         state = recorded[storage]
-        if not state.is_unresolved:
-            continue  # truncated to its closing mark, it does not vote
         session = await session_of(storage)
         if session is not None and session >= state.session_id:
-            return None
+            known.append(storage)
+            # Truncated to its closing mark, it does not vote; it says what it holds.
+            voter = voter or state.is_unresolved
+    if len(known) < quorum:
+        reset = ", ".join(sorted(set(kept) - set(known)))
+        return (
+            f"{reset} of {of_record} that stay were reset since, or are silent: fewer than a quorum "
+            f"of {quorum} would say what they hold"
+        )
+    if voter:
+        return None
     return f"none of {', '.join(kept)} that stay of {of_record} is known to vote (reset since, or silent)"
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import logging
 import uuid
 import zlib
 from collections.abc import Callable, Sequence
@@ -52,6 +53,8 @@ from waltz_engine.storage.segment_scan import (
     plan_recovery,
 )
 from waltz_engine.storage.wire_span import WireRecords, read_wire_span
+
+log = logging.getLogger(__name__)
 
 # The most bytes one read of a span of records loads; a span is shortened to fit, and a single
 # record larger than this is checked in chunks before it is loaded.
@@ -160,6 +163,8 @@ class Segment:
         self.foreign: str | None = None
         # What start-up recovery would write, found by a read-only open (which writes nothing).
         self.repairs: list[str] = []
+        # Records served from the data past a damaged index entry (each reported once).
+        self._located: set[int] = set()
 
     # --- opening -------------------------------------------------------------------------
 
@@ -463,6 +468,63 @@ class Segment:
     # --- reading -------------------------------------------------------------------------
 
     def _read_span(self, transaction_id: int, max_records: int) -> list[DiskRecord]:
+        """Records ``transaction_id`` .. at most ``max_records`` (see :meth:`_read_indexed_span`);
+        a first record refused for damage in its index entry alone is served from the data
+        (:meth:`_located_record`)."""
+        try:
+            return self._read_indexed_span(transaction_id, max_records)
+        except CorruptRecordError as e:
+            located = self._located_record(transaction_id)
+            if located is None:
+                raise
+            if transaction_id not in self._located:
+                self._located.add(transaction_id)
+                log.warning(
+                    "%s; served from the data, where it is whole: refill its segment from a healthy "
+                    "replica (waltz storage recover-partition)",
+                    e,
+                )
+            return [located]
+
+    def _located_record(self, transaction_id: int) -> DiskRecord | None:
+        """Record ``transaction_id`` whole in the data where its damaged index entry does not say.
+
+        The index is derived from the data: a record begins where the whole record before it
+        ends (the first at the data's first byte). Found there whole (its txid, CRC and data
+        checksum, as every read checks), and ending exactly where the next index entry (or the
+        data) says the next record begins, it is the record those two entries bracket: bytes of
+        a dead session's record left past an index cut are not. With rot in an index entry on
+        the one replica that still held a committed record whole, refusing it stalled every
+        recovery for good (the simulator's seeds 1902 and 4405 of issue 32).
+        """
+        if (
+            self.foreign is not None
+            or not self.first_transaction_id <= transaction_id < self._next_transaction_id
+        ):
+            return None
+        data_end = self._next_offset
+        if transaction_id == self.first_transaction_id:
+            offset = HEADER_SIZE_BYTES
+        else:
+            previous = self._index_get(transaction_id - 1)
+            previous_size = check_record(self._seg_file, previous, transaction_id - 1, data_end)
+            if previous_size < 0:
+                return None
+            offset = previous + previous_size
+        size = check_record(self._seg_file, offset, transaction_id, data_end)
+        if size < 0:
+            return None
+        following = (
+            self._index_get(transaction_id + 1)
+            if transaction_id + 1 < self._next_transaction_id
+            else data_end
+        )
+        if offset + size != following:
+            return None
+        parsed = read_record(pread_upto(self._seg_file, size, offset), 0)
+        return parsed if isinstance(parsed, DiskRecord) else None
+
+    def _read_indexed_span(self, transaction_id: int, max_records: int) -> list[DiskRecord]:
         """Records ``transaction_id`` .. at most ``max_records``, read with two preads.
 
         Every record is checked (found where its index entry says, its CRC over header and data,

@@ -15,6 +15,7 @@ only when something they depend on actually changed.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 from typing import NamedTuple
 
@@ -50,6 +51,8 @@ class _ReplicaRecoveryState(NamedTuple):
     is_new: bool
     # Its records up to here are committed ones (its low-water mark when the recovery began).
     low_water_mark: int
+    # Its report says nothing of the records above ``high_water_mark`` (see ``_evaluate``).
+    blind_above: bool = False
 
 
 async def _truncate(connection: ReplicaConnection, replica_id: ReplicaId, transaction_id: int) -> int:
@@ -103,6 +106,8 @@ class RecoveryManager:
         self._recovered: set[ReplicaId] = set()
         self._clean: set[ReplicaId] = set()
         self._left: set[ReplicaId] = set()  # failed during this recovery: finishes without them
+        # Not voting for a disk session older than ZooKeeper's: blind above their mark (``_evaluate``).
+        self._blind: set[ReplicaId] = set()
         self._min_voting_high_water_mark: int | None = None
         self.resolved_high_water_mark: int | None = None
         self._aborted: RecoveryFailedError | None = None
@@ -187,6 +192,7 @@ class RecoveryManager:
                     )
                 max_transaction_id = await _truncate(connection, replica_id, info.low_water_mark)
                 voting = False
+                self._blind.add(replica_id)
             elif not state.is_unresolved:
                 # The closing high-water mark of its last session is known: anything above is dirty.
                 max_transaction_id = await _truncate(connection, replica_id, state.closing_high_water_mark)
@@ -271,7 +277,12 @@ class RecoveryManager:
             self._set_resolved(UNKNOWN_HIGH_WATER_MARK)
 
         state = _ReplicaRecoveryState(
-            replica_id, connection, high_water_mark, replica_id not in last_replica_ids, low_water_mark
+            replica_id,
+            connection,
+            high_water_mark,
+            replica_id not in last_replica_ids,
+            low_water_mark,
+            replica_id in self._blind,
         )
         while True:
             self._check_abort()
@@ -314,8 +325,20 @@ class RecoveryManager:
         )
         # Replicas of the previous session that have not reported (removed ones count too, as the original).
         num_absent = num_last_replicas - len(states)
+        # A replica of the previous session that does not vote because its disk's session is older
+        # than ZooKeeper says (a node the partition was moved away from and back onto: unassigning
+        # resets it) was truncated to its low-water mark: its report says nothing of the records
+        # above, which it may have held committed. Above its mark it counts as absent, not as a
+        # replica that never had them; else the previous session's other holder of a committed
+        # record, outvoted by a lagging voter, resolved the mark below it (issue 32: the simulator's
+        # seeds 1120 and 1780, a decommission's source moved back as another's target; the
+        # low-water mark rail held, and every recovery failed on it, for good). Caught up from an
+        # usher it supports the level it reached, as a lagging voter does. Above every reported
+        # level only the absent and the blind may hold a record: while they could be a quorum,
+        # nothing is decided (with every replica testifying that is never so).
+        blind = sorted(s.high_water_mark for s in states if s.blind_above)
         usher: _ReplicaRecoveryState | None = None
-        undecidable = False
+        undecidable = num_absent + len(blind) >= last_quorum
         supports = 0
         min_voting = self._min_voting_high_water_mark
         for i, other in enumerate(states):
@@ -333,7 +356,8 @@ class RecoveryManager:
                 supports += 1
                 last_of_level = i == len(states) - 1 or other.high_water_mark > states[i + 1].high_water_mark
                 if last_of_level:
-                    if supports < last_quorum <= supports + num_absent:
+                    blind_below = bisect.bisect_left(blind, other.high_water_mark)
+                    if supports < last_quorum <= supports + num_absent + blind_below:
                         # Not a quorum yet, but the absent replicas could still make it one (or not).
                         undecidable = True
                     if not undecidable and supports >= last_quorum:
