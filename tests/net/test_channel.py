@@ -8,6 +8,7 @@ import socket
 import threading
 import uuid
 import zlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -192,6 +193,25 @@ def test_coalesced_frames_leave_in_one_write_at_the_end_of_the_turn_and_in_order
     asyncio.run(go())
 
 
+async def _storage_server(handler: Callable[[FramedConnection], Awaitable[None]]) -> asyncio.Server:
+    return await serve(
+        "127.0.0.1", 0, server_context(TlsConfig()), STORAGE, "Waltz Storage Server", handler, "test"
+    )
+
+
+async def _connect(server: asyncio.Server) -> FramedConnection:
+    port = server.sockets[0].getsockname()[1]
+    return await connect("127.0.0.1", port, client_context(TlsConfig()), STORAGE, "c")
+
+
+def _appends(sizes: list[int]) -> list[StorageAppendRequest]:
+    """One APPEND per size, each with one record of that many bytes."""
+    return [
+        StorageAppendRequest(1, i, 0, (Record(i, ReqId(1, 1, 0, i), 0, bytes(size), 0),), False)
+        for i, size in enumerate(sizes)
+    ]
+
+
 def test_large_frames_both_ways_at_once_arrive_whole_and_in_order() -> None:
     """Megabytes each way with neither side waiting for the other: the TLS transport's partial
     and refused writes (resent as the same bytes), its buffered reads and a server handling
@@ -208,16 +228,10 @@ def test_large_frames_both_ways_at_once_arrive_whole_and_in_order() -> None:
             conn.dispatch(echo, lambda error: ended.done() or ended.set_result(error))
             assert await ended is None
 
-        server = await serve(
-            "127.0.0.1", 0, server_context(TlsConfig()), STORAGE, "Waltz Storage Server", handler, "test"
-        )
+        server = await _storage_server(handler)
         try:
-            port = server.sockets[0].getsockname()[1]
-            conn = await connect("127.0.0.1", port, client_context(TlsConfig()), STORAGE, "c")
-            sent = [
-                StorageAppendRequest(1, i, 0, (Record(i, ReqId(1, 1, 0, i), 0, bytes(size), 0),), False)
-                for i, size in enumerate(sizes)
-            ]
+            conn = await _connect(server)
+            sent = _appends(sizes)
 
             async def send_all() -> None:
                 for message in sent:
@@ -275,16 +289,10 @@ def test_frames_sent_from_a_thread_and_from_the_loop_at_once_arrive_whole_and_in
                 jobs.put(None)
                 await asyncio.to_thread(thread.join)
 
-        server = await serve(
-            "127.0.0.1", 0, server_context(TlsConfig()), STORAGE, "Waltz Storage Server", handler, "test"
-        )
+        server = await _storage_server(handler)
         try:
-            port = server.sockets[0].getsockname()[1]
-            conn = await connect("127.0.0.1", port, client_context(TlsConfig()), STORAGE, "c")
-            sent = [
-                StorageAppendRequest(1, i, 0, (Record(i, ReqId(1, 1, 0, i), 0, bytes(size), 0),), False)
-                for i, size in enumerate(sizes)
-            ]
+            conn = await _connect(server)
+            sent = _appends(sizes)
             for message in sent:
                 conn.send_frame(STORAGE_CODEC.encode_frame(message))
             await conn.drain()
