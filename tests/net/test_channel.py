@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import queue
+import socket
+import threading
 import uuid
 import zlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -204,6 +208,25 @@ def test_coalesced_frames_leave_in_one_write_at_the_end_of_the_turn_and_in_order
     asyncio.run(go())
 
 
+async def _storage_server(handler: Callable[[FramedConnection], Awaitable[None]]) -> asyncio.Server:
+    return await serve(
+        "127.0.0.1", 0, server_context(TlsConfig()), STORAGE, "Waltz Storage Server", handler, "test"
+    )
+
+
+async def _connect(server: asyncio.Server) -> FramedConnection:
+    port = server.sockets[0].getsockname()[1]
+    return await connect("127.0.0.1", port, client_context(TlsConfig()), STORAGE, "c")
+
+
+def _appends(sizes: list[int]) -> list[StorageAppendRequest]:
+    """One APPEND per size, each with one record of that many bytes."""
+    return [
+        StorageAppendRequest(1, i, 0, (Record(i, ReqId(1, 1, 0, i), 0, bytes(size), 0),), False)
+        for i, size in enumerate(sizes)
+    ]
+
+
 def test_large_frames_both_ways_at_once_arrive_whole_and_in_order() -> None:
     """Megabytes each way with neither side waiting for the other: the TLS transport's partial
     and refused writes (resent as the same bytes), its buffered reads and a server handling
@@ -220,16 +243,10 @@ def test_large_frames_both_ways_at_once_arrive_whole_and_in_order() -> None:
             conn.dispatch(echo, lambda error: ended.done() or ended.set_result(error))
             assert await ended is None
 
-        server = await serve(
-            "127.0.0.1", 0, server_context(TlsConfig()), STORAGE, "Waltz Storage Server", handler, "test"
-        )
+        server = await _storage_server(handler)
         try:
-            port = server.sockets[0].getsockname()[1]
-            conn = await connect("127.0.0.1", port, client_context(TlsConfig()), STORAGE, "c")
-            sent = [
-                StorageAppendRequest(1, i, 0, (Record(i, ReqId(1, 1, 0, i), 0, bytes(size), 0),), False)
-                for i, size in enumerate(sizes)
-            ]
+            conn = await _connect(server)
+            sent = _appends(sizes)
 
             async def send_all() -> None:
                 for message in sent:
@@ -240,6 +257,64 @@ def test_large_frames_both_ways_at_once_arrive_whole_and_in_order() -> None:
             received = [await conn.receive() for _ in sent]
             await sending
             assert received == sent
+            await conn.close()
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(go())
+
+
+def test_frames_sent_from_a_thread_and_from_the_loop_at_once_arrive_whole_and_in_order() -> None:
+    """A storage node's disk thread writes its answers to the socket itself
+    (``send_frames_from_thread``) while the loop writes others on the same connection: each
+    side's frames arrive whole and in its order, large ones included (the thread's write that
+    the socket refuses is finished by the loop, as the same bytes, before anything after it)."""
+    sizes = [1, 100, 16 * 1024 + 1, 300_000, 1_000_000, 5] * 3
+
+    async def go() -> None:
+        async def handler(conn: FramedConnection) -> None:
+            loop = asyncio.get_running_loop()
+            ended: asyncio.Future[BaseException | None] = loop.create_future()
+            jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+            def answer_from_thread() -> None:
+                while (message := jobs.get()) is not None:
+                    conn.send_frames_from_thread([STORAGE_CODEC.encode_frame(message)], loop)
+
+            # A small send buffer: the thread's writes find the socket full and leave the rest to the loop.
+            conn.writer.transport.get_extra_info("socket").setsockopt(
+                socket.SOL_SOCKET, socket.SO_SNDBUF, 8192
+            )
+            thread = threading.Thread(target=answer_from_thread)
+            thread.start()
+
+            def on_message(message: Any) -> None:
+                jobs.put(message)
+                conn.send_frame(
+                    STORAGE_CODEC.encode_frame(
+                        StorageOpenRequest(-1, message.seq_num, 0, uuid.UUID(int=1), 4)
+                    )
+                )
+
+            conn.dispatch(on_message, lambda error: ended.done() or ended.set_result(error))
+            try:
+                assert await ended is None
+            finally:
+                jobs.put(None)
+                await asyncio.to_thread(thread.join)
+
+        server = await _storage_server(handler)
+        try:
+            conn = await _connect(server)
+            sent = _appends(sizes)
+            for message in sent:
+                conn.send_frame(STORAGE_CODEC.encode_frame(message))
+            await conn.drain()
+            await asyncio.sleep(0.2)  # the server's writes fill the socket meanwhile
+            received = [await conn.receive() for _ in range(2 * len(sent))]
+            assert [m for m in received if type(m) is StorageAppendRequest] == sent
+            assert [m.seq_num for m in received if type(m) is StorageOpenRequest] == list(range(len(sent)))
             await conn.close()
         finally:
             server.close()

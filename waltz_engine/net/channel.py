@@ -252,6 +252,25 @@ class FramedConnection:
         for frame in frames:
             unsent += frame
 
+    def send_frames_from_thread(
+        self, frames: Sequence[bytes], loop: asyncio.AbstractEventLoop
+    ) -> None:
+        """:meth:`send_frames` from a thread other than ``loop``'s: straight to the socket when
+        the transport can take them from a thread (``write_from_thread``: no wake-up of the
+        loop), else through the loop (the simulator's transports). In order with every other
+        write of the connection; a connection that is gone drops them (as :meth:`send_frames`'
+        callers do)."""
+        write = getattr(self.writer.transport, "write_from_thread", None)
+        if write is not None and not self._closed and self._coalesce is None:
+            if write(b"".join(frames)):
+                self.writes += 1
+            return
+        loop.call_soon_threadsafe(self._send_frames_if_open, frames)
+
+    def _send_frames_if_open(self, frames: Sequence[bytes]) -> None:
+        if not self.closed:
+            self.send_frames(frames)
+
     def coalesce_writes(self, busy: Callable[[], bool]) -> None:
         """While ``busy()`` holds as a frame is sent, frames sent in one loop turn (by any tasks) leave
         as one write at its end: one TLS record and one send, the most that waits."""

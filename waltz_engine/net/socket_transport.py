@@ -91,6 +91,12 @@ def _tls_object(sock: socket.socket) -> Any:
     return getattr(sock, "_sslobj", None)
 
 
+def _pending(tls: Any, lock: threading.RLock) -> int:
+    """Decrypted bytes OpenSSL holds, read under the transport's lock."""
+    with lock:
+        return int(tls.pending())
+
+
 def set_nodelay(sock: socket.socket) -> None:
     """Small frames leave at once (asyncio's transports set it too)."""
     if sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -126,6 +132,10 @@ class SocketTransport(asyncio.Transport):
         self._high = DEFAULT_WRITE_HIGH_BYTES
         self._low = DEFAULT_WRITE_HIGH_BYTES // 4
         self._writing_paused = False
+        # Held around every use of the TLS object and of the write queue: a storage node's
+        # disk thread writes its answers here itself (:meth:`write_from_thread`), and OpenSSL
+        # allows one thread at a time on a connection. Re-entrant: a flush may fail and close.
+        self._lock = threading.RLock()
 
     # Before the protocol: the first bytes and the TLS handshake.
 
@@ -247,8 +257,11 @@ class SocketTransport(asyncio.Transport):
         if not self._read_wants_write:
             self._add_reader()
         sock = self._sock
-        if isinstance(sock, ssl.SSLSocket) and sock.pending():
-            self._loop.call_soon(self._read_ready)  # decrypted already: no readable event will come
+        if isinstance(sock, ssl.SSLSocket):
+            with self._lock:
+                pending = sock.pending()
+            if pending:
+                self._loop.call_soon(self._read_ready)  # decrypted already: no readable event will come
 
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
         self._high = DEFAULT_WRITE_HIGH_BYTES if high is None else high
@@ -268,13 +281,58 @@ class SocketTransport(asyncio.Transport):
         if not data or self._closing:
             return
         chunk = data if isinstance(data, bytes) else bytes(data)
-        self._queue.append(chunk)
-        self._buffered += len(chunk)
-        if self._buffered == len(chunk):
-            self._flush()  # nothing was waiting: it goes now, straight from the caller's bytes
+        with self._lock:
+            self._queue.append(chunk)
+            self._buffered += len(chunk)
+            if self._buffered == len(chunk):
+                self._flush()  # nothing was waiting: it goes now, straight from the caller's bytes
+        self._pause_if_high()
+
+    def _pause_if_high(self) -> None:
         if not self._writing_paused and self._buffered > self._high:
             self._writing_paused = True
             self._stream_protocol().pause_writing()
+
+    def write_from_thread(self, data: bytes) -> bool:
+        """:meth:`write` from a thread other than the loop's (a storage node's disk thread
+        answering a batch it made durable, with no wake-up of the loop). In order with every
+        other write: the bytes go to the socket at once when nothing waits, else behind what
+        waits; what the socket does not take now is left to the loop. False: the connection is
+        closing or not started, nothing was written (the loop's :meth:`write` drops it too)."""
+        assert data
+        with self._lock:
+            if self._closing or self._lost or not self._started:
+                return False
+            if self._buffered:
+                self._queue.append(data)
+                self._buffered += len(data)
+                return True  # the loop's flush, due already, takes it in its turn
+            sock = self._sock
+            tls = _tls_object(sock)
+            try:
+                sent = tls.write(data) if tls is not None else sock.send(data)
+            except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                # Retried by the loop with this very object, before anything else.
+                self._stuck = data
+                self._buffered = len(data)
+            except (OSError, ssl.SSLError) as exc:
+                self._loop.call_soon_threadsafe(self._fatal_error, exc)
+                return True
+            else:
+                if sent == len(data):
+                    return True
+                self._queue.append(data[sent:])
+                self._buffered = len(data) - sent
+        self._loop.call_soon_threadsafe(self._flush_left_by_thread)
+        return True
+
+    def _flush_left_by_thread(self) -> None:
+        with self._lock:
+            if self._lost or not self._buffered or self._writer_added or self._write_wants_read:
+                return  # sent meanwhile, or a flush already waits for the socket
+            self._flush()
+        if not self._lost:
+            self._pause_if_high()
 
     def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None:
         self.write(b"".join(list_of_data))
@@ -283,11 +341,13 @@ class SocketTransport(asyncio.Transport):
         """Unsent bytes still go (then close-notify over TLS); the protocol hears of it after."""
         if self._closing:
             return
-        self._closing = True
+        with self._lock:  # (a thread's write sees the close, or the close sees its bytes)
+            self._closing = True
+            buffered = self._buffered
         self._reading = False
         if not self._write_wants_read:  # (a stuck write waits for readability: it keeps the reader)
             self._remove_reader()
-        if not self._buffered:
+        if not buffered:
             self._loop.call_soon(self._connection_lost, None)
 
     def abort(self) -> None:
@@ -319,7 +379,8 @@ class SocketTransport(asyncio.Transport):
             self._write_wants_read = False
             if not self._reading:
                 self._remove_reader()
-            self._flush()
+            with self._lock:
+                self._flush()
         if not self._reading or self._closing or self._read_wants_write:
             return
         sock = self._sock
@@ -327,9 +388,11 @@ class SocketTransport(asyncio.Transport):
         protocol = self._stream_protocol()
         budget = MAX_READ_PER_CALLBACK_BYTES
         tls = _tls_object(sock)
+        lock = self._lock
         while budget > 0:
             try:
-                size = tls.read(READ_BUFFER_BYTES, view) if tls is not None else sock.recv_into(view)
+                with lock:
+                    size = tls.read(READ_BUFFER_BYTES, view) if tls is not None else sock.recv_into(view)
             except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
                 return
             except ssl.SSLWantWriteError:
@@ -350,13 +413,13 @@ class SocketTransport(asyncio.Transport):
             protocol.data_received(view[:size].tobytes())
             if not self._reading or self._closing:
                 return
-            if tls is not None and not tls.pending() and not _unread_bytes(self._fd):
+            if tls is not None and not _pending(tls, lock) and not _unread_bytes(self._fd):
                 # Nothing decrypted is left and the kernel holds nothing more (OpenSSL reads no
                 # further than the record it returns), so the next read could only fail. Its
                 # SSLWantReadError, built with OpenSSL's error text, cost more than this one
                 # ioctl: 4 per commit on the server. Bytes arriving later wake the selector.
                 return
-        if isinstance(sock, ssl.SSLSocket) and sock.pending():
+        if tls is not None and _pending(tls, lock):
             self._loop.call_soon(self._read_ready)
 
     def _eof(self) -> None:
@@ -384,10 +447,12 @@ class SocketTransport(asyncio.Transport):
             if self._reading and not self._closing:
                 self._add_reader()
                 self._read_ready()
-        self._flush()
+        with self._lock:
+            self._flush()
 
     def _flush(self) -> None:
-        """Send what is buffered, the stuck bytes first, until the socket takes no more."""
+        """Send what is buffered, the stuck bytes first, until the socket takes no more. With
+        the lock held."""
         sock = self._sock
         while self._buffered and not self._lost:
             chunk = self._stuck
@@ -452,9 +517,11 @@ class SocketTransport(asyncio.Transport):
     def _force_close(self, exc: Exception | None) -> None:
         if self._lost:
             return
-        self._stuck = None
-        self._queue.clear()
-        self._buffered = 0
+        with self._lock:
+            self._stuck = None
+            self._queue.clear()
+            self._buffered = 0
+            self._closing = True
         self._remove_reader()
         self._remove_writer()
         self._read_wants_write = self._write_wants_read = False
@@ -464,12 +531,14 @@ class SocketTransport(asyncio.Transport):
     def _connection_lost(self, exc: Exception | None, goodbye: bool = True) -> None:
         if self._lost:
             return
-        self._lost = True
+        with self._lock:
+            self._lost = True
         self._remove_reader()
         self._remove_writer()
         sock = self._sock
         if goodbye and isinstance(sock, ssl.SSLSocket):
-            # Close-notify, without waiting for the peer's (the socket is non-blocking).
+            # Close-notify, without waiting for the peer's (the socket is non-blocking). (No
+            # thread writes any more: the connection is lost under the lock.)
             with contextlib.suppress(OSError, ssl.SSLError, ValueError):
                 sock.unwrap()
         try:

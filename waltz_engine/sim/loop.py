@@ -372,6 +372,9 @@ class SimDiskRunner:
     loss can fall between a pass's syncs and its acknowledgements. A machine that dies inside a
     pass (:class:`SimulatedCrash`) is killed in the same turn: the pass never completes."""
 
+    # The simulator has no threads: a pass ends on the loop.
+    done_off_loop = False
+
     def __init__(
         self, loop: asyncio.AbstractEventLoop, sync_delay_ms: Callable[[], float] | None = None
     ) -> None:

@@ -62,6 +62,10 @@ _DISCONNECTED = ": disconnected ("
 
 # A partition's session may change between reading it and using it; how often to read it again.
 SESSION_CHANGE_ATTEMPTS = 3
+# How long to wait before reading it again, times the attempt: a node refuses the old session as
+# soon as a recovering server opens the new one, but reports the new one only once the recovery
+# has written it, a few round trips later; asked again at once, it can give the old one again.
+SESSION_CHANGE_RETRY_DELAY_MS = 100
 
 
 class NodeCallFailure(StorageAdminError):
@@ -523,6 +527,7 @@ async def max_transaction_id(
             except NodeCallFailure as e:
                 if attempt == SESSION_CHANGE_ATTEMPTS or JAVA_CONCURRENT_UPDATE_EXCEPTION not in str(e):
                     raise
+            await asyncio.sleep(attempt * SESSION_CHANGE_RETRY_DELAY_MS / 1000)
         raise AssertionError("unreachable: the last attempt returns or raises")
     except NodeCallFailure as e:
         raise StorageAdminError(

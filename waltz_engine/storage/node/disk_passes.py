@@ -9,8 +9,15 @@ cost on the way back: a request waiting alone goes through as many turns as befo
 A pass hands each ready worker's batch (its whole queue, up to its capacity) to a thread of the
 node's disk pool in one trip; with more than one partition in it, their batches (writes and
 fsyncs) run concurrently on the other threads of the pool, so the file system's journal can
-merge the fsyncs. When the pass is back on the event loop, all its replies go out with one
-``send_frames`` per connection.
+merge the fsyncs. The pass ends on its thread: all its replies go out with one write per
+connection straight from that thread (``FramedConnection.send_frames_from_thread``), and the
+partitions that queued more meanwhile go to the next pass from there, so a lone request costs
+one hop to the pool and none back (the hop back, a wake-up of the loop through its self-pipe
+and a loop turn, was a third of a lone request's CPU). The passes' state is shared by the loop
+and the pool under one lock (:attr:`DiskPasses.lock`, the workers' queues' too); loop-only
+objects (futures, timers) are reached from the pool with ``call_soon_threadsafe``, on the rare
+paths that need them (a full queue, a pass left behind, the node stopping). In the simulator
+the runner ends a pass on the loop, as every pass did before.
 
 Per partition nothing changes: one batch of a partition at a time, in its queue's order, each
 SUCCESS after its records are durable. A partition's disk error fails only its own requests. A
@@ -32,6 +39,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from waltz_engine.common import clock
+from waltz_engine.common.loop_turns import call_at_turn_end
 from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.net.channel import ConnectionClosedError, FramedConnection
 
@@ -51,8 +59,9 @@ class BatchOwner(Protocol):
 
     partition_id: int
 
-    def take_batch(self) -> list[Any]:
-        """On the loop: the requests for this pass; the worker is busy until :meth:`batch_done`."""
+    def take_batch(self, on_loop: bool) -> list[Any]:
+        """Under :attr:`DiskPasses.lock`, on the loop (``on_loop``) or the pass's thread: the
+        requests for this pass; the worker is busy until :meth:`batch_done`."""
         ...
 
     def process_batch(self, batch: list[Any]) -> list[Reply]:
@@ -60,7 +69,7 @@ class BatchOwner(Protocol):
         ...
 
     def batch_done(self) -> bool:
-        """On the loop: the batch is answered; True when more requests are queued."""
+        """Under :attr:`DiskPasses.lock`: the batch is answered; True when more requests are queued."""
         ...
 
 
@@ -68,8 +77,11 @@ class DiskRunner(Protocol):
     """Where a pass's disk work runs. Production: :class:`ThreadedRunner`; the simulator runs
     it on its own scheduler (waltz_engine/sim/loop.py's ``SimDiskRunner``)."""
 
+    # True: ``done`` runs on the thread that ran ``work``; False: on the loop.
+    done_off_loop: bool
+
     def start(self, work: Callable[[], _R], done: Callable[[_R], None]) -> None:
-        """Run ``work`` off the event loop, then ``done(result)`` on the loop."""
+        """Run ``work`` off the event loop, then ``done(result)`` (see :attr:`done_off_loop`)."""
         ...
 
     def gather(self, jobs: Sequence[Callable[[], _R]], late: Callable[[_R], None]) -> list[_R]:
@@ -87,8 +99,10 @@ class ThreadedRunner:
 
     Plain threads on a C queue (``queue.SimpleQueue``) rather than executors: a hop costs a put
     and a get, with no future, work item or waiter built in Python for each. A pass left behind
-    keeps its thread; the next pass takes another.
+    keeps its thread; the next pass takes another. A pass ends on its thread (no hop back).
     """
+
+    done_off_loop = True
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -96,9 +110,7 @@ class ThreadedRunner:
         self._pool = [_daemon(self._jobs, f"storage-disk-{i}") for i in range(DISK_POOL_THREADS)]
 
     def start(self, work: Callable[[], _R], done: Callable[[_R], None]) -> None:
-        loop = self._loop
-        # Straight to the loop's ready queue: no future whose done callback costs a turn more.
-        self._jobs.put(lambda: loop.call_soon_threadsafe(done, work()))
+        self._jobs.put(lambda: done(work()))
 
     def gather(self, jobs: Sequence[Callable[[], _R]], late: Callable[[_R], None]) -> list[_R]:
         if len(jobs) == 1:
@@ -144,7 +156,11 @@ class ThreadedRunner:
 def _daemon(tasks: queue.SimpleQueue[Callable[[], object] | None], name: str) -> threading.Thread:
     def serve() -> None:
         while (task := tasks.get()) is not None:
-            task()
+            try:
+                task()
+            except Exception:
+                # A bug: the thread serves the next passes all the same.
+                log.exception("a disk pass failed")
 
     thread = threading.Thread(target=serve, name=name, daemon=True)
     thread.start()
@@ -156,7 +172,8 @@ Outcome = tuple[BatchOwner, list[Reply]]
 
 
 class DiskPasses:
-    """One per node; all on the event loop except the work handed to the runner."""
+    """One per node: on the event loop, but a pass's work and its end on the runner's thread;
+    the state below is shared under :attr:`lock`."""
 
     def __init__(
         self,
@@ -167,6 +184,10 @@ class DiskPasses:
     ) -> None:
         self._loop = loop
         self._runner = runner
+        self._done_off_loop = runner.done_off_loop
+        # Guards the state below and the workers' queues and busy flags (held briefly, never
+        # across disk work or a write to a socket).
+        self.lock = threading.Lock()
         # An ordered set: the ready workers, in the order they became ready.
         self._ready: dict[BatchOwner, None] = {}
         # A pass is on disk, or scheduled to start at the next turn.
@@ -187,28 +208,49 @@ class DiskPasses:
         self._late = registry.counter(metric_group, "disk-pass-late-batches")
 
     def ready(self, worker: BatchOwner) -> None:
-        """``worker`` has requests queued and no batch on disk."""
+        """On the loop, under :attr:`lock`: ``worker`` has requests queued and no batch on disk."""
         self._ready[worker] = None
         if not self._running:
             self._running = True
-            self._loop.call_soon(self._start_pass)
+            # At the end of the loop turn, so every request read in it joins the pass; a lone
+            # request's read callback, the turn's last, starts it at once (no select between).
+            call_at_turn_end(self._loop, self._start_pass_on_loop)
         elif self._on_disk is not None and self._watchdog is None:
-            wait_s = self._on_disk_since_s + PASS_WAIT_MS / 1000 - self._loop.time()
-            self._watchdog = self._loop.call_later(max(0.0, wait_s), self._leave_behind, self._on_disk)
+            self._arm_watchdog()
+
+    def _arm_watchdog(self) -> None:
+        """On the loop, under :attr:`lock`."""
+        wait_s = self._on_disk_since_s + PASS_WAIT_MS / 1000 - self._loop.time()
+        self._watchdog = self._loop.call_later(max(0.0, wait_s), self._leave_behind, self._on_disk)
+
+    def _arm_watchdog_if_due(self) -> None:
+        """On the loop: a pass left behind ended on its thread and its partitions wait."""
+        with self.lock:
+            if self._ready and self._on_disk is not None and self._watchdog is None:
+                self._arm_watchdog()
 
     def _leave_behind(self, on_disk: object) -> None:
         """The pass on disk has kept ready partitions waiting PASS_WAIT_MS: start the next beside it."""
-        self._watchdog = None
-        if on_disk is self._on_disk and self._ready:
+        with self.lock:
+            if on_disk is not self._on_disk or self._watchdog is None:
+                return  # (it ended meanwhile, on its thread)
+            self._watchdog = None
+            if not self._ready:
+                return
             self._on_disk = None
             self._late.inc()
-            self._start_pass()
+            self._start_pass(on_loop=True)
 
-    def _start_pass(self) -> None:
+    def _start_pass_on_loop(self) -> None:
+        with self.lock:
+            self._start_pass(on_loop=True)
+
+    def _start_pass(self, on_loop: bool) -> None:
+        """Under :attr:`lock`, on the loop or (the next pass) on the thread of the pass that ended."""
         if self._stopped or not self._ready:
             self._running = False
             return
-        taken = [(worker, worker.take_batch()) for worker in self._ready]
+        taken = [(worker, worker.take_batch(on_loop)) for worker in self._ready]
         self._ready.clear()
         self._running = True
         self._busy += len(taken)
@@ -229,23 +271,34 @@ class DiskPasses:
         return self._runner.gather(jobs, self._late_done)
 
     def _pass_done(self, on_disk: object, outcomes: list[Outcome]) -> None:
-        if on_disk is not self._on_disk:
-            # Left behind: the passes went on without it; its partitions are ready anew.
-            self._answer(outcomes)
-            return
-        self._on_disk = None
-        watchdog, self._watchdog = self._watchdog, None
-        if watchdog is not None:
-            watchdog.cancel()
-        self._answer(outcomes)
-        # What queued while the pass was on disk goes at once: it has waited a pass already.
-        self._start_pass()
+        """On the pass's thread (the loop's in the simulator): answer, then the next pass."""
+        on_loop = not self._done_off_loop
+        self._send(outcomes, on_loop)
+        with self.lock:
+            current = on_disk is self._on_disk
+            if current:
+                self._on_disk = None
+                watchdog, self._watchdog = self._watchdog, None
+                if watchdog is not None:
+                    if on_loop:
+                        watchdog.cancel()
+                    else:
+                        self._loop.call_soon_threadsafe(watchdog.cancel)
+            # (Left behind: the passes went on without it; its partitions are ready anew.)
+            self._batches_done(outcomes, on_loop)
+            if current:
+                # What queued while the pass was on disk goes at once: it has waited a pass already.
+                self._start_pass(on_loop)
 
     def _late_done(self, outcome: Outcome) -> None:
+        """On the loop: a partition a pass of several left behind."""
         self._late.inc()
-        self._answer([outcome])
+        self._send([outcome], on_loop=True)
+        with self.lock:
+            self._batches_done([outcome], on_loop=True)
 
-    def _answer(self, outcomes: list[Outcome]) -> None:
+    def _send(self, outcomes: list[Outcome], on_loop: bool) -> None:
+        """The replies, one write per connection (not under :attr:`lock`)."""
         by_connection: dict[FramedConnection, list[bytes]] = {}
         for _, replies in outcomes:
             for conn, frame in replies:
@@ -253,22 +306,50 @@ class DiskPasses:
         for conn, frames in by_connection.items():
             # The client may be gone; its requests were processed all the same.
             with contextlib.suppress(ConnectionClosedError):
-                conn.send_frames(frames)
+                if on_loop:
+                    conn.send_frames(frames)
+                else:
+                    conn.send_frames_from_thread(frames, self._loop)
+
+    def _batches_done(self, outcomes: list[Outcome], on_loop: bool) -> None:
+        """Under :attr:`lock`: the outcomes' partitions are answered; those with more queued are
+        ready again."""
         self._busy -= len(outcomes)
-        for worker, _ in outcomes:
-            if worker.batch_done():
-                self.ready(worker)
+        again = [worker for worker, _ in outcomes if worker.batch_done()]
+        if again:
+            if on_loop:
+                for worker in again:
+                    self.ready(worker)
+            else:
+                for worker in again:
+                    self._ready[worker] = None
+                if not self._running:
+                    self._running = True
+                    self._start_pass(on_loop)
+                elif self._on_disk is not None and self._watchdog is None:
+                    self._loop.call_soon_threadsafe(self._arm_watchdog_if_due)
         idle = self._idle
-        if idle is not None and self._busy == 0 and not idle.done():
-            idle.set_result(None)
+        if idle is not None and self._busy == 0:
+            if on_loop:
+                _resolve(idle)
+            else:
+                self._loop.call_soon_threadsafe(_resolve, idle)
 
     async def stop(self) -> None:
         """Start no more passes; the batches on disk complete and are answered first."""
-        self._stopped = True
-        if self._busy:
-            self._idle = asyncio.get_running_loop().create_future()
-            await self._idle
+        with self.lock:
+            self._stopped = True
+            if self._busy:
+                self._idle = asyncio.get_running_loop().create_future()
+            idle = self._idle
+        if idle is not None:
+            await idle
         await asyncio.get_running_loop().run_in_executor(None, self._runner.shutdown)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _process(worker: BatchOwner, batch: list[Any]) -> Outcome:

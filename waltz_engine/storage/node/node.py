@@ -18,6 +18,7 @@ from waltz_engine import __version__
 from waltz_engine.common import clock
 from waltz_engine.common.backoff import Backoff
 from waltz_engine.common.errors import StorageError, WaltzError
+from waltz_engine.common.loop_turns import count_turns
 from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.common.process import run_service
 from waltz_engine.net.channel import ConnectionHandler, FramedConnection, Listener, serve
@@ -330,6 +331,13 @@ class StorageNode:
         self.metrics.gauge(
             METRIC_GROUP, "waltz-storage-num-partitions", lambda: len(self.assigned_partition_ids())
         )
+        if self.network is ASYNCIO_NETWORK:
+            # The loop's iterations (selector returns): a lone append request takes one, its
+            # pass's start included (loop_turns.run_turn_end); the answer leaves from the disk thread.
+            turns = count_turns(asyncio.get_running_loop())
+            self.metrics.gauge(
+                METRIC_GROUP, "loop-iterations", lambda: turns.count if turns is not None else None
+            )
         self.metrics.gauge(METRIC_GROUP, "waltz-storage-partition-ids", self.assigned_partition_ids)
         self.metrics.gauge(METRIC_GROUP, "waltz-version-id", lambda: __version__)
         # Our extension: this node can begin a partition's log above 0 (``PartitionWorker._start_late``),

@@ -132,6 +132,12 @@ def _consecutive(records: tuple[Record, ...], first_transaction_id: int) -> bool
     return all(r.transaction_id == first_transaction_id + i for i, r in enumerate(records))
 
 
+def _wake(waiters: list[asyncio.Future[None]]) -> None:
+    for waiter in waiters:
+        if not waiter.done():
+            waiter.set_result(None)
+
+
 class _PartitionMetrics:
     """The original's per-partition metrics (reference §1.8); registered while assigned."""
 
@@ -255,9 +261,10 @@ class PartitionWorker:
             or len(self._queued) >= PARTITION_QUEUE_CAPACITY
         ):
             return False
-        self._queued.append((conn, msg))
-        if not self._busy:
-            self._passes.ready(self)
+        with self._passes.lock:
+            self._queued.append((conn, msg))
+            if not self._busy:
+                self._passes.ready(self)
         return True
 
     async def submit(self, conn: FramedConnection, msg: Any) -> None:
@@ -291,31 +298,42 @@ class PartitionWorker:
         await self._put((conn, queued))
 
     async def _put(self, pending: Pending) -> None:
-        while len(self._queued) >= PARTITION_QUEUE_CAPACITY:
-            waiter = asyncio.get_running_loop().create_future()
-            self._room_waiters.append(waiter)
+        lock = self._passes.lock
+        while True:
+            # Under the lock: a pass's thread that takes the queue sees this waiter, or this
+            # sees the room it made.
+            with lock:
+                if len(self._queued) < PARTITION_QUEUE_CAPACITY:
+                    self._queued.append(pending)
+                    if not self._busy:
+                        self._passes.ready(self)
+                    return
+                waiter = asyncio.get_running_loop().create_future()
+                self._room_waiters.append(waiter)
             try:
                 await waiter
             finally:
-                if waiter in self._room_waiters:
-                    self._room_waiters.remove(waiter)
-        self._queued.append(pending)
-        if not self._busy:
-            self._passes.ready(self)
+                with lock:
+                    if waiter in self._room_waiters:
+                        self._room_waiters.remove(waiter)
 
-    def take_batch(self) -> list[Pending]:
-        """For a pass: what is queued (MAX_BATCH_REQUESTS at most); room for the waiters."""
+    def take_batch(self, on_loop: bool) -> list[Pending]:
+        """For a pass, under the passes' lock, on the loop or on the thread of the pass before:
+        what is queued (MAX_BATCH_REQUESTS at most); room for the waiters."""
         batch = self._queued[:MAX_BATCH_REQUESTS]
         del self._queued[:MAX_BATCH_REQUESTS]
         self._busy = True
         waiters, self._room_waiters = self._room_waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+        if waiters:
+            if on_loop:
+                _wake(waiters)
+            else:
+                waiters[0].get_loop().call_soon_threadsafe(_wake, waiters)
         return batch
 
     def batch_done(self) -> bool:
-        """The pass answered this partition's batch; True when requests wait for the next one."""
+        """Under the passes' lock: the pass answered this partition's batch; True when requests
+        wait for the next one."""
         self._busy = False
         return bool(self._queued)
 
