@@ -12,7 +12,9 @@ import pytest
 from kazoo.client import KazooClient
 
 from waltz_engine.ops.decommission import DecommissionError, decommission
+from waltz_engine.storage import admin_ops
 from waltz_engine.storage.admin_ops import NodePartitions, StoreLayout, client_ssl_context, read_store_layout
+from waltz_engine.storage.admin_ops.recovery import RecoveryResult
 from waltz_engine.storage.replica_mover import (
     MoveError,
     ReplicaMover,
@@ -432,3 +434,55 @@ def test_the_replicas_of_record_that_stay_decide_the_next_recovery() -> None:
     # one of them says what it holds, fewer than a quorum; the recovery would wait for good.
     moved_back = asyncio.run(gap(clean, {"h:1", "h:2", "h:4"}, {"h:1": -1, "h:2": 3}))
     assert moved_back is not None and "h:1 of" in moved_back
+
+
+# The simulator's seed 213: the last recovery (session 2) recorded h:1, h:3, h:4 clean, h:2 at its
+# closing mark 52; 53 and 54 were committed on h:1, h:3, h:4.
+SEED_213_RECORD = {"h:1": (2, UNRESOLVED), "h:2": (1, 52), "h:3": (2, UNRESOLVED), "h:4": (2, UNRESOLVED)}
+
+
+def test_a_move_does_not_cut_a_target_of_record_that_is_no_longer_assigned(
+    zk_client: KazooClient, cluster_root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seed 213 went on: h:1 (no longer assigned, its node still in session 5, holding up to 54)
+    became the target of h:4's move, copied from h:3, which held up to 52; the copy, free to cut
+    a target it took for no replica, truncated h:1 to 52. Recorded clean in session 2, h:1 still
+    counts in the next recovery, so its copy must refuse to cut what the source cannot give."""
+    create_cluster(zk_client, cluster_root, "moves", 1)
+    for i, node in enumerate(("h:1", "h:2", "h:3", "h:4", "h:5")):
+        add_storage_node(zk_client, cluster_root, node, 0, 1000 + i)
+    change_replicas(zk_client, cluster_root, [(node, 0) for node in ("h:2", "h:3", "h:4")])
+    metadata, version = read_partition_metadata(zk_client, cluster_root, 0)
+    recorded: JavaHashMap[ReplicaId, ReplicaState] = JavaHashMap(ReplicaId.java_hash)
+    for storage, (session_id, closing) in SEED_213_RECORD.items():
+        recorded.put(ReplicaId(0, storage), ReplicaState(ReplicaId(0, storage), session_id, closing))
+    write_partition_metadata(zk_client, cluster_root, 0, PartitionMetadata.of_map(1, 2, recorded), version)
+    cuts: dict[str, bool] = {}
+
+    async def recover_partition(*args: object, cut_above_source: bool, **kwargs: object) -> RecoveryResult:
+        target = str(args[2])
+        cuts[target] = cut_above_source
+        return RecoveryResult(0, 5, 52, 52, 52, 0, 1)
+
+    async def nothing(*args: object, **kwargs: object) -> None:
+        return None
+
+    monkeypatch.setattr(admin_ops, "recover_partition", recover_partition)
+    monkeypatch.setattr(admin_ops, "add_partitions", nothing)
+    monkeypatch.setattr(admin_ops, "set_availability", nothing)
+    mover = nodes_mover(zk_client, cluster_root, {"h:1": 5, "h:2": 1, "h:3": -1, "h:4": 5, "h:5": -1})
+
+    async def from_h3(layout: StoreLayout, move: ReplicaMove) -> str:
+        return "h:3"  # the seed's source: it held up to 52
+
+    monkeypatch.setattr(mover, "_copy_source", from_h3)
+    layout = read_store_layout(zk_client, cluster_root)
+    target_admin = {node: str(layout.admin_address(node)) for node in ("h:1", "h:5")}
+
+    asyncio.run(ReplicaMover.copy(mover, layout, ReplicaMove(0, "h:4", "h:1")))
+    assert cuts[target_admin["h:1"]] is False, "a replica of record's records are not cut"
+    asyncio.run(ReplicaMover.copy(mover, layout, ReplicaMove(0, "h:4", "h:5")))
+    assert cuts[target_admin["h:5"]] is True, "a node of no record counts toward no quorum"
+    mover.sessions["h:1"] = -1  # reset since: the next recovery counts only its low-water mark
+    asyncio.run(ReplicaMover.copy(mover, layout, ReplicaMove(0, "h:4", "h:1")))
+    assert cuts[target_admin["h:1"]] is True

@@ -156,6 +156,12 @@ class ReplicaMover:
         await admin_ops.set_availability(self.context, target.admin, [p], online=False)
         rate = f" at most {self.bytes_per_second} bytes/s" if self.bytes_per_second else ""
         what = f"copying from {source} to {move.target}"
+        # A target no longer assigned still counts in the next recovery while the last completed
+        # one recorded it clean and its node was not reset since (a source that left, or was
+        # replaced in place, before a store session completed): its records above what the
+        # source gives may be committed copies of a quorum. Cut, they were voted away (issue
+        # 32: the simulator's seed 213). Such a copy refuses rather than cuts.
+        cut_above_source = not await self._voter_of_record(layout, p, move.target)
         for _ in range(MAX_COPY_PASSES):
             # Each pass goes on from where the last stopped (the target's low-water mark) up to
             # how far the source holds committed transactions when the pass starts.
@@ -170,8 +176,7 @@ class ReplicaMover:
                 batch_size=COPY_BATCH_SIZE,
                 throttle=self.throttle if self.bytes_per_second else None,
                 up_to=up_to,
-                # The target is not an assigned replica yet: what it holds counts toward no quorum.
-                cut_above_source=True,
+                cut_above_source=cut_above_source,
             )
             if result.records_copied <= COPY_BATCH_SIZE:
                 break
@@ -301,6 +306,16 @@ class ReplicaMover:
         """
         metadata, _ = await asyncio.to_thread(read_partition_metadata, self.zk, self.root, p)
         return await recorded_quorum_gap(metadata, staying, partial(self._session_of, layout, p))
+
+    async def _voter_of_record(self, layout: StoreLayout, p: int, storage: str) -> bool:
+        """Whether the last completed recovery recorded ``storage`` clean and its node still is
+        in that session or a later one (unassigning resets a node's session to -1)."""
+        metadata, _ = await asyncio.to_thread(read_partition_metadata, self.zk, self.root, p)
+        state = next((s for s in metadata.replica_states if s.replica_id.storage == storage), None)
+        if state is None or not state.is_unresolved:
+            return False
+        session = await self._session_of(layout, p, storage)
+        return session is not None and session >= state.session_id
 
     async def _await_recorded_quorum(self, layout: StoreLayout, move: ReplicaMove) -> None:
         """Until the replicas that stay once ``move``'s source leaves let the next recovery decide:
