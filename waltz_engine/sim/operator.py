@@ -363,6 +363,10 @@ class Operator:
                 finally:
                     with contextlib.suppress(WaltzError):
                         replica_moves.release_lease(zk, root)
+            # An operator runs a failed move again some time later, not at once: a move waiting
+            # for a store session's recovery (its catch-up judged only once a quorum answers, its
+            # source leaving only once a recovery records its target) needs that recovery to end.
+            await asyncio.sleep(RETRY_AFTER_S)
 
     def assigned_nodes(self, partition_id: int) -> list[StorageNode]:
         """The storage nodes ZooKeeper assigns ``partition_id`` to (what its quorum counts)."""
