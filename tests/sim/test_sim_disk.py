@@ -21,6 +21,9 @@ from waltz_engine.common.record import Record
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
 from waltz_engine.sim.disk import SimDisk, SimulatedCrash
+from waltz_engine.sim.disk_faults import SLOW_SYNC_MS
+from waltz_engine.sim.loop import SimLoop
+from waltz_engine.sim.world import SimWorld, WorldShape
 from waltz_engine.storage import StorageManager
 from waltz_engine.storage.file_system import OS_DISK, Disk
 from waltz_engine.storage.segment import CorruptRecordError
@@ -272,3 +275,31 @@ def test_segments_a_truncate_removed_stay_removed_after_a_power_loss() -> None:
         assert [first for first, _ in partition.segments] == firsts[:2]
         assert partition.records(0, 20) == [record(t) for t in range(cut + 1)] + after
         assert partition.damage_report() == []
+
+
+def test_slow_syncs_end_with_their_fault_even_inside_a_pass() -> None:
+    """A pass's syncs run one after another: those that begin after the slow spell are fast, so a
+    pass begun near its end does not pay seconds past it (seed 3460 of the combined world: a pass
+    of ~30 syncs begun 8 s before the end of a spell took 29 s, the server's recovery waited on it,
+    and the client gave up on a cluster that a real disk would have let go on)."""
+    loop = SimLoop(0)
+    try:
+        world = SimWorld(loop, WorldShape(storage_nodes=1))
+        disk = world.disks["storage-0"]
+        manager = open_manager(SIM_ROOT, disk)
+        manager.set_partition_assignment([0], True)
+        partition = manager.partition(0)
+        world.slow_syncs(0, True, 3.0)
+        disk.take_sync_delay_ms()
+        before = disk.syncs
+        for transaction_id in range(30):  # one pass: the loop's clock stands still meanwhile
+            partition.append([record(transaction_id)])
+        assert disk.syncs - before >= 30
+        # Each slow sync takes at most 2 s; the last slow one begins before the spell ends.
+        assert 0 < disk.take_sync_delay_ms() <= 3_000 + SLOW_SYNC_MS[1]
+        world.slow_syncs(0, False)
+        partition.append([record(30)])
+        assert disk.take_sync_delay_ms() == 0
+        manager.close()
+    finally:
+        loop.close()

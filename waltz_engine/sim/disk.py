@@ -157,6 +157,12 @@ class SimDisk:
         """The size of the last write not yet synced (what a crash may keep a prefix of), or 0."""
         return len(self._last_write.data) if self._last_write is not None else 0
 
+    @property
+    def pending_sync_delay_ms(self) -> float:
+        """The syncs' time charged since the last :meth:`take_sync_delay_ms`: the next sync of
+        this pass begins that much later than the pass."""
+        return self._sync_delay_ms
+
     def take_sync_delay_ms(self) -> float:
         """How long the syncs since the last call should have taken; the world waits that long."""
         delay, self._sync_delay_ms = self._sync_delay_ms, 0.0

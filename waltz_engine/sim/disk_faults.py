@@ -38,6 +38,7 @@ class DiskFaults:
     _control_damaged: bool
     sync_latency_ms: dict[str, tuple[float, float] | None]
     operator: Operator
+    slow_syncs_until_s: dict[str, float]
 
     def flip_bit(self, number: int) -> None:
         """Rot on one storage node (the same one all seed long, so a quorum stays whole): a bit
@@ -122,8 +123,16 @@ class DiskFaults:
         self.disks[f"storage-{number}"].capacity_bytes = None
         self.loop.record("fault", f"disk room again storage-{number}")
 
-    def slow_syncs(self, number: int, slow: bool) -> None:
-        self.sync_latency_ms[f"storage-{number}"] = SLOW_SYNC_MS if slow else None
+    def slow_syncs(self, number: int, slow: bool, duration_s: float = 0.0) -> None:
+        """Syncs of storage-``number`` slow for ``duration_s`` from now (``slow``), or fast again.
+        A sync is slow only if it begins within that time: the syncs of one pass run one after
+        another, so a pass begun near the end does not pay slow syncs past it."""
+        host = f"storage-{number}"
+        self.sync_latency_ms[host] = SLOW_SYNC_MS if slow else None
+        if slow:
+            self.slow_syncs_until_s[host] = self.loop.time() + duration_s
+        else:
+            self.slow_syncs_until_s.pop(host, None)
         self.loop.record("fault", f"syncs {'slow' if slow else 'fast'} storage-{number}")
 
 

@@ -109,7 +109,7 @@ class NodeWorld(Protocol):
 
     def free_disk(self, index: int) -> None: ...
 
-    def slow_syncs(self, index: int, slow: bool) -> None: ...
+    def slow_syncs(self, index: int, slow: bool, duration_s: float = 0.0) -> None: ...
 
     async def restart_storage(self, index: int) -> None: ...
 
@@ -213,8 +213,9 @@ class NodeFaults:
                 await asyncio.sleep(rng.uniform(MIN_PAUSE_S, MAX_DISK_FAULT_S))
                 world.free_disk(index)
             elif kind == "slow_sync":
-                world.slow_syncs(index, True)
-                await asyncio.sleep(rng.uniform(MIN_PAUSE_S, MAX_DISK_FAULT_S))
+                slow_s = rng.uniform(MIN_PAUSE_S, MAX_DISK_FAULT_S)
+                world.slow_syncs(index, True, slow_s)
+                await asyncio.sleep(slow_s)
                 world.slow_syncs(index, False)
             else:
                 await world.crash_server(index)
