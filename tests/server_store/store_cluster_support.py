@@ -23,7 +23,7 @@ from waltz_engine.server.store import Store, StoreConfig
 from waltz_engine.storage.admin_ops import replica_checksums
 from waltz_engine.storage.client import SessionInfo
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
-from waltz_engine.zk.payloads import PartitionMetadata, ReplicaId, ReplicaState
+from waltz_engine.zk.payloads import UNRESOLVED_HIGH_WATER_MARK, PartitionMetadata, ReplicaId, ReplicaState
 from waltz_engine.zk.retention import set_retention_bound
 from waltz_engine.zk.store_metadata import (
     add_storage_node,
@@ -126,6 +126,15 @@ def write_metadata(
 
 def metadata(zk: KazooClient, root: str, partition_id: int) -> PartitionMetadata:
     return read_partition_metadata(zk, root, partition_id).metadata
+
+
+def write_clean_metadata(
+    zk: KazooClient, root: str, partition_id: int, generation: int, session_id: int, storages: Sequence[str]
+) -> None:
+    """``store/partition/<p>`` as a recovery of ``session_id`` leaves it: every one of ``storages``
+    recorded clean (unresolved) in that session."""
+    states = [replica_state(partition_id, s, session_id, UNRESOLVED_HIGH_WATER_MARK) for s in storages]
+    write_metadata(zk, root, partition_id, generation, session_id, states)
 
 
 def replica_state(partition_id: int, storage: str, session_id: int, closing_hwm: int) -> ReplicaState:

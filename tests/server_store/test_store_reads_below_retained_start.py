@@ -22,15 +22,13 @@ from store_cluster_support import (
     node_connect_string,
     open_store,
     register,
-    replica_state,
     set_up_storage,
     started_cluster,
-    write_metadata,
+    write_clean_metadata,
 )
 
 from waltz_engine.server.store.errors import RetainedStartError
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
-from waltz_engine.zk.payloads import UNRESOLVED_HIGH_WATER_MARK
 
 REMOVED = 0  # partition whose every replica begins its log at LATE_START
 ONE_KEEPS = 1  # partition whose first replica still holds the whole log
@@ -77,11 +75,7 @@ def test_a_read_below_the_retained_start_is_answered_not_retried(
             for node in cluster.nodes[1:]:
                 await begin_late(node, ONE_KEEPS)
             for partition_id in (REMOVED, ONE_KEEPS):
-                states = [
-                    replica_state(partition_id, name, SESSION_ID, UNRESOLVED_HIGH_WATER_MARK)
-                    for name in storages
-                ]
-                write_metadata(zk, cluster.root, partition_id, GENERATION, SESSION_ID, states)
+                write_clean_metadata(zk, cluster.root, partition_id, GENERATION, SESSION_ID, storages)
             store = await open_store(zk, cluster.root)
             try:
                 removed = store.partition(REMOVED)

@@ -29,17 +29,15 @@ from store_cluster_support import (
     open_store,
     read_all,
     register,
-    replica_state,
     set_up_storage,
     started_cluster,
     wait_until,
     wait_until_async,
-    write_metadata,
+    write_clean_metadata,
 )
 
 from waltz_engine.net.tcp_proxy import TcpProxy
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
-from waltz_engine.zk.payloads import UNRESOLVED_HIGH_WATER_MARK
 
 PARTITION_ID = 0
 GENERATION = 3
@@ -83,11 +81,9 @@ def test_a_replica_that_does_not_vote_does_not_resolve_the_mark_below_a_committe
                 await set_up_storage(lagging, PARTITION_ID, PREVIOUS_SESSION_ID, MARK, LAGGING_TXID)
                 # It held the committed records too, but its control file is a session behind ZK's.
                 await set_up_storage(moved_back, PARTITION_ID, OLDER_SESSION_ID, MARK, COMMITTED_TXID)
-                states = [
-                    replica_state(PARTITION_ID, name, PREVIOUS_SESSION_ID, UNRESOLVED_HIGH_WATER_MARK)
-                    for name in storages
-                ]
-                write_metadata(zk, cluster.root, PARTITION_ID, GENERATION, PREVIOUS_SESSION_ID, states)
+                write_clean_metadata(
+                    zk, cluster.root, PARTITION_ID, GENERATION, PREVIOUS_SESSION_ID, storages
+                )
                 store = await open_store(zk, cluster.root)
                 try:
                     partition = store.partition(PARTITION_ID)

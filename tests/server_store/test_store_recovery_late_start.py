@@ -23,14 +23,12 @@ from store_cluster_support import (
     read_all,
     recover_all,
     register,
-    replica_state,
     set_up_storage,
     started_cluster,
-    write_metadata,
+    write_clean_metadata,
 )
 
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
-from waltz_engine.zk.payloads import UNRESOLVED_HIGH_WATER_MARK
 
 PARTITION_ID = 0
 GENERATION = 3
@@ -69,11 +67,7 @@ def test_a_replica_whose_log_begins_above_its_mark_is_emptied_and_filled(
                 await client.append(OLD_SESSION_ID, PARTITION_ID, make_records(LATE_START, 3, PARTITION_ID))
             finally:
                 await client.close()
-            states = [
-                replica_state(PARTITION_ID, name, PREVIOUS_SESSION_ID, UNRESOLVED_HIGH_WATER_MARK)
-                for name in storages
-            ]
-            write_metadata(zk, cluster.root, PARTITION_ID, GENERATION, PREVIOUS_SESSION_ID, states)
+            write_clean_metadata(zk, cluster.root, PARTITION_ID, GENERATION, PREVIOUS_SESSION_ID, storages)
             assert await recover_all(zk, cluster.root, PARTITION_ID, GENERATION, storages) == LAST_TXID
         # Emptied, it was filled from 0 (the others hold the whole log): no gap, every record.
         filled = await read_all(late, PARTITION_ID, PREVIOUS_SESSION_ID + 1, LAST_TXID + 1)

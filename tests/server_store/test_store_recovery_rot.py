@@ -24,6 +24,7 @@ from store_cluster_support import (
     replica_state,
     set_up_storage,
     started_cluster,
+    write_clean_metadata,
     write_metadata,
 )
 
@@ -66,11 +67,7 @@ def test_catch_up_takes_a_rotten_record_from_another_replica(cluster: StorageClu
             for i, txid in ROTTEN.items():
                 flip_data_bits(cluster.nodes[i].directory / str(PARTITION_ID), [txid])
                 assert await _refused(cluster.nodes[i], txid)
-            states = [
-                replica_state(PARTITION_ID, name, PREVIOUS_SESSION_ID, UNRESOLVED_HIGH_WATER_MARK)
-                for name in storages
-            ]
-            write_metadata(zk, cluster.root, PARTITION_ID, GENERATION, PREVIOUS_SESSION_ID, states)
+            write_clean_metadata(zk, cluster.root, PARTITION_ID, GENERATION, PREVIOUS_SESSION_ID, storages)
             assert await recover_all(zk, cluster.root, PARTITION_ID, GENERATION, storages) == LAST_TXID
         session_id = PREVIOUS_SESSION_ID + 1
         lagging = await read_all(cluster.nodes[2], PARTITION_ID, session_id, LAST_TXID + 1)
