@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import NamedTuple, TypeVar
 
 from kazoo.client import KazooClient
@@ -43,6 +43,7 @@ from waltz_engine.server.store.retained_start import retained_start_error
 from waltz_engine.server.store.voting import Voting
 from waltz_engine.storage.client import StorageRpcError, encode_append_records
 from waltz_engine.storage.segment import CORRUPT_RECORD_MESSAGE
+from waltz_engine.zk.payloads import ReplicaId
 
 log = logging.getLogger(__name__)
 
@@ -528,10 +529,10 @@ class StoreSession:
         # not run yet may still serve it); raised if no replica serves it.
         retained: RetainedStartError | None = None
         removed: list[ReplicaSession] = []
-        for _ in range(len(self.replica_sessions) * 2):
+        unready: set[ReplicaId] = set()  # skipped while catching up, or failed: may still hold it
+        for replica in self._read_order():
             if not self._running:
                 break
-            replica = self._router.get_route()
             if replica is None:
                 self.close()
                 break
@@ -542,6 +543,8 @@ class StoreSession:
                 or transaction_id >= replica.next_transaction_id
                 or not replica.recovered.is_set()
             ):
+                if not replica.recovered.is_set():
+                    unready.add(replica.replica_id)
                 replica.update_expected_latency(MAX_LATENCY_MS)
                 continue
             started_s = clock.monotonic_s()
@@ -564,17 +567,37 @@ class StoreSession:
                     replica.update_expected_latency(MAX_LATENCY_MS)
                     continue
                 log.warning("read from %s failed: %s", replica.replica_id, e)
+                unready.add(replica.replica_id)
                 replica.close()
                 continue
             replica.update_expected_latency((clock.monotonic_s() - started_s) * 1000)
             return value
-        if retained is not None:
+        unready.difference_update(replica.replica_id for replica in removed)
+        if retained is not None and not unready:
             # Final: the records are gone (a read of them never succeeds later), so callers
             # must not retry it (``StorePartition`` passes it on; issue 32's stalled feeds).
             raise retained
+        if retained is not None:
+            # Not final while a replica not asked may still hold it (one catching up after the
+            # session opened, or one whose read failed): the caller asks again.
+            raise SessionClosedError(
+                f"partition {self.partition_id}: transaction {transaction_id} is below the retained "
+                f"start on the replicas asked; {', '.join(sorted(map(str, unready)))} not asked yet"
+            )
         raise SessionClosedError(
             f"partition {self.partition_id}: no replica can serve transaction {transaction_id}"
         )
+
+    def _read_order(self) -> Iterator[ReplicaSession | None]:
+        """The replicas a read tries, in turn: the router's weighted draws (None: no route), then
+        each replica once more, since draws may miss the one replica that still holds a record
+        the others' retention removed (an answer that must not be given while it holds it)."""
+        for _ in range(len(self.replica_sessions) * 2):
+            replica = self._router.get_route()
+            yield replica
+            if replica is None:
+                return
+        yield from list(self.replica_sessions)
 
     def status(self) -> dict[str, object]:
         hwm = self.high_water_mark
