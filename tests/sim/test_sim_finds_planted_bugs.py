@@ -29,17 +29,17 @@ FIRST_FINDING: dict[str, tuple[int, str]] = {
     "recovery_cuts_committed": (0, "fewer than a quorum of 2"),
     # Issue 32: a power loss takes records a storage node acknowledged before syncing them (the
     # replicas then disagree below what was acknowledged, and the log stalls).
-    "ack_before_sync": (10, "ended without an outcome (in the log 0 times)"),
+    "ack_before_sync": (6, "ended without an outcome (in the log 0 times)"),
     # Issue 32: the bytes the application reads are another transaction's.
     "cache_serves_wrong_bytes": (0, "other than the"),
     # Issue 32: a deposed server's late appends are written at replicas a newer session fenced
-    # (here the replicas then disagree and the log stalls for good: no append gets an outcome).
-    "missing_storage_fence": (56, "ended without an outcome (in the log 0 times)"),
+    # (here a replica then holds another record than the committed one below its low-water mark).
+    "missing_storage_fence": (191, "at or below its low-water mark"),
     # Issue 32, the operator's actions: a cleaner removed segments above a replica's local
     # low-water mark; a decommission's target held less than was committed when the move
     # started; a tier manifest names a copy of a segment that was still being appended to.
     "retention_past_low_water_mark": (2, "above its local low-water mark"),
-    "move_drops_tail": (8, "dropped the tail"),
+    "move_drops_tail": (22, "dropped the tail"),
     "offload_unsealed": (0, "was offloaded unsealed"),
 }
 # The default world without the operator's actions, where issue 21's item 1 stays replayed: the
