@@ -38,8 +38,11 @@ SESSION_ID = ISSUED_SESSION_ID
 SCENARIO_TIMEOUT_S = 60.0
 
 
+MAX_TURNS_TO_WRITE = 10_000  # loop turns for the calls to write their frames (they need a few)
+
+
 class _Sink:
-    """Stands in for a connection's writer: collects the frames the calls write."""
+    """Stands in for a connection's transport: collects the frames the calls write."""
 
     def __init__(self, real: Any) -> None:
         self.real = real
@@ -63,14 +66,18 @@ async def corked(client: StorageClient, calls: Sequence[Callable[[], Awaitable[A
     (or errors), in order."""
     conn = client._conn
     assert conn is not None
-    sink = _Sink(conn.writer)
-    conn.writer = sink  # type: ignore[assignment]
+    # ``FramedConnection`` writes straight to its transport (not through the stream writer).
+    sink = _Sink(conn._transport)
+    conn._transport = sink  # type: ignore[assignment]
     try:
         tasks = [asyncio.ensure_future(call()) for call in calls]
-        while len(sink.chunks) < len(calls):
+        for _ in range(MAX_TURNS_TO_WRITE):
+            if len(sink.chunks) >= len(calls):
+                break
             await asyncio.sleep(0)
+        assert len(sink.chunks) == len(calls), f"{len(sink.chunks)} of {len(calls)} frames written"
     finally:
-        conn.writer = sink.real
+        conn._transport = sink.real
     sink.real.write(b"".join(sink.chunks))
     return await asyncio.gather(*tasks, return_exceptions=True)
 
