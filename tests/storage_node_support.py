@@ -40,7 +40,8 @@ from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
 from waltz_engine.disk.record_format import INDEX_ENTRY, INDEX_ENTRY_SIZE_BYTES, RECORD_HEADER_SIZE_BYTES
 from waltz_engine.net.channel import ConnectionClosedError
 from waltz_engine.net.tls import TlsConfig, client_context
-from waltz_engine.storage.client import StorageAdminClient, StorageClient, StorageRpcError
+from waltz_engine.storage.admin_client import StorageAdminClient
+from waltz_engine.storage.client import StorageClient, StorageRpcError
 from waltz_engine.zk.cluster import create_cluster
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
 from waltz_engine.zk.store_metadata import issue_store_sessions

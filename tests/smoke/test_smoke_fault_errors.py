@@ -17,7 +17,8 @@ from testkit import free_tcp_port
 from waltz_engine.smoke.hostile import Flip, forge_frames, refused_on_read
 from waltz_engine.smoke.runner import DOWN, UP, SmokeRun, fault_failures
 from waltz_engine.smoke.schedule import Fault, FaultKind
-from waltz_engine.storage.client import StorageAdminClient, StorageRpcError
+from waltz_engine.storage.admin_client import StorageAdminClient
+from waltz_engine.storage.client import StorageRpcError
 
 NUM_PARTITIONS = 3
 NO_TLS = cast("ssl.SSLContext", None)  # the connection is refused before any handshake

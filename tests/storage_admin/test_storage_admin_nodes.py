@@ -26,6 +26,7 @@ from typer.testing import CliRunner, Result
 from waltz_cli.main import app
 from waltz_engine.common.address import HostPort
 from waltz_engine.disk.record_format import RECORD_OVERHEAD_BYTES
+from waltz_engine.storage.admin_client import StorageAdminClient
 from waltz_engine.storage.admin_ops import (
     SESSION_CHANGE_ATTEMPTS,
     StorageAdminError,
@@ -33,7 +34,7 @@ from waltz_engine.storage.admin_ops import (
     max_transaction_id,
 )
 from waltz_engine.storage.admin_ops.layout import read_store_layout
-from waltz_engine.storage.client import StorageAdminClient, StorageRpcError
+from waltz_engine.storage.client import StorageRpcError
 from waltz_engine.storage.replica_mover import COPY_BATCH_SIZE, ReplicaMover
 from waltz_engine.zk import store_metadata
 from waltz_engine.zk.connection import ZooKeeperSettings, connect

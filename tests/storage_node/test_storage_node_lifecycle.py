@@ -21,7 +21,7 @@ from storage_node_support import (
 )
 
 from waltz_engine.net.tls import TlsConfig, client_context
-from waltz_engine.storage.client import StorageAdminClient
+from waltz_engine.storage.admin_client import StorageAdminClient
 
 
 def _one_line_error(stderr: str) -> str:

@@ -32,7 +32,7 @@ from waltz_engine.common.errors import WaltzError
 from waltz_engine.net.tls import TlsConfig, client_context
 from waltz_engine.ops.devcluster import LocalCluster
 from waltz_engine.ops.online_checksum import compare_partitions
-from waltz_engine.storage.client import StorageAdminClient
+from waltz_engine.storage.admin_client import StorageAdminClient
 from waltz_engine.storage.tier.offload import replica_name
 
 ROTTEN = 7

@@ -45,8 +45,9 @@ from waltz_engine.common.errors import WaltzError
 from waltz_engine.common.record import Record
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.ops.devcluster.nodes import free_port
+from waltz_engine.storage.admin_client import StorageAdminClient
 from waltz_engine.storage.admin_ops import StorageContext
-from waltz_engine.storage.client import StorageAdminClient, StorageClient, encode_append_records
+from waltz_engine.storage.client import StorageClient, encode_append_records
 from waltz_engine.zk.cluster import create_cluster
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
 from waltz_engine.zk.server import EmbeddedZooKeeper

@@ -17,7 +17,7 @@ import ssl
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple, Protocol, SupportsIndex
 
-from waltz_engine.net import socket_transport
+from waltz_engine.net import socket_server
 
 ProtocolFactory = Callable[[], asyncio.Protocol]
 
@@ -111,11 +111,11 @@ class AsyncioNetwork:
         loop = asyncio.get_running_loop()
         reader = StreamReader(limit=limit, loop=loop)
         protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
-        transport = await socket_transport.open_connection(host, port, ssl_context, protocol)
+        transport = await socket_server.open_connection(host, port, ssl_context, protocol)
         return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
 
     async def create_server(self, protocol_factory: ProtocolFactory, host: str, port: int) -> ServerHandle:
-        return await socket_transport.listen(protocol_factory, host, port)
+        return await socket_server.listen(protocol_factory, host, port)
 
     def is_local_host(self, host: str) -> bool:
         return is_local_host(host)

@@ -23,8 +23,9 @@ from waltz_engine.common.crc import crc32
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.common.record import Record
 from waltz_engine.common.reqid import ReqId
+from waltz_engine.storage.admin_client import StorageAdminClient
 from waltz_engine.storage.admin_ops.operations import FIRST_TRANSACTION_ID_GAUGE
-from waltz_engine.storage.client import StorageAdminClient, StorageRpcError
+from waltz_engine.storage.client import StorageRpcError
 from waltz_engine.storage.network_reader import BadRecordsError, decode_records
 from waltz_engine.storage.node.node import StorageNode
 

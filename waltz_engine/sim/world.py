@@ -51,7 +51,8 @@ from waltz_engine.sim.workload import (
 )
 from waltz_engine.sim.world_acl import CLIENT_HOST, ROGUE_HOST, SIM_NODE_PRINCIPAL, acl_keys, grant
 from waltz_engine.sim.zk_model import SimZkClient, SimZooKeeper
-from waltz_engine.storage.client import StorageAdminClient, StorageClient, StorageRpcError
+from waltz_engine.storage.admin_client import StorageAdminClient
+from waltz_engine.storage.client import StorageClient, StorageRpcError
 from waltz_engine.storage.node.config import StorageConfig
 from waltz_engine.storage.node.node import StorageNode
 from waltz_engine.wire.frame import FRAME_HEADER_SIZE_BYTES

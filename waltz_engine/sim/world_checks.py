@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from waltz_engine.sim.replicas import check_replicas as check_replica_records
 from waltz_engine.sim.replicas import export_read as export_read_replica
 from waltz_engine.sim.workload import check_outcomes
-from waltz_engine.storage.client import StorageAdminClient
+from waltz_engine.storage.admin_client import StorageAdminClient
 
 if TYPE_CHECKING:
     from waltz_engine.sim.world import SimWorld

@@ -25,7 +25,8 @@ from waltz_engine.common.errors import WaltzError
 from waltz_engine.disk.record_format import RECORD_HEADER_SIZE_BYTES
 from waltz_engine.disk.segment_reader import SegmentReader, SegmentRecord
 from waltz_engine.net.channel import ConnectionClosedError
-from waltz_engine.storage.client import StorageAdminClient, StorageClient, StorageRpcError
+from waltz_engine.storage.admin_client import StorageAdminClient
+from waltz_engine.storage.client import StorageClient, StorageRpcError
 from waltz_engine.storage.constants import SEGMENT_SUFFIX
 from waltz_engine.storage.segment import CORRUPT_RECORD_MESSAGE
 

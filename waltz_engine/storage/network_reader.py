@@ -47,7 +47,8 @@ from waltz_engine.common.record import Record
 from waltz_engine.net.channel import ConnectionClosedError
 from waltz_engine.net.tls import TlsConfig, client_context
 from waltz_engine.net.transport import ASYNCIO_NETWORK, Network, tls_context
-from waltz_engine.storage.client import StorageAdminClient, StorageRpcError
+from waltz_engine.storage.admin_client import StorageAdminClient
+from waltz_engine.storage.client import StorageRpcError
 from waltz_engine.wire.primitives import read_records
 from waltz_engine.zk import store_metadata
 from waltz_engine.zk.cluster import read_cluster_params

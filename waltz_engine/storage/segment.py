@@ -20,11 +20,10 @@ Rules (reference §1.5, §1.6):
 from __future__ import annotations
 
 import bisect
-import contextlib
 import logging
 import uuid
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from waltz_engine.common.errors import FormatError, StorageError
@@ -42,9 +41,14 @@ from waltz_engine.disk.record_format import (
     encode_records,
     read_record,
 )
-from waltz_engine.disk.segment_reader import first_txid_from_name
 from waltz_engine.storage.damage import Damage
 from waltz_engine.storage.file_system import CLOSED_FILE, OS_DISK, Disk
+from waltz_engine.storage.segment_files import (
+    CORRUPT_RECORD_MESSAGE,
+    CorruptRecordError,
+    create_segment_files,
+    first_transaction_id_of,
+)
 from waltz_engine.storage.segment_scan import (
     RecoveryPlan,
     check_record,
@@ -54,6 +58,14 @@ from waltz_engine.storage.segment_scan import (
 )
 from waltz_engine.storage.wire_span import WireRecords, read_wire_span
 
+__all__ = [
+    "CORRUPT_RECORD_MESSAGE",
+    "CorruptRecordError",
+    "Segment",
+    "create_segment_files",
+    "first_transaction_id_of",
+]
+
 log = logging.getLogger(__name__)
 
 # The most bytes one read of a span of records loads; a span is shortened to fit, and a single
@@ -61,71 +73,8 @@ log = logging.getLogger(__name__)
 MAX_READ_SPAN_BYTES = 8 << 20
 # The chunk of data the replica checksum reads at once.
 CHECKSUM_CHUNK_BYTES = 1 << 20
-# What a corrupt record's error says first; the server recognises the storage FAILURE by it
-# (``waltz_engine.server.store.store_session``) and reads the record from another replica.
-CORRUPT_RECORD_MESSAGE = "corrupt record"
 # What a sealed segment of another cluster or partition is reported as (none of it is served).
 FOREIGN_SEGMENT = "another cluster's or partition's segment, none of its records served"
-
-
-class CorruptRecordError(StorageError):
-    """A record fails its CRC (over header and data) or its data checksum: never served.
-
-    A ``StorageError``, so the node answers the request with a FAILURE naming the record.
-    """
-
-    def __init__(
-        self, partition_id: int, transaction_id: int, seg_path: Path, offset: int, what: str
-    ) -> None:
-        super().__init__(
-            f"{CORRUPT_RECORD_MESSAGE}: partition {partition_id} transaction {transaction_id}: {what} "
-            f"({seg_path} offset {offset})"
-        )
-        self.partition_id = partition_id
-        self.transaction_id = transaction_id
-        self.what = what
-
-
-def first_transaction_id_of(seg_path: Path) -> int:
-    """The first txid a segment holds, from its name: what the partition orders segments by."""
-    first = first_txid_from_name(seg_path)
-    if first is None:
-        raise FormatError(f"unexpected segment file name: {seg_path}")
-    return first
-
-
-def create_segment_files(
-    key: uuid.UUID,
-    partition_id: int,
-    seg_path: Path,
-    idx_path: Path,
-    first_transaction_id: int,
-    clock_ms: Callable[[], int],
-    disk: Disk = OS_DISK,
-) -> None:
-    """Create an empty segment: the index header first, then the data header, each synced.
-
-    Each file takes its own creation time, as the original's. A creation that fails (a full
-    disk) removes what it created, so the next roll-over creates the segment again; before, the
-    index left behind failed every later attempt with EEXIST, after the disk had room again.
-    """
-    created: list[Path] = []
-    try:
-        for path in (idx_path, seg_path):
-            header = SegmentFileHeader(FORMAT_VERSION, clock_ms(), key, partition_id, first_transaction_id)
-            file = disk.open(path, create=True, exclusive=True)
-            created.append(path)
-            try:
-                pwrite_all(file, header.to_bytes(), 0)
-                file.fsync()
-            finally:
-                file.close()
-        disk.fsync_directory(seg_path.parent)
-    except OSError:
-        for path in reversed(created):
-            with contextlib.suppress(OSError):
-                disk.unlink(path, missing_ok=True)
-        raise
 
 
 class Segment:

@@ -13,6 +13,7 @@ from waltz_engine.common.address import HostPort, parse_host_port
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.disk.partition_info import FLAG_ASSIGNED, FLAG_AVAILABLE
 from waltz_engine.net.channel import ConnectionClosedError
+from waltz_engine.storage.admin_client import StorageAdminClient
 from waltz_engine.storage.admin_ops.layout import (
     DEFAULT_TIMEOUT_MS,
     GAUGE_PARTITION_IDS,
@@ -22,7 +23,6 @@ from waltz_engine.storage.admin_ops.layout import (
     T,
 )
 from waltz_engine.storage.client import (
-    StorageAdminClient,
     StorageClient,
     StorageRpcError,
     StorageTimeoutError,

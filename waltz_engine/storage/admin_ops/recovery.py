@@ -15,6 +15,7 @@ from typing import Any, NamedTuple, NoReturn
 
 from waltz_engine.common.address import HostPort
 from waltz_engine.disk.record_format import RECORD_OVERHEAD_BYTES
+from waltz_engine.storage.admin_client import StorageAdminClient
 from waltz_engine.storage.admin_ops.layout import (
     DEFAULT_RECOVERY_BATCH_SIZE,
     MAX_RECOVERY_BATCH_SIZE,
@@ -32,7 +33,7 @@ from waltz_engine.storage.admin_ops.operations import (
     data_client,
     starts_late,
 )
-from waltz_engine.storage.client import StorageAdminClient, StorageClient
+from waltz_engine.storage.client import StorageClient
 from waltz_engine.storage.constants import CONTROL_FILE_NAME
 from waltz_engine.storage.damage import SegmentDamage
 from waltz_engine.storage.storage_manager import StorageManager
