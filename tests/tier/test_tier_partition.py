@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,8 +19,10 @@ from typing import Any
 import pytest
 from storage_node_support import flip_data_bits, make_records
 
+from waltz_engine.common.crc import to_signed32
 from waltz_engine.common.errors import StorageError
 from waltz_engine.common.object_store import ObjectStore, ObjectStoreError
+from waltz_engine.common.record import Record
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
 from waltz_engine.disk.record_format import RECORD_OVERHEAD_BYTES
 from waltz_engine.ops.inspect import verify
@@ -244,3 +247,44 @@ def test_the_evicted_head_of_a_replica_assigned_again_is_not_forgotten_above_its
         again.set_low_water_mark(2, RECORDS - 1)  # a session: every record held is committed
         assert again.remove_head_segments(15) == [(0, 9)]
         assert again.first_transaction_id() == 10
+
+
+def _other_records(first: int, count: int) -> list[Record]:
+    """Records of the same txids and sizes as ``make_records``'s, with other bytes (a later
+    session's appends after a truncate)."""
+    records = []
+    for record in make_records(first, count, size_bytes=DATA_BYTES):
+        data = (f"new-{record.transaction_id}-".encode() * DATA_BYTES)[:DATA_BYTES]
+        records.append(record._replace(data=data, checksum=to_signed32(zlib.crc32(data))))
+    return records
+
+
+def test_a_truncate_into_the_evicted_range_begins_the_log_again_and_voids_the_cut_copies(
+    partition: Partition, tmp_path: Path
+) -> None:
+    """The simulator's seeds 399 and 30447: a replica's last store session set its low-water mark
+    (the tier evicted up to it) and ended before ZooKeeper recorded that, so each later session
+    cut it to its older closing mark, inside the evicted range: refused ("transaction id out of
+    range"), every recovery failed on it, for good. The cut segment goes whole (its copy in the
+    tier cannot be cut) and the log begins again there, to be filled from another replica; the
+    tier copies holding cut records leave the manifest before a segment grown again to the same
+    span could be evicted for them."""
+    tier = tmp_path / "tier"
+    settings = _offload(partition, tier, RECORDS - 1).settings
+    assert partition.segments == [(20, 29), (30, 39)]  # 0..19 in the tier only
+    assert _manifest_spans(tier) == [(0, 9), (10, 19), (20, 29)]
+
+    assert partition.truncate(14) == 9  # 10..14 go with their segment: fewer than asked
+    assert partition.segments == [(10, 9)]
+    assert partition.first_transaction_id() == 0
+    assert partition.records(0, RECORDS) == make_records(0, 10, size_bytes=DATA_BYTES)
+
+    # Filled again, then a later session's records with other bytes; a session sets its mark.
+    partition.append(make_records(10, 5, size_bytes=DATA_BYTES))
+    partition.append(_other_records(15, RECORDS - 15))
+    partition.set_low_water_mark(2, RECORDS - 1)
+    _round(partition, settings, tmp_path, None)
+    assert _manifest_spans(tier) == [(0, 9), (10, 19), (20, 29)]  # (10, 19), (20, 29) uploaded anew
+    assert partition.segments == [(20, 29), (30, 39)]
+    expected = make_records(0, 15, size_bytes=DATA_BYTES) + _other_records(15, RECORDS - 15)
+    assert partition.records(0, RECORDS) == expected  # never the cut copies' bytes

@@ -280,6 +280,10 @@ class Partition(PartitionHead):
             self._check_retained(transaction_id + 1)
             if self._current.max_transaction_id <= transaction_id:
                 return self._current.max_transaction_id
+            if transaction_id + 1 < self._segments[0].first_transaction_id:
+                return self._cut_into_tier(transaction_id)  # in the tier: ``_check_retained``
+            if self.tier is not None:
+                self.tier.note_cut(transaction_id + 1)
             self._abort_refill()
             # Checked before any segment goes, so a refused truncate changes nothing.
             kept = len(self._segments)
@@ -304,6 +308,11 @@ class Partition(PartitionHead):
             current.truncate(transaction_id)
             self.damage.forget_after(transaction_id)
             return current.max_transaction_id
+
+    def take_tier_cut(self) -> int | None:
+        """The lowest txid a truncate cut since the tier's last round (``TierSegments.note_cut``)."""
+        with self._lock:
+            return self.tier.take_cut() if isinstance(self.tier, TierSegments) else None
 
     def set_low_water_mark(self, session_id: int, low_water_mark: int) -> None:
         """Start a session: persist its low-water mark and our max txid as local low-water mark."""

@@ -93,11 +93,55 @@ class PartitionHead:
         held = self._current.max_transaction_id
         spans = [(s.first_transaction_id, s.max_transaction_id) for s in self._segments]
         evicted = self.tier.forget_below(held + 1) if self.tier is not None else []
+        if self.tier is not None:
+            self.tier.note_cut(0)
         while self._segments:
             self._drop_head()
         self._disk.fsync_directory(self.directory)
         self._segments.append(self._new_segment(0))
         return evicted + spans
+
+    def _cut_into_tier(self, transaction_id: int) -> int:
+        """Under the lock: ``truncate(transaction_id)`` of a log whose records from
+        ``transaction_id + 1`` on begin in a segment evicted to the tier; the max txid kept.
+
+        The tier's copies are never written again, so the evicted segment holding
+        ``transaction_id + 1`` goes whole, with everything after it (evicted and local), and the
+        local log begins again, empty, where that segment began: the records of it up to
+        ``transaction_id`` (at most one segment of them) are dropped as well, and the reply says
+        so (a max txid below ``transaction_id``, as from a replica that held fewer records); the
+        server's recovery copies them back from another replica. The original replies
+        min(max txid, ``transaction_id``), but it has no tier. Refused, the cut stalled every
+        recovery for good: a replica whose last store session set its low-water mark (so the
+        tier evicted up to it) and ended before ZooKeeper recorded that is cut to its older
+        closing mark by each later session (issue 32: the simulator's seeds 399 and 30447).
+
+        Newest segment first, then the directory is synced and the new segment created: a crash
+        in between leaves a shorter log (the tail cut, as a truncate may be) or none, which
+        :meth:`open` makes segment 0, emptied as :meth:`_empty` leaves it; both are filled again.
+        """
+        assert isinstance(self.tier, TierSegments)
+        gone = self.tier.forget_from(transaction_id + 1)
+        assert gone and gone[0][0] <= transaction_id + 1 < self._segments[0].first_transaction_id
+        self._abort_refill()
+        while self._segments:
+            doomed = self._segments.pop()
+            self._cache.remove(doomed)
+            doomed.delete()
+            self.damage.forget_segment(doomed.first_transaction_id)
+        self._disk.fsync_directory(self.directory)
+        start = gone[0][0]
+        self._segments.append(self._new_segment(start))
+        log.warning(
+            "partition %d: truncate to %d cuts segment %d..%d, in the tier only: the log begins again "
+            "at %d, to be filled from another replica",
+            self.partition_id,
+            transaction_id,
+            gone[0][0],
+            gone[0][1],
+            start,
+        )
+        return start - 1
 
     def _drop_head(self) -> None:
         """Remove the oldest segment's files (``.seg`` first: :meth:`open` removes a lone index)."""

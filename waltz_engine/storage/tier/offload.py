@@ -213,6 +213,7 @@ class TierOffloader:
         """``retention_bound``: the partition's effective retention bound, None while unknown."""
         self.attach(partition)
         manifest = self._manifest(partition.partition_id)
+        self._drop_cut(partition, manifest)
         local_low_water_mark = partition.info.current.local_low_water_mark
         for first, last in partition.segments[:-1]:
             if last > local_low_water_mark:
@@ -235,6 +236,33 @@ class TierOffloader:
 
         if retention_bound is not None:
             self._retain(partition, manifest, retention_bound)
+
+    def _drop_cut(self, partition: Partition, manifest: TierManifest) -> None:
+        """Take out of the manifest the copies of segments a truncate cut since the last round:
+        they hold records no longer in the log, and a segment grown again to the same span must
+        be uploaded anew, never evicted for them. Their objects stay until a sweep or an upload
+        of the same segment replaces them."""
+        tier = partition.tier
+        if not isinstance(tier, TierSegments):
+            return
+        cut = partition.take_tier_cut()
+        if cut is None:
+            return
+        void = [first for first, s in manifest.segments.items() if s.max_transaction_id >= cut]
+        if void:
+            try:
+                manifest.remove(void)
+            except BaseException:
+                tier.note_cut(cut)  # the store did not take it: next round
+                raise
+            self._count(partition, manifest)
+            log.info(
+                "tier: partition %d: %d segment copy(ies) from transaction %d on left the manifest "
+                "(the log was truncated there)",
+                partition.partition_id,
+                len(void),
+                cut,
+            )
 
     def _retain(self, partition: Partition, manifest: TierManifest, bound: int) -> None:
         """Retention in the tier, below what the partition still serves (so no read of it

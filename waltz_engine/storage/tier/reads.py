@@ -63,6 +63,9 @@ class TierPending:
     def forget_below(self, transaction_id: int) -> list[tuple[int, int]]:
         return []
 
+    def note_cut(self, transaction_id: int) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -94,6 +97,8 @@ class TierSegments:
         # What this replica's manifest names (evicted or not), as the offloader last published.
         self.uploaded_segments = 0
         self.uploaded_bytes = 0
+        # The lowest txid a truncate cut since the offloader last looked (``note_cut``).
+        self.cut_from: int | None = None
         # first txid → (segment, bytes of its two files)
         self._cached: OrderedDict[int, tuple[Segment, int]] = OrderedDict()
         # A cache, nothing more: what an earlier run left is not trusted.
@@ -133,6 +138,34 @@ class TierSegments:
             if cached is not None:
                 cached[0].delete()
         return [s.span for s in gone]
+
+    def forget_from(self, transaction_id: int) -> list[tuple[int, int]]:
+        """A truncate: stop serving the evicted segments that end at or above ``transaction_id``
+        (the records from it on are cut); their (first, max) txids. Their tier copies are void:
+        noted for the offloader (``note_cut``)."""
+        kept = [s for s in self.evicted if s.max_transaction_id < transaction_id]
+        gone = self.evicted[len(kept) :]
+        self.evicted = kept
+        for segment in gone:
+            cached = self._cached.pop(segment.first_transaction_id, None)
+            if cached is not None:
+                cached[0].delete()
+        self.note_cut(transaction_id)
+        return [s.span for s in gone]
+
+    def note_cut(self, transaction_id: int) -> None:
+        """A truncate cut the records from ``transaction_id`` on: the tier copies of segments
+        holding any of them hold records no longer in the log (a later session may append other
+        ones with the same txids). The offloader takes them out of the manifest on its next round
+        (``take_cut``), before it uploads or evicts, so a segment grown again to the same span is
+        never evicted for a copy of other bytes."""
+        if self.cut_from is None or transaction_id < self.cut_from:
+            self.cut_from = transaction_id
+
+    def take_cut(self) -> int | None:
+        """The lowest txid cut since the last call (see ``note_cut``), None if none."""
+        cut, self.cut_from = self.cut_from, None
+        return cut
 
     def segment_for(self, transaction_id: int) -> Segment | None:
         """The evicted segment holding ``transaction_id``, read back if it is not cached."""
