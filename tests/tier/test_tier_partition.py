@@ -288,3 +288,30 @@ def test_a_truncate_into_the_evicted_range_begins_the_log_again_and_voids_the_cu
     assert partition.segments == [(20, 29), (30, 39)]
     expected = make_records(0, 15, size_bytes=DATA_BYTES) + _other_records(15, RECORDS - 15)
     assert partition.records(0, RECORDS) == expected  # never the cut copies' bytes
+
+
+def test_a_copy_the_local_segment_no_longer_matches_is_not_evicted_for_after_a_restart(
+    partition: Partition, tmp_path: Path
+) -> None:
+    """A node killed after a truncate cut a local segment whose copy is in the tier, before its
+    next round took that copy out of the manifest: grown again to the same span with other bytes,
+    the segment was evicted for the old copy, whose bytes were then served. A copy this process
+    did not upload is compared with the local files before anything is evicted for it."""
+    tier = tmp_path / "tier"
+    settings = _offload(partition, tier, RECORDS - 1).settings
+    assert partition.segments == [(20, 29), (30, 39)]
+    assert _manifest_spans(tier) == [(0, 9), (10, 19), (20, 29)]  # 20..29 also local
+    assert partition.truncate(24) == 24
+    assert partition.tier is not None
+    partition.tier.close()
+    partition.tier = None  # the node restarts: what the truncate noted for the tier is gone
+
+    more = 10  # a third segment, so that 20..29 is not one of the last two, which always stay
+    partition.append(_other_records(25, RECORDS + more - 25))
+    partition.set_low_water_mark(2, RECORDS + more - 1)
+    _round(partition, settings, tmp_path, None)
+    expected = make_records(0, 25, size_bytes=DATA_BYTES) + _other_records(25, RECORDS + more - 25)
+    assert partition.records(0, RECORDS + more) == expected
+    _round(partition, settings, tmp_path, None)  # uploaded anew, then evicted
+    assert partition.segments == [(30, 39), (40, 49)]
+    assert partition.records(0, RECORDS + more) == expected

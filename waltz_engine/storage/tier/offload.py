@@ -124,6 +124,9 @@ class TierOffloader:
         self._manifests: dict[int, TierManifest] = {}
         # Partitions whose prefix was swept since the start (what a killed removal left).
         self._swept: set[int] = set()
+        # By partition, the local segments whose tier copy this process uploaded or found equal to
+        # the local files: only those are evicted for (``_verify_local_copies``).
+        self._verified: dict[int, set[int]] = {}
         self._stopping = threading.Event()
         self._rate = RateLimit(settings.bytes_per_second, self._stopping, seam.blocking_rate)
         self._task: asyncio.Task[None] | None = None
@@ -213,7 +216,8 @@ class TierOffloader:
         """``retention_bound``: the partition's effective retention bound, None while unknown."""
         self.attach(partition)
         manifest = self._manifest(partition.partition_id)
-        self._drop_cut(partition, manifest)
+        verified = self._verified.setdefault(partition.partition_id, set())
+        verified.difference_update(self._drop_cut(partition, manifest))
         local_low_water_mark = partition.info.current.local_low_water_mark
         for first, last in partition.segments[:-1]:
             if last > local_low_water_mark:
@@ -222,11 +226,14 @@ class TierOffloader:
                 continue  # retention removes it: not worth an upload
             if first not in manifest.segments and self._records_whole(partition, first, last):
                 manifest.add(self._upload(partition, manifest.prefix, first, last))
+                verified.add(first)
                 self._count(partition, manifest)
         if self.settings.local_bytes:
+            self._verify_local_copies(partition, manifest, verified)
 
             def in_tier(first: int, last: int) -> TierSegment | None:
-                return manifest.segments[first] if manifest.holds(first, last) else None
+                held = first in verified and manifest.holds(first, last)
+                return manifest.segments[first] if held else None
 
             evicted = partition.evict_to_tier(self.settings.local_bytes, in_tier)
             if evicted:
@@ -237,17 +244,17 @@ class TierOffloader:
         if retention_bound is not None:
             self._retain(partition, manifest, retention_bound)
 
-    def _drop_cut(self, partition: Partition, manifest: TierManifest) -> None:
+    def _drop_cut(self, partition: Partition, manifest: TierManifest) -> list[int]:
         """Take out of the manifest the copies of segments a truncate cut since the last round:
         they hold records no longer in the log, and a segment grown again to the same span must
         be uploaded anew, never evicted for them. Their objects stay until a sweep or an upload
-        of the same segment replaces them."""
+        of the same segment replaces them. The first txids of those taken out."""
         tier = partition.tier
         if not isinstance(tier, TierSegments):
-            return
+            return []
         cut = partition.take_tier_cut()
         if cut is None:
-            return
+            return []
         void = [first for first, s in manifest.segments.items() if s.max_transaction_id >= cut]
         if void:
             try:
@@ -263,6 +270,44 @@ class TierOffloader:
                 len(void),
                 cut,
             )
+        return void
+
+    def _verify_local_copies(self, partition: Partition, manifest: TierManifest, verified: set[int]) -> None:
+        """Compare the tier copies of local segments at or below the mark that this process has not
+        uploaded with the local files (once each): a copy that differs leaves the manifest, to be
+        uploaded again. A node killed after a truncate and before its next round (``_drop_cut``)
+        kept in its manifest copies of segments the truncate cut; one grown again to the same span
+        with other bytes was evicted for them, and the old bytes served."""
+        local_low_water_mark = partition.info.current.local_low_water_mark
+        for first, last in partition.segments[:-1]:
+            if last > local_low_water_mark:
+                break
+            entry = manifest.segments.get(first)
+            if entry is None or first in verified:
+                continue
+            paths = segment_paths(partition.directory, first)
+            if entry.span == (first, last) and [self._file_entry(p) for p in paths] == [entry.seg, entry.idx]:
+                verified.add(first)
+                continue
+            log.warning(
+                "tier: partition %d: the copy of segment %d..%d in the tier is not the local segment "
+                "%d..%d; uploading it again",
+                partition.partition_id,
+                first,
+                entry.max_transaction_id,
+                first,
+                last,
+            )
+            manifest.remove([first])
+            self._count(partition, manifest)
+
+    def _file_entry(self, path: Path) -> FileEntry:
+        """A local file's size and SHA-256, read through the node's disk."""
+        digest, size = hashlib.sha256(), 0
+        for chunk in self._chunks(path):
+            digest.update(chunk)
+            size += len(chunk)
+        return FileEntry(size, digest.hexdigest())
 
     def _retain(self, partition: Partition, manifest: TierManifest, bound: int) -> None:
         """Retention in the tier, below what the partition still serves (so no read of it
