@@ -133,11 +133,7 @@ class TierSegments:
         objects stay in the tier); their (first, max) txids."""
         gone = [s for s in self.evicted if s.max_transaction_id < transaction_id]
         self.evicted = self.evicted[len(gone) :]
-        for segment in gone:
-            cached = self._cached.pop(segment.first_transaction_id, None)
-            if cached is not None:
-                cached[0].delete()
-        return [s.span for s in gone]
+        return self._uncache(gone)
 
     def forget_from(self, transaction_id: int) -> list[tuple[int, int]]:
         """A truncate: stop serving the evicted segments that end at or above ``transaction_id``
@@ -146,11 +142,15 @@ class TierSegments:
         kept = [s for s in self.evicted if s.max_transaction_id < transaction_id]
         gone = self.evicted[len(kept) :]
         self.evicted = kept
+        self.note_cut(transaction_id)
+        return self._uncache(gone)
+
+    def _uncache(self, gone: list[TierSegment]) -> list[tuple[int, int]]:
+        """Delete the read-back copies of segments no longer served; their (first, max) txids."""
         for segment in gone:
             cached = self._cached.pop(segment.first_transaction_id, None)
             if cached is not None:
                 cached[0].delete()
-        self.note_cut(transaction_id)
         return [s.span for s in gone]
 
     def note_cut(self, transaction_id: int) -> None:
