@@ -357,7 +357,12 @@ class _RpcConnection:
                     future.set_exception(StorageTimeoutError(error))
             elif earliest is None or deadline < earliest:
                 earliest = deadline
-        if earliest is not None:
+        # A call registered by a failed call's callback armed its own watchdog above: keep the
+        # earlier one, so exactly one stays armed (an overwritten handle would fire unowned).
+        current = self._watchdog
+        if earliest is not None and (current is None or earliest < self._watchdog_deadline):
+            if current is not None:
+                current.cancel()
             self._watchdog = loop.call_at(earliest, self._expire)
             self._watchdog_deadline = earliest
 
