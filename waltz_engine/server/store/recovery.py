@@ -195,7 +195,14 @@ class RecoveryManager:
                 self._blind.add(replica_id)
             elif not state.is_unresolved:
                 # The closing high-water mark of its last session is known: anything above is dirty.
-                max_transaction_id = await _truncate(connection, replica_id, state.closing_high_water_mark)
+                # Not below the mark of a later session on its disk: left out of that session's
+                # recovery, it caught up in it afterwards, and ZK still records its older one. What
+                # it holds to that mark is committed; cutting it lost committed records it could
+                # not take back when its head had gone to the tier (issue 32: bank seed 211).
+                mark = state.closing_high_water_mark
+                if info.session_id > state.session_id:
+                    mark = max(mark, info.low_water_mark)
+                max_transaction_id = await _truncate(connection, replica_id, mark)
                 voting = False
             else:
                 max_transaction_id = await connection.max_transaction_id()
