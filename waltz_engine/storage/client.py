@@ -446,10 +446,10 @@ class AppendCall:
     :meth:`on_failure`, once: a subclass brings them, so the answer reaches its caller with no
     future and no closure between (the server's lone commit: three per commit)."""
 
-    __slots__ = ("_done", "_pending", "_client", "seq_num")
+    __slots__ = ("_done", "_client", "seq_num")
 
-    # Set by ``send_append_call``: the table it waits in, and its client.
-    _pending: dict[int, Any]
+    # Set by ``send_append_call``. Its answer takes it off the client's current table (a
+    # connection's end fails the calls of a table it already replaced).
     _client: StorageClient
 
     def __init__(self) -> None:
@@ -468,13 +468,14 @@ class AppendCall:
     def succeeded(self) -> None:
         """A SUCCESS recognised by its bytes (``StorageClient._on_bytes``)."""
         self._done = True
-        self._pending.pop(self.seq_num, None)
+        self._client._pending.pop(self.seq_num, None)
         self.on_success()
 
     def set_result(self, response: Any) -> None:
         self._done = True
-        self._pending.pop(self.seq_num, None)
-        error = self._client._append_error(response)
+        client = self._client
+        client._pending.pop(self.seq_num, None)
+        error = client._append_error(response)
         if error is None:
             self.on_success()
         else:
@@ -482,7 +483,7 @@ class AppendCall:
 
     def set_exception(self, error: BaseException) -> None:
         self._done = True
-        self._pending.pop(self.seq_num, None)
+        self._client._pending.pop(self.seq_num, None)
         self.on_failure(error)
 
 
@@ -656,13 +657,12 @@ class StorageClient(_RpcConnection):
         self._next_seq_num = seq_num + 1
         frames = self._append_frames(session_id, seq_num, partition_id, encoded, count)
         call.seq_num = seq_num
-        pending = call._pending = self._pending
         call._client = self
         self._register(seq_num, call, None)
         try:
             conn.send_frames(frames)
         except ConnectionClosedError as e:
-            pending.pop(seq_num, None)
+            self._pending.pop(seq_num, None)
             raise StorageRpcError(f"{self.name} {self.endpoint}: disconnected ({e})") from None
 
     def _append_error(self, response: Any) -> BaseException | None:
