@@ -25,7 +25,8 @@ from store_cluster_support import (
     node_connect_string,
     open_store,
     read_all,
-    register,
+    registered_nodes,
+    stoppable_cluster,
     wait_until,
 )
 
@@ -37,7 +38,7 @@ from waltz_engine.net.tls import TlsConfig, client_context, server_context
 from waltz_engine.server.config import EngineSettings
 from waltz_engine.server.handler import ClientHandler
 from waltz_engine.server.server import ServerCore
-from waltz_engine.server.store import StorePartition
+from waltz_engine.server.store import Store, StorePartition
 from waltz_engine.server.store.store_session import FAILED_TRANSACTION_ID
 from waltz_engine.wire.client_messages import (
     CLIENT_CODECS,
@@ -47,8 +48,6 @@ from waltz_engine.wire.client_messages import (
     MountResponse,
 )
 from waltz_engine.wire.hello import CLIENT_HELLO_TEXT, SERVER_HELLO_TEXT
-from waltz_engine.zk.connection import ZooKeeperSettings
-from waltz_engine.zk.connection import connect as zk_connect
 from waltz_engine.zk.payloads import PartitionInfo
 
 NUM_NODES = 3
@@ -62,23 +61,13 @@ NOT_DECIDED_PROBE_S = 0.5
 
 @pytest.fixture
 def cluster(zookeeper: str, tmp_path: Path) -> Iterator[StorageCluster]:
-    storage_cluster = StorageCluster(zookeeper, tmp_path, NUM_NODES, NUM_PARTITIONS)
-    storage_cluster.start()
-    try:
+    with stoppable_cluster(zookeeper, tmp_path, NUM_NODES, NUM_PARTITIONS) as storage_cluster:
         yield storage_cluster
-    finally:
-        for node in storage_cluster.nodes:
-            if node.running:
-                os.kill(node.pid, signal.SIGCONT)
-        storage_cluster.close()
 
 
 @pytest.fixture
 def zk(cluster: StorageCluster, zookeeper: str) -> Iterator[KazooClient]:
-    with zk_connect(ZooKeeperSettings(zookeeper, cluster.root)) as client:
-        storages = [node_connect_string(node) for node in cluster.nodes]
-        for name, node in zip(storages, cluster.nodes, strict=True):
-            register(client, cluster.root, name, node.admin_port, list(range(NUM_PARTITIONS)))
+    with registered_nodes(cluster, zookeeper) as client:
         yield client
 
 
@@ -194,13 +183,7 @@ def test_an_answer_other_than_success_rolls_the_session_and_appends_go_on(
     async def go() -> None:
         store = await open_store(zk, cluster.root)
         try:
-            partition = store.partition(partition_id)
-            await partition.set_generation(GENERATION)
-            await bounded(partition.ensure_open())
-            await wait_until(lambda: caught_up(partition.status(), storages), "replicas caught up")
-            outcomes = Outcomes()
-            assert outcomes.append_lone(partition, 0)
-            assert await outcomes.wait(0) == (0, None)
+            partition, outcomes = await _first_lone_commit(store, partition_id, storages)
             session = partition.status()["session"]
             assert isinstance(session, dict)
             await refusing.with_admin(lambda admin: admin.set_partition_available([partition_id], False))
@@ -246,13 +229,7 @@ def test_a_lone_batch_in_flight_when_its_session_fails_is_decided_by_the_recover
     async def go() -> None:
         store = await open_store(zk, cluster.root)
         try:
-            partition = store.partition(partition_id)
-            await partition.set_generation(GENERATION)
-            await bounded(partition.ensure_open())
-            await wait_until(lambda: caught_up(partition.status(), storages), "replicas caught up")
-            outcomes = Outcomes()
-            assert outcomes.append_lone(partition, 0)
-            assert await outcomes.wait(0) == (0, None)
+            partition, outcomes = await _first_lone_commit(store, partition_id, storages)
             for node in stopped:
                 os.kill(node.pid, signal.SIGSTOP)
             assert outcomes.append_lone(partition, 1)
@@ -277,6 +254,21 @@ def test_a_lone_batch_in_flight_when_its_session_fails_is_decided_by_the_recover
             await store.close()
 
     asyncio.run(go())
+
+
+async def _first_lone_commit(
+    store: Store, partition_id: int, storages: list[str]
+) -> tuple[StorePartition, Outcomes]:
+    """The store's partition, open with every replica caught up, and its first lone append
+    committed (at txid 0)."""
+    partition = store.partition(partition_id)
+    await partition.set_generation(GENERATION)
+    await bounded(partition.ensure_open())
+    await wait_until(lambda: caught_up(partition.status(), storages), "replicas caught up")
+    outcomes = Outcomes()
+    assert outcomes.append_lone(partition, 0)
+    assert await outcomes.wait(0) == (0, None)
+    return partition, outcomes
 
 
 def _session_id(partition: StorePartition) -> int:
