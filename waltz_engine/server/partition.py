@@ -48,6 +48,7 @@ from waltz_engine.server.feeds import FeedClient, FeedContext, FeedWorker
 from waltz_engine.server.locks import NUM_HASH_FUNCS, LockRequest, Locks
 from waltz_engine.server.partition_data import PartitionData
 from waltz_engine.server.store.errors import AppendOutcomeUnknownError, GenerationMismatchError
+from waltz_engine.server.store.store_session import AppendDecision
 from waltz_engine.server.transaction_cache import TransactionFetcher
 from waltz_engine.wire.client_messages import (
     NO_LOCKS,
@@ -562,7 +563,7 @@ class Partition(PartitionData):
 
     def _decision(
         self, request: AppendRequest, locks: Locks, lock_req: LockRequest, data: bytes
-    ) -> tuple[Callable[[int, BaseException | None, bool], None], list[int]]:
+    ) -> tuple[AppendDecision, list[int]]:
         """What the store's decision of an append does, ``decided(transaction_id, error,
         last_of_batch)``: the same for an append taken at once and one queued. Once the store
         took it, :meth:`_count_issued` gives it its number (the list returned)."""

@@ -18,7 +18,13 @@ from waltz_engine.server.store.errors import (
     StoreError,
     StorePartitionClosedError,
 )
-from waltz_engine.server.store.store_session import AppendFuture, LoneAppend, StoreAppendRequest, StoreSession
+from waltz_engine.server.store.store_session import (
+    AppendDecision,
+    AppendFuture,
+    LoneAppend,
+    StoreAppendRequest,
+    StoreSession,
+)
 from waltz_engine.server.store.store_session_manager import StoreSessionManager
 
 log = logging.getLogger(__name__)
@@ -93,7 +99,7 @@ class StorePartition:
         header: int,
         data: bytes,
         checksum: int,
-        on_decided: Callable[[int, BaseException | None, bool], None],
+        on_decided: AppendDecision,
     ) -> bool:
         """:meth:`append` when it needs no waiting (the current session serves and has room, no
         checkpoint is due), its outcome going to ``on_decided`` (see :class:`LoneAppend`) with

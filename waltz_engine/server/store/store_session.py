@@ -133,6 +133,10 @@ class StoreAppendRequest(NamedTuple):
             future.set_exception(error)
 
 
+# An append's decision, ``(transaction_id, error, last_of_batch)`` (see :class:`LoneAppend`).
+AppendDecision = Callable[[int, BaseException | None, bool], None]
+
+
 class LoneAppend:
     """An append taken without waiting (``StorePartition.append_lone``): its outcome goes to
     ``on_decided(transaction_id, error, last_of_batch)`` (error None: a txid, or -1 when it
@@ -149,13 +153,13 @@ class LoneAppend:
         header: int,
         data: bytes,
         checksum: int,
-        on_decided: Callable[[int, BaseException | None, bool], None],
+        on_decided: AppendDecision,
     ) -> None:
         self.req_id = req_id
         self.header = header
         self.data = data
         self.checksum = checksum
-        self._on_decided: Callable[[int, BaseException | None, bool], None] | None = on_decided
+        self._on_decided: AppendDecision | None = on_decided
 
     def commit(self, transaction_id: int, eager: bool = False, last_of_batch: bool = True) -> None:
         on_decided, self._on_decided = self._on_decided, None
