@@ -142,3 +142,32 @@ async def _answers() -> None:
         # half buffered) and the pair with a FAILURE.
         assert client.recognised == 2 and client.left == 2
         assert client.is_open
+
+
+def test_a_connections_end_fails_every_pending_append_once() -> None:
+    """The node closes with APPENDs unanswered: each call fails once, with "disconnected". (Each
+    call takes itself off the client's current table: the end replaced the table and failed the
+    calls of the old one, which they changed under its iteration.)"""
+    asyncio.run(_connection_end())
+
+
+async def _connection_end() -> None:
+    loop = asyncio.get_running_loop()
+    errors: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    async with _client_and_node() as (client, appends):
+        outcomes: list[BaseException | None] = []
+        for n in range(5):
+            client.send_append_encoded(
+                SESSION_ID, PARTITION_ID, encode_append_records(_records(n, 1)), 1, outcomes.append
+            )
+        requests = [await appends.get() for _ in range(5)]
+        await requests[0][1].close()
+        for _ in range(TEST_BOUND_S * 100):
+            if len(outcomes) == 5 or errors:
+                break
+            await asyncio.sleep(0.01)
+        assert not errors, errors
+        assert len(outcomes) == 5
+        assert all(isinstance(e, StorageRpcError) and "disconnected" in str(e) for e in outcomes), outcomes
+        assert not client._pending

@@ -23,6 +23,7 @@ from store_cluster_support import (
     read_all,
     recovered,
     register,
+    stoppable_cluster,
     wait_until,
 )
 
@@ -44,15 +45,8 @@ NOT_RESOLVED_PROBE_S = 1.0
 
 @pytest.fixture
 def cluster(zookeeper: str, tmp_path: Path) -> Iterator[StorageCluster]:
-    storage_cluster = StorageCluster(zookeeper, tmp_path, NUM_NODES, NUM_PARTITIONS)
-    storage_cluster.start()
-    try:
+    with stoppable_cluster(zookeeper, tmp_path, NUM_NODES, NUM_PARTITIONS) as storage_cluster:
         yield storage_cluster
-    finally:
-        for node in storage_cluster.nodes:
-            if node.running:
-                os.kill(node.pid, signal.SIGCONT)
-        storage_cluster.close()
 
 
 @pytest.fixture

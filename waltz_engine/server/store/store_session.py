@@ -38,10 +38,10 @@ from waltz_engine.server.store.errors import (
 from waltz_engine.server.store.latency_router import MAX_LATENCY_MS, LatencyWeightedRouter
 from waltz_engine.server.store.recovery import RecoveryManager
 from waltz_engine.server.store.replica_connection import ReplicaConnection
-from waltz_engine.server.store.replica_session import ReplicaSession
+from waltz_engine.server.store.replica_session import ReplicaSession, ReplicatedBatch
 from waltz_engine.server.store.retained_start import retained_start_error
 from waltz_engine.server.store.voting import Voting
-from waltz_engine.storage.client import StorageRpcError, encode_append_records
+from waltz_engine.storage.client import StorageRpcError, encode_append_batch
 from waltz_engine.storage.segment import CORRUPT_RECORD_MESSAGE
 from waltz_engine.zk.payloads import ReplicaId
 
@@ -133,6 +133,58 @@ class StoreAppendRequest(NamedTuple):
             future.set_exception(error)
 
 
+# An append's decision, ``(transaction_id, error, last_of_batch)`` (see :class:`LoneAppend`).
+AppendDecision = Callable[[int, BaseException | None, bool], None]
+
+
+class LoneAppend:
+    """An append taken without waiting (``StorePartition.append_lone``): its outcome goes to
+    ``on_decided(transaction_id, error, last_of_batch)`` (error None: a txid, or -1 when it
+    definitely failed), once, with no future between. Eagerly in the call that decides the
+    batch's vote, as :class:`AppendFuture`'s ``when_decided``; a loop turn later otherwise
+    (recovery's outcome, a closing partition's). Queued and resolved as a
+    :class:`StoreAppendRequest` is, by the same session code."""
+
+    __slots__ = ("req_id", "header", "data", "checksum", "_on_decided")
+
+    def __init__(
+        self,
+        req_id: ReqId,
+        header: int,
+        data: bytes,
+        checksum: int,
+        on_decided: AppendDecision,
+    ) -> None:
+        self.req_id = req_id
+        self.header = header
+        self.data = data
+        self.checksum = checksum
+        self._on_decided: AppendDecision | None = on_decided
+
+    def commit(self, transaction_id: int, eager: bool = False, last_of_batch: bool = True) -> None:
+        on_decided, self._on_decided = self._on_decided, None
+        if on_decided is None:
+            return
+        if not eager:
+            asyncio.get_running_loop().call_soon(on_decided, transaction_id, None, True)
+            return
+        try:
+            on_decided(transaction_id, None, last_of_batch)
+        except Exception as e:  # as a done callback's error: reported, the batch goes on
+            asyncio.get_running_loop().call_exception_handler(
+                {"message": "append decision callback failed", "exception": e}
+            )
+
+    def fail(self, error: BaseException) -> None:
+        on_decided, self._on_decided = self._on_decided, None
+        if on_decided is not None:
+            asyncio.get_running_loop().call_soon(on_decided, FAILED_TRANSACTION_ID, error, True)
+
+
+# A store session's queue entry.
+QueuedAppend = StoreAppendRequest | LoneAppend
+
+
 class StoreSession:
     def __init__(
         self,
@@ -151,8 +203,8 @@ class StoreSession:
         self.quorum = len(replica_sessions) // 2 + 1
         self._max_batch_size = config.max_batch_size
         self._queue_capacity = config.max_batch_size * QUEUE_CAPACITY_BATCHES
-        self._queue: deque[StoreAppendRequest] = deque()
-        self._in_flight: list[StoreAppendRequest] | None = None
+        self._queue: deque[QueuedAppend] = deque()
+        self._in_flight: list[QueuedAppend] | None = None
         # first txid -> (encoded records, count) of the latest batches, oldest first.
         self._encoded_batches: dict[int, tuple[bytes, int]] = {}
         self._encoded_batches_bytes = 0
@@ -262,7 +314,7 @@ class StoreSession:
         self._wake()
         self._start_soon()
 
-    def append_now(self, request: StoreAppendRequest) -> bool:
+    def append_now(self, request: QueuedAppend) -> bool:
         """:meth:`append` when it needs no waiting (False: there is no room, or the session or
         generation changed; nothing was done). The batch starts at the end of the loop turn, as
         from :meth:`append`: starting it at once from here sent a batch of one under fan-in and
@@ -427,13 +479,15 @@ class StoreSession:
             self._in_flight = batch
             self._wake()  # room in the queue
             first = self._next_transaction_id
-            records = [Record(first + i, r.req_id, r.header, r.data, r.checksum) for i, r in enumerate(batch)]
-            encoded = encode_append_records(records)
+            # Encoded once for every replica, straight from the queue's entries (no records made).
+            encoded = encode_append_batch(first, batch)
             self._keep_encoded_batch(first, encoded, count)
-            num_voters = sum(1 for replica in self.replica_sessions if replica.is_voter)
+            replicas = self.replica_sessions
+            num_voters = len([replica for replica in replicas if replica.is_voter])
             voting = Voting(self.quorum, num_voters, self._decided)
-            for replica in self.replica_sessions:
-                replica.append(first, encoded, count, voting)
+            replicated = ReplicatedBatch(first, encoded, count, voting)
+            for replica in replicas:
+                replica.append(replicated)
         except Exception:
             log.exception("partition %d session %d: append failed", self.partition_id, self.session_id)
             self._close_failed()
