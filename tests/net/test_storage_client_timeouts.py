@@ -16,7 +16,8 @@ import pytest
 from storage_data_port_support import client_of_data_port
 
 from waltz_engine.net.channel import FramedConnection
-from waltz_engine.storage.client import StorageClient, StorageTimeoutError, _EagerCall
+from waltz_engine.storage.client import StorageClient, StorageTimeoutError
+from waltz_engine.storage.eager_calls import EagerCall
 from waltz_engine.wire.storage_messages import (
     STORAGE_CODEC,
     StorageMaxTransactionIdRequest,
@@ -113,12 +114,12 @@ def test_a_call_registered_by_a_failing_calls_callback_leaves_one_watchdog() -> 
                 errors.append(error)
                 seq_num = client._take_seq_num()
                 follow_up.append(seq_num)
-                client._register(seq_num, _EagerCall(lambda _r, e: errors.append(e)), SHORT_TIMEOUT_MS)
+                client._register(seq_num, EagerCall(lambda _r, e: errors.append(e)), SHORT_TIMEOUT_MS)
 
             long_seq_num = client._take_seq_num()
-            client._register(long_seq_num, _EagerCall(lambda _r, _e: None), LONG_TIMEOUT_MS)
+            client._register(long_seq_num, EagerCall(lambda _r, _e: None), LONG_TIMEOUT_MS)
             first = client._take_seq_num()
-            client._register(first, _EagerCall(send_the_next), SHORT_TIMEOUT_MS)
+            client._register(first, EagerCall(send_the_next), SHORT_TIMEOUT_MS)
             async with asyncio.timeout(TEST_BOUND_S):
                 while len(errors) < 2:
                     await asyncio.sleep(0.05)

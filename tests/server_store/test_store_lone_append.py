@@ -39,7 +39,7 @@ from waltz_engine.server.config import EngineSettings
 from waltz_engine.server.handler import ClientHandler
 from waltz_engine.server.server import ServerCore
 from waltz_engine.server.store import Store, StorePartition
-from waltz_engine.server.store.store_session import FAILED_TRANSACTION_ID
+from waltz_engine.server.store.queued_appends import FAILED_TRANSACTION_ID
 from waltz_engine.wire.client_messages import (
     CLIENT_CODECS,
     FlushRequest,

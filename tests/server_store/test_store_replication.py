@@ -31,7 +31,7 @@ from waltz_engine.common.crc import to_signed32
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.net.tcp_proxy import TcpProxy
 from waltz_engine.server.store import GenerationMismatchError, Store, StoreConfig, StorePartition
-from waltz_engine.server.store.store_session import FAILED_TRANSACTION_ID
+from waltz_engine.server.store.queued_appends import FAILED_TRANSACTION_ID
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
 
 NUM_NODES = 3

@@ -33,12 +33,11 @@ import contextlib
 import logging
 from collections.abc import Callable
 from functools import partial
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 from waltz_engine.common import clock
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.common.metrics import MetricsRegistry
-from waltz_engine.common.record import Record, RecordHeader
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.server.append_barrier import AppendBarrier
 from waltz_engine.server.config import EngineSettings
@@ -48,7 +47,8 @@ from waltz_engine.server.feeds import FeedClient, FeedContext, FeedWorker
 from waltz_engine.server.locks import NUM_HASH_FUNCS, LockRequest, Locks
 from waltz_engine.server.partition_data import PartitionData
 from waltz_engine.server.store.errors import AppendOutcomeUnknownError, GenerationMismatchError
-from waltz_engine.server.store.store_session import AppendDecision
+from waltz_engine.server.store.queued_appends import AppendDecision
+from waltz_engine.server.store_partition_like import StorePartitionLike
 from waltz_engine.server.transaction_cache import TransactionFetcher
 from waltz_engine.wire.client_messages import (
     NO_LOCKS,
@@ -73,40 +73,6 @@ APPEND_QUEUE_SIZE = 100  # the original's ArrayBlockingQueue(100)
 METRIC_GROUP_PREFIX = "waltz-server.partition-"
 NO_HIGH_WATER_MARK = -1  # before the store partition opened, and of an empty partition
 FAILED_TRANSACTION_ID = -1  # the store's outcome of an append that definitely failed
-
-
-# A data request waiting on its transaction's load from storage.
-
-
-class StorePartitionLike(Protocol):
-    """The part of the store layer's StorePartition this engine uses."""
-
-    partition_id: int
-
-    async def set_generation(self, generation: int) -> None: ...
-
-    async def append(self, req_id: ReqId, header: int, data: bytes, checksum: int) -> asyncio.Future[int]: ...
-
-    async def flush(self) -> int: ...
-
-    @property
-    def high_water_mark(self) -> int: ...
-
-    @property
-    def low_water_mark(self) -> int:
-        """The high-water mark the current store session's recovery resolved (all committed)."""
-        ...
-
-    async def ensure_open(self) -> None: ...
-
-    async def record_headers(self, transaction_id: int, max_records: int) -> list[RecordHeader]: ...
-
-    async def record(self, transaction_id: int) -> Record | None: ...
-
-    async def committed_records(self, transaction_id: int, max_records: int) -> list[Record]: ...
-
-    @property
-    def healthy(self) -> bool: ...
 
 
 class _Registration(NamedTuple):

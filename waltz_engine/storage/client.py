@@ -18,7 +18,7 @@ import ssl
 import struct
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from waltz_engine.common.errors import ProtocolError, WaltzError
 from waltz_engine.common.record import Record, RecordHeader
@@ -30,10 +30,18 @@ from waltz_engine.net.channel import (
     connect,
 )
 from waltz_engine.net.transport import ASYNCIO_NETWORK, Network
+from waltz_engine.storage.append_encoding import encode_append_batch, encode_append_records
+from waltz_engine.storage.eager_calls import (
+    EAGER_CALLS,
+    OPEN_SEQ_NUM,
+    AppendCall,
+    CallbackAppend,
+    EagerCall,
+)
 from waltz_engine.wire.codec import MessageCodec
 from waltz_engine.wire.frame import FRAME_HEADER, check_frame_length
 from waltz_engine.wire.hello import STORAGE_CLIENT_HELLO_TEXT
-from waltz_engine.wire.primitives import I32, RECORD_PREFIX, SessionInfo, write_records
+from waltz_engine.wire.primitives import I32, SessionInfo
 from waltz_engine.wire.storage_messages import (
     NO_PARTITION_ID,
     NO_SESSION_ID,
@@ -81,15 +89,12 @@ DEFAULT_REQUEST_TIMEOUT_MS = 30_000
 # simulator's seed 4359, a store session waiting 30 s on a node back after 13 s, whose client gave
 # up at 20 s). A node that is only slow answers the probe after the calls before it: harmless.
 DEFAULT_PROBE_AFTER_MS = 5_000
-OPEN_SEQ_NUM = -1
 FIRST_SEQ_NUM = 0
 APPEND_REQUEST_TYPE = 6
 # type, sessionId, seqNum, partitionId: the part of an APPEND frame that differs per connection.
 _APPEND_HEAD = struct.Struct(">bqqi")
 # A whole SUCCESS_RESPONSE frame: magic, version, length; type, sessionId, seqNum, partitionId.
 _SUCCESS_FRAME = struct.Struct(">Bhibqqi")
-# What an eager call is answered with when its SUCCESS was recognised by its bytes.
-RECOGNISED_SUCCESS = StorageSuccessResponse(NO_SESSION_ID, OPEN_SEQ_NUM, NO_PARTITION_ID)
 SUCCESS_RESPONSE_TYPE = 7
 # Its first bytes, the same in every SUCCESS answer (what the read callback recognises).
 _SUCCESS_PREFIX = struct.pack(
@@ -107,46 +112,6 @@ class StorageRpcError(WaltzError):
 
 class StorageTimeoutError(StorageRpcError):
     """No response within the call's timeout."""
-
-
-def encode_append_records(records: Sequence[Record]) -> bytes:
-    """The records part of an APPEND_REQUEST (count + records), encoded once for many replicas."""
-    out = bytearray()
-    write_records(out, records)
-    return bytes(out)
-
-
-class AppendEntry(Protocol):
-    """What :func:`encode_append_batch` reads of an append (a store session's queue entry)."""
-
-    @property
-    def req_id(self) -> tuple[int, int, int, int]: ...
-
-    @property
-    def header(self) -> int: ...
-
-    @property
-    def data(self) -> bytes: ...
-
-    @property
-    def checksum(self) -> int: ...
-
-
-def encode_append_batch(first_transaction_id: int, entries: Sequence[AppendEntry]) -> bytes:
-    """:func:`encode_append_records` of the records that ``entries`` become at consecutive txids
-    from ``first_transaction_id``, byte for byte, without making the records (a store session's
-    batch is encoded once, on the server's hot path)."""
-    pack_prefix = RECORD_PREFIX.pack
-    pack_i32 = I32.pack
-    parts = [pack_i32(len(entries))]
-    transaction_id = first_transaction_id
-    for entry in entries:
-        data = entry.data
-        parts.append(pack_prefix(transaction_id, *entry.req_id, entry.header, len(data)))
-        parts.append(data)
-        parts.append(pack_i32(entry.checksum))
-        transaction_id += 1
-    return b"".join(parts)
 
 
 class _RpcConnection:
@@ -177,7 +142,7 @@ class _RpcConnection:
         self._conn: FramedConnection | None = None
         self._closer: asyncio.Task[None] | None = None  # closes the connection after its end
         # seq num -> (future, deadline on the loop's clock, the timeout in ms for its message).
-        self._pending: dict[int, tuple[asyncio.Future[Any] | _EagerCall | AppendCall, float, int]] = {}
+        self._pending: dict[int, tuple[asyncio.Future[Any] | EagerCall | AppendCall, float, int]] = {}
         # One timer per connection, at the earliest deadline, instead of one per request.
         self._watchdog: asyncio.TimerHandle | None = None
         self._watchdog_deadline = 0.0  # its time on the loop's clock (when it is set)
@@ -257,7 +222,7 @@ class _RpcConnection:
         return response
 
     def _register(
-        self, seq_num: int, waiter: asyncio.Future[Any] | _EagerCall | AppendCall, timeout_ms: int | None
+        self, seq_num: int, waiter: asyncio.Future[Any] | EagerCall | AppendCall, timeout_ms: int | None
     ) -> None:
         """A call in flight until its response, the connection's end or its deadline."""
         assert seq_num not in self._pending, f"sequence number {seq_num} already in flight"
@@ -326,7 +291,7 @@ class _RpcConnection:
                     self._pending.pop(seq_num, None)
 
                 self._probe_seq_num = seq_num
-                self._register(seq_num, _EagerCall(answered), None)
+                self._register(seq_num, EagerCall(answered), None)
                 try:
                     conn.send_frames([frame])
                 except ConnectionClosedError:
@@ -418,100 +383,6 @@ class _RpcConnection:
         await self.close()
 
 
-class _EagerCall:
-    """A pending call answered by a callback in the connection's read callback, not a future
-    (whose waiter would run a loop turn later): ``answered(response, error)``, once."""
-
-    __slots__ = ("_answered", "_done")
-
-    def __init__(self, answered: Callable[[Any, BaseException | None], None]) -> None:
-        self._answered = answered
-        self._done = False
-
-    def done(self) -> bool:
-        return self._done
-
-    def set_result(self, response: Any) -> None:
-        self._done = True
-        self._answered(response, None)
-
-    def succeeded(self) -> None:
-        """A SUCCESS recognised by its bytes (``StorageClient._on_bytes``): no response to check."""
-        self._done = True
-        self._answered(RECOGNISED_SUCCESS, None)
-
-    def set_exception(self, error: BaseException) -> None:
-        self._done = True
-        self._answered(None, error)
-
-
-class AppendCall:
-    """An APPEND sent by :meth:`StorageClient.send_append_call`, answered in its answer's read
-    callback (or at the connection's end, or its deadline) by :meth:`on_success` or
-    :meth:`on_failure`, once: a subclass brings them, so the answer reaches its caller with no
-    future and no closure between (the server's lone commit: three per commit)."""
-
-    __slots__ = ("_done", "_client", "seq_num")
-
-    # Set by ``send_append_call``. Its answer takes it off the client's current table (a
-    # connection's end fails the calls of a table it already replaced).
-    _client: StorageClient
-
-    def __init__(self) -> None:
-        self._done = False
-        self.seq_num = OPEN_SEQ_NUM
-
-    def on_success(self) -> None:
-        raise NotImplementedError
-
-    def on_failure(self, error: BaseException) -> None:
-        raise NotImplementedError
-
-    def done(self) -> bool:
-        return self._done
-
-    def succeeded(self) -> None:
-        """A SUCCESS recognised by its bytes (``StorageClient._on_bytes``)."""
-        self._done = True
-        self._client._pending.pop(self.seq_num, None)
-        self.on_success()
-
-    def set_result(self, response: Any) -> None:
-        self._done = True
-        client = self._client
-        client._pending.pop(self.seq_num, None)
-        error = client._append_error(response)
-        if error is None:
-            self.on_success()
-        else:
-            self.on_failure(error)
-
-    def set_exception(self, error: BaseException) -> None:
-        self._done = True
-        self._client._pending.pop(self.seq_num, None)
-        self.on_failure(error)
-
-
-class _CallbackAppend(AppendCall):
-    """An :class:`AppendCall` whose outcome goes to ``on_done(None | error)``."""
-
-    __slots__ = ("_on_done",)
-
-    def __init__(self, on_done: Callable[[BaseException | None], None]) -> None:
-        super().__init__()
-        self._on_done = on_done
-
-    def on_success(self) -> None:
-        self._on_done(None)
-
-    def on_failure(self, error: BaseException) -> None:
-        self._on_done(error)
-
-
-# The calls answered in the read callback, not through a future.
-_EAGER_CALLS = (_EagerCall, AppendCall)
-
-
 class StorageClient(_RpcConnection):
     """A connection to a storage node's data port (``storage.port``)."""
 
@@ -576,7 +447,7 @@ class StorageClient(_RpcConnection):
         for offset in range(0, size, frame_size):
             _, _, _, _, session_id, seq_num, partition_id = unpack_from(data, offset)
             call = pending.get(seq_num)
-            if call is not None and isinstance(call[0], _EAGER_CALLS) and not call[0].done():
+            if call is not None and isinstance(call[0], EAGER_CALLS) and not call[0].done():
                 call[0].succeeded()  # an APPEND sent from a callback: its answer's callback now
             else:
                 self._on_message(StorageSuccessResponse(session_id, seq_num, partition_id))
@@ -648,7 +519,7 @@ class StorageClient(_RpcConnection):
         """:meth:`append_encoded` without a task: sent now (check :meth:`can_send_now` first),
         ``on_done(None)`` on SUCCESS or ``on_done(error)``, in the read callback of its answer
         (or at the connection's end, or its deadline)."""
-        self.send_append_call(session_id, partition_id, encoded, count, _CallbackAppend(on_done))
+        self.send_append_call(session_id, partition_id, encoded, count, CallbackAppend(on_done))
 
     def send_append_call(
         self, session_id: int, partition_id: int, encoded: bytes, count: int, call: AppendCall

@@ -19,7 +19,8 @@ from waltz_engine.common.address import parse_host_port
 from waltz_engine.common.record import Record, RecordHeader
 from waltz_engine.net.channel import CONNECT_TIMEOUT_MS
 from waltz_engine.net.transport import ASYNCIO_NETWORK, Network
-from waltz_engine.storage.client import AppendCall, SessionInfo, StorageClient
+from waltz_engine.storage.client import SessionInfo, StorageClient
+from waltz_engine.storage.eager_calls import AppendCall
 
 
 class StorageConnections:

@@ -34,7 +34,7 @@ from waltz_engine.server.store.recovery import RecoveryManager
 from waltz_engine.server.store.replica_connection import ReplicaConnection, StorageConnections
 from waltz_engine.server.store.retained_start import restart_at_retained_start
 from waltz_engine.server.store.voting import Voting
-from waltz_engine.storage.client import AppendCall
+from waltz_engine.storage.eager_calls import AppendCall
 from waltz_engine.storage.node.failures import JAVA_CONCURRENT_UPDATE_EXCEPTION
 from waltz_engine.zk.payloads import ReplicaId
 

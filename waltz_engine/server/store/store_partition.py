@@ -18,13 +18,13 @@ from waltz_engine.server.store.errors import (
     StoreError,
     StorePartitionClosedError,
 )
-from waltz_engine.server.store.store_session import (
+from waltz_engine.server.store.queued_appends import (
     AppendDecision,
     AppendFuture,
     LoneAppend,
     StoreAppendRequest,
-    StoreSession,
 )
+from waltz_engine.server.store.store_session import StoreSession
 from waltz_engine.server.store.store_session_manager import StoreSessionManager
 
 log = logging.getLogger(__name__)
