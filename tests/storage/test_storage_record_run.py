@@ -38,6 +38,17 @@ def _records(first_txid: int, count: int, rng: random.Random) -> list[Record]:
     return records
 
 
+def _end_within(sizes: list[int], start: int, room_bytes: int) -> int:
+    """What a segment took before the runs: record by record until one passes the room."""
+    end, used = start, 0
+    while end < len(sizes):
+        used += sizes[end]
+        end += 1
+        if used > room_bytes:
+            break
+    return end
+
+
 def _run(records: list[Record]) -> WireRecordRun:
     out = bytearray(b"xyz")  # the record list starts anywhere in the payload
     write_records(out, records)
@@ -58,8 +69,10 @@ def test_a_wire_run_encodes_the_same_segment_bytes_as_its_records(count: int) ->
             assert run.encode(start, end, 128 + start) == encode_records(records[start:end], 128 + start)
             assert RecordList(records).encode(start, end, 7) == encode_records(records[start:end], 7)
     for i, record in enumerate(records):
-        assert run.disk_size_bytes(i) == RecordList(records).disk_size_bytes(i) == 40 + len(record.data)
         assert run.transaction_id(i) == record.transaction_id
+        for room in (-1, 0, 39, 40 + len(record.data), 600, 2000, 10**9):
+            expected = _end_within([40 + len(r.data) for r in records], i, room)
+            assert run.end_within(i, room) == RecordList(records).end_within(i, room) == expected
 
 
 def test_joined_runs_are_their_records_in_order() -> None:
@@ -69,7 +82,10 @@ def test_joined_runs_are_their_records_in_order() -> None:
     joined = JoinedRuns([_run(part) for part in parts])
     assert len(joined) == 9 and joined.consecutive_from(5) and not joined.consecutive_from(6)
     assert [joined.transaction_id(i) for i in range(9)] == list(range(5, 14))
-    assert [joined.disk_size_bytes(i) for i in range(9)] == [40 + len(r.data) for r in records]
+    sizes = [40 + len(r.data) for r in records]
+    for start in range(9):
+        for room in range(-1, sum(sizes) + 2, 37):
+            assert joined.end_within(start, room) == _end_within(sizes, start, room)
     for start in range(10):
         for end in range(start, 10):
             assert joined.encode(start, end, 999) == encode_records(records[start:end], 999)

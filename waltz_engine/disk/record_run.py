@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from waltz_engine.common.record import Record
-from waltz_engine.disk.record_format import encode_records
+from waltz_engine.disk.record_format import RECORD_OVERHEAD_BYTES, encode_records
 from waltz_engine.wire.errors import InvalidValueError, TruncatedMessageError
 from waltz_engine.wire.primitives import (
     I32,
@@ -64,8 +64,10 @@ class AppendRun(Protocol):
         """Whether the records' txids are ``transaction_id``, ``transaction_id + 1``, ..."""
         ...
 
-    def disk_size_bytes(self, index: int) -> int:
-        """What record ``index`` takes in a segment."""
+    def end_within(self, start: int, room_bytes: int) -> int:
+        """Where a segment with ``room_bytes`` left before its threshold stops taking records
+        from ``start``: after the first one that passes it (a segment ends past its threshold,
+        as the original's), else after the last."""
         ...
 
     def encode(self, start: int, end: int, start_offset: int) -> tuple[bytes, bytes]:
@@ -110,8 +112,23 @@ class WireRecordRun:
         txids = self.txids
         return not txids or (txids[0] == transaction_id and self._consecutive)
 
-    def disk_size_bytes(self, index: int) -> int:
-        return self.starts[index + 1] - self.starts[index] + DISK_EXTRA_BYTES
+    def disk_bytes_from(self, start: int) -> int:
+        """What records ``start ..`` take in a segment."""
+        count = len(self.txids)
+        return self.starts[count] - self.starts[start] + DISK_EXTRA_BYTES * (count - start)
+
+    def end_within(self, start: int, room_bytes: int) -> int:
+        count = len(self.txids)
+        if self.disk_bytes_from(start) <= room_bytes:
+            return count  # (the usual case: no record by record)
+        starts = self.starts
+        base = starts[start]
+        end = start
+        while end < count:
+            end += 1
+            if starts[end] - base + DISK_EXTRA_BYTES * (end - start) > room_bytes:
+                break
+        return end
 
     def wire_bytes(self) -> bytes:
         """The records as they came (the record list without its count)."""
@@ -175,9 +192,19 @@ class JoinedRuns:
             transaction_id += len(run)
         return True
 
-    def disk_size_bytes(self, index: int) -> int:
-        which, local = self._locate(index)
-        return self.runs[which].disk_size_bytes(local)
+    def end_within(self, start: int, room_bytes: int) -> int:
+        which, local = self._locate(start)
+        first = start - local  # the first record of run ``which``, in the joined numbering
+        while which < len(self.runs):
+            run = self.runs[which]
+            if local < len(run.txids):
+                used = run.disk_bytes_from(local)
+                if used > room_bytes:
+                    return first + run.end_within(local, room_bytes)
+                room_bytes -= used
+            first += len(run.txids)
+            which, local = which + 1, 0
+        return first
 
     def encode(self, start: int, end: int, start_offset: int) -> tuple[bytes, bytes]:
         data: list[bytes] = []
@@ -214,8 +241,16 @@ class RecordList:
     def consecutive_from(self, transaction_id: int) -> bool:
         return all(r.transaction_id == transaction_id + i for i, r in enumerate(self.records))
 
-    def disk_size_bytes(self, index: int) -> int:
-        return WIRE_PREFIX_BYTES + DISK_EXTRA_BYTES + len(self.records[index].data) + INT32_SIZE_BYTES
+    def end_within(self, start: int, room_bytes: int) -> int:
+        records = self.records
+        end = start
+        used = 0
+        while end < len(records):
+            used += RECORD_OVERHEAD_BYTES + len(records[end].data)
+            end += 1
+            if used > room_bytes:
+                break
+        return end
 
     def encode(self, start: int, end: int, start_offset: int) -> tuple[bytes, bytes]:
         records = self.records

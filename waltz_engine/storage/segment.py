@@ -320,13 +320,7 @@ class Segment:
         assert start < count
         if run.transaction_id(start) != self._next_transaction_id:
             raise StorageError("transaction out of order")
-        end = start
-        offset = self._next_offset
-        while end < count:
-            offset += run.disk_size_bytes(end)
-            end += 1
-            if offset > self._threshold_bytes:
-                break
+        end = run.end_within(start, self._threshold_bytes - self._next_offset)
         try:
             self._write(*run.encode(start, end, self._next_offset), end - start)
         except OSError:
