@@ -15,8 +15,16 @@ from waltz_engine.common.reqid import ReqId
 from waltz_engine.disk.record_format import encode_records
 from waltz_engine.disk.record_run import JoinedRuns, RecordList, WireRecordRun, read_wire_record_run
 from waltz_engine.storage.node.partition_worker import success_frame
+from waltz_engine.wire.frame import FRAME_HEADER_SIZE_BYTES
 from waltz_engine.wire.primitives import I32, read_records, write_records
-from waltz_engine.wire.storage_messages import STORAGE_CODEC, StorageSuccessResponse
+from waltz_engine.wire.storage_messages import (
+    STORAGE_CODEC,
+    STORAGE_DATA_PORT_CODEC,
+    StorageAppendRequest,
+    StorageAppendRunRequest,
+    StorageSuccessResponse,
+    request_name,
+)
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
@@ -127,3 +135,13 @@ def test_the_run_decoder_refuses_what_the_record_decoder_refuses(damage: str) ->
 def test_the_success_frame_is_the_codecs() -> None:
     for values in [(0, 0, 0), (-1, -1, -1), (2**63 - 1, -(2**63), INT32_MAX), (7, 12345, 3)]:
         assert success_frame(*values) == STORAGE_CODEC.encode_frame(StorageSuccessResponse(*values))
+
+
+def test_operators_see_the_append_by_its_message_name() -> None:
+    out = bytearray()
+    write_records(out, _records(0, 1, random.Random(3)))
+    frame = STORAGE_CODEC.encode_frame(StorageAppendRequest(1, 2, 3, read_records(bytes(out), 0)[0], False))
+    msg = STORAGE_DATA_PORT_CODEC.decode(frame[FRAME_HEADER_SIZE_BYTES:])
+    assert type(msg) is StorageAppendRunRequest
+    assert request_name(msg) == "StorageAppendRequest"
+    assert request_name(StorageSuccessResponse(1, 2, 3)) == "StorageSuccessResponse"

@@ -341,3 +341,10 @@ def _data_port_specs() -> list[MessageSpec]:
 # The same wire format, as the storage node's data port reads it: an APPEND_REQUEST's records
 # stay in the bytes they came in (``waltz_engine.disk.record_run``).
 STORAGE_DATA_PORT_CODEC: MessageCodec[Any] = MessageCodec(STORAGE_MAGIC, STORAGE_VERSION, _data_port_specs())
+
+
+def request_name(msg: Any) -> str:
+    """A request's name as operators see it (logs, refusals, the audit log): the data port's
+    Record-free APPEND_REQUEST is named as the message it reads."""
+    kind = type(msg)
+    return StorageAppendRequest.__name__ if kind is StorageAppendRunRequest else kind.__name__

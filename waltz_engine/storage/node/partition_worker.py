@@ -62,6 +62,7 @@ from waltz_engine.wire.storage_messages import (
     StorageSetLowWaterMarkRequest,
     StorageSuccessResponse,
     StorageTruncateRequest,
+    request_name,
 )
 
 log = logging.getLogger(__name__)
@@ -565,7 +566,7 @@ class PartitionWorker:
 
     def _log_failure(self, msg: Any, error: BaseException) -> None:
         if isinstance(error, StorageError):
-            log.info("partition %d: %s failed: %s", self.partition_id, type(msg).__name__, error)
+            log.info("partition %d: %s failed: %s", self.partition_id, request_name(msg), error)
         elif isinstance(error, OSError):
             # A full or failing disk fails every batch the same way: one line now and then, and a
             # state that /health reports until a write succeeds again.
@@ -575,8 +576,8 @@ class PartitionWorker:
             where = f"partition {self.partition_id}"
             _disk_errors.warn(
                 where,
-                f"{where}: {type(msg).__name__} failed: {self.write_error}; writes to this partition fail "
+                f"{where}: {request_name(msg)} failed: {self.write_error}; writes to this partition fail "
                 "until the disk is fixed (reads are served)",
             )
         else:
-            log.error("partition %d: %s failed", self.partition_id, type(msg).__name__, exc_info=error)
+            log.error("partition %d: %s failed", self.partition_id, request_name(msg), exc_info=error)
