@@ -194,8 +194,14 @@ class RecoveryManager:
                 voting = False
                 self._blind.add(replica_id)
             elif not state.is_unresolved:
-                # The closing high-water mark of its last session is known: anything above is dirty.
-                max_transaction_id = await _truncate(connection, replica_id, state.closing_high_water_mark)
+                # The closing high-water mark of its last session is known: anything above is dirty,
+                # but never what the replica's own low-water mark holds committed. A later session's
+                # recovery may have set that mark, then failed to record the replica in ZooKeeper
+                # (its write refused): the recorded closing mark is older, and the cut to it removed
+                # committed records, or was refused where the replica's head was in the tier, in
+                # every session, for good (issue 32: the simulator's seed 40057).
+                mark = max(state.closing_high_water_mark, info.low_water_mark)
+                max_transaction_id = await _truncate(connection, replica_id, mark)
                 voting = False
             else:
                 max_transaction_id = await connection.max_transaction_id()
