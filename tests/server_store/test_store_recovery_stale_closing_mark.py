@@ -17,9 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from storage_node_support import ISSUED_SESSION_ID, StorageNodeProcess, make_records
+from storage_node_support import ISSUED_SESSION_ID, StorageNodeProcess
 from store_cluster_support import (
     StorageCluster,
+    begin_late,
     node_connect_string,
     recover_all,
     register,
@@ -70,14 +71,7 @@ def test_a_stale_recorded_closing_mark_does_not_cut_below_the_replicas_low_water
                 register(zk, cluster.root, name, node.admin_port, [PARTITION_ID])
             for node in cluster.nodes[1:]:
                 await set_up_storage(node, PARTITION_ID, SESSION_ID, LAST_TXID, LAST_TXID)
-            client = first.data_client()
-            await client.open()
-            try:
-                records = make_records(LATE_START, LAST_TXID - LATE_START + 1, PARTITION_ID)
-                await client.append(SESSION_ID, PARTITION_ID, records)
-                await client.set_low_water_mark(SESSION_ID, PARTITION_ID, LAST_TXID)
-            finally:
-                await client.close()
+            await begin_late(first, PARTITION_ID, SESSION_ID, LATE_START, LAST_TXID)
             states = [
                 replica_state(PARTITION_ID, storages[0], RECORDED_SESSION_ID, RECORDED_CLOSING_MARK),
                 *(
