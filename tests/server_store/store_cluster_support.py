@@ -164,6 +164,20 @@ async def set_up_storage(
         await client.close()
 
 
+async def begin_late(
+    node: StorageNodeProcess, partition_id: int, session_id: int, first: int, last: int
+) -> None:
+    """The replica holds ``first``..``last`` only, as after retention removed its head, with
+    ``last`` as its low-water mark (its node must know a retention bound above ``first``)."""
+    client = node.data_client()
+    await client.open()
+    try:
+        await client.append(session_id, partition_id, make_records(first, last - first + 1, partition_id))
+        await client.set_low_water_mark(session_id, partition_id, last)
+    finally:
+        await client.close()
+
+
 async def storage_state(node: StorageNodeProcess, partition_id: int) -> tuple[SessionInfo, int]:
     """(last session info, max txid) read straight from the node."""
     info = await node.with_admin(lambda admin: admin.last_session_info(partition_id))

@@ -23,16 +23,12 @@ from store_cluster_support import (
     read_all,
     recover_all,
     register,
-    replica_state,
     set_up_storage,
     started_cluster,
     write_clean_metadata,
-    write_metadata,
 )
 
-from waltz_engine.storage.client import StorageRpcError
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
-from waltz_engine.zk.payloads import UNRESOLVED_HIGH_WATER_MARK
 
 PARTITION_ID = 0
 GENERATION = 3
@@ -76,62 +72,5 @@ def test_a_replica_whose_log_begins_above_its_mark_is_emptied_and_filled(
         # Emptied, it was filled from 0 (the others hold the whole log): no gap, every record.
         filled = await read_all(late, PARTITION_ID, PREVIOUS_SESSION_ID + 1, LAST_TXID + 1)
         assert filled == make_records(0, LAST_TXID + 1, PARTITION_ID)
-
-    asyncio.run(go())
-
-
-def test_a_replica_caught_up_in_a_later_session_than_zk_records_keeps_what_it_holds(
-    cluster: StorageCluster, zookeeper: str
-) -> None:
-    """ZooKeeper records a replica at an older session with its closing mark (it was left out of
-    the newer session's recovery); the replica then caught up in that newer session, whose
-    low-water mark its control file holds, and its head went (retention here; the tier in the
-    simulator's bank seed 211, where the node refused the cut as out of range and every store
-    session failed on it for good). The next recovery cuts it to no lower than that mark: it
-    keeps the committed records it holds, instead of being emptied and filled again."""
-    storages = [node_connect_string(node) for node in cluster.nodes]
-    caught_up = cluster.nodes[0]
-
-    async def go() -> None:
-        with connect(ZooKeeperSettings(zookeeper, cluster.root)) as zk:
-            for name, node in zip(storages, cluster.nodes, strict=True):
-                register(zk, cluster.root, name, node.admin_port, [PARTITION_ID])
-            for node in cluster.nodes[1:]:
-                await set_up_storage(node, PARTITION_ID, PREVIOUS_SESSION_ID, LAST_TXID, LAST_TXID)
-            # Its log begins at LATE_START and holds the committed records to LAST_TXID, the
-            # low-water mark of the session ZK does not record it in.
-            await set_up_storage(caught_up, PARTITION_ID, OLD_SESSION_ID, OLD_MARK, OLD_MARK)
-            client = caught_up.data_client()
-            await client.open()
-            try:
-                assert await client.truncate(OLD_SESSION_ID, PARTITION_ID, -1) == -1
-                await client.append(
-                    OLD_SESSION_ID,
-                    PARTITION_ID,
-                    make_records(LATE_START, LAST_TXID + 1 - LATE_START, PARTITION_ID),
-                )
-                await client.set_low_water_mark(PREVIOUS_SESSION_ID, PARTITION_ID, LAST_TXID)
-            finally:
-                await client.close()
-            states = [
-                replica_state(PARTITION_ID, storages[0], OLD_SESSION_ID, OLD_MARK),
-                *(
-                    replica_state(PARTITION_ID, s, PREVIOUS_SESSION_ID, UNRESOLVED_HIGH_WATER_MARK)
-                    for s in storages[1:]
-                ),
-            ]
-            write_metadata(zk, cluster.root, PARTITION_ID, GENERATION, PREVIOUS_SESSION_ID, states)
-            assert await recover_all(zk, cluster.root, PARTITION_ID, GENERATION, storages) == LAST_TXID
-        session_id = PREVIOUS_SESSION_ID + 1
-        client = caught_up.data_client()
-        await client.open()
-        try:
-            # Kept, not emptied: its log still begins at LATE_START (an emptied one is filled from 0).
-            with pytest.raises(StorageRpcError, match="below the retained start"):
-                await client.record(session_id, PARTITION_ID, LATE_START - 1)
-            kept = await client.records(session_id, PARTITION_ID, LATE_START, LAST_TXID + 1 - LATE_START)
-        finally:
-            await client.close()
-        assert kept == make_records(LATE_START, LAST_TXID + 1 - LATE_START, PARTITION_ID)
 
     asyncio.run(go())

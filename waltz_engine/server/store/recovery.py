@@ -195,10 +195,12 @@ class RecoveryManager:
                 self._blind.add(replica_id)
             elif not state.is_unresolved:
                 # The closing high-water mark of its last session is known: anything above is dirty.
-                # Not below the mark of a later session on its disk: left out of that session's
-                # recovery, it caught up in it afterwards, and ZK still records its older one. What
-                # it holds to that mark is committed; cutting it lost committed records it could
-                # not take back when its head had gone to the tier (issue 32: bank seed 211).
+                # Not below the mark of a later session on its disk, which ZooKeeper does not record
+                # for it (that session's recovery set the mark, then failed to record the replica;
+                # or left it out and it caught up afterwards): what it holds to that mark is
+                # committed. The cut removed committed records, or was refused where the replica's
+                # head was in the tier, in every session, for good (issue 32: the simulator's bank
+                # seed 211, seeds 313, 399, 30447 and 40057).
                 mark = state.closing_high_water_mark
                 if info.session_id > state.session_id:
                     mark = max(mark, info.low_water_mark)

@@ -33,7 +33,7 @@ from waltz_engine.storage.control_file import ConcurrentUpdateError
 from waltz_engine.storage.damage import DAMAGE_GAUGE
 from waltz_engine.storage.node.disk_passes import DiskPasses, Reply
 from waltz_engine.storage.node.failures import PartitionNotAssignedError, rpc_exception
-from waltz_engine.storage.node.session_bounds import SessionBounds
+from waltz_engine.storage.node.session_bounds import NO_SESSION, SessionBounds
 from waltz_engine.storage.partition import Partition
 from waltz_engine.storage.tier.reads import USAGE_GAUGE, disk_usage
 from waltz_engine.wire.frame import FRAME_HEADER_SIZE_BYTES
@@ -221,7 +221,7 @@ class PartitionWorker:
         self._session_bounds = session_bounds
         self.partition: Partition | None = None
         # The fencing session id: raised on receipt, checked when processed (reference §1.2).
-        self.session_id = -1
+        self.session_id = NO_SESSION
         self.max_transaction_id = -1
         self.first_transaction_id = 0
         # The last txid the cleaner's last removal took (-1: none yet). The retained start may lie
@@ -242,6 +242,8 @@ class PartitionWorker:
         self._busy = False
         self._registry = registry
         self._metrics: _PartitionMetrics | None = None
+        # Unassigned while this node ran: its session id was reset (``_fence_forgotten``).
+        self._reset = False
         # A request that may move the session id, queued once ZooKeeper confirmed (or refused) it.
         self._pending_check: asyncio.Task[None] | None = None
 
@@ -259,6 +261,7 @@ class PartitionWorker:
     def detach(self) -> None:
         """The partition was unassigned: queued requests fail, metrics go away."""
         self.partition = None
+        self._reset = True
         if self._metrics is not None:
             self._registry.remove_group(self._metrics.group)
             self._metrics = None
@@ -310,13 +313,30 @@ class PartitionWorker:
 
     async def _check_then_queue(self, conn: FramedConnection, msg: Any) -> None:
         try:
-            await self._session_bounds.check(self.partition_id, msg.session_id)
+            await self._session_bounds.check(
+                self.partition_id, msg.session_id, latest_only=self._fence_forgotten()
+            )
         except StorageError as e:
             queued: Any = RefusedRequest(msg, e)
         else:
             self.session_id = max(self.session_id, msg.session_id)
             queued = msg
         await self._put((conn, queued))
+
+    def _fence_forgotten(self) -> bool:
+        """The session id is unset, yet the replica is not new: it was unassigned while this node
+        ran (which resets the session id, as the original), or it holds records or a low-water mark
+        no store session set (files kept from an earlier time as a replica, a move's copy). A
+        session older than ZooKeeper's latest may then be a deposed writer's, which this replica
+        would no longer refuse (issue 32: the simulator's seed 1156): see ``session_bounds``."""
+        if self.session_id != NO_SESSION:
+            return False
+        partition = self.partition
+        return (
+            self._reset
+            or self.max_transaction_id >= 0
+            or (partition is not None and partition.info.current.low_water_mark >= 0)
+        )
 
     async def _put(self, pending: Pending) -> None:
         lock = self._passes.lock
