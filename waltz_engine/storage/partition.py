@@ -246,9 +246,14 @@ class Partition(PartitionHead):
     def _roll_over(self) -> None:
         sealed = self._current
         sealed.flush()
+        # Sealed only once its successor exists: a creation the disk refused (full) left the last
+        # segment sealed and in the cache, which closed its files on a later eviction, and every
+        # append after failed on them (EBADF) until the node restarted, with room again (issue 32:
+        # the simulator's seed 43364).
+        segment = self._new_segment(sealed.next_transaction_id)
         sealed.writable = False
         self._cache.touch(sealed)
-        self._segments.append(self._new_segment(sealed.next_transaction_id))
+        self._segments.append(segment)
 
     def _open_segment(
         self, seg_path: Path, idx_path: Path, local_low_water_mark: int, sealed_end: int | None
