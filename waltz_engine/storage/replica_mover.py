@@ -376,8 +376,9 @@ async def recorded_quorum_gap(
 
     ``target``: a source that answers leaves beside it (not an unreachable one replaced): the
     replicas of record that stay must also outlive one of them failing, unless ``target`` is of
-    record itself. A bare quorum of record left behind made the partition unwritable for as long
-    as any one of them was down (issue 32: the simulator's seed 2159; see below).
+    record itself (and its node not reset since). A bare quorum of record left behind made the
+    partition unwritable for as long as any one of them was down (issue 32: the simulator's seed
+    2159; see below).
     """
     recorded = {state.replica_id.storage: state for state in metadata.replica_states}
     if not recorded:
@@ -409,7 +410,7 @@ async def recorded_quorum_gap(
         )
     if not voter:
         return f"none of {', '.join(kept)} that stay of {of_record} is known to vote (reset since, or silent)"
-    if target is not None and target not in recorded and len(known) <= quorum:
+    if target is not None and target not in known and len(known) <= quorum:
         # The source's testimony goes with it, and the target's is not on record: the next
         # recovery hears from every one of the staying replicas of record or waits, however long
         # one of them is away (for good when its disk is lost: no move of its replica can finish
@@ -419,8 +420,9 @@ async def recorded_quorum_gap(
         # with two of the three assigned replicas up. A session's recovery with the target
         # records it (the assignment change opens one); then one of the four may be down.
         return (
-            f"{target} is not of record yet, and the {len(known)} of {of_record} that would stay "
-            f"are a bare quorum of {quorum}: with one of them down, the next recovery could not decide"
+            f"{target} is not of record yet (or was reset since), and the {len(known)} of {of_record} "
+            f"that would stay are a bare quorum of {quorum}: with one of them down, the next recovery "
+            "could not decide"
         )
     return None
 
