@@ -41,7 +41,7 @@ from waltz_engine.storage import admin_ops
 from waltz_engine.storage.admin_ops import NodePartitions, PartitionStatus, StorageContext, StoreLayout
 from waltz_engine.storage.network_reader import ClusterAccess, discover_from_loop
 from waltz_engine.zk import replica_moves
-from waltz_engine.zk.payloads import PartitionMetadata
+from waltz_engine.zk.payloads import PartitionMetadata, ReplicaState
 from waltz_engine.zk.replica_moves import ReplicaMove
 from waltz_engine.zk.store_metadata import change_replicas, read_partition_metadata
 
@@ -317,7 +317,7 @@ class ReplicaMover:
         if state is None or not state.is_unresolved:
             return False
         session = await self._session_of(layout, p, storage)
-        return session is not None and session >= state.session_id
+        return still_in_recorded_session(session, state)
 
     async def _await_recorded_quorum(self, layout: StoreLayout, move: ReplicaMove) -> None:
         """Until the replicas that stay once ``move``'s source leaves let the next recovery decide:
@@ -365,6 +365,13 @@ class ReplicaMover:
         return True
 
 
+def still_in_recorded_session(session: int | None, state: ReplicaState) -> bool:
+    """Whether a node that last took part in ``session`` (None: no answer) is still in the
+    session ``state`` records for its replica, or a later one: unassigning resets a node's
+    session to -1, and a reset replica says nothing of the records above its mark."""
+    return session is not None and session >= state.session_id
+
+
 async def recorded_quorum_gap(
     metadata: PartitionMetadata,
     staying: Collection[str],
@@ -398,7 +405,7 @@ async def recorded_quorum_gap(
     for storage in kept:
         state = recorded[storage]
         session = await session_of(storage)
-        if session is not None and session >= state.session_id:
+        if still_in_recorded_session(session, state):
             known.append(storage)
             # Truncated to its closing mark, it does not vote; it says what it holds.
             voter = voter or state.is_unresolved
