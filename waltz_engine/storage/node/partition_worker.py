@@ -26,6 +26,7 @@ from waltz_engine.common import clock
 from waltz_engine.common.errors import StorageError
 from waltz_engine.common.limited_log import LimitedLog
 from waltz_engine.common.metrics import Counter, Meter, MetricsRegistry, Timer
+from waltz_engine.common.object_store import ObjectStoreError
 from waltz_engine.common.tasks import cancel_and_wait
 from waltz_engine.disk.record_run import JoinedRuns
 from waltz_engine.net.channel import FramedConnection
@@ -599,5 +600,10 @@ class PartitionWorker:
                 f"{where}: {request_name(msg)} failed: {self.write_error}; writes to this partition fail "
                 "until the disk is fixed (reads are served)",
             )
+        elif isinstance(error, ObjectStoreError):
+            # A read of a segment evicted to the tier, whose store failed it: the request fails
+            # and its sender asks again or another replica; an operator needs the store's answer,
+            # not a traceback (the simulator's searches printed one per refused get).
+            log.warning("partition %d: %s failed: %s", self.partition_id, request_name(msg), error)
         else:
             log.error("partition %d: %s failed", self.partition_id, request_name(msg), exc_info=error)
