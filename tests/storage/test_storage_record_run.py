@@ -14,7 +14,6 @@ from waltz_engine.common.record import Record
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.disk.record_format import encode_records
 from waltz_engine.disk.record_run import JoinedRuns, RecordList, WireRecordRun, read_wire_record_run
-from waltz_engine.storage.node.partition_worker import success_frame
 from waltz_engine.wire.frame import FRAME_HEADER_SIZE_BYTES
 from waltz_engine.wire.primitives import I32, read_records, write_records
 from waltz_engine.wire.storage_messages import (
@@ -24,6 +23,7 @@ from waltz_engine.wire.storage_messages import (
     StorageAppendRunRequest,
     StorageSuccessResponse,
     request_name,
+    success_frame,
 )
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1

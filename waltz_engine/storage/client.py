@@ -35,7 +35,6 @@ from waltz_engine.storage.eager_calls import (
     EAGER_CALLS,
     OPEN_SEQ_NUM,
     AppendCall,
-    CallbackAppend,
     EagerCall,
 )
 from waltz_engine.wire.codec import MessageCodec
@@ -43,11 +42,14 @@ from waltz_engine.wire.frame import FRAME_HEADER, check_frame_length
 from waltz_engine.wire.hello import STORAGE_CLIENT_HELLO_TEXT
 from waltz_engine.wire.primitives import I32, SessionInfo
 from waltz_engine.wire.storage_messages import (
+    APPEND_REQUEST_TYPE,
     NO_PARTITION_ID,
     NO_SESSION_ID,
     STORAGE_CODEC,
     STORAGE_MAGIC,
     STORAGE_VERSION,
+    SUCCESS_FRAME,
+    SUCCESS_FRAME_PREFIX,
     StorageAppendRequest,
     StorageFailureResponse,
     StorageLastSessionInfoRequest,
@@ -90,16 +92,8 @@ DEFAULT_REQUEST_TIMEOUT_MS = 30_000
 # up at 20 s). A node that is only slow answers the probe after the calls before it: harmless.
 DEFAULT_PROBE_AFTER_MS = 5_000
 FIRST_SEQ_NUM = 0
-APPEND_REQUEST_TYPE = 6
 # type, sessionId, seqNum, partitionId: the part of an APPEND frame that differs per connection.
 _APPEND_HEAD = struct.Struct(">bqqi")
-# A whole SUCCESS_RESPONSE frame: magic, version, length; type, sessionId, seqNum, partitionId.
-_SUCCESS_FRAME = struct.Struct(">Bhibqqi")
-SUCCESS_RESPONSE_TYPE = 7
-# Its first bytes, the same in every SUCCESS answer (what the read callback recognises).
-_SUCCESS_PREFIX = struct.pack(
-    ">Bhib", STORAGE_MAGIC, STORAGE_VERSION, _SUCCESS_FRAME.size - FRAME_HEADER.size, SUCCESS_RESPONSE_TYPE
-)
 _BOOL = struct.Struct(">?")
 _APPEND_FRAME_HEAD = struct.Struct(FRAME_HEADER.format + _APPEND_HEAD.format.lstrip(">"))
 
@@ -192,6 +186,15 @@ class _RpcConnection:
         """The node's message when ``response`` is a FAILURE_RESPONSE, else None."""
         raise NotImplementedError
 
+    def _open_connection(self) -> FramedConnection:
+        """The connection to send a request on now; StorageRpcError when it is closed."""
+        conn = self._conn
+        if conn is None or self._closed_reason is not None:
+            raise StorageRpcError(
+                f"{self.name} {self.endpoint}: disconnected ({self._closed_reason or 'not open'})"
+            )
+        return conn
+
     def _take_seq_num(self) -> int:
         seq_num = self._next_seq_num
         self._next_seq_num += 1
@@ -199,11 +202,7 @@ class _RpcConnection:
 
     async def _exchange(self, seq_num: int, frames: Sequence[bytes], timeout_ms: int | None = None) -> Any:
         """Send the frames of one request, wait for its response; FAILURE raises StorageRpcError."""
-        conn = self._conn
-        if conn is None or self._closed_reason is not None:
-            raise StorageRpcError(
-                f"{self.name} {self.endpoint}: disconnected ({self._closed_reason or 'not open'})"
-            )
+        conn = self._open_connection()
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._register(seq_num, future, timeout_ms)
         try:
@@ -432,16 +431,16 @@ class StorageClient(_RpcConnection):
         thing a replica says) go to their calls without the frame decoder and the codec: checked by
         their fixed first bytes, the rest unpacked with one struct. Anything else (another answer,
         a partial frame, bad bytes) is left to the decoder, which judges it as before."""
-        frame_size = _SUCCESS_FRAME.size
+        frame_size = SUCCESS_FRAME.size
         size = len(data)
         if size % frame_size or not size:
             return False
-        prefix = _SUCCESS_PREFIX
+        prefix = SUCCESS_FRAME_PREFIX
         prefix_size = len(prefix)
         for offset in range(0, size, frame_size):
             if data[offset : offset + prefix_size] != prefix:
                 return False
-        unpack_from = _SUCCESS_FRAME.unpack_from
+        unpack_from = SUCCESS_FRAME.unpack_from
         pending = self._pending
         self._received += 1  # (the liveness probe's count, as ``_on_message`` keeps it)
         for offset in range(0, size, frame_size):
@@ -504,33 +503,18 @@ class StorageClient(_RpcConnection):
         """APPEND the output of :func:`encode_append_records` (``count`` records) without re-encoding it."""
         seq_num = self._take_seq_num()
         frames = self._append_frames(session_id, seq_num, partition_id, encoded, count)
-        response = await self._exchange(seq_num, frames)
-        if type(response) is not StorageSuccessResponse:
-            raise StorageRpcError(f"storage {self.endpoint}: expected SUCCESS, got {type(response).__name__}")
-
-    def send_append_encoded(
-        self,
-        session_id: int,
-        partition_id: int,
-        encoded: bytes,
-        count: int,
-        on_done: Callable[[BaseException | None], None],
-    ) -> None:
-        """:meth:`append_encoded` without a task: sent now (check :meth:`can_send_now` first),
-        ``on_done(None)`` on SUCCESS or ``on_done(error)``, in the read callback of its answer
-        (or at the connection's end, or its deadline)."""
-        self.send_append_call(session_id, partition_id, encoded, count, CallbackAppend(on_done))
+        error = self._append_error(await self._exchange(seq_num, frames))
+        if error is not None:
+            raise error
 
     def send_append_call(
         self, session_id: int, partition_id: int, encoded: bytes, count: int, call: AppendCall
     ) -> None:
-        """:meth:`send_append_encoded` answering ``call`` (its ``on_success`` or ``on_failure``)."""
-        conn = self._conn
-        if conn is None or self._closed_reason is not None:
-            reason = self._closed_reason or "not open"
-            raise StorageRpcError(f"{self.name} {self.endpoint}: disconnected ({reason})")
-        seq_num = self._next_seq_num
-        self._next_seq_num = seq_num + 1
+        """:meth:`append_encoded` without a task: sent now (check :meth:`can_send_now` first),
+        answering ``call`` (its ``on_success`` or ``on_failure``) in the read callback of its
+        answer (or at the connection's end, or its deadline)."""
+        conn = self._open_connection()
+        seq_num = self._take_seq_num()
         frames = self._append_frames(session_id, seq_num, partition_id, encoded, count)
         call.seq_num = seq_num
         call._client = self

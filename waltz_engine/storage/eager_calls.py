@@ -90,21 +90,5 @@ class AppendCall:
         self.on_failure(error)
 
 
-class CallbackAppend(AppendCall):
-    """An :class:`AppendCall` whose outcome goes to ``on_done(None | error)``."""
-
-    __slots__ = ("_on_done",)
-
-    def __init__(self, on_done: Callable[[BaseException | None], None]) -> None:
-        super().__init__()
-        self._on_done = on_done
-
-    def on_success(self) -> None:
-        self._on_done(None)
-
-    def on_failure(self, error: BaseException) -> None:
-        self._on_done(error)
-
-
 # The calls answered in the read callback, not through a future.
 EAGER_CALLS = (EagerCall, AppendCall)

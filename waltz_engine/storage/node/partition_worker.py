@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import errno
 import logging
-import struct
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -37,15 +36,10 @@ from waltz_engine.storage.node.failures import PartitionNotAssignedError, rpc_ex
 from waltz_engine.storage.node.session_bounds import NO_SESSION, SessionBounds
 from waltz_engine.storage.partition import Partition
 from waltz_engine.storage.tier.reads import USAGE_GAUGE, disk_usage
-from waltz_engine.wire.frame import FRAME_HEADER_SIZE_BYTES
 from waltz_engine.wire.primitives import SessionInfo
 from waltz_engine.wire.storage_messages import (
-    HEADER,
     STORAGE_CODEC,
-    STORAGE_MAGIC,
     STORAGE_RAW_RECORDS_CODEC,
-    STORAGE_VERSION,
-    SUCCESS_RESPONSE_TYPE,
     StorageAppendRunRequest,
     StorageFailureResponse,
     StorageLastSessionInfoRequest,
@@ -64,6 +58,7 @@ from waltz_engine.wire.storage_messages import (
     StorageSuccessResponse,
     StorageTruncateRequest,
     request_name,
+    success_frame,
 )
 
 log = logging.getLogger(__name__)
@@ -110,10 +105,6 @@ SESSION_MOVING_REQUESTS = (
 
 Pending = tuple[FramedConnection, Any]
 
-# SUCCESS_RESPONSE as a whole frame: the frame header, the type byte, the common header.
-_SUCCESS_FRAME = struct.Struct(">Bhi" + "b" + HEADER.struct_format)
-_SUCCESS_PAYLOAD_BYTES = _SUCCESS_FRAME.size - FRAME_HEADER_SIZE_BYTES
-
 
 class RefusedRequest(NamedTuple):
     """A request refused on receipt; queued so that its FAILURE keeps the connection's order."""
@@ -132,20 +123,6 @@ def describe_os_error(error: OSError) -> str:
 
 def metric_group(partition_id: int) -> str:
     return f"{METRIC_GROUP_PREFIX}{partition_id}"
-
-
-def success_frame(session_id: int, seq_num: int, partition_id: int) -> bytes:
-    """SUCCESS_RESPONSE's frame in one ``pack`` (an append's answer: the codec's general path
-    costs a dozen calls), the same bytes as ``STORAGE_CODEC.encode_frame``."""
-    return _SUCCESS_FRAME.pack(
-        STORAGE_MAGIC,
-        STORAGE_VERSION,
-        _SUCCESS_PAYLOAD_BYTES,
-        SUCCESS_RESPONSE_TYPE,
-        session_id,
-        seq_num,
-        partition_id,
-    )
 
 
 def failure_frame(msg: Any, error: BaseException) -> bytes:
