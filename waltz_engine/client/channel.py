@@ -81,9 +81,7 @@ class FramedChannel:
     @property
     def buffered_bytes(self) -> int:
         """Bytes the connection received that :meth:`receive_many` has not taken yet."""
-        reader = self._conn.reader
-        assert isinstance(reader, StreamReader), "connections are built with net.transport.StreamReader"
-        return reader.buffered_bytes
+        return self._stream_reader().buffered_bytes
 
     def sink(
         self,
@@ -95,8 +93,7 @@ class FramedChannel:
         end, which goes to ``on_end`` once: None for the end of the stream or an error the reader
         holds (:meth:`receive_many` reports them), else the decoder's error. Only with nothing
         buffered (:attr:`buffered_bytes`): the bytes read since are cut with the same decoder."""
-        reader = self._conn.reader
-        assert isinstance(reader, StreamReader), "connections are built with net.transport.StreamReader"
+        reader = self._stream_reader()
         assert not reader.buffered_bytes, "receive_many() first: those bytes came before"
         feed = self._decoder.feed
 
@@ -114,9 +111,12 @@ class FramedChannel:
 
     def unsink(self) -> None:
         """Bytes wait for :meth:`receive_many` again (the reader's own limit pauses reading)."""
+        self._stream_reader().unsink()
+
+    def _stream_reader(self) -> StreamReader:
         reader = self._conn.reader
-        assert isinstance(reader, StreamReader)
-        reader.unsink()
+        assert isinstance(reader, StreamReader), "connections are built with net.transport.StreamReader"
+        return reader
 
     async def close(self) -> None:
         await self._conn.close()

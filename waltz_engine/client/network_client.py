@@ -165,12 +165,17 @@ class NetworkClient:
 
     async def _receive(self, channel: Channel) -> None:
         """Each read's messages to the owner, on this task."""
-        while not self._closed:
-            messages = await channel.receive_many()
-            if messages is None:
-                log.info("%r: server closed the connection", self)
-                return
-            await self._owner.on_messages(self, messages)
+        while not self._closed and await self._receive_one(channel):
+            pass
+
+    async def _receive_one(self, channel: Channel) -> bool:
+        """One read's messages to the owner, on this task; False at the end of the stream."""
+        messages = await channel.receive_many()
+        if messages is None:
+            log.info("%r: server closed the connection", self)
+            return False
+        await self._owner.on_messages(self, messages)
+        return True
 
     async def _receive_now(self, channel: FramedChannel) -> None:
         """Each read's messages to the owner in the connection's read callback (issue 33: a lone
@@ -200,11 +205,8 @@ class NetworkClient:
                     continue
                 if outcome is not None:
                     raise outcome
-            messages = await channel.receive_many()
-            if messages is None:
-                log.info("%r: server closed the connection", self)
+            if not await self._receive_one(channel):
                 return
-            await self._owner.on_messages(self, messages)
 
     def _sink(
         self, channel: FramedChannel, handed: asyncio.Future[Unfinished | BaseException | None]
