@@ -14,7 +14,6 @@ slice of it.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterable
 
 from waltz_engine.common.record import RecordHeader
@@ -26,23 +25,18 @@ from waltz_engine.server.feed_cache import (
     block_first_transaction_id,
 )
 from waltz_engine.wire.client_messages import CLIENT_MAGIC, EXTENDED_CLIENT_CODECS, FeedData
+from waltz_engine.wire.client_stream import FEED_DATA_FRAME, FEED_DATA_TYPE_CODE
+from waltz_engine.wire.frame import FRAME_HEADER_SIZE_BYTES
 
-_FRAME_HEADER_SIZE_BYTES = 7
 # Blocks kept per partition and codec version: 256 x 64 txids x 36 bytes = 576 KiB, enough for
 # the realtime tail and the positions of the mounts catching up at once.
 FEED_FRAME_BLOCKS_KEPT = 256
 
 
-# A whole FEED_DATA frame (the same fields in every codec version): frame header; type, reqId,
-# txid, header. Packed into its slot at commit (``FeedFrames.add_committed``).
-_FEED_DATA_FRAME = struct.Struct(">Bhi" + "biiii" + "qi")
-FEED_DATA_TYPE = 4
-
-
 def feed_data_frame_size_bytes(version: int) -> int:
     """Every FeedData frame of a codec version has this size (fixed fields only)."""
     size = len(EXTENDED_CLIENT_CODECS[version].encode_frame(FeedData(ReqId(0, 0, 0, 0), 0, 0)))
-    assert size == _FEED_DATA_FRAME.size, (version, size)
+    assert size == FEED_DATA_FRAME.size, (version, size)
     return size
 
 
@@ -110,13 +104,14 @@ class FeedFrames:
             block = blocks.get((version, first))
             if block is None or (block.filled >> index) & 1:
                 continue
-            _FEED_DATA_FRAME.pack_into(
+            # The FEED_DATA frame the client unpacks (its fields the same in every codec version).
+            FEED_DATA_FRAME.pack_into(
                 block.buffer,
                 index * size,
                 CLIENT_MAGIC,
                 version,
-                size - _FRAME_HEADER_SIZE_BYTES,
-                FEED_DATA_TYPE,
+                size - FRAME_HEADER_SIZE_BYTES,
+                FEED_DATA_TYPE_CODE,
                 *req_id,
                 transaction_id,
                 header,

@@ -19,6 +19,7 @@ from waltz_engine.common.crc import crc32
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.wire.codec import Field, HeaderLayout, MessageCodec, MessageSpec, field_spec, fixed_spec
 from waltz_engine.wire.errors import DataChecksumError, EncodeError, InvalidValueError
+from waltz_engine.wire.frame import FRAME_HEADER, FRAME_HEADER_SIZE_BYTES
 from waltz_engine.wire.primitives import (
     I32,
     INT32_SIZE_BYTES,
@@ -314,9 +315,8 @@ def _append_request_spec(version: int) -> MessageSpec:
 # A whole frame of an APPEND_REQUEST without locks, up to its data (codec versions with the three
 # lock arrays): frame header; type, reqId, client high-water mark; three lock counts; header; data
 # length. Then the data and the checksum.
-_LONE_APPEND_HEAD = struct.Struct(">Bhi" + "biiiiq" + "iii" + "ii")
+_LONE_APPEND_HEAD = struct.Struct(FRAME_HEADER.format + "biiiiq" + "iii" + "ii")
 _LONE_APPEND_CHECKSUM = I32
-_FRAME_HEADER_SIZE_BYTES = 7
 
 
 def recognise_append_request(data: bytes, version: int) -> AppendRequest | None:
@@ -349,7 +349,7 @@ def recognise_append_request(data: bytes, version: int) -> AppendRequest | None:
         magic != CLIENT_MAGIC
         or frame_version != version
         or type_code != _APPEND_REQUEST
-        or length != size - _FRAME_HEADER_SIZE_BYTES
+        or length != size - FRAME_HEADER_SIZE_BYTES
         or write_locks
         or read_locks
         or append_locks
