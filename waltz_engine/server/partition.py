@@ -120,6 +120,9 @@ class Partition(PartitionData):
         self.partition_id = partition_id
         self.generation = generation
         self.store = store
+        # The store's append without a future (``StorePartition.append_lone``); None: a store
+        # without it, whose appends all go through the append task.
+        self._append_lone: Callable[..., bool] | None = getattr(store, "append_lone", None)
         self.feed_cache = feed_cache
         self.fetcher = fetcher
         self.settings = settings
@@ -440,7 +443,7 @@ class Partition(PartitionData):
         only while the queue is empty and the task is waiting on it. Its outcome comes back as a
         call of the decision itself (``StorePartition.append_lone``), not through a future."""
         locks = self._locks
-        append_lone = getattr(self.store, "append_lone", None)
+        append_lone = self._append_lone
         if locks is None or append_lone is None or self._store_generation != self.generation:
             return False
         lock_req = lock_request(request)
