@@ -11,18 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from storage_data_port_support import client_of_data_port
 
 from waltz_engine.common.record import Record
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.net.channel import FramedConnection
-from waltz_engine.storage import client as storage_client
 from waltz_engine.storage.client import StorageClient, StorageRpcError, encode_append_records
+from waltz_engine.storage.eager_calls import AppendCall
 from waltz_engine.wire.primitives import StorageRpcException
 from waltz_engine.wire.storage_messages import (
     STORAGE_CODEC,
+    SUCCESS_FRAME,
+    SUCCESS_FRAME_PREFIX,
     StorageAppendRequest,
     StorageFailureResponse,
     StorageOpenRequest,
@@ -36,12 +38,28 @@ TEST_BOUND_S = 30
 
 def test_success_prefix_is_the_codecs_encoding() -> None:
     frame = STORAGE_CODEC.encode_frame(StorageSuccessResponse(-2, 1 << 40, 5))
-    assert len(frame) == storage_client._SUCCESS_FRAME.size
-    assert frame.startswith(storage_client._SUCCESS_PREFIX)
-    assert storage_client._SUCCESS_FRAME.unpack_from(frame)[4:] == (-2, 1 << 40, 5)
+    assert len(frame) == SUCCESS_FRAME.size
+    assert frame.startswith(SUCCESS_FRAME_PREFIX)
+    assert SUCCESS_FRAME.unpack_from(frame)[4:] == (-2, 1 << 40, 5)
 
 
 _Append = tuple[StorageAppendRequest, FramedConnection]
+
+
+class _OnDone(AppendCall):
+    """An APPEND's outcome to ``on_done(None | error)``."""
+
+    __slots__ = ("_on_done",)
+
+    def __init__(self, on_done: Callable[[BaseException | None], None]) -> None:
+        super().__init__()
+        self._on_done = on_done
+
+    def on_success(self) -> None:
+        self._on_done(None)
+
+    def on_failure(self, error: BaseException) -> None:
+        self._on_done(error)
 
 
 class _CountingClient(StorageClient):
@@ -98,8 +116,12 @@ async def _answers() -> None:
         for n in range(5):
             done: asyncio.Future[BaseException | None] = loop.create_future()
             outcomes[n] = done
-            client.send_append_encoded(
-                SESSION_ID, PARTITION_ID, encode_append_records(_records(n * 2, 2)), 2, done.set_result
+            client.send_append_call(
+                SESSION_ID,
+                PARTITION_ID,
+                encode_append_records(_records(n * 2, 2)),
+                2,
+                _OnDone(done.set_result),
             )
         requests = [await appends.get() for _ in range(5)]
         conn = requests[0][1]
@@ -142,3 +164,32 @@ async def _answers() -> None:
         # half buffered) and the pair with a FAILURE.
         assert client.recognised == 2 and client.left == 2
         assert client.is_open
+
+
+def test_a_connections_end_fails_every_pending_append_once() -> None:
+    """The node closes with APPENDs unanswered: each call fails once, with "disconnected". (Each
+    call takes itself off the client's current table: the end replaced the table and failed the
+    calls of the old one, which they changed under its iteration.)"""
+    asyncio.run(_connection_end())
+
+
+async def _connection_end() -> None:
+    loop = asyncio.get_running_loop()
+    errors: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    async with _client_and_node() as (client, appends):
+        outcomes: list[BaseException | None] = []
+        for n in range(5):
+            client.send_append_call(
+                SESSION_ID, PARTITION_ID, encode_append_records(_records(n, 1)), 1, _OnDone(outcomes.append)
+            )
+        requests = [await appends.get() for _ in range(5)]
+        await requests[0][1].close()
+        for _ in range(TEST_BOUND_S * 100):
+            if len(outcomes) == 5 or errors:
+                break
+            await asyncio.sleep(0.01)
+        assert not errors, errors
+        assert len(outcomes) == 5
+        assert all(isinstance(e, StorageRpcError) and "disconnected" in str(e) for e in outcomes), outcomes
+        assert not client._pending

@@ -17,6 +17,7 @@ from storage_data_port_support import client_of_data_port
 
 from waltz_engine.net.channel import FramedConnection
 from waltz_engine.storage.client import StorageClient, StorageTimeoutError
+from waltz_engine.storage.eager_calls import EagerCall
 from waltz_engine.wire.storage_messages import (
     STORAGE_CODEC,
     StorageMaxTransactionIdRequest,
@@ -91,5 +92,41 @@ def test_a_shorter_deadline_behind_a_longer_one_fails_first() -> None:
             assert not long_call.done()
             long_call.cancel()
             await asyncio.wait([long_call])
+
+    asyncio.run(go())
+
+
+def _armed_watchdogs(client: StorageClient) -> int:
+    scheduled = asyncio.get_running_loop()._scheduled  # type: ignore[attr-defined]
+    return sum(1 for h in scheduled if not h.cancelled() and h._callback == client._expire)
+
+
+def test_a_call_registered_by_a_failing_calls_callback_leaves_one_watchdog() -> None:
+    """A direct batch's answer may send the next call from inside the watchdog's pass; the call
+    gets its deadline and the connection keeps exactly one watchdog armed."""
+
+    async def go() -> None:
+        async with _client_of_half_deaf_node(LONG_TIMEOUT_MS) as (client, _):
+            errors: list[BaseException | None] = []
+            follow_up: list[int] = []
+
+            def send_the_next(_response: Any, error: BaseException | None) -> None:
+                errors.append(error)
+                seq_num = client._take_seq_num()
+                follow_up.append(seq_num)
+                client._register(seq_num, EagerCall(lambda _r, e: errors.append(e)), SHORT_TIMEOUT_MS)
+
+            long_seq_num = client._take_seq_num()
+            client._register(long_seq_num, EagerCall(lambda _r, _e: None), LONG_TIMEOUT_MS)
+            first = client._take_seq_num()
+            client._register(first, EagerCall(send_the_next), SHORT_TIMEOUT_MS)
+            async with asyncio.timeout(TEST_BOUND_S):
+                while len(errors) < 2:
+                    await asyncio.sleep(0.05)
+            assert all(isinstance(e, StorageTimeoutError) for e in errors)
+            assert f"request {follow_up[0]} within {SHORT_TIMEOUT_MS} ms" in str(errors[1])
+            # The long call is still pending, watched by one watchdog, not two.
+            assert long_seq_num in client._pending
+            assert _armed_watchdogs(client) == 1
 
     asyncio.run(go())

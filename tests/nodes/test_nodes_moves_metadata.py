@@ -372,6 +372,34 @@ def test_a_move_keeps_its_source_until_a_store_session_records_a_voter_that_stay
     assert replica_moves.read_moves(zk_client, cluster_root) == []
 
 
+def test_a_live_source_leaves_a_bare_quorum_of_record_only_once_its_target_is_recorded(
+    zk_client: KazooClient, cluster_root: str
+) -> None:
+    """The simulator's seed 2159: the last completed recovery recorded h:1, h:2 and h:3 (session 0),
+    and h:3's decommission onto h:4 ran while no server could open a session (the owner cut off).
+    Taking h:3 out then left h:1 and h:2 as the only replicas of record: with either down, the
+    next recovery could not decide, and two of the three assigned replicas up committed nothing
+    (44 s in the seed, for good had the node's disk been lost). The source stays beside its target
+    until a session's recovery records the target; then one of the four may be down."""
+    five_nodes(zk_client, cluster_root, ("h:1", "h:2", "h:3"))
+    record_session(zk_client, cluster_root, 0, {"h:1": 0, "h:2": 0, "h:3": 0})
+    sessions = {"h:1": 0, "h:2": 0, "h:3": 0, "h:4": -1, "h:5": -1}
+    move = ReplicaMove(0, "h:3", "h:4")
+    replica_moves.add_moves(zk_client, cluster_root, [move])
+    mover = nodes_mover(zk_client, cluster_root, sessions)
+    bare = r"h:3 cannot leave yet: h:4 is not of record yet .* a bare quorum of 2"
+    with pytest.raises(MoveError, match=bare):
+        asyncio.run(mover.run(move))
+    assert holders(read_store_layout(zk_client, cluster_root), 0) == ["h:1", "h:2", "h:3", "h:4"]
+    assert replica_moves.read_moves(zk_client, cluster_root) == [move]
+
+    # The servers' recovery of a session with the four records h:4; the move, run again, ends.
+    record_session(zk_client, cluster_root, 1, {"h:1": 1, "h:2": 1, "h:3": 1, "h:4": 1})
+    mover.sessions = {**sessions, "h:1": 1, "h:2": 1, "h:3": 1, "h:4": 1}
+    assert asyncio.run(mover.run(move))
+    assert holders(read_store_layout(zk_client, cluster_root), 0) == ["h:1", "h:2", "h:4"]
+
+
 def test_an_unreachable_source_is_replaced_in_place_only_while_a_quorum_of_record_stays(
     zk_client: KazooClient, cluster_root: str
 ) -> None:
@@ -434,6 +462,29 @@ def test_the_replicas_of_record_that_stay_decide_the_next_recovery() -> None:
     # one of them says what it holds, fewer than a quorum; the recovery would wait for good.
     moved_back = asyncio.run(gap(clean, {"h:1", "h:2", "h:4"}, {"h:1": -1, "h:2": 3}))
     assert moved_back is not None and "h:1 of" in moved_back
+    # A source that answers and leaves beside its target h:4 (seed 2159): a bare quorum of record
+    # would stay, so it waits for h:4 to be recorded, unless more than a quorum of record stays.
+    async def leaving_gap(states: dict[str, tuple[int, int]], staying: set[str]) -> str | None:
+        recorded: JavaHashMap[ReplicaId, ReplicaState] = JavaHashMap(ReplicaId.java_hash)
+        for storage, (session_id, closing) in states.items():
+            recorded.put(ReplicaId(0, storage), ReplicaState(ReplicaId(0, storage), session_id, closing))
+
+        async def session_of(storage: str) -> int | None:
+            return live.get(storage)
+
+        metadata = PartitionMetadata.of_map(1, 5, recorded)
+        return await recorded_quorum_gap(metadata, staying, session_of, "h:4")
+
+    bare = asyncio.run(leaving_gap(clean, {"h:1", "h:2", "h:4"}))
+    assert bare is not None and "h:4 is not of record yet" in bare
+    five = {**clean, "h:5": (3, UNRESOLVED), "h:6": (3, UNRESOLVED)}
+    live.update({"h:5": 3, "h:6": 3})
+    assert asyncio.run(leaving_gap(five, {"h:1", "h:2", "h:5", "h:6", "h:4"})) is None  # 4 of 5 stay
+    with_target = {**clean, "h:4": (4, UNRESOLVED)}
+    live["h:4"] = 4
+    assert asyncio.run(leaving_gap(with_target, {"h:1", "h:2", "h:4"})) is None  # 3 of 4, h:4 of them
+    live["h:4"] = -1  # h:4's node reset since (moved away and back): its record says nothing
+    assert asyncio.run(leaving_gap(with_target, {"h:1", "h:2", "h:4"})) is not None
 
 
 # The simulator's seed 213: the last recovery (session 2) recorded h:1, h:3, h:4 clean, h:2 at its

@@ -9,6 +9,8 @@ partition assigned on every node; ``register`` puts a connect string (a node's o
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -162,6 +164,20 @@ async def set_up_storage(
         await client.close()
 
 
+async def begin_late(
+    node: StorageNodeProcess, partition_id: int, session_id: int, first: int, last: int
+) -> None:
+    """The replica holds ``first``..``last`` only, as after retention removed its head, with
+    ``last`` as its low-water mark (its node must know a retention bound above ``first``)."""
+    client = node.data_client()
+    await client.open()
+    try:
+        await client.append(session_id, partition_id, make_records(first, last - first + 1, partition_id))
+        await client.set_low_water_mark(session_id, partition_id, last)
+    finally:
+        await client.close()
+
+
 async def storage_state(node: StorageNodeProcess, partition_id: int) -> tuple[SessionInfo, int]:
     """(last session info, max txid) read straight from the node."""
     info = await node.with_admin(lambda admin: admin.last_session_info(partition_id))
@@ -253,3 +269,31 @@ async def recover_all(
         return partition.high_water_mark
     finally:
         await store.close()
+
+
+@contextmanager
+def stoppable_cluster(
+    zookeeper: str, work_dir: Path, num_nodes: int, num_partitions: int
+) -> Iterator[StorageCluster]:
+    """A started :class:`StorageCluster` whose nodes a test may stop (SIGSTOP): each running one
+    is continued before the cluster closes."""
+    storage_cluster = StorageCluster(zookeeper, work_dir, num_nodes, num_partitions)
+    storage_cluster.start()
+    try:
+        yield storage_cluster
+    finally:
+        for node in storage_cluster.nodes:
+            if node.running:
+                os.kill(node.pid, signal.SIGCONT)
+        storage_cluster.close()
+
+
+@contextmanager
+def registered_nodes(storage_cluster: StorageCluster, zookeeper: str) -> Iterator[KazooClient]:
+    """A ZooKeeper client of the cluster, every node registered (its own connect string) with
+    every partition assigned."""
+    with connect(ZooKeeperSettings(zookeeper, storage_cluster.root)) as zk:
+        for node in storage_cluster.nodes:
+            partitions = list(range(storage_cluster.num_partitions))
+            register(zk, storage_cluster.root, node_connect_string(node), node.admin_port, partitions)
+        yield zk

@@ -29,7 +29,7 @@ from test_store_replication import GENERATION, Appender, register_nodes
 from waltz_engine.server import config as server_config
 from waltz_engine.server.store import StoreConfig, StorePartition
 from waltz_engine.server.store.config import DEFAULT_LOW_WATER_MARK_INTERVAL_MS
-from waltz_engine.server.store.store_session import FAILED_TRANSACTION_ID
+from waltz_engine.server.store.queued_appends import FAILED_TRANSACTION_ID
 from waltz_engine.storage.cleaner import DEFAULT_RETENTION_CHECK_INTERVAL_MS
 from waltz_engine.storage.client import SessionInfo
 from waltz_engine.storage.constants import DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES

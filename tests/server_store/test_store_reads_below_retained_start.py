@@ -26,6 +26,7 @@ from store_cluster_support import (
     started_cluster,
     write_clean_metadata,
 )
+from store_cluster_support import begin_late as store_begin_late
 
 from waltz_engine.server.store.errors import RetainedStartError
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
@@ -50,14 +51,7 @@ def cluster(zookeeper: str, tmp_path: Path) -> Iterator[StorageCluster]:
 
 async def begin_late(node: StorageNodeProcess, partition_id: int) -> None:
     """The replica holds LATE_START..LAST_TXID only, as after retention removed its head."""
-    client = node.data_client()
-    await client.open()
-    try:
-        records = make_records(LATE_START, LAST_TXID - LATE_START + 1, partition_id)
-        await client.append(SESSION_ID, partition_id, records)
-        await client.set_low_water_mark(SESSION_ID, partition_id, LAST_TXID)
-    finally:
-        await client.close()
+    await store_begin_late(node, partition_id, SESSION_ID, LATE_START, LAST_TXID)
 
 
 def test_a_read_below_the_retained_start_is_answered_not_retried(

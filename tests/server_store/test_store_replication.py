@@ -23,6 +23,7 @@ from store_cluster_support import (
     read_all,
     recovered,
     register,
+    stoppable_cluster,
     wait_until,
 )
 
@@ -30,7 +31,7 @@ from waltz_engine.common.crc import to_signed32
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.net.tcp_proxy import TcpProxy
 from waltz_engine.server.store import GenerationMismatchError, Store, StoreConfig, StorePartition
-from waltz_engine.server.store.store_session import FAILED_TRANSACTION_ID
+from waltz_engine.server.store.queued_appends import FAILED_TRANSACTION_ID
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
 
 NUM_NODES = 3
@@ -44,15 +45,8 @@ NOT_RESOLVED_PROBE_S = 1.0
 
 @pytest.fixture
 def cluster(zookeeper: str, tmp_path: Path) -> Iterator[StorageCluster]:
-    storage_cluster = StorageCluster(zookeeper, tmp_path, NUM_NODES, NUM_PARTITIONS)
-    storage_cluster.start()
-    try:
+    with stoppable_cluster(zookeeper, tmp_path, NUM_NODES, NUM_PARTITIONS) as storage_cluster:
         yield storage_cluster
-    finally:
-        for node in storage_cluster.nodes:
-            if node.running:
-                os.kill(node.pid, signal.SIGCONT)
-        storage_cluster.close()
 
 
 @pytest.fixture

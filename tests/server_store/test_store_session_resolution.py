@@ -13,7 +13,8 @@ from waltz_engine.common.reqid import ReqId
 from waltz_engine.server.store.config import StoreConfig
 from waltz_engine.server.store.errors import AppendOutcomeUnknownError, RetainedStartError
 from waltz_engine.server.store.latency_router import LatencyWeightedRoute
-from waltz_engine.server.store.store_session import FAILED_TRANSACTION_ID, StoreAppendRequest, StoreSession
+from waltz_engine.server.store.queued_appends import FAILED_TRANSACTION_ID, StoreAppendRequest
+from waltz_engine.server.store.store_session import StoreSession
 from waltz_engine.storage.client import StorageRpcError
 from waltz_engine.zk.retention import BelowRetainedStartError
 

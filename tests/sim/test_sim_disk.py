@@ -25,6 +25,7 @@ from waltz_engine.sim.disk_faults import SLOW_SYNC_MS
 from waltz_engine.sim.loop import SimLoop
 from waltz_engine.sim.world import SimWorld, WorldShape
 from waltz_engine.storage import StorageManager
+from waltz_engine.storage.constants import DEFAULT_SEGMENT_CACHE_CAPACITY
 from waltz_engine.storage.file_system import OS_DISK, Disk
 from waltz_engine.storage.segment import CorruptRecordError
 
@@ -231,6 +232,36 @@ def test_a_roll_over_the_full_disk_refused_is_made_again_once_there_is_room() ->
         assert rolled_after_refusal >= 1
         assert len(partition.segments) >= 2 and partition.max_transaction_id() == 11
         assert partition.records(0, 12) == [record(t) for t in range(12)]
+
+
+def test_a_roll_over_the_full_disk_refused_leaves_the_last_segment_writable() -> None:
+    # No room for the new segment's first header: the roll-over fails before any file exists.
+    # Before, the last segment was sealed and put in the segment cache first; reads of older
+    # segments evicted it, which closed its files, and every append after failed on them (EBADF)
+    # with room again, until the node restarted (issue 32: the simulator's seed 43364).
+    disk = SimDisk()
+    with open_manager(SIM_ROOT, disk) as manager:
+        manager.set_partition_assignment([0], True)
+        partition = manager.partition(0)
+        txid = 0
+        while len(partition.segments) < 2 * DEFAULT_SEGMENT_CACHE_CAPACITY:
+            partition.append([record(txid)])
+            txid += 1
+        firsts = [first for first, _ in partition.segments]
+        # Records of one size: the next roll-over comes as many records after the last one.
+        while txid < 2 * firsts[-1] - firsts[-2]:
+            partition.append([record(txid)])
+            txid += 1
+        disk.capacity_bytes = disk.used_bytes()
+        with pytest.raises(OSError) as refused:
+            partition.append([record(txid)])
+        assert refused.value.errno == errno.ENOSPC
+        assert [first for first, _ in partition.segments] == firsts  # refused at the roll-over
+        disk.capacity_bytes = None
+        for first, _ in reversed(partition.segments):
+            assert partition.records(first, 1) == [record(first)]  # reads of the older ones evict the last
+        partition.append([record(txid)])
+        assert partition.records(0, txid + 1) == [record(t) for t in range(txid + 1)]
 
 
 def test_rot_reaches_all_of_a_copy_the_tier_cached_not_the_partitions_durable_point() -> None:

@@ -83,9 +83,10 @@ def test_a_failing_seed_exits_non_zero_with_its_replay_command(monkeypatch: pyte
 
 def test_nodes_pause_crash_restart_and_partitions_move_and_the_seed_replays() -> None:
     # Two servers (partitions move between them), crashes lose unsynced writes and restart.
-    # (The world without the operator's actions, where this seed draws every node fault.)
+    # (The world without the operator's actions, where this seed draws every node fault; seed 6
+    # did until server faults left one server serving, issue 32's seed 20360.)
     shape = WorldShape(transactions=60, faults=60, servers=2, operator_actions=False)
-    first, again = run_seed(6, shape), run_seed(6, shape)
+    first, again = run_seed(0, shape), run_seed(0, shape)
     assert first.violations == [] and first.transactions + first.refused + first.not_committed >= 60
     assert set(NODE_FAULT_KINDS) <= set(first.faults)
     assert first.trace_hash == again.trace_hash and first.faults == again.faults

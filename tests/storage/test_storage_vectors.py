@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,16 @@ from storage_testlib import (
 from tests.conftest import read_jsonl
 from waltz_engine.common.errors import FormatError, StorageError
 from waltz_engine.common.record import Record
+from waltz_engine.disk.record_run import JoinedRuns, WireRecordRun
 from waltz_engine.storage import SessionInfo, StorageManager
 from waltz_engine.storage.segment import CorruptRecordError
+from waltz_engine.wire.frame import FRAME_HEADER_SIZE_BYTES
+from waltz_engine.wire.storage_messages import (
+    STORAGE_CODEC,
+    STORAGE_DATA_PORT_CODEC,
+    StorageAppendRequest,
+    StorageAppendRunRequest,
+)
 
 ALL_PARTITIONS = list(range(VECTOR_NUM_PARTITIONS))
 # Run 1 (store session 0) wrote these txids, run 2 (session 1) the rest (README §4).
@@ -55,9 +64,29 @@ def test_assigning_partitions_writes_the_fresh_directory(tmp_path: Path, vectors
     _assert_same_files(tmp_path, vectors / "disk" / "fresh" / "storage")
 
 
-@pytest.mark.parametrize("batch_size", [1, 7])
+def _as_sent(records: list[Record], form: str) -> Sequence[Record] | WireRecordRun | JoinedRuns:
+    """The records as the storage node's data port hands them to the partition: ``wire`` the
+    APPEND_REQUEST's record bytes (no ``Record`` each), ``joined`` two requests' grouped."""
+    if form == "records":
+        return records
+
+    def run(part: list[Record]) -> WireRecordRun:
+        frame = STORAGE_CODEC.encode_frame(StorageAppendRequest(0, 0, 0, tuple(part), False))
+        msg = STORAGE_DATA_PORT_CODEC.decode(frame[FRAME_HEADER_SIZE_BYTES:])
+        assert isinstance(msg, StorageAppendRunRequest) and msg.records.records() == tuple(part)
+        return msg.records
+
+    if form == "wire":
+        return run(records)
+    half = len(records) // 2
+    return JoinedRuns([run(records[:half]), run(records[half:])])
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "form"), [(1, "records"), (7, "records"), (1, "wire"), (7, "wire"), (7, "joined")]
+)
 def test_replaying_the_workload_writes_the_clean_directory(
-    tmp_path: Path, vectors: Path, batch_size: int
+    tmp_path: Path, vectors: Path, batch_size: int, form: str
 ) -> None:
     records = _vector_records(vectors)
     with _open(tmp_path) as manager:
@@ -68,7 +97,7 @@ def test_replaying_the_workload_writes_the_clean_directory(
                 partition.set_low_water_mark(session_id, partition.max_transaction_id())
                 todo = records[p][: RUN1_COUNT[p]] if runs == "run1" else records[p][RUN1_COUNT[p] :]
                 for i in range(0, len(todo), batch_size):
-                    partition.append(todo[i : i + batch_size])
+                    partition.append(_as_sent(todo[i : i + batch_size], form))
     _assert_same_files(tmp_path, vectors / "disk" / "clean" / "storage")
 
 

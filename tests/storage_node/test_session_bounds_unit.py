@@ -8,7 +8,11 @@ import time
 
 import pytest
 
-from waltz_engine.storage.node.session_bounds import SessionBounds, UnissuedSessionError
+from waltz_engine.storage.node.session_bounds import (
+    SessionBounds,
+    SupersededSessionError,
+    UnissuedSessionError,
+)
 from waltz_engine.zk.connection import ZooKeeperSettings
 
 SLOW_READ_S = 0.3
@@ -54,5 +58,28 @@ def test_concurrent_checks_share_one_read_and_forged_ids_are_refused() -> None:
         assert bounds.reads == 1
         await bounds.check(0, 5)  # known now: no read
         assert bounds.reads == 1
+
+    asyncio.run(go())
+
+
+def test_a_forgotten_session_id_takes_only_the_latest_session_as_read_after_the_request() -> None:
+    """``latest_only`` (a replica whose session id was reset: issue 32, the simulator's seed
+    1156): a session ZooKeeper has issued but since superseded is a deposed writer's."""
+
+    async def go() -> None:
+        bounds = _Bounds()
+        await bounds.check(0, 5)  # learns 5
+        assert bounds.reads == 1
+        with pytest.raises(SupersededSessionError, match="session id 4 of partition 0 was superseded"):
+            await bounds.check(0, 4, latest_only=True)  # below what is known: no read
+        assert bounds.reads == 1
+        bounds.issued_now = 6  # a newer server's compare-and-set
+        with pytest.raises(SupersededSessionError, match=r"superseded \(ZooKeeper's store session is 6\)"):
+            await bounds.check(0, 5, latest_only=True)  # 5 was the latest known: asked again
+        assert bounds.reads == 2
+        await bounds.check(0, 6, latest_only=True)  # the latest, as read after it arrived
+        assert bounds.reads == 3
+        await bounds.check(0, 5)  # a replica that remembers its session: issued is enough
+        assert bounds.reads == 3
 
     asyncio.run(go())

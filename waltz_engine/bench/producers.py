@@ -55,6 +55,7 @@ from waltz_engine.client import (
     WaltzClientConfig,
 )
 from waltz_engine.client.config import DEFAULT_MAX_CONCURRENT_TRANSACTIONS
+from waltz_engine.common.loop_turns import count_turns
 from waltz_engine.ops.devcluster import LocalCluster
 
 BYTES_PER_MB = 1024 * 1024  # the original's BYTES_IN_MEGABYTE
@@ -384,7 +385,8 @@ class ProducerResult:
     partitions: int
     lock_pool: int
     watchers: int = 0  # feed-only connections in a process of their own (bench.feed_watchers)
-    # Each server's loop iterations (selector returns) over the measured run (a local cluster's).
+    # Loop iterations (selector returns) over the measured run: each server's (a local cluster's)
+    # and the clients' loop ("client").
     loop_iterations: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -541,6 +543,9 @@ async def _produce(
         pids = cluster.watched_pids()
         cpu_before = process_cpu.snapshot(pids)
         loops_before = await asyncio.to_thread(cluster.loop_iterations)
+        # The clients' own loop (this process's): its iterations per commit are on the commit's path.
+        client_turns = count_turns(asyncio.get_running_loop())
+        client_turns_before = client_turns.count if client_turns is not None else 0
         started_s = time.perf_counter()
         start.set()
         await asyncio.gather(*tasks)
@@ -552,10 +557,13 @@ async def _produce(
             )
         seconds = time.perf_counter() - started_s
         cpu_s = process_cpu.used_since(cpu_before, pids)
+        client_turns_after = client_turns.count if client_turns is not None else 0
         loops_after = await asyncio.to_thread(cluster.loop_iterations)
         loop_iterations = {
             name: count - loops_before[name] for name, count in loops_after.items() if name in loops_before
         }
+        if client_turns is not None:
+            loop_iterations[CLIENT_PROCESS] = client_turns_after - client_turns_before
         if watched is not None:
             cpu_s[WATCHERS_PROCESS] = watched.cpu_s
     finally:

@@ -22,6 +22,7 @@ from abc import ABC, abstractmethod
 from waltz_engine.client.backoff import RECONNECT_BACKOFF_MAX_MS, reconnect_backoff
 from waltz_engine.client.errors import ClientTlsRefusedError
 from waltz_engine.client.network_client import Endpoint, NetworkClient, OpenChannel
+from waltz_engine.client.unfinished import Unfinished
 from waltz_engine.common.backoff import Backoff
 from waltz_engine.wire.client_messages import ClientMessage
 from waltz_engine.zk.payloads import PartitionInfo
@@ -68,6 +69,16 @@ class BaseClient(ABC):
         """Messages that arrived together, in order."""
         for message in messages:
             await self.on_message(network_client, message)
+
+    # True: a connection's read callback hands each read's messages to on_messages_now.
+    handles_messages_now = False
+
+    def on_messages_now(
+        self, network_client: NetworkClient, messages: list[ClientMessage]
+    ) -> Unfinished | None:
+        """:meth:`on_messages` as far as nothing waits, in the read callback; the rest for the
+        reader task (here: all of it)."""
+        return Unfinished(self.on_messages(network_client, messages))
 
     @abstractmethod
     def on_refused(self, network_client: NetworkClient, error: ClientTlsRefusedError) -> None:

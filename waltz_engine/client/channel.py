@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
+from waltz_engine.common.errors import ProtocolError
 from waltz_engine.net.channel import FramedConnection
+from waltz_engine.net.transport import StreamReader
 from waltz_engine.wire.client_messages import ClientMessage
 from waltz_engine.wire.client_stream import ClientStreamDecoder
 from waltz_engine.wire.errors import TruncatedFrameError
@@ -74,6 +77,46 @@ class FramedChannel:
             messages = decoder.feed(data)
             if messages:
                 return messages
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes the connection received that :meth:`receive_many` has not taken yet."""
+        return self._stream_reader().buffered_bytes
+
+    def sink(
+        self,
+        on_messages: Callable[[list[ClientMessage]], None],
+        on_end: Callable[[BaseException | None], None],
+    ) -> None:
+        """From now on cut the frames in the transport's read callback and hand each read's whole
+        messages to ``on_messages`` there (no task, no loop turn), until :meth:`unsink` or the
+        end, which goes to ``on_end`` once: None for the end of the stream or an error the reader
+        holds (:meth:`receive_many` reports them), else the decoder's error. Only with nothing
+        buffered (:attr:`buffered_bytes`): the bytes read since are cut with the same decoder."""
+        reader = self._stream_reader()
+        assert not reader.buffered_bytes, "receive_many() first: those bytes came before"
+        feed = self._decoder.feed
+
+        def on_data(data: bytes) -> None:
+            try:
+                messages = feed(data)
+            except ProtocolError as e:
+                reader.unsink()
+                on_end(e)
+                return
+            if messages:
+                on_messages(messages)
+
+        reader.sink(on_data, lambda _error: on_end(None))
+
+    def unsink(self) -> None:
+        """Bytes wait for :meth:`receive_many` again (the reader's own limit pauses reading)."""
+        self._stream_reader().unsink()
+
+    def _stream_reader(self) -> StreamReader:
+        reader = self._conn.reader
+        assert isinstance(reader, StreamReader), "connections are built with net.transport.StreamReader"
+        return reader
 
     async def close(self) -> None:
         await self._conn.close()

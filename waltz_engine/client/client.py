@@ -107,7 +107,8 @@ class WaltzClient:
         self._early_removed: list[Endpoint] = []
         self._retry_queue: asyncio.Queue[TransactionContext] = asyncio.Queue()
         self._open_contexts = 0  # submitted and without their final outcome yet (retries too)
-        self._progress = asyncio.Event()  # replaced after each set: flush waits on the current one
+        # Set and dropped at each change; made only when a flush waits (most changes have no waiter).
+        self._progress: asyncio.Event | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
@@ -310,8 +311,9 @@ class WaltzClient:
         self._notify_progress()
 
     def _notify_progress(self) -> None:
-        self._progress.set()
-        self._progress = asyncio.Event()
+        progress, self._progress = self._progress, None
+        if progress is not None:
+            progress.set()
 
     async def _retry_worker(self) -> None:
         while True:
@@ -337,6 +339,8 @@ class WaltzClient:
             p.own_commit_unapplied for p in stream.partitions.values()
         ):
             progress = self._progress
+            if progress is None:
+                progress = self._progress = asyncio.Event()
             for partition in stream.partitions.values():
                 last = partition.monitor.last_enqueued()
                 if (

@@ -16,8 +16,9 @@ import ssl
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from waltz_engine.client.channel import Channel
+from waltz_engine.client.channel import Channel, FramedChannel
 from waltz_engine.client.errors import ClientTlsRefusedError
+from waltz_engine.client.unfinished import Unfinished, raising
 from waltz_engine.common.backoff import Backoff
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.wire.client_messages import ClientMessage
@@ -33,12 +34,23 @@ REFUSALS_BEFORE_FAILING = 2
 
 
 class NetworkClientOwner(Protocol):
+    # Whether on_messages_now may be called from the connection's read callback (the stream
+    # client's; the RPC client reads on its task).
+    handles_messages_now: bool
+
     def on_channel_ready(self, network_client: NetworkClient) -> None: ...
 
     async def on_message(self, network_client: NetworkClient, message: ClientMessage) -> None: ...
 
     async def on_messages(self, network_client: NetworkClient, messages: list[ClientMessage]) -> None:
         """Messages that arrived together, in order (a feed batch)."""
+        ...
+
+    def on_messages_now(
+        self, network_client: NetworkClient, messages: list[ClientMessage]
+    ) -> Unfinished | None:
+        """:meth:`on_messages` in the read callback, as far as nothing waits; the rest (None:
+        nothing left) is awaited on the reader task before anything that arrived after it."""
         ...
 
     def on_disconnected(self, network_client: NetworkClient) -> None: ...
@@ -137,12 +149,10 @@ class NetworkClient:
         self._channel = channel
         try:
             self._owner.on_channel_ready(self)
-            while not self._closed:
-                messages = await channel.receive_many()
-                if messages is None:
-                    log.info("%r: server closed the connection", self)
-                    break
-                await self._owner.on_messages(self, messages)
+            if self._owner.handles_messages_now and isinstance(channel, FramedChannel):
+                await self._receive_now(channel)
+            else:
+                await self._receive(channel)
         except (WaltzError, ConnectionError, ssl.SSLError) as e:
             # An application error was reported where it happened; it only ends the connection.
             level = logging.DEBUG if getattr(e, "application_error", False) else logging.WARNING
@@ -152,6 +162,74 @@ class NetworkClient:
             if not self._closed:
                 self._closed = True
                 self._owner.on_disconnected(self)
+
+    async def _receive(self, channel: Channel) -> None:
+        """Each read's messages to the owner, on this task."""
+        while not self._closed and await self._receive_one(channel):
+            pass
+
+    async def _receive_one(self, channel: Channel) -> bool:
+        """One read's messages to the owner, on this task; False at the end of the stream."""
+        messages = await channel.receive_many()
+        if messages is None:
+            log.info("%r: server closed the connection", self)
+            return False
+        await self._owner.on_messages(self, messages)
+        return True
+
+    async def _receive_now(self, channel: FramedChannel) -> None:
+        """Each read's messages to the owner in the connection's read callback (issue 33: a lone
+        commit's feed settles its transaction with no task woken and no loop turn); the rest of a
+        batch the owner cannot finish there is awaited here, and while it is, the bytes that
+        follow wait in the reader, which this task then reads as :meth:`_receive` does (its limit
+        pausing the socket: back pressure as before) until nothing is buffered. The order of the
+        messages is the order they arrived in, whichever path handles them."""
+        loop = asyncio.get_running_loop()
+        while not self._closed:
+            if not channel.buffered_bytes:
+                # None: the end (receive_many reports it); else the rest of a batch, or an error.
+                handed: asyncio.Future[Unfinished | BaseException | None] = loop.create_future()
+                self._sink(channel, handed)
+                try:
+                    outcome = await handed
+                except BaseException:
+                    if handed.done() and not handed.cancelled():
+                        left = handed.result()
+                        if isinstance(left, Unfinished):
+                            left.discard()
+                    raise
+                finally:
+                    channel.unsink()
+                if isinstance(outcome, Unfinished):
+                    await outcome
+                    continue
+                if outcome is not None:
+                    raise outcome
+            if not await self._receive_one(channel):
+                return
+
+    def _sink(
+        self, channel: FramedChannel, handed: asyncio.Future[Unfinished | BaseException | None]
+    ) -> None:
+        """Messages to the owner in the read callback until one hands ``handed`` what is left."""
+        owner = self._owner
+
+        def on_messages(messages: list[ClientMessage]) -> None:
+            if self._closed or handed.done():
+                return  # closing: what arrives is not handled (the task is cancelled)
+            try:
+                rest = owner.on_messages_now(self, messages)
+            except BaseException as e:  # raised on the task, where it always was
+                rest = Unfinished(raising(e))
+            if rest is not None:
+                channel.unsink()
+                handed.set_result(rest)
+
+        def on_end(error: BaseException | None) -> None:
+            if not handed.done():
+                handed.set_result(error)
+
+        channel.sink(on_messages, on_end)
 
     async def _connect(self, wait_first: bool) -> Channel | None:
         if wait_first:

@@ -17,8 +17,9 @@ import enum
 import heapq
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from waltz_engine.client.config import DEFAULT_LONG_WAIT_THRESHOLD_MS
 from waltz_engine.client.errors import (
@@ -29,6 +30,7 @@ from waltz_engine.client.errors import (
     PartitionStoppedError,
 )
 from waltz_engine.client.transaction_monitor import TransactionFuture, TransactionMonitor, monotonic_ms
+from waltz_engine.client.unfinished import Unfinished
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.wire.client_messages import AppendRequest, FeedData, FlushRequest, LockFailure
 
@@ -44,6 +46,9 @@ NO_HIGH_WATER_MARK = -1
 
 # Hands one transaction to the application: None when that is done, else what to await for it.
 Deliver = Callable[[int, int, ReqId], Awaitable[None] | None]
+# A callback's awaitable left by a run applied in a read callback: (its index in the run, the
+# awaitable, the transaction's context).
+_Step = tuple[int, Awaitable[None], "TransactionContext | None"]
 
 
 class ApplicationError(Exception):
@@ -110,7 +115,7 @@ class Partition:
         self._arrivals = 0
         self._flush_points: deque[tuple[int, ReqId]] = deque()
         self._application_failed: dict[ReqId, TransactionContext] = {}
-        self._application_lock = asyncio.Lock()
+        self._application_lock = ApplicationLock()
         self._changed = asyncio.Event()
 
     def __repr__(self) -> str:
@@ -364,41 +369,156 @@ class Partition:
         awaitable costs no await. Raises ApplicationError (from the callback's error) at the first
         transaction whose callback raised: the ones after it are not applied.
         """
-        async with self._application_lock:
-            monitor = self.monitor
-            client_id = self.client_id
-            for req_id, transaction_id, header in feed:
-                if (
-                    self.state is not PartitionState.ACTIVE
-                    or transaction_id != self.client_high_water_mark + 1
-                ):
-                    continue
-                context = None
-                if req_id.client_id == client_id:  # others' transactions were never registered here
-                    context = monitor.committed(req_id)
-                    if context is not None:
-                        self.last_own_commit = transaction_id
-                        call_hook(context.on_completion, True)
-                    else:
-                        # The application failed on it before: the context still wants on_application.
-                        context = self._application_failed.pop(req_id, None)
-                try:
-                    pending = deliver(transaction_id, header, req_id)
-                    if pending is not None:
-                        await pending
-                except BaseException as e:
-                    self.application_failures += 1
-                    if context is not None:
-                        self._application_failed[req_id] = context
-                    self.process_auxiliary_queues()
-                    if isinstance(e, Exception):
-                        raise ApplicationError(transaction_id) from e
-                    raise
-                self.client_high_water_mark += 1
-                self.application_failures = 0
+        await self._application_lock.acquire()
+        try:
+            step = self._apply_from(feed, 0, deliver)
+            while step is not None:
+                step = await self._finish_step(feed, step, deliver)
+        finally:
+            self._application_lock.release()
+
+    def apply_now(self, feed: Sequence[FeedData], deliver: Deliver) -> Unfinished | None:
+        """:meth:`apply_transactions` in this very call (a connection's read callback), as far as
+        no callback returns something to await: None when the whole run was applied, else what
+        is left, holding the application lock, for the reader task to await. With the lock held
+        elsewhere (the feed of another connection still applying), all of it is left.
+        Raises as :meth:`apply_transactions` does."""
+        lock = self._application_lock
+        if not lock.try_acquire():
+            return Unfinished(self.apply_transactions(feed, deliver))
+        try:
+            step = self._apply_from(feed, 0, deliver)
+        except BaseException:
+            lock.release()
+            raise
+        if step is None:
+            lock.release()
+            return None
+        return Unfinished(self._apply_rest(feed, step, deliver), partial(self._abandon_step, feed, step))
+
+    async def _apply_rest(self, feed: Sequence[FeedData], step: _Step, deliver: Deliver) -> None:
+        """The rest of :meth:`apply_now`'s run, from the callback it left waiting (lock held)."""
+        try:
+            next_step: _Step | None = step
+            while next_step is not None:
+                next_step = await self._finish_step(feed, next_step, deliver)
+        finally:
+            self._application_lock.release()
+
+    def _apply_from(self, feed: Sequence[FeedData], start: int, deliver: Deliver) -> _Step | None:
+        """Apply ``feed[start:]`` up to a callback that returns something to await: that one's
+        (index, awaitable, context), or None when all were applied."""
+        monitor = self.monitor
+        client_id = self.client_id
+        for index in range(start, len(feed)):
+            req_id, transaction_id, header = feed[index]
+            if self.state is not PartitionState.ACTIVE or transaction_id != self.client_high_water_mark + 1:
+                continue
+            context = None
+            if req_id.client_id == client_id:  # others' transactions were never registered here
+                context = monitor.committed(req_id)
                 if context is not None:
-                    call_hook(context.on_application)
-                    if self.applied_listener is not None:
-                        self.applied_listener()
-                if self._lock_failure_queue or self._flush_points:
-                    self.process_auxiliary_queues()
+                    self.last_own_commit = transaction_id
+                    call_hook(context.on_completion, True)
+                else:
+                    # The application failed on it before: the context still wants on_application.
+                    context = self._application_failed.pop(req_id, None)
+            try:
+                pending = deliver(transaction_id, header, req_id)
+            except BaseException as e:
+                self._application_raised(req_id, transaction_id, context, e)
+            if pending is not None:
+                return index, pending, context
+            self._applied(context)
+        return None
+
+    async def _finish_step(self, feed: Sequence[FeedData], step: _Step, deliver: Deliver) -> _Step | None:
+        """Await the callback ``step`` left, then apply on from the transaction after it."""
+        index, pending, context = step
+        try:
+            await pending
+        except BaseException as e:
+            req_id, transaction_id, _ = feed[index]
+            self._application_raised(req_id, transaction_id, context, e)
+        self._applied(context)
+        return self._apply_from(feed, index + 1, deliver)
+
+    def _applied(self, context: TransactionContext | None) -> None:
+        self.client_high_water_mark += 1
+        self.application_failures = 0
+        if context is not None:
+            call_hook(context.on_application)
+            if self.applied_listener is not None:
+                self.applied_listener()
+        if self._lock_failure_queue or self._flush_points:
+            self.process_auxiliary_queues()
+
+    def _application_raised(
+        self, req_id: ReqId, transaction_id: int, context: TransactionContext | None, error: BaseException
+    ) -> NoReturn:
+        self.application_failures += 1
+        if context is not None:
+            self._application_failed[req_id] = context
+        self.process_auxiliary_queues()
+        if isinstance(error, Exception):
+            raise ApplicationError(transaction_id) from error
+        raise error
+
+    def _abandon_step(self, feed: Sequence[FeedData], step: _Step) -> None:
+        """An :meth:`apply_now` rest given up unstarted (its connection closed first): what a
+        cancellation of the reader task awaiting it would have done."""
+        index, pending, context = step
+        if isinstance(pending, Coroutine):
+            pending.close()
+        elif isinstance(pending, asyncio.Future):
+            pending.cancel()
+        req_id, transaction_id, _ = feed[index]
+        try:
+            self._application_raised(req_id, transaction_id, context, asyncio.CancelledError())
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self._application_lock.release()
+
+
+class ApplicationLock:
+    """A partition's application lock: asyncio.Lock's first-come order, plus a synchronous
+    :meth:`try_acquire` for a read callback (no waiter can be passed: a waiter is handed the
+    lock by :meth:`release` itself)."""
+
+    __slots__ = ("_held", "_waiters")
+
+    def __init__(self) -> None:
+        self._held = False
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    def try_acquire(self) -> bool:
+        if self._held or self._waiters:
+            return False
+        self._held = True
+        return True
+
+    async def acquire(self) -> None:
+        if self.try_acquire():
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # handed the lock, then cancelled: pass it on
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+            raise
+
+    def release(self) -> None:
+        assert self._held, "release of an application lock not held"
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # handed over: still held
+                return
+        self._held = False

@@ -28,6 +28,7 @@ from waltz_engine.client.errors import (
 from waltz_engine.client.network_client import NetworkClient, OpenChannel
 from waltz_engine.client.partition import ApplicationError, Deliver, Partition
 from waltz_engine.client.transaction_monitor import TransactionFuture
+from waltz_engine.client.unfinished import Unfinished
 from waltz_engine.wire.client_messages import (
     AUTHORIZING_CLIENT_CODEC,
     PARTITION_STATE_CLIENT_AHEAD,
@@ -57,6 +58,18 @@ FeedSeen = Callable[[int, int, int], None]
 
 
 _REQUEST_NAMES = {spec.type_code: spec.name for spec in AUTHORIZING_CLIENT_CODEC.specs}
+
+
+def _run_end(messages: list[ClientMessage], index: int) -> int:
+    """The end of the run of FeedData of one partition that starts at ``index``."""
+    partition_id = messages[index].req_id.partition_id
+    end, count = index + 1, len(messages)
+    while end < count:
+        following = messages[end]
+        if type(following) is not FeedData or following.req_id.partition_id != partition_id:
+            break
+        end += 1
+    return end
 
 
 class TransactionApplicationError(WaltzClientError):
@@ -155,12 +168,64 @@ class StreamClient(BaseClient):
 
     # -- messages --------------------------------------------------------------------------
 
+    # The connection's read callback may hand batches to on_messages_now (NetworkClient).
+    handles_messages_now = True
+
     async def on_messages(self, network_client: NetworkClient, messages: list[ClientMessage]) -> None:
         """A feed batch: each run of FeedData of one partition is applied in one go.
 
         Before any is applied, every partition's data is asked for ahead as far as this batch goes
         (within the prefetch budget), so the requests are in flight while the first ones apply.
         """
+        self._feed_seen_batch(messages)
+        await self._handle(network_client, messages, 0)
+
+    def on_messages_now(
+        self, network_client: NetworkClient, messages: list[ClientMessage]
+    ) -> Unfinished | None:
+        """:meth:`on_messages` in the connection's read callback, as far as nothing waits: None when
+        the whole batch was handled, else the rest (from the first callback that returned something
+        to await, or a partition whose feed is still applied elsewhere) for the reader task, which
+        awaits it before anything that arrived after. Raises as :meth:`on_messages` does."""
+        self._feed_seen_batch(messages)
+        index, count = 0, len(messages)
+        while index < count:
+            message = messages[index]
+            if type(message) is not FeedData:
+                self._on_control(network_client, message)
+                index += 1
+                continue
+            end = _run_end(messages, index)
+            partition = self.partitions.get(message.req_id.partition_id)
+            if partition is None:
+                log.warning("message for unknown partition from %r: %s", network_client, message)
+            else:
+                try:
+                    rest = partition.apply_now(cast("list[FeedData]", messages[index:end]), self._deliver)
+                except ApplicationError as failed:
+                    raise self._apply_failed(partition, failed) from failed.__cause__
+                if rest is not None:
+                    return Unfinished(
+                        self._finish_batch(network_client, partition, rest, messages, end), rest.discard
+                    )
+            index = end
+        return None
+
+    async def _finish_batch(
+        self,
+        network_client: NetworkClient,
+        partition: Partition,
+        rest: Unfinished,
+        messages: list[ClientMessage],
+        index: int,
+    ) -> None:
+        try:
+            await rest
+        except ApplicationError as failed:
+            raise self._apply_failed(partition, failed) from failed.__cause__
+        await self._handle(network_client, messages, index)
+
+    def _feed_seen_batch(self, messages: list[ClientMessage]) -> None:
         feed_seen = self._feed_seen
         if feed_seen is not None:
             last: dict[int, int] = {}
@@ -171,7 +236,9 @@ class StreamClient(BaseClient):
                 partition = self.partitions.get(partition_id)
                 if partition is not None:
                     feed_seen(partition_id, partition.client_high_water_mark, transaction_id)
-        index, count = 0, len(messages)
+
+    async def _handle(self, network_client: NetworkClient, messages: list[ClientMessage], index: int) -> None:
+        count = len(messages)
         while index < count:
             message = messages[index]
             if type(message) is not FeedData:
@@ -179,12 +246,7 @@ class StreamClient(BaseClient):
                 index += 1
                 continue
             partition_id = message.req_id.partition_id
-            end = index + 1
-            while end < count:
-                following = messages[end]
-                if type(following) is not FeedData or following.req_id.partition_id != partition_id:
-                    break
-                end += 1
+            end = _run_end(messages, index)
             partition = self.partitions.get(partition_id)
             if partition is None:
                 log.warning("message for unknown partition from %r: %s", network_client, message)
@@ -193,13 +255,22 @@ class StreamClient(BaseClient):
             index = end
 
     async def on_message(self, network_client: NetworkClient, message: ClientMessage) -> None:
+        if isinstance(message, FeedData):
+            partition = self.partitions.get(message.req_id.partition_id)
+            if partition is None:
+                log.warning("message for unknown partition from %r: %s", network_client, message)
+                return
+            await self._apply(partition, [message])
+        else:
+            self._on_control(network_client, message)
+
+    def _on_control(self, network_client: NetworkClient, message: ClientMessage) -> None:
+        """Every message but FeedData: none waits."""
         partition = self.partitions.get(message.req_id.partition_id)
         if partition is None:
             log.warning("message for unknown partition from %r: %s", network_client, message)
             return
-        if isinstance(message, FeedData):
-            await self._apply(partition, [message])
-        elif isinstance(message, MountResponse):
+        if isinstance(message, MountResponse):
             self._mount_response(partition, network_client, message)
         elif isinstance(message, FeedSuspended):
             if message.req_id == partition.session and partition.network_client is network_client:
@@ -264,13 +335,17 @@ class StreamClient(BaseClient):
         try:
             await partition.apply_transactions(feed, self._deliver)
         except ApplicationError as failed:
-            error = failed.__cause__
-            assert isinstance(error, Exception), failed
-            self._application_failed(partition, failed.transaction_id, error)
-            raise TransactionApplicationError(
-                f"apply_transaction failed on transaction {failed.transaction_id} "
-                f"of partition {partition.partition_id}: {error}"
-            ) from error
+            raise self._apply_failed(partition, failed) from failed.__cause__
+
+    def _apply_failed(self, partition: Partition, failed: ApplicationError) -> TransactionApplicationError:
+        """``apply_transaction`` raised: reported, and the error that drops the connection."""
+        error = failed.__cause__
+        assert isinstance(error, Exception), failed
+        self._application_failed(partition, failed.transaction_id, error)
+        return TransactionApplicationError(
+            f"apply_transaction failed on transaction {failed.transaction_id} "
+            f"of partition {partition.partition_id}: {error}"
+        )
 
     def _application_failed(self, partition: Partition, transaction_id: int, error: Exception) -> None:
         """Report the failure; after ``max_application_attempts`` in a row, stop the partition.

@@ -173,12 +173,20 @@ class FramedConnection:
 
         reader.sink(on_data, end)
 
-    async def handle(self, now: Callable[[Any], bool], later: Callable[[Any], Awaitable[None]]) -> None:
+    async def handle(
+        self,
+        now: Callable[[Any], bool],
+        later: Callable[[Any], Awaitable[None]],
+        recognise: Callable[[bytes], Any | None] | None = None,
+    ) -> None:
         """Serve the connection until it ends: each message goes to ``now`` in the read callback
         (True: handled, with no waiting); one it declines, and every one after it, goes to
         ``later`` on this task, in order, with reading paused until they are through. Reading
         pauses too while the write buffer is above its high-water mark (the peer does not read
-        its answers). Returns at a clean end; raises the end's error, or ``later``'s."""
+        its answers). Returns at a clean end; raises the end's error, or ``later``'s.
+
+        ``recognise(data)``: the message that bytes read whole are, decoded without the frame
+        decoder (None: the decoder takes them), for the commonest request of a connection."""
         transport = self.writer.transport
         assert isinstance(transport, asyncio.Transport)
         backlog: deque[Any] = deque()
@@ -202,7 +210,18 @@ class FramedConnection:
             ended.append(error)
             wake.set()
 
-        self.dispatch(on_message, on_end)
+        on_bytes: Callable[[bytes], bool] | None = None
+        if recognise is not None:
+            recognised = recognise
+
+            def on_bytes(data: bytes) -> bool:
+                message = recognised(data)
+                if message is None:
+                    return False
+                on_message(message)
+                return True
+
+        self.dispatch(on_message, on_end, on_bytes)
         while True:
             await wake.wait()
             wake.clear()

@@ -48,6 +48,16 @@ class StreamReader(asyncio.StreamReader):
         if error is not None or self.at_eof():
             self._end(error)
 
+    def unsink(self) -> None:
+        """Buffer the bytes again, for ``read`` (the client's reader task after its read callback
+        handed it a batch it could not finish: its reads, and their back pressure, as before)."""
+        self._sink = self._sink_end = None
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes received and not read yet."""
+        return len(self._buffer)  # type: ignore[attr-defined]
+
     def feed_data(self, data: Iterable[SupportsIndex]) -> None:
         sink = self._sink
         if sink is None:

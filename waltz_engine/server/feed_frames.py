@@ -24,7 +24,9 @@ from waltz_engine.server.feed_cache import (
     FeedCache,
     block_first_transaction_id,
 )
-from waltz_engine.wire.client_messages import EXTENDED_CLIENT_CODECS, FeedData
+from waltz_engine.wire.client_messages import CLIENT_MAGIC, EXTENDED_CLIENT_CODECS, FeedData
+from waltz_engine.wire.client_stream import FEED_DATA_FRAME, FEED_DATA_TYPE_CODE
+from waltz_engine.wire.frame import FRAME_HEADER_SIZE_BYTES
 
 # Blocks kept per partition and codec version: 256 x 64 txids x 36 bytes = 576 KiB, enough for
 # the realtime tail and the positions of the mounts catching up at once.
@@ -33,7 +35,9 @@ FEED_FRAME_BLOCKS_KEPT = 256
 
 def feed_data_frame_size_bytes(version: int) -> int:
     """Every FeedData frame of a codec version has this size (fixed fields only)."""
-    return len(EXTENDED_CLIENT_CODECS[version].encode_frame(FeedData(ReqId(0, 0, 0, 0), 0, 0)))
+    size = len(EXTENDED_CLIENT_CODECS[version].encode_frame(FeedData(ReqId(0, 0, 0, 0), 0, 0)))
+    assert size == FEED_DATA_FRAME.size, (version, size)
+    return size
 
 
 class _Block:
@@ -87,6 +91,33 @@ class FeedFrames:
             index = transaction_id & FEED_CACHE_BLOCK_INDEX_MASK
             if not (block.filled >> index) & 1:
                 self._encode(version, block, index, req_id, header)
+
+    def add_committed(self, transaction_id: int, req_id: ReqId, header: int) -> None:
+        """A commit's frame, encoded at once into the blocks that hold its slot already (the
+        realtime tail of each codec version in use), with one pack: its feed then sends it
+        without reading it back from the feed cache. Other versions and blocks are encoded
+        from the feed cache when a feed reaches them, as before."""
+        first = block_first_transaction_id(transaction_id)
+        index = transaction_id & FEED_CACHE_BLOCK_INDEX_MASK
+        blocks = self._blocks
+        for version, size in self._frame_sizes.items():
+            block = blocks.get((version, first))
+            if block is None or (block.filled >> index) & 1:
+                continue
+            # The FEED_DATA frame the client unpacks (its fields the same in every codec version).
+            FEED_DATA_FRAME.pack_into(
+                block.buffer,
+                index * size,
+                CLIENT_MAGIC,
+                version,
+                size - FRAME_HEADER_SIZE_BYTES,
+                FEED_DATA_TYPE_CODE,
+                *req_id,
+                transaction_id,
+                header,
+            )
+            block.filled |= 1 << index
+            self.frames_encoded += 1
 
     def num_blocks(self) -> int:
         return len(self._blocks)

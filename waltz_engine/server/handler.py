@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, Protocol
 
 from waltz_engine.auth.acl import ADMIN, APPEND, NO_PARTITION, READ
@@ -49,6 +50,7 @@ from waltz_engine.wire.client_messages import (
     ServerPartitionsHealthStatResponse,
     TransactionDataRequest,
     TransactionDataResponse,
+    recognise_append_request,
 )
 
 log = logging.getLogger(__name__)
@@ -303,7 +305,8 @@ class ClientHandler:
             await self._dispatch(client, message)
 
         try:
-            await conn.handle(now, later)
+            # An append without locks, read whole, is decoded by its bytes (no frame decoder).
+            await conn.handle(now, later, partial(recognise_append_request, version=client.version))
         finally:
             self.connections.discard(client)
             for partition_id in self.services.partition_ids():

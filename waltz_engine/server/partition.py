@@ -33,12 +33,11 @@ import contextlib
 import logging
 from collections.abc import Callable
 from functools import partial
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 from waltz_engine.common import clock
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.common.metrics import MetricsRegistry
-from waltz_engine.common.record import Record, RecordHeader
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.server.append_barrier import AppendBarrier
 from waltz_engine.server.config import EngineSettings
@@ -48,6 +47,8 @@ from waltz_engine.server.feeds import FeedClient, FeedContext, FeedWorker
 from waltz_engine.server.locks import NUM_HASH_FUNCS, LockRequest, Locks
 from waltz_engine.server.partition_data import PartitionData
 from waltz_engine.server.store.errors import AppendOutcomeUnknownError, GenerationMismatchError
+from waltz_engine.server.store.queued_appends import AppendDecision
+from waltz_engine.server.store_partition_like import StorePartitionLike
 from waltz_engine.server.transaction_cache import TransactionFetcher
 from waltz_engine.wire.client_messages import (
     NO_LOCKS,
@@ -71,40 +72,7 @@ log = logging.getLogger(__name__)
 APPEND_QUEUE_SIZE = 100  # the original's ArrayBlockingQueue(100)
 METRIC_GROUP_PREFIX = "waltz-server.partition-"
 NO_HIGH_WATER_MARK = -1  # before the store partition opened, and of an empty partition
-
-
-# A data request waiting on its transaction's load from storage.
-
-
-class StorePartitionLike(Protocol):
-    """The part of the store layer's StorePartition this engine uses."""
-
-    partition_id: int
-
-    async def set_generation(self, generation: int) -> None: ...
-
-    async def append(self, req_id: ReqId, header: int, data: bytes, checksum: int) -> asyncio.Future[int]: ...
-
-    async def flush(self) -> int: ...
-
-    @property
-    def high_water_mark(self) -> int: ...
-
-    @property
-    def low_water_mark(self) -> int:
-        """The high-water mark the current store session's recovery resolved (all committed)."""
-        ...
-
-    async def ensure_open(self) -> None: ...
-
-    async def record_headers(self, transaction_id: int, max_records: int) -> list[RecordHeader]: ...
-
-    async def record(self, transaction_id: int) -> Record | None: ...
-
-    async def committed_records(self, transaction_id: int, max_records: int) -> list[Record]: ...
-
-    @property
-    def healthy(self) -> bool: ...
+FAILED_TRANSACTION_ID = -1  # the store's outcome of an append that definitely failed
 
 
 class _Registration(NamedTuple):
@@ -152,6 +120,9 @@ class Partition(PartitionData):
         self.partition_id = partition_id
         self.generation = generation
         self.store = store
+        # The store's append without a future (``StorePartition.append_lone``); None: a store
+        # without it, whose appends all go through the append task.
+        self._append_lone: Callable[..., bool] | None = getattr(store, "append_lone", None)
         self.feed_cache = feed_cache
         self.fetcher = fetcher
         self.settings = settings
@@ -469,10 +440,11 @@ class Partition(PartitionData):
         """:meth:`_append` from the handler's own call, when the append task is idle and nothing
         needs waiting (its locks free, the store session with room); False: nothing was done,
         and the request goes through the queue. Queued requests are never overtaken: this runs
-        only while the queue is empty and the task is waiting on it."""
+        only while the queue is empty and the task is waiting on it. Its outcome comes back as a
+        call of the decision itself (``StorePartition.append_lone``), not through a future."""
         locks = self._locks
-        append_now = getattr(self.store, "append_now", None)
-        if locks is None or append_now is None or self._store_generation != self.generation:
+        append_lone = self._append_lone
+        if locks is None or append_lone is None or self._store_generation != self.generation:
             return False
         lock_req = lock_request(request)
         if not locks.begin(lock_req):
@@ -480,11 +452,11 @@ class Partition(PartitionData):
         if self._refused(client, request, locks, lock_req):
             return True
         data = request.data if request.data is not None else b""
-        future = append_now(request.req_id, request.header, data, request.checksum)
-        if future is None:
+        decided, number = self._decision(request, locks, lock_req, data)
+        if not append_lone(request.req_id, request.header, data, request.checksum, decided):
             locks.end(lock_req)
             return False
-        self._issued(request, locks, lock_req, data, future)
+        self._count_issued(number)
         return True
 
     def _refused(
@@ -532,19 +504,49 @@ class Partition(PartitionData):
         data: bytes,
         future: asyncio.Future[int],
     ) -> None:
-        """The store took the append: count it, and decide it in the store's decision callback."""
-        self.pending_appends += 1
-        self._settled.clear()
-        append_number = self._barrier.issue()
-        started_s = clock.monotonic_s()
+        """The store took the append (queued through the append task): count it, and decide it in
+        the store's decision callback."""
+        decided, number = self._decision(request, locks, lock_req, data)
+        self._count_issued(number)
 
         def committed(done: asyncio.Future[int]) -> None:
+            if done.cancelled():
+                decided(FAILED_TRANSACTION_ID, asyncio.CancelledError(), True)
+                return
+            error = done.exception()
+            if error is not None:
+                decided(FAILED_TRANSACTION_ID, error, True)
+                return
+            decided(done.result(), None, getattr(done, "last_of_batch", True))
+
+        # The store's own future runs it in the call that decides the vote (no turn between).
+        getattr(future, "when_decided", future.add_done_callback)(committed)
+
+    def _count_issued(self, number: list[int]) -> None:
+        """An append went to the store: pending until its decision (:meth:`_decision`) runs, and
+        numbered for the mounts and flushes behind it (only now: one the store refused must not
+        hold them)."""
+        self.pending_appends += 1
+        self._settled.clear()
+        number[0] = self._barrier.issue()
+
+    def _decision(
+        self, request: AppendRequest, locks: Locks, lock_req: LockRequest, data: bytes
+    ) -> tuple[AppendDecision, list[int]]:
+        """What the store's decision of an append does, ``decided(transaction_id, error,
+        last_of_batch)``: the same for an append taken at once and one queued. Once the store
+        took it, :meth:`_count_issued` gives it its number (the list returned)."""
+        number = [-1]
+        started_s = clock.monotonic_s()
+
+        def decided(transaction_id: int, error: BaseException | None, last_of_batch: bool) -> None:
+            append_number = number[0]
+            assert append_number >= 0, "decided before the store took it"
             self.pending_appends -= 1
             if self.pending_appends == 0:
                 self._settled.set()
             locks.end(lock_req)
-            if done.cancelled() or done.exception() is not None:
-                error = None if done.cancelled() else done.exception()
+            if error is not None:
                 if isinstance(error, AppendOutcomeUnknownError):
                     # Unknowable for good, but final (its txid lies below the log's low-water
                     # mark: nothing of it commits later), so what waits behind it may be
@@ -554,10 +556,10 @@ class Partition(PartitionData):
                     return
                 self._outcome_unknown(append_number, request.req_id)
                 return
-            transaction_id = done.result()
             self._latency_timer.update_ms((clock.monotonic_s() - started_s) * 1000.0)
             if transaction_id > self.commit_high_water_mark and not self.closed:
                 self.feed_cache.add(self.partition_id, transaction_id, request.req_id, request.header)
+                self.feed_frames.add_committed(transaction_id, request.req_id, request.header)
                 self.fetcher.cache.put(self.partition_id, transaction_id, data, request.checksum)
                 locks.commit(lock_req, transaction_id)
                 self._success_meter.mark()
@@ -567,15 +569,14 @@ class Partition(PartitionData):
             # (At or below the mark: a new session's recovery counted it already; feeds read it.)
             # Last: mounts released here see this transaction in the high-water mark.
             self._barrier.decide(append_number)
-            if self._feed_due and getattr(done, "last_of_batch", True):
+            if self._feed_due and last_of_batch:
                 # The batch's feed leaves from its last commit's callback, in one write per
                 # client (one per commit cost a TLS record and a send each: 16 appenders on one
                 # partition lost 40 % of their rate).
                 self._feed_due = False
                 self.realtime.serve_now()
 
-        # The store's own future runs it in the call that decides the vote (no turn between).
-        getattr(future, "when_decided", future.add_done_callback)(committed)
+        return decided, number
 
     def _outcome_unknown(self, append_number: int, req_id: ReqId) -> None:
         """The store gave up on an append without deciding it: mounts and flushes behind it must

@@ -35,7 +35,8 @@ from waltz_engine.net.transport import ASYNCIO_NETWORK, Network, tls_context
 from waltz_engine.server.config import EngineSettings, ServerConfig
 from waltz_engine.server.feed_cache import FeedCache
 from waltz_engine.server.handler import ClientHandler
-from waltz_engine.server.partition import Partition, StorePartitionLike
+from waltz_engine.server.partition import Partition
+from waltz_engine.server.store_partition_like import StorePartitionLike
 from waltz_engine.server.transaction_cache import TransactionCache, TransactionFetcher
 from waltz_engine.wire.client_messages import CLIENT_CODECS, EXTENDED_CLIENT_CODECS
 from waltz_engine.wire.hello import SERVER_HELLO_TEXT

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 from typing import Protocol
 
 from waltz_engine.sim.loop import SimLoop
@@ -57,6 +58,8 @@ NODE_FAULT_KINDS = (
 STORAGE_KINDS = ("storage_crash", "torn_write", "bit_flip", "disk_full", "slow_sync")
 # Moving a partition needs a second server.
 MOVING_KINDS = ("forced_assignment", "partition_bounce")
+# Kinds that take a server out of service while they last (a bounce pauses one of them).
+SERVER_OUT_KINDS = ("server_pause", "server_freeze", "server_crash", "partition_bounce")
 CLIENT_KINDS = ("client_restart",)
 MIN_PAUSE_S = 0.5
 MAX_PAUSE_S = 25.0  # beyond the simulated session timeout: some pauses expire the session
@@ -84,6 +87,9 @@ class NodeWorld(Protocol):
 
     @property
     def client_restarts(self) -> bool: ...
+
+    def servers_out(self) -> set[int]:
+        """The servers out of service now (paused, frozen, crashed and not restarted)."""
 
     def pause_server(self, index: int) -> None: ...
 
@@ -146,6 +152,9 @@ class NodeFaults:
         self.world = world
         self._healing: list[asyncio.Task[None]] = []
         self._busy: set[str] = set()  # a node with a fault in progress takes no other
+        # Faults of SERVER_OUT_KINDS whose server is not back yet (counted from their start: a
+        # bounce draws its server later).
+        self._taking_out = 0
 
     def inject(self, kind: str, rng: random.Random) -> None:
         world = self.world
@@ -171,12 +180,35 @@ class NodeFaults:
         index = int(node.rsplit("-", 1)[1])
         if node in self._busy:
             return
+        if kind in SERVER_OUT_KINDS and not self._one_serves_beside(kind, index):
+            return
         self._busy.add(node)
+        self._taking_out += kind in SERVER_OUT_KINDS
         self.loop.record("fault", f"{kind} {node}")
         self._healing.append(self.loop.create_task(self._run(kind, node, index, rng)))
 
+    def _one_serves_beside(self, kind: str, index: int) -> bool:
+        """Whether a server stays in service while ``kind`` takes one out: the servers promise to
+        outlive one of them failing (another takes its partitions), not all at once. With every
+        server out no partition is served, whatever the product does; the client's appends then
+        wait past its patience (issue 32: the simulator's seed 20360, where both servers' storage
+        links were frozen for 24 s at once, and a freeze began on a server a bounce had paused,
+        whose end then healed the frozen server's ZooKeeper session)."""
+        out = self.world.servers_out()
+        if kind != "partition_bounce" and index in out:
+            return False
+        # Each fault in progress counts as one server out (it may not have taken it out yet);
+        # with the world's two servers: no other server fault in progress, and none out.
+        return max(len(out), self._taking_out) + 1 < self.world.num_servers
+
+    def _server_back(self, kind: str) -> None:
+        """The server a fault of ``kind`` took out is back in service (once per fault)."""
+        if kind in SERVER_OUT_KINDS:
+            self._taking_out -= 1
+
     async def _run(self, kind: str, node: str, index: int, rng: random.Random) -> None:
         world = self.world
+        back = False
         try:
             if kind == "server_pause":
                 world.pause_server(index)
@@ -193,7 +225,8 @@ class NodeFaults:
             elif kind == "client_restart":
                 await world.restart_client()
             elif kind == "partition_bounce":
-                await self._bounce(index, rng)
+                back = True  # the bounce tells when its server resumed
+                await self._bounce(index, rng, lambda: self._server_back(kind))
             elif kind in ("storage_crash", "torn_write"):
                 await world.crash_storage(index, True if kind == "torn_write" else None)
                 await asyncio.sleep(rng.uniform(MIN_PAUSE_S, MAX_DOWN_S))
@@ -222,19 +255,24 @@ class NodeFaults:
                 await asyncio.sleep(rng.uniform(MIN_PAUSE_S, MAX_DOWN_S))
                 await world.restart_server(index)
         finally:
+            if not back:
+                self._server_back(kind)
             self._busy.discard(node)
 
-    async def _bounce(self, partition_id: int, rng: random.Random) -> None:
+    async def _bounce(self, partition_id: int, rng: random.Random, resumed: Callable[[], None]) -> None:
         world = self.world
         paused = rng.randrange(world.num_servers)
         other = (paused + 1 + rng.randrange(world.num_servers - 1)) % world.num_servers
         pause_s = rng.uniform(MIN_PAUSE_S, MAX_BOUNCE_PAUSE_S)
-        world.pause_server(paused)
-        await world.force_assign(partition_id, other)
-        await asyncio.sleep(rng.uniform(0, pause_s))
-        await world.force_assign(partition_id, paused)
-        await asyncio.sleep(pause_s)
-        world.resume_server(paused)
+        try:
+            world.pause_server(paused)
+            await world.force_assign(partition_id, other)
+            await asyncio.sleep(rng.uniform(0, pause_s))
+            await world.force_assign(partition_id, paused)
+            await asyncio.sleep(pause_s)
+            world.resume_server(paused)
+        finally:
+            resumed()
         await asyncio.sleep(rng.uniform(MIN_PAUSE_S, MAX_FORCED_S))
         await world.force_unassign(partition_id)
 

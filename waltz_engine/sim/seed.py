@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 RUN_LIMIT_S = 600.0
 HEAL_LIMIT_S = 120.0
 LEFTOVER_LIMIT_S = 10.0
+LEFTOVER_ROUNDS = 5
 STOP_LIMIT_S = 120.0
 NODE_LOG_LEVEL = logging.ERROR
 # A seed's collections leave the process's older objects out (gc.freeze); every this many seeds
@@ -93,14 +94,18 @@ def end_leftovers(loop: SimLoop) -> None:
     """What a node that did not stop cleanly left running ends on its own loop (not in a later
     seed's, or in the garbage collector at an arbitrary moment after the loop closed)."""
     loop.bury_the_dead()
-    leftovers = asyncio.all_tasks(loop)
-    for task in leftovers:
-        task.cancel()
-    if leftovers:
+    # A task cancelled here may start another as it ends (a store session's failure schedules
+    # its reopen): a few rounds, until none is left.
+    for _ in range(LEFTOVER_ROUNDS):
+        leftovers = asyncio.all_tasks(loop)
+        if not leftovers:
+            break
+        for task in leftovers:
+            task.cancel()
         loop.run_until_complete(asyncio.wait(leftovers, timeout=LEFTOVER_LIMIT_S))
-    for task in leftovers:
-        if task.done() and not task.cancelled():
-            task.exception()  # read: a task may end in its closed connection's error
+        for task in leftovers:
+            if task.done() and not task.cancelled():
+                task.exception()  # read: a task may end in its closed connection's error
     gc.collect()  # coroutines never scheduled close while their loop still runs callbacks
     loop.run_until_complete(asyncio.sleep(0))
 

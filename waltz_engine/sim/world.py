@@ -362,6 +362,10 @@ class SimWorld(DiskFaults):
     def num_storage_nodes(self) -> int:
         return self.shape.storage_nodes
 
+    def servers_out(self) -> set[int]:
+        """The servers out of service now: paused, frozen or crashed (not restarted yet)."""
+        return {n for n in range(self.shape.servers) if n in self.paused or f"server-{n}" in self.dead}
+
     @property
     def num_partitions(self) -> int:
         return self.shape.partitions

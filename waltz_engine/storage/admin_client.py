@@ -17,10 +17,10 @@ from waltz_engine.net.channel import (
 from waltz_engine.net.transport import ASYNCIO_NETWORK, Network
 from waltz_engine.storage.client import (
     DEFAULT_REQUEST_TIMEOUT_MS,
-    OPEN_SEQ_NUM,
     StorageRpcError,
     _RpcConnection,
 )
+from waltz_engine.storage.eager_calls import OPEN_SEQ_NUM
 from waltz_engine.wire.admin_messages import (
     ADMIN_CODEC,
     ADMIN_RAW_RECORDS_CODEC,

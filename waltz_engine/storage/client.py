@@ -30,16 +30,26 @@ from waltz_engine.net.channel import (
     connect,
 )
 from waltz_engine.net.transport import ASYNCIO_NETWORK, Network
+from waltz_engine.storage.append_encoding import encode_append_batch, encode_append_records
+from waltz_engine.storage.eager_calls import (
+    EAGER_CALLS,
+    OPEN_SEQ_NUM,
+    AppendCall,
+    EagerCall,
+)
 from waltz_engine.wire.codec import MessageCodec
 from waltz_engine.wire.frame import FRAME_HEADER, check_frame_length
 from waltz_engine.wire.hello import STORAGE_CLIENT_HELLO_TEXT
-from waltz_engine.wire.primitives import I32, SessionInfo, write_records
+from waltz_engine.wire.primitives import I32, SessionInfo
 from waltz_engine.wire.storage_messages import (
+    APPEND_REQUEST_TYPE,
     NO_PARTITION_ID,
     NO_SESSION_ID,
     STORAGE_CODEC,
     STORAGE_MAGIC,
     STORAGE_VERSION,
+    SUCCESS_FRAME,
+    SUCCESS_FRAME_PREFIX,
     StorageAppendRequest,
     StorageFailureResponse,
     StorageLastSessionInfoRequest,
@@ -67,6 +77,7 @@ __all__ = [
     "StorageRpcError",
     "StorageTimeoutError",
     "encode_append_records",
+    "encode_append_batch",
 ]
 
 log = logging.getLogger(__name__)
@@ -80,20 +91,9 @@ DEFAULT_REQUEST_TIMEOUT_MS = 30_000
 # simulator's seed 4359, a store session waiting 30 s on a node back after 13 s, whose client gave
 # up at 20 s). A node that is only slow answers the probe after the calls before it: harmless.
 DEFAULT_PROBE_AFTER_MS = 5_000
-OPEN_SEQ_NUM = -1
 FIRST_SEQ_NUM = 0
-APPEND_REQUEST_TYPE = 6
 # type, sessionId, seqNum, partitionId: the part of an APPEND frame that differs per connection.
 _APPEND_HEAD = struct.Struct(">bqqi")
-# A whole SUCCESS_RESPONSE frame: magic, version, length; type, sessionId, seqNum, partitionId.
-_SUCCESS_FRAME = struct.Struct(">Bhibqqi")
-# What an eager call is answered with when its SUCCESS was recognised by its bytes.
-RECOGNISED_SUCCESS = StorageSuccessResponse(NO_SESSION_ID, OPEN_SEQ_NUM, NO_PARTITION_ID)
-SUCCESS_RESPONSE_TYPE = 7
-# Its first bytes, the same in every SUCCESS answer (what the read callback recognises).
-_SUCCESS_PREFIX = struct.pack(
-    ">Bhib", STORAGE_MAGIC, STORAGE_VERSION, _SUCCESS_FRAME.size - FRAME_HEADER.size, SUCCESS_RESPONSE_TYPE
-)
 _BOOL = struct.Struct(">?")
 _APPEND_FRAME_HEAD = struct.Struct(FRAME_HEADER.format + _APPEND_HEAD.format.lstrip(">"))
 
@@ -106,13 +106,6 @@ class StorageRpcError(WaltzError):
 
 class StorageTimeoutError(StorageRpcError):
     """No response within the call's timeout."""
-
-
-def encode_append_records(records: Sequence[Record]) -> bytes:
-    """The records part of an APPEND_REQUEST (count + records), encoded once for many replicas."""
-    out = bytearray()
-    write_records(out, records)
-    return bytes(out)
 
 
 class _RpcConnection:
@@ -143,7 +136,7 @@ class _RpcConnection:
         self._conn: FramedConnection | None = None
         self._closer: asyncio.Task[None] | None = None  # closes the connection after its end
         # seq num -> (future, deadline on the loop's clock, the timeout in ms for its message).
-        self._pending: dict[int, tuple[asyncio.Future[Any] | _EagerCall, float, int]] = {}
+        self._pending: dict[int, tuple[asyncio.Future[Any] | EagerCall | AppendCall, float, int]] = {}
         # One timer per connection, at the earliest deadline, instead of one per request.
         self._watchdog: asyncio.TimerHandle | None = None
         self._watchdog_deadline = 0.0  # its time on the loop's clock (when it is set)
@@ -193,6 +186,15 @@ class _RpcConnection:
         """The node's message when ``response`` is a FAILURE_RESPONSE, else None."""
         raise NotImplementedError
 
+    def _open_connection(self) -> FramedConnection:
+        """The connection to send a request on now; StorageRpcError when it is closed."""
+        conn = self._conn
+        if conn is None or self._closed_reason is not None:
+            raise StorageRpcError(
+                f"{self.name} {self.endpoint}: disconnected ({self._closed_reason or 'not open'})"
+            )
+        return conn
+
     def _take_seq_num(self) -> int:
         seq_num = self._next_seq_num
         self._next_seq_num += 1
@@ -200,11 +202,7 @@ class _RpcConnection:
 
     async def _exchange(self, seq_num: int, frames: Sequence[bytes], timeout_ms: int | None = None) -> Any:
         """Send the frames of one request, wait for its response; FAILURE raises StorageRpcError."""
-        conn = self._conn
-        if conn is None or self._closed_reason is not None:
-            raise StorageRpcError(
-                f"{self.name} {self.endpoint}: disconnected ({self._closed_reason or 'not open'})"
-            )
+        conn = self._open_connection()
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._register(seq_num, future, timeout_ms)
         try:
@@ -223,7 +221,7 @@ class _RpcConnection:
         return response
 
     def _register(
-        self, seq_num: int, waiter: asyncio.Future[Any] | _EagerCall, timeout_ms: int | None
+        self, seq_num: int, waiter: asyncio.Future[Any] | EagerCall | AppendCall, timeout_ms: int | None
     ) -> None:
         """A call in flight until its response, the connection's end or its deadline."""
         assert seq_num not in self._pending, f"sequence number {seq_num} already in flight"
@@ -292,7 +290,7 @@ class _RpcConnection:
                     self._pending.pop(seq_num, None)
 
                 self._probe_seq_num = seq_num
-                self._register(seq_num, _EagerCall(answered), None)
+                self._register(seq_num, EagerCall(answered), None)
                 try:
                     conn.send_frames([frame])
                 except ConnectionClosedError:
@@ -357,7 +355,12 @@ class _RpcConnection:
                     future.set_exception(StorageTimeoutError(error))
             elif earliest is None or deadline < earliest:
                 earliest = deadline
-        if earliest is not None:
+        # A call registered by a failed call's callback armed its own watchdog above: keep the
+        # earlier one, so exactly one stays armed (an overwritten handle would fire unowned).
+        current = self._watchdog
+        if earliest is not None and (current is None or earliest < self._watchdog_deadline):
+            if current is not None:
+                current.cancel()
             self._watchdog = loop.call_at(earliest, self._expire)
             self._watchdog_deadline = earliest
 
@@ -377,33 +380,6 @@ class _RpcConnection:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-
-class _EagerCall:
-    """A pending call answered by a callback in the connection's read callback, not a future
-    (whose waiter would run a loop turn later): ``answered(response, error)``, once."""
-
-    __slots__ = ("_answered", "_done")
-
-    def __init__(self, answered: Callable[[Any, BaseException | None], None]) -> None:
-        self._answered = answered
-        self._done = False
-
-    def done(self) -> bool:
-        return self._done
-
-    def set_result(self, response: Any) -> None:
-        self._done = True
-        self._answered(response, None)
-
-    def succeeded(self) -> None:
-        """A SUCCESS recognised by its bytes (``StorageClient._on_bytes``): no response to check."""
-        self._done = True
-        self._answered(RECOGNISED_SUCCESS, None)
-
-    def set_exception(self, error: BaseException) -> None:
-        self._done = True
-        self._answered(None, error)
 
 
 class StorageClient(_RpcConnection):
@@ -455,22 +431,22 @@ class StorageClient(_RpcConnection):
         thing a replica says) go to their calls without the frame decoder and the codec: checked by
         their fixed first bytes, the rest unpacked with one struct. Anything else (another answer,
         a partial frame, bad bytes) is left to the decoder, which judges it as before."""
-        frame_size = _SUCCESS_FRAME.size
+        frame_size = SUCCESS_FRAME.size
         size = len(data)
         if size % frame_size or not size:
             return False
-        prefix = _SUCCESS_PREFIX
+        prefix = SUCCESS_FRAME_PREFIX
         prefix_size = len(prefix)
         for offset in range(0, size, frame_size):
             if data[offset : offset + prefix_size] != prefix:
                 return False
-        unpack_from = _SUCCESS_FRAME.unpack_from
+        unpack_from = SUCCESS_FRAME.unpack_from
         pending = self._pending
         self._received += 1  # (the liveness probe's count, as ``_on_message`` keeps it)
         for offset in range(0, size, frame_size):
             _, _, _, _, session_id, seq_num, partition_id = unpack_from(data, offset)
             call = pending.get(seq_num)
-            if call is not None and type(call[0]) is _EagerCall and not call[0].done():
+            if call is not None and isinstance(call[0], EAGER_CALLS) and not call[0].done():
                 call[0].succeeded()  # an APPEND sent from a callback: its answer's callback now
             else:
                 self._on_message(StorageSuccessResponse(session_id, seq_num, partition_id))
@@ -527,46 +503,37 @@ class StorageClient(_RpcConnection):
         """APPEND the output of :func:`encode_append_records` (``count`` records) without re-encoding it."""
         seq_num = self._take_seq_num()
         frames = self._append_frames(session_id, seq_num, partition_id, encoded, count)
-        response = await self._exchange(seq_num, frames)
-        if type(response) is not StorageSuccessResponse:
-            raise StorageRpcError(f"storage {self.endpoint}: expected SUCCESS, got {type(response).__name__}")
+        error = self._append_error(await self._exchange(seq_num, frames))
+        if error is not None:
+            raise error
 
-    def send_append_encoded(
-        self,
-        session_id: int,
-        partition_id: int,
-        encoded: bytes,
-        count: int,
-        on_done: Callable[[BaseException | None], None],
+    def send_append_call(
+        self, session_id: int, partition_id: int, encoded: bytes, count: int, call: AppendCall
     ) -> None:
         """:meth:`append_encoded` without a task: sent now (check :meth:`can_send_now` first),
-        ``on_done(None)`` on SUCCESS or ``on_done(error)``, in the read callback of its answer
-        (or at the connection's end, or its deadline)."""
-        conn = self._conn
-        if conn is None or self._closed_reason is not None:
-            reason = self._closed_reason or "not open"
-            raise StorageRpcError(f"{self.name} {self.endpoint}: disconnected ({reason})")
+        answering ``call`` (its ``on_success`` or ``on_failure``) in the read callback of its
+        answer (or at the connection's end, or its deadline)."""
+        conn = self._open_connection()
         seq_num = self._take_seq_num()
         frames = self._append_frames(session_id, seq_num, partition_id, encoded, count)
-
-        def answered(response: Any, error: BaseException | None) -> None:
-            self._pending.pop(seq_num, None)
-            if error is None and response is not RECOGNISED_SUCCESS:
-                message = self._failure_message(response)
-                if message is not None:
-                    error = StorageRpcError(message)
-                elif type(response) is not StorageSuccessResponse:
-                    error = StorageRpcError(
-                        f"storage {self.endpoint}: expected SUCCESS, got {type(response).__name__}"
-                    )
-            on_done(error)
-
-        self._register(seq_num, _EagerCall(answered), None)
+        call.seq_num = seq_num
+        call._client = self
+        self._register(seq_num, call, None)
         try:
             conn.send_frames(frames)
         except ConnectionClosedError as e:
             self._pending.pop(seq_num, None)
             raise StorageRpcError(f"{self.name} {self.endpoint}: disconnected ({e})") from None
+
+    def _append_error(self, response: Any) -> BaseException | None:
+        """What is wrong with a decoded answer to an APPEND (None: a SUCCESS)."""
+        message = self._failure_message(response)
+        if message is not None:
+            return StorageRpcError(message)
+        if type(response) is not StorageSuccessResponse:
+            got = type(response).__name__
+            return StorageRpcError(f"storage {self.endpoint}: expected SUCCESS, got {got}")
+        return None
 
     def _append_frames(
         self, session_id: int, seq_num: int, partition_id: int, encoded: bytes, count: int

@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 from waltz_engine.common.crc import to_signed32
 from waltz_engine.common.errors import StorageError
 from waltz_engine.common.record import Record, RecordHeader
+from waltz_engine.disk.record_run import AppendRun, JoinedRuns, RecordList, WireRecordRun
 from waltz_engine.storage.constants import (
     DEFAULT_SEGMENT_CACHE_CAPACITY,
     DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES,
@@ -196,6 +197,12 @@ class Partition(PartitionHead):
             self._check_open()
             return self._start()
 
+    def span(self) -> tuple[int, int]:
+        """(:meth:`first_transaction_id`, :meth:`max_transaction_id`) in one look (one lock)."""
+        with self._lock:
+            self._check_open()
+            return self._start(), self._current.max_transaction_id
+
     def _start(self) -> int:
         tier_first = self.tier.first_transaction_id if self.tier is not None else None
         return self._segments[0].first_transaction_id if tier_first is None else tier_first
@@ -210,32 +217,43 @@ class Partition(PartitionHead):
     def last_session_info(self) -> SessionInfo:
         return self.info.last_session_info()
 
-    def append(self, records: Sequence[Record]) -> None:
-        """Append consecutive records starting at the next txid; durable when this returns."""
+    def append(self, records: Sequence[Record] | WireRecordRun | JoinedRuns) -> None:
+        """Append consecutive records starting at the next txid; durable when this returns.
+
+        ``records``: ``Record`` objects, or a request's records in the bytes they came in (the
+        storage node's append path: no object per record), written the same."""
+        run: AppendRun = (
+            records if isinstance(records, (WireRecordRun, JoinedRuns)) else RecordList(records)
+        )
         with self._lock:
             self._check_open()
             self._abort_refill()
-            if self._current.foreign is not None:
+            current = self._current
+            if current.foreign is not None:
                 raise StorageError(
-                    f"partition {self.partition_id}: not appending to {self._current.seg_path}: "
-                    f"{self._current.foreign}; refill it (waltz storage recover-partition)"
+                    f"partition {self.partition_id}: not appending to {current.seg_path}: "
+                    f"{current.foreign}; refill it (waltz storage recover-partition)"
                 )
-            next_transaction_id = self._current.next_transaction_id
-            for i, record in enumerate(records):
-                if record.transaction_id != next_transaction_id + i:
-                    raise StorageError("transaction out of order")
+            if not run.consecutive_from(current.next_transaction_id):
+                raise StorageError("transaction out of order")
             start = 0
-            while start < len(records):
+            count = len(run)
+            while start < count:
                 if self._current.size_bytes > self._threshold_bytes:
                     self._roll_over()
-                start = self._current.append(records, start)
+                start = self._current.append(run, start)
 
     def _roll_over(self) -> None:
         sealed = self._current
         sealed.flush()
+        # Sealed only once its successor exists: a creation the disk refused (full) left the last
+        # segment sealed and in the cache, which closed its files on a later eviction, and every
+        # append after failed on them (EBADF) until the node restarted, with room again (issue 32:
+        # the simulator's seed 43364).
+        segment = self._new_segment(sealed.next_transaction_id)
         sealed.writable = False
         self._cache.touch(sealed)
-        self._segments.append(self._new_segment(sealed.next_transaction_id))
+        self._segments.append(segment)
 
     def _open_segment(
         self, seg_path: Path, idx_path: Path, local_low_water_mark: int, sealed_end: int | None

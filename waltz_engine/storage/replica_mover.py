@@ -41,7 +41,7 @@ from waltz_engine.storage import admin_ops
 from waltz_engine.storage.admin_ops import NodePartitions, PartitionStatus, StorageContext, StoreLayout
 from waltz_engine.storage.network_reader import ClusterAccess, discover_from_loop
 from waltz_engine.zk import replica_moves
-from waltz_engine.zk.payloads import PartitionMetadata
+from waltz_engine.zk.payloads import PartitionMetadata, ReplicaState
 from waltz_engine.zk.replica_moves import ReplicaMove
 from waltz_engine.zk.store_metadata import change_replicas, read_partition_metadata
 
@@ -290,7 +290,9 @@ class ReplicaMover:
                 )
             await asyncio.sleep(CATCH_UP_POLL_INTERVAL_MS / 1000)
 
-    async def recorded_quorum_gap(self, layout: StoreLayout, p: int, staying: Collection[str]) -> str | None:
+    async def recorded_quorum_gap(
+        self, layout: StoreLayout, p: int, staying: Collection[str], target: str | None = None
+    ) -> str | None:
         """Why the partition's next store-session recovery could not decide with only ``staying``
         assigned, or None when it could.
 
@@ -305,7 +307,7 @@ class ReplicaMover:
         the simulator's seed 154): the log stalled for good.
         """
         metadata, _ = await asyncio.to_thread(read_partition_metadata, self.zk, self.root, p)
-        return await recorded_quorum_gap(metadata, staying, partial(self._session_of, layout, p))
+        return await recorded_quorum_gap(metadata, staying, partial(self._session_of, layout, p), target)
 
     async def _voter_of_record(self, layout: StoreLayout, p: int, storage: str) -> bool:
         """Whether the last completed recovery recorded ``storage`` clean and its node still is
@@ -315,7 +317,7 @@ class ReplicaMover:
         if state is None or not state.is_unresolved:
             return False
         session = await self._session_of(layout, p, storage)
-        return session is not None and session >= state.session_id
+        return still_in_recorded_session(session, state)
 
     async def _await_recorded_quorum(self, layout: StoreLayout, move: ReplicaMove) -> None:
         """Until the replicas that stay once ``move``'s source leaves let the next recovery decide:
@@ -325,7 +327,7 @@ class ReplicaMover:
         staying = {*holders(layout, p), move.target} - {move.source}
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.catch_up_timeout_ms / 1000
-        gap = await self.recorded_quorum_gap(layout, p, staying)
+        gap = await self.recorded_quorum_gap(layout, p, staying, move.target)
         if gap is not None:
             self.say(f"partition {p}: waiting for a store session to record {move.target}: {gap}")
         while gap is not None:
@@ -335,7 +337,7 @@ class ReplicaMover:
                     f"{move.target} within {self.catch_up_timeout_ms} ms (is a server up?); run again"
                 )
             await asyncio.sleep(CATCH_UP_POLL_INTERVAL_MS / 1000)
-            gap = await self.recorded_quorum_gap(layout, p, staying)
+            gap = await self.recorded_quorum_gap(layout, p, staying, move.target)
 
     async def _session_of(self, layout: StoreLayout, p: int, storage: str) -> int | None:
         """The store session ``storage``'s node last took part in for ``p`` (None: no answer)."""
@@ -363,13 +365,28 @@ class ReplicaMover:
         return True
 
 
+def still_in_recorded_session(session: int | None, state: ReplicaState) -> bool:
+    """Whether a node that last took part in ``session`` (None: no answer) is still in the
+    session ``state`` records for its replica, or a later one: unassigning resets a node's
+    session to -1, and a reset replica says nothing of the records above its mark."""
+    return session is not None and session >= state.session_id
+
+
 async def recorded_quorum_gap(
     metadata: PartitionMetadata,
     staying: Collection[str],
     session_of: Callable[[str], Awaitable[int | None]],
+    target: str | None = None,
 ) -> str | None:
     """:meth:`ReplicaMover.recorded_quorum_gap` over a partition's ``metadata``; ``session_of``
-    asks a node the session it last took part in (None: no answer, so not known to vote)."""
+    asks a node the session it last took part in (None: no answer, so not known to vote).
+
+    ``target``: a source that answers leaves beside it (not an unreachable one replaced): the
+    replicas of record that stay must also outlive one of them failing, unless ``target`` is of
+    record itself (and its node not reset since). A bare quorum of record left behind made the
+    partition unwritable for as long as any one of them was down (issue 32: the simulator's seed
+    2159; see below).
+    """
     recorded = {state.replica_id.storage: state for state in metadata.replica_states}
     if not recorded:
         return None  # no recovery completed yet: the next one resolves -1 with any replicas
@@ -388,7 +405,7 @@ async def recorded_quorum_gap(
     for storage in kept:
         state = recorded[storage]
         session = await session_of(storage)
-        if session is not None and session >= state.session_id:
+        if still_in_recorded_session(session, state):
             known.append(storage)
             # Truncated to its closing mark, it does not vote; it says what it holds.
             voter = voter or state.is_unresolved
@@ -398,9 +415,23 @@ async def recorded_quorum_gap(
             f"{reset} of {of_record} that stay were reset since, or are silent: fewer than a quorum "
             f"of {quorum} would say what they hold"
         )
-    if voter:
-        return None
-    return f"none of {', '.join(kept)} that stay of {of_record} is known to vote (reset since, or silent)"
+    if not voter:
+        return f"none of {', '.join(kept)} that stay of {of_record} is known to vote (reset since, or silent)"
+    if target is not None and target not in known and len(known) <= quorum:
+        # The source's testimony goes with it, and the target's is not on record: the next
+        # recovery hears from every one of the staying replicas of record or waits, however long
+        # one of them is away (for good when its disk is lost: no move of its replica can finish
+        # without a recovery). Seed 2159: storage-1's decommission took it out beside storage-3
+        # while the partition's server was cut off (no session recorded storage-3), storage-0 then
+        # went down for 44 s, and storage-2 alone of record could not decide: no append committed
+        # with two of the three assigned replicas up. A session's recovery with the target
+        # records it (the assignment change opens one); then one of the four may be down.
+        return (
+            f"{target} is not of record yet (or was reset since), and the {len(known)} of {of_record} "
+            f"that would stay are a bare quorum of {quorum}: with one of them down, the next recovery "
+            "could not decide"
+        )
+    return None
 
 
 def _too_few_answers(p: int, move: ReplicaMove, others: list[str], held: list[int | None]) -> str | None:

@@ -23,7 +23,6 @@ import bisect
 import logging
 import uuid
 import zlib
-from collections.abc import Sequence
 from pathlib import Path
 
 from waltz_engine.common.errors import FormatError, StorageError
@@ -38,9 +37,9 @@ from waltz_engine.disk.record_format import (
     RECORD_HEADER_SIZE_BYTES,
     RECORD_OVERHEAD_BYTES,
     DiskRecord,
-    encode_records,
     read_record,
 )
+from waltz_engine.disk.record_run import AppendRun
 from waltz_engine.storage.damage import Damage
 from waltz_engine.storage.file_system import CLOSED_FILE, OS_DISK, Disk
 from waltz_engine.storage.segment_files import (
@@ -311,24 +310,19 @@ class Segment:
 
     # --- writing -------------------------------------------------------------------------
 
-    def append(self, records: Sequence[Record], start: int) -> int:
-        """Append ``records[start:]`` until the segment passes its threshold; return the new start.
+    def append(self, run: AppendRun, start: int) -> int:
+        """Append ``run[start:]`` until the segment passes its threshold; return the new start.
 
         The caller checked the txids are consecutive; the first must be the next one here.
         """
         assert self.writable and not self.closed, f"{self.seg_path}: segment not writable"
-        assert start < len(records)
-        if records[start].transaction_id != self._next_transaction_id:
+        count = len(run)
+        assert start < count
+        if run.transaction_id(start) != self._next_transaction_id:
             raise StorageError("transaction out of order")
-        end = start
-        offset = self._next_offset
-        while end < len(records):
-            offset += RECORD_OVERHEAD_BYTES + len(records[end].data)
-            end += 1
-            if offset > self._threshold_bytes:
-                break
+        end = run.end_within(start, self._threshold_bytes - self._next_offset)
         try:
-            self._write(records[start:end] if start or end < len(records) else records)
+            self._write(*run.encode(start, end, self._next_offset), end - start)
         except OSError:
             # Cut whatever part of the batch reached the files, so the next append starts clean.
             self._idx_file.truncate(self._index_position(self._next_transaction_id))
@@ -336,12 +330,12 @@ class Segment:
             raise
         return end
 
-    def _write(self, chunk: Sequence[Record]) -> None:
+    def _write(self, data: bytes, index: bytes, count: int) -> None:
+        """Write ``count`` records encoded as ``data`` from the current end, and their index
+        entries: one ``pwrite`` each (split at a checkpoint), then one sync."""
         base_offset = self._next_offset
-        data, index = encode_records(chunk, base_offset)
         data_view, index_view = memoryview(data), memoryview(index)
         first_transaction_id = self._next_transaction_id
-        count = len(chunk)
         synced = False
         done = 0
         while done < count:

@@ -19,6 +19,7 @@ from waltz_engine.common.crc import crc32
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.wire.codec import Field, HeaderLayout, MessageCodec, MessageSpec, field_spec, fixed_spec
 from waltz_engine.wire.errors import DataChecksumError, EncodeError, InvalidValueError
+from waltz_engine.wire.frame import FRAME_HEADER, FRAME_HEADER_SIZE_BYTES
 from waltz_engine.wire.primitives import (
     I32,
     INT32_SIZE_BYTES,
@@ -309,6 +310,67 @@ def _append_request_spec(version: int) -> MessageSpec:
         return msg, pos + INT32_SIZE_BYTES
 
     return MessageSpec(_APPEND_REQUEST, "APPEND_REQUEST", AppendRequest, write, read)
+
+
+# A whole frame of an APPEND_REQUEST without locks, up to its data (codec versions with the three
+# lock arrays): frame header; type, reqId, client high-water mark; three lock counts; header; data
+# length. Then the data and the checksum.
+_LONE_APPEND_HEAD = struct.Struct(FRAME_HEADER.format + "biiiiq" + "iii" + "ii")
+_LONE_APPEND_CHECKSUM = I32
+
+
+def recognise_append_request(data: bytes, version: int) -> AppendRequest | None:
+    """``data`` as one whole APPEND_REQUEST frame of client codec ``version`` without locks (the
+    commonest thing a client says), decoded with one struct, as the codec decodes it; None for
+    anything else (another message, locks, a null or wrong-checksum data, a partial frame, more
+    than one frame, an older codec), which the frame decoder then judges as before."""
+    size = len(data)
+    head_size = _LONE_APPEND_HEAD.size
+    if version < _APPEND_LOCKS_SINCE_VERSION or size < head_size + INT32_SIZE_BYTES:
+        return None
+    (
+        magic,
+        frame_version,
+        length,
+        type_code,
+        client_id,
+        generation,
+        partition_id,
+        seq_num,
+        high_water_mark,
+        write_locks,
+        read_locks,
+        append_locks,
+        header,
+        data_size,
+    ) = _LONE_APPEND_HEAD.unpack_from(data, 0)
+    end = head_size + data_size
+    if (
+        magic != CLIENT_MAGIC
+        or frame_version != version
+        or type_code != _APPEND_REQUEST
+        or length != size - FRAME_HEADER_SIZE_BYTES
+        or write_locks
+        or read_locks
+        or append_locks
+        or data_size < 0
+        or end + INT32_SIZE_BYTES != size
+    ):
+        return None
+    payload = bytes(data[head_size:end])
+    (checksum,) = _LONE_APPEND_CHECKSUM.unpack_from(data, end)
+    if crc32(payload) != checksum:
+        return None  # the decoder refuses it, with its error
+    return AppendRequest(
+        ReqId(client_id, generation, partition_id, seq_num),
+        high_water_mark,
+        NO_LOCKS,
+        NO_LOCKS,
+        NO_LOCKS,
+        header,
+        payload,
+        checksum,
+    )
 
 
 # -- TRANSACTION_DATA_RESPONSE: data or an error message ------------------------------------------

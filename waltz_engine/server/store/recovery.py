@@ -195,7 +195,16 @@ class RecoveryManager:
                 self._blind.add(replica_id)
             elif not state.is_unresolved:
                 # The closing high-water mark of its last session is known: anything above is dirty.
-                max_transaction_id = await _truncate(connection, replica_id, state.closing_high_water_mark)
+                # Not below the mark of a later session on its disk, which ZooKeeper does not record
+                # for it (that session's recovery set the mark, then failed to record the replica;
+                # or left it out and it caught up afterwards): what it holds to that mark is
+                # committed. The cut removed committed records, or was refused where the replica's
+                # head was in the tier, in every session, for good (issue 32: the simulator's bank
+                # seed 211, seeds 313, 399, 30447 and 40057).
+                mark = state.closing_high_water_mark
+                if info.session_id > state.session_id:
+                    mark = max(mark, info.low_water_mark)
+                max_transaction_id = await _truncate(connection, replica_id, mark)
                 voting = False
             else:
                 max_transaction_id = await connection.max_transaction_id()

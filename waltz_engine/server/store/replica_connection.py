@@ -20,6 +20,7 @@ from waltz_engine.common.record import Record, RecordHeader
 from waltz_engine.net.channel import CONNECT_TIMEOUT_MS
 from waltz_engine.net.transport import ASYNCIO_NETWORK, Network
 from waltz_engine.storage.client import SessionInfo, StorageClient
+from waltz_engine.storage.eager_calls import AppendCall
 
 
 class StorageConnections:
@@ -108,11 +109,11 @@ class ReplicaConnection:
         self.partition_id = partition_id
         self.session_id = session_id
         # The lone append's calls, bound once (a replica's every batch goes through them): whether
-        # a request may go without waiting; :meth:`append_encoded` without a task, ``on_done(error)``
-        # getting its outcome (see ``StorageClient.send_append_encoded``).
+        # a request may go without waiting; :meth:`append_encoded` without a task, its
+        # ``AppendCall`` getting its outcome (see ``StorageClient.send_append_call``).
         self.can_send_now: Callable[[], bool] = client.can_send_now
-        self.send_append_encoded: Callable[[bytes, int, Callable[[BaseException | None], None]], None] = (
-            partial(client.send_append_encoded, session_id, partition_id)
+        self.send_append_call: Callable[[bytes, int, AppendCall], None] = partial(
+            client.send_append_call, session_id, partition_id
         )
 
     async def last_session_info(self) -> SessionInfo:

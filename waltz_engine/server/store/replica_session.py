@@ -34,6 +34,7 @@ from waltz_engine.server.store.recovery import RecoveryManager
 from waltz_engine.server.store.replica_connection import ReplicaConnection, StorageConnections
 from waltz_engine.server.store.retained_start import restart_at_retained_start
 from waltz_engine.server.store.voting import Voting
+from waltz_engine.storage.eager_calls import AppendCall
 from waltz_engine.storage.node.failures import JAVA_CONCURRENT_UPDATE_EXCEPTION
 from waltz_engine.zk.payloads import ReplicaId
 
@@ -73,11 +74,34 @@ STATE_CATCHING_UP = "catching-up"
 STATE_CLOSED = "closed"
 
 
-class _Batch(NamedTuple):
+class ReplicatedBatch(NamedTuple):
+    """A store session's batch as every replica session of it holds it: made once per batch."""
+
     first_transaction_id: int
     encoded: bytes
     num_records: int
     voting: Voting
+
+
+class _DirectAppend(AppendCall):
+    """A batch written from the store session's call: its answer, in the answer's read
+    callback, goes straight to the replica session (no future, no closure)."""
+
+    __slots__ = ("_replica", "_batch", "_connection")
+
+    def __init__(
+        self, replica: ReplicaSession, batch: ReplicatedBatch, connection: ReplicaConnection
+    ) -> None:
+        self._done = False
+        self._replica = replica
+        self._batch = batch
+        self._connection = connection
+
+    def on_success(self) -> None:
+        self._replica._direct_answered(self._connection, self._batch, None)
+
+    def on_failure(self, error: BaseException) -> None:
+        self._replica._direct_answered(self._connection, self._batch, error)
 
 
 class ReplicaSession(LatencyWeightedRoute):
@@ -102,9 +126,9 @@ class ReplicaSession(LatencyWeightedRoute):
         self._left_recovery = False
         self._next_transaction_id = NO_TRANSACTION_ID  # the writer's; valid once recovered
         self._batch_transaction_id = NO_TRANSACTION_ID  # first txid of the latest batch handed over
-        self._batch: _Batch | None = None
+        self._batch: ReplicatedBatch | None = None
         # The batch sent from the store session's call itself (no task turn), until answered.
-        self._direct: _Batch | None = None
+        self._direct: ReplicatedBatch | None = None
         # The task waits for the next batch, caught up: a batch may then go from the store
         # session's call (``append``); untimed: with no mark due later, so a direct batch's answer
         # wakes it to time the mark of what it wrote.
@@ -195,22 +219,28 @@ class ReplicaSession(LatencyWeightedRoute):
         if task is not None and task is not asyncio.current_task():
             await wait_ended(task)
 
-    def append(self, first_transaction_id: int, encoded: bytes, count: int, voting: Voting) -> None:
+    def append(self, batch: ReplicatedBatch) -> None:
         """Hand over the store session's next batch (the previous one, if never taken, abstains)."""
         if self._closed:
             if not self._left_recovery:  # one left out of the recovery is no voter
-                voting.abstain()
+                batch.voting.abstain()
             return
         if self._batch is not None:
             self._batch.voting.abstain()
+        first_transaction_id = batch.first_transaction_id
         self._batch_transaction_id = first_transaction_id
-        batch = _Batch(first_transaction_id, encoded, count, voting)
         connection = self._connection
-        if self._parked and connection is not None and self._can_send_now(connection, batch):
+        direct = self._direct
+        if (
+            self._parked
+            and direct is None
+            and connection is not None
+            and first_transaction_id == self._next_transaction_id
+            and self._can_send_now(connection)
+        ):
             self._send_now(connection, batch)
             return
         self._batch = batch
-        direct = self._direct
         if (
             self._parked
             and direct is not None
@@ -222,54 +252,58 @@ class ReplicaSession(LatencyWeightedRoute):
             return
         self._wakeup.set()
 
-    def _can_send_now(self, connection: ReplicaConnection, batch: _Batch) -> bool:
-        """A batch may go from the caller's call: the parked task is not writing and the replica
-        holds everything before it."""
-        return (
-            self._direct is None
-            and not self._closed
-            and not self._mark_due()  # the task path tells the replica its mark before the batch
-            and batch.first_transaction_id == self._next_transaction_id
-            and connection.can_send_now()
-        )
+    def _can_send_now(self, connection: ReplicaConnection) -> bool:
+        """A batch that starts at the replica's next txid may go from the caller's call, with the
+        parked task not writing (``_direct`` None): the replica session is open, no mark is due
+        (the task path tells the replica its mark before the batch) and the connection takes it."""
+        return not self._closed and not self._mark_due() and connection.can_send_now()
 
-    def _send_now(self, connection: ReplicaConnection, batch: _Batch) -> None:
-        """Write the batch from the caller's turn; its answer votes from the read callback. The
-        task stays idle meanwhile, and waits for the answer before it takes another batch."""
+    def _send_now(self, connection: ReplicaConnection, batch: ReplicatedBatch) -> None:
+        """Write the batch from the caller's turn; its answer votes from the read callback
+        (:meth:`_direct_answered`). The task stays idle meanwhile, and waits for the answer before
+        it takes another batch."""
         self._direct = batch
-
-        def answered(error: BaseException | None) -> None:
-            if self._direct is not batch:
-                return  # closed meanwhile: it abstained then
-            self._direct = None
-            if error is not None:
-                batch.voting.abstain()  # we do not know whether it was written
-                self._fail(error)
-                return
-            self._next_transaction_id += batch.num_records
-            batch.voting.vote()
-            follow = self._batch
-            if follow is not None and self._parked and self._can_send_now(connection, follow):
-                # The batch handed over meanwhile goes from this read callback too.
-                self._batch = None
-                self._send_now(connection, follow)
-                return
-            if (
-                self._batch is not None
-                or not self._parked
-                or (self._parked_untimed and self._mark_interval_s > 0)
-            ):
-                # A batch came meanwhile, or the task waits for this answer: it goes on now; or
-                # it must time the mark of what this batch wrote (once per mark: it parks with
-                # the timer after).
-                self._wakeup.set()
-
         try:
-            connection.send_append_encoded(batch.encoded, batch.num_records, answered)
+            call = _DirectAppend(self, batch, connection)
+            connection.send_append_call(batch.encoded, batch.num_records, call)
         except Exception as e:
             self._direct = None
             batch.voting.abstain()
             self._fail(e)
+
+    def _direct_answered(
+        self, connection: ReplicaConnection, batch: ReplicatedBatch, error: BaseException | None
+    ) -> None:
+        if self._direct is not batch:
+            return  # closed meanwhile: it abstained then
+        self._direct = None
+        if error is not None:
+            batch.voting.abstain()  # we do not know whether it was written
+            self._fail(error)
+            return
+        self._next_transaction_id += batch.num_records
+        batch.voting.vote()
+        follow = self._batch
+        if (
+            follow is not None
+            and self._parked
+            and self._direct is None
+            and follow.first_transaction_id == self._next_transaction_id
+            and self._can_send_now(connection)
+        ):
+            # The batch handed over meanwhile goes from this read callback too.
+            self._batch = None
+            self._send_now(connection, follow)
+            return
+        if (
+            self._batch is not None
+            or not self._parked
+            or (self._parked_untimed and self._mark_interval_s > 0)
+        ):
+            # A batch came meanwhile, or the task waits for this answer: it goes on now; or
+            # it must time the mark of what this batch wrote (once per mark: it parks with
+            # the timer after).
+            self._wakeup.set()
 
     def _fail(self, error: BaseException) -> None:
         """As the task does when a call fails: the replica session ends."""

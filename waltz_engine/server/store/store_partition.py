@@ -18,7 +18,13 @@ from waltz_engine.server.store.errors import (
     StoreError,
     StorePartitionClosedError,
 )
-from waltz_engine.server.store.store_session import AppendFuture, StoreAppendRequest, StoreSession
+from waltz_engine.server.store.queued_appends import (
+    AppendDecision,
+    AppendFuture,
+    LoneAppend,
+    StoreAppendRequest,
+)
+from waltz_engine.server.store.store_session import StoreSession
 from waltz_engine.server.store.store_session_manager import StoreSessionManager
 
 log = logging.getLogger(__name__)
@@ -87,20 +93,25 @@ class StorePartition:
         session = self._manager.current_session
         return session.num_pending_appends if session is not None else 0
 
-    def append_now(self, req_id: ReqId, header: int, data: bytes, checksum: int) -> AppendFuture | None:
+    def append_lone(
+        self,
+        req_id: ReqId,
+        header: int,
+        data: bytes,
+        checksum: int,
+        on_decided: AppendDecision,
+    ) -> bool:
         """:meth:`append` when it needs no waiting (the current session serves and has room, no
-        checkpoint is due); None: nothing was done, use :meth:`append`."""
+        checkpoint is due), its outcome going to ``on_decided`` (see :class:`LoneAppend`) with
+        no future; False: nothing was done, use :meth:`append`."""
         if not self._running:
-            return None
+            return False
         session = self._manager.serving_session(req_id.generation)
         if session is None:
-            return None
+            return False
         if session.high_water_mark - session.low_water_mark >= self._config.checkpoint_interval:
-            return None  # the checkpoint opens a new session: append() does it
-        future = AppendFuture(loop=asyncio.get_running_loop())
-        if not session.append_now(StoreAppendRequest(req_id, header, data, checksum, future)):
-            return None
-        return future
+            return False  # the checkpoint opens a new session: append() does it
+        return session.append_now(LoneAppend(req_id, header, data, checksum, on_decided))
 
     async def append(self, req_id: ReqId, header: int, data: bytes, checksum: int) -> asyncio.Future[int]:
         """Register an append; its future gets the committed txid, or -1 when it definitely failed."""

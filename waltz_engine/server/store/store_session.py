@@ -17,7 +17,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
-from typing import NamedTuple, TypeVar
+from typing import TypeVar
 
 from kazoo.client import KazooClient
 
@@ -36,12 +36,17 @@ from waltz_engine.server.store.errors import (
     StoreError,
 )
 from waltz_engine.server.store.latency_router import MAX_LATENCY_MS, LatencyWeightedRouter
+from waltz_engine.server.store.queued_appends import (
+    FAILED_TRANSACTION_ID,
+    QueuedAppend,
+    StoreAppendRequest,
+)
 from waltz_engine.server.store.recovery import RecoveryManager
 from waltz_engine.server.store.replica_connection import ReplicaConnection
-from waltz_engine.server.store.replica_session import ReplicaSession
+from waltz_engine.server.store.replica_session import ReplicaSession, ReplicatedBatch
 from waltz_engine.server.store.retained_start import retained_start_error
 from waltz_engine.server.store.voting import Voting
-from waltz_engine.storage.client import StorageRpcError, encode_append_records
+from waltz_engine.storage.client import StorageRpcError, encode_append_batch
 from waltz_engine.storage.segment import CORRUPT_RECORD_MESSAGE
 from waltz_engine.zk.payloads import ReplicaId
 
@@ -49,7 +54,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-FAILED_TRANSACTION_ID = -1
 COMMIT_ALL = 2**63 - 1
 # Reads of the successor's records when deciding a failed session's batch (each may return part),
 # retried after a pause while no replica can serve yet (about 10 s in all).
@@ -60,77 +64,6 @@ RESOLVE_RETRY_MAX_MS = 1_000
 # replicas misses batches the other two committed): re-sending the bytes avoids reading the
 # records back from another storage node and encoding them again. Bounded in bytes.
 ENCODED_BATCHES_KEPT_BYTES = 4 * 1024 * 1024
-
-
-class AppendFuture(asyncio.Future[int]):
-    """An append's outcome: a committed txid, or -1 when it definitely failed.
-
-    A callback given to :meth:`when_decided` runs in the very call that decides a batch's vote
-    (:meth:`StoreSession._resolve_in_flight`), not a loop turn later as a done callback does:
-    the commit's feed leaves from there. Other outcomes (recovery's, a closing partition's) run
-    it a turn later, as before.
-    """
-
-    def __init__(self, *, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        super().__init__(loop=loop)
-        self.last_of_batch = True
-        self._decided_callbacks: list[Callable[[asyncio.Future[int]], None]] = []
-
-    def when_decided(self, callback: Callable[[asyncio.Future[int]], None]) -> None:
-        if self.done():
-            self.get_loop().call_soon(callback, self)
-        else:
-            self._decided_callbacks.append(callback)
-
-    def decide(self, transaction_id: int, eager: bool, last_of_batch: bool = True) -> None:
-        if self.done():
-            return
-        # False while later appends of the same batch are still to be decided in this call: work
-        # done once per batch (the feed) waits for the last one.
-        self.last_of_batch = last_of_batch
-        self.set_result(transaction_id)
-        self._run_decided(eager)
-
-    def fail(self, error: BaseException) -> None:
-        if not self.done():
-            self.set_exception(error)
-            self._run_decided(eager=False)
-
-    def _run_decided(self, eager: bool) -> None:
-        callbacks, self._decided_callbacks = self._decided_callbacks, []
-        loop = self.get_loop()
-        for callback in callbacks:
-            if not eager:
-                loop.call_soon(callback, self)
-                continue
-            try:
-                callback(self)
-            except Exception as e:  # as a done callback's error: reported, the batch goes on
-                loop.call_exception_handler(
-                    {"message": "append decision callback failed", "exception": e, "future": self}
-                )
-
-
-class StoreAppendRequest(NamedTuple):
-    req_id: ReqId
-    header: int
-    data: bytes
-    checksum: int
-    future: asyncio.Future[int]  # an AppendFuture from the store partition
-
-    def commit(self, transaction_id: int, eager: bool = False, last_of_batch: bool = True) -> None:
-        future = self.future
-        if isinstance(future, AppendFuture):
-            future.decide(transaction_id, eager, last_of_batch)
-        elif not future.done():
-            future.set_result(transaction_id)
-
-    def fail(self, error: BaseException) -> None:
-        future = self.future
-        if isinstance(future, AppendFuture):
-            future.fail(error)
-        elif not future.done():
-            future.set_exception(error)
 
 
 class StoreSession:
@@ -151,8 +84,8 @@ class StoreSession:
         self.quorum = len(replica_sessions) // 2 + 1
         self._max_batch_size = config.max_batch_size
         self._queue_capacity = config.max_batch_size * QUEUE_CAPACITY_BATCHES
-        self._queue: deque[StoreAppendRequest] = deque()
-        self._in_flight: list[StoreAppendRequest] | None = None
+        self._queue: deque[QueuedAppend] = deque()
+        self._in_flight: list[QueuedAppend] | None = None
         # first txid -> (encoded records, count) of the latest batches, oldest first.
         self._encoded_batches: dict[int, tuple[bytes, int]] = {}
         self._encoded_batches_bytes = 0
@@ -262,7 +195,7 @@ class StoreSession:
         self._wake()
         self._start_soon()
 
-    def append_now(self, request: StoreAppendRequest) -> bool:
+    def append_now(self, request: QueuedAppend) -> bool:
         """:meth:`append` when it needs no waiting (False: there is no room, or the session or
         generation changed; nothing was done). The batch starts at the end of the loop turn, as
         from :meth:`append`: starting it at once from here sent a batch of one under fan-in and
@@ -427,13 +360,15 @@ class StoreSession:
             self._in_flight = batch
             self._wake()  # room in the queue
             first = self._next_transaction_id
-            records = [Record(first + i, r.req_id, r.header, r.data, r.checksum) for i, r in enumerate(batch)]
-            encoded = encode_append_records(records)
+            # Encoded once for every replica, straight from the queue's entries (no records made).
+            encoded = encode_append_batch(first, batch)
             self._keep_encoded_batch(first, encoded, count)
-            num_voters = sum(1 for replica in self.replica_sessions if replica.is_voter)
+            replicas = self.replica_sessions
+            num_voters = len([replica for replica in replicas if replica.is_voter])
             voting = Voting(self.quorum, num_voters, self._decided)
-            for replica in self.replica_sessions:
-                replica.append(first, encoded, count, voting)
+            replicated = ReplicatedBatch(first, encoded, count, voting)
+            for replica in replicas:
+                replica.append(replicated)
         except Exception:
             log.exception("partition %d session %d: append failed", self.partition_id, self.session_id)
             self._close_failed()

@@ -21,6 +21,7 @@ from waltz_engine.wire.storage_messages import (
     STORAGE_CODEC,
     StorageOpenRequest,
     StorageSuccessResponse,
+    request_name,
 )
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ class DataHandler:
             one the ACLs refuse is answered with a failure here."""
             if authorizer is None:
                 return False
-            name = type(msg).__name__
+            name = request_name(msg)
             if authorizer.check(principal, ADMIN, msg.partition_id, name, conn.peer):
                 return False
             resource = resource_name(msg.partition_id)
@@ -103,7 +104,7 @@ class DataHandler:
             if not opened:
                 conn.send_frame(failure_frame(msg, NotOpenedError(NOT_OPENED_MESSAGE)))
                 await conn.drain()
-                raise ProtocolError(f"{kind.__name__} before a successful OPEN_REQUEST")
+                raise ProtocolError(f"{request_name(msg)} before a successful OPEN_REQUEST")
             if refused(msg):
                 return
             worker = self._worker_of(msg.partition_id)

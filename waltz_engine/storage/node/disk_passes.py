@@ -299,17 +299,25 @@ class DiskPasses:
 
     def _send(self, outcomes: list[Outcome], on_loop: bool) -> None:
         """The replies, one write per connection (not under :attr:`lock`)."""
+        if len(outcomes) == 1 and len(outcomes[0][1]) == 1:
+            # A lone request's answer (one appender): nothing to group.
+            ((conn, frame),) = outcomes[0][1]
+            self._answer(conn, (frame,), on_loop)
+            return
         by_connection: dict[FramedConnection, list[bytes]] = {}
         for _, replies in outcomes:
             for conn, frame in replies:
                 by_connection.setdefault(conn, []).append(frame)
         for conn, frames in by_connection.items():
-            # The client may be gone; its requests were processed all the same.
-            with contextlib.suppress(ConnectionClosedError):
-                if on_loop:
-                    conn.send_frames(frames)
-                else:
-                    conn.send_frames_from_thread(frames, self._loop)
+            self._answer(conn, frames, on_loop)
+
+    def _answer(self, conn: FramedConnection, frames: Sequence[bytes], on_loop: bool) -> None:
+        # The client may be gone; its requests were processed all the same.
+        with contextlib.suppress(ConnectionClosedError):
+            if on_loop:
+                conn.send_frames(frames)
+            else:
+                conn.send_frames_from_thread(frames, self._loop)
 
     def _batches_done(self, outcomes: list[Outcome], on_loop: bool) -> None:
         """Under :attr:`lock`: the outcomes' partitions are answered; those with more queued are

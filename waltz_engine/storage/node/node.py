@@ -49,7 +49,7 @@ from waltz_engine.storage.tier.store import OBJECT_STORE_TIER, TierSeam
 from waltz_engine.wire.admin_messages import ADMIN_CODEC
 from waltz_engine.wire.codec import MessageCodec
 from waltz_engine.wire.hello import STORAGE_ADMIN_SERVER_HELLO_TEXT, STORAGE_SERVER_HELLO_TEXT
-from waltz_engine.wire.storage_messages import STORAGE_CODEC
+from waltz_engine.wire.storage_messages import STORAGE_DATA_PORT_CODEC
 from waltz_engine.zk.connection import ZooKeeperConnector, ZooKeeperError, connect, new_client
 from waltz_engine.zk.store_metadata import read_store_params
 from waltz_engine.zk.znodes import ClusterNotFoundError
@@ -201,7 +201,7 @@ class StorageNode:
                 KEY_PORT,
                 config.port,
                 ssl_context,
-                {STORAGE_CODEC.version: STORAGE_CODEC},
+                {STORAGE_DATA_PORT_CODEC.version: STORAGE_DATA_PORT_CODEC},
                 STORAGE_SERVER_HELLO_TEXT,
                 when_open("data"),
                 "storage data port",

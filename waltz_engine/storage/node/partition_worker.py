@@ -25,21 +25,22 @@ from waltz_engine.common import clock
 from waltz_engine.common.errors import StorageError
 from waltz_engine.common.limited_log import LimitedLog
 from waltz_engine.common.metrics import Counter, Meter, MetricsRegistry, Timer
-from waltz_engine.common.record import Record
+from waltz_engine.common.object_store import ObjectStoreError
 from waltz_engine.common.tasks import cancel_and_wait
+from waltz_engine.disk.record_run import JoinedRuns
 from waltz_engine.net.channel import FramedConnection
 from waltz_engine.storage.control_file import ConcurrentUpdateError
 from waltz_engine.storage.damage import DAMAGE_GAUGE
 from waltz_engine.storage.node.disk_passes import DiskPasses, Reply
 from waltz_engine.storage.node.failures import PartitionNotAssignedError, rpc_exception
-from waltz_engine.storage.node.session_bounds import SessionBounds
+from waltz_engine.storage.node.session_bounds import NO_SESSION, SessionBounds
 from waltz_engine.storage.partition import Partition
 from waltz_engine.storage.tier.reads import USAGE_GAUGE, disk_usage
 from waltz_engine.wire.primitives import SessionInfo
 from waltz_engine.wire.storage_messages import (
     STORAGE_CODEC,
     STORAGE_RAW_RECORDS_CODEC,
-    StorageAppendRequest,
+    StorageAppendRunRequest,
     StorageFailureResponse,
     StorageLastSessionInfoRequest,
     StorageLastSessionInfoResponse,
@@ -56,6 +57,8 @@ from waltz_engine.wire.storage_messages import (
     StorageSetLowWaterMarkRequest,
     StorageSuccessResponse,
     StorageTruncateRequest,
+    request_name,
+    success_frame,
 )
 
 log = logging.getLogger(__name__)
@@ -74,7 +77,7 @@ _OFFLINE_CAPABLE = (
     StorageLastSessionInfoRequest,
     StorageSetLowWaterMarkRequest,
     StorageTruncateRequest,
-    StorageAppendRequest,
+    StorageAppendRunRequest,
     StorageMaxTransactionIdRequest,
 )
 PARTITION_REQUEST_TYPES = (
@@ -95,7 +98,7 @@ SEGMENT_SPANS_REPORTED = 128
 
 SESSION_MOVING_REQUESTS = (
     StorageLastSessionInfoRequest,
-    StorageAppendRequest,
+    StorageAppendRunRequest,
     StorageTruncateRequest,
     StorageSetLowWaterMarkRequest,
 )
@@ -126,10 +129,6 @@ def failure_frame(msg: Any, error: BaseException) -> bytes:
     """FAILURE_RESPONSE echoing the request's session id, seq num and partition id."""
     response = StorageFailureResponse(msg.session_id, msg.seq_num, msg.partition_id, rpc_exception(error))
     return STORAGE_CODEC.encode_frame(response)
-
-
-def _consecutive(records: tuple[Record, ...], first_transaction_id: int) -> bool:
-    return all(r.transaction_id == first_transaction_id + i for i, r in enumerate(records))
 
 
 def _wake(waiters: list[asyncio.Future[None]]) -> None:
@@ -200,7 +199,7 @@ class PartitionWorker:
         self._session_bounds = session_bounds
         self.partition: Partition | None = None
         # The fencing session id: raised on receipt, checked when processed (reference §1.2).
-        self.session_id = -1
+        self.session_id = NO_SESSION
         self.max_transaction_id = -1
         self.first_transaction_id = 0
         # The last txid the cleaner's last removal took (-1: none yet). The retained start may lie
@@ -221,6 +220,8 @@ class PartitionWorker:
         self._busy = False
         self._registry = registry
         self._metrics: _PartitionMetrics | None = None
+        # Unassigned while this node ran: its session id was reset (``_fence_forgotten``).
+        self._reset = False
         # A request that may move the session id, queued once ZooKeeper confirmed (or refused) it.
         self._pending_check: asyncio.Task[None] | None = None
 
@@ -238,6 +239,7 @@ class PartitionWorker:
     def detach(self) -> None:
         """The partition was unassigned: queued requests fail, metrics go away."""
         self.partition = None
+        self._reset = True
         if self._metrics is not None:
             self._registry.remove_group(self._metrics.group)
             self._metrics = None
@@ -289,13 +291,30 @@ class PartitionWorker:
 
     async def _check_then_queue(self, conn: FramedConnection, msg: Any) -> None:
         try:
-            await self._session_bounds.check(self.partition_id, msg.session_id)
+            await self._session_bounds.check(
+                self.partition_id, msg.session_id, latest_only=self._fence_forgotten()
+            )
         except StorageError as e:
             queued: Any = RefusedRequest(msg, e)
         else:
             self.session_id = max(self.session_id, msg.session_id)
             queued = msg
         await self._put((conn, queued))
+
+    def _fence_forgotten(self) -> bool:
+        """The session id is unset, yet the replica is not new: it was unassigned while this node
+        ran (which resets the session id, as the original), or it holds records or a low-water mark
+        no store session set (files kept from an earlier time as a replica, a move's copy). A
+        session older than ZooKeeper's latest may then be a deposed writer's, which this replica
+        would no longer refuse (issue 32: the simulator's seed 1156): see ``session_bounds``."""
+        if self.session_id != NO_SESSION:
+            return False
+        partition = self.partition
+        return (
+            self._reset
+            or self.max_transaction_id >= 0
+            or (partition is not None and partition.info.current.low_water_mark >= 0)
+        )
 
     async def _put(self, pending: Pending) -> None:
         lock = self._passes.lock
@@ -344,7 +363,7 @@ class PartitionWorker:
         i = 0
         while i < len(batch):
             kind = type(batch[i][1])
-            if kind is StorageAppendRequest:
+            if kind is StorageAppendRunRequest:
                 i = self._append_group(batch, i, replies)
             elif kind is RefusedRequest:
                 conn, refused = batch[i]
@@ -359,8 +378,7 @@ class PartitionWorker:
         partition = self.partition
         if partition is not None:
             with contextlib.suppress(StorageError):
-                self.max_transaction_id = partition.max_transaction_id()
-                self.first_transaction_id = partition.first_transaction_id()
+                self.first_transaction_id, self.max_transaction_id = partition.span()
         return replies
 
     def removed_segments(self, count: int, first_transaction_id: int) -> None:
@@ -370,7 +388,7 @@ class PartitionWorker:
         if self._metrics is not None:
             self._metrics.removed_segments.inc(count)
 
-    def _start_late(self, partition: Partition, msg: StorageAppendRequest) -> None:
+    def _start_late(self, partition: Partition, msg: StorageAppendRunRequest) -> None:
         """Let an empty replica begin at the first appended txid when retention removed everything
         before it: a server fills a replica added after retention from the retained start.
 
@@ -378,7 +396,8 @@ class PartitionWorker:
         ever set, so a gap can appear only where the operator once allowed records to go (a
         bound lowered since does not bring back what cleaners removed under the higher one).
         """
-        first = msg.records[0].transaction_id if msg.records else 0
+        txids = msg.records.txids
+        first = txids[0] if txids else 0
         if first <= 0 or not partition.is_empty():
             return
         bound = self.late_start_bound
@@ -432,12 +451,13 @@ class PartitionWorker:
         try:
             partition = self._check_permissions(self.partition, first)
             expected = partition.max_transaction_id() + 1
-            if first.records and first.records[0].transaction_id != expected:
+            txids = first.records.txids
+            if txids and txids[0] != expected:
                 # Only an empty replica can begin late, and its next txid is 0: an append at
                 # the next txid needs no look (a lock) at the partition.
                 self._start_late(partition, first)
                 expected = partition.max_transaction_id() + 1
-            alone = not _consecutive(first.records, expected)
+            alone = not first.records.consecutive_from(expected)
         except Exception:
             alone = True
         if alone:
@@ -446,25 +466,26 @@ class PartitionWorker:
             replies.append((conn, self._process_one(msg)))
             return start + 1
         group: list[Pending] = [batch[start]]
-        records: list[Record] = list(first.records)
         expected += len(first.records)
         end = start + 1
-        while end < len(batch) and type(batch[end][1]) is StorageAppendRequest:
+        while end < len(batch) and type(batch[end][1]) is StorageAppendRunRequest:
             msg = batch[end][1]
             try:
                 self._check_permissions(partition, msg)
             except Exception:
                 break
-            if not _consecutive(msg.records, expected):
+            if not msg.records.consecutive_from(expected):
                 break
             group.append(batch[end])
-            records += msg.records
             expected += len(msg.records)
             end += 1
         metrics = self._metrics
         started_ns = clock.monotonic_ns()
         try:
-            partition.append(records)
+            if len(group) == 1:
+                partition.append(first.records)
+            else:
+                partition.append(JoinedRuns([msg.records for _, msg in group]))
         except Exception as e:
             self._log_failure(group[0][1], e)
             replies += [(conn, failure_frame(msg, e)) for conn, msg in group]
@@ -476,8 +497,7 @@ class PartitionWorker:
             for _ in group:
                 metrics.append_latency.update_ms(latency_ms)
         for conn, msg in group:
-            reply = StorageSuccessResponse(msg.session_id, msg.seq_num, msg.partition_id)
-            replies.append((conn, STORAGE_CODEC.encode_frame(reply)))
+            replies.append((conn, success_frame(msg.session_id, msg.seq_num, msg.partition_id)))
         return end
 
     def _process_one(self, msg: Any) -> bytes:
@@ -528,11 +548,12 @@ class PartitionWorker:
             new_max = partition.truncate(msg.transaction_id)
             self.first_transaction_id = partition.first_transaction_id()  # (-1 empties a headless log)
             return StorageMaxTransactionIdResponse(session_id, seq_num, partition_id, new_max)
-        if kind is StorageAppendRequest:
-            held = msg.records and msg.records[0].transaction_id <= partition.max_transaction_id()
+        if kind is StorageAppendRunRequest:
+            txids = msg.records.txids
+            held = txids and txids[0] <= partition.max_transaction_id()
             if msg.used_by_offline_recovery and held:
                 # Records it holds: a damaged segment refilled from a healthy replica.
-                partition.refill(msg.records)
+                partition.refill(msg.records.records())
                 return StorageSuccessResponse(session_id, seq_num, partition_id)
             # Reached only for an append that cannot join a group: it fails alone here.
             self._start_late(partition, msg)
@@ -543,7 +564,7 @@ class PartitionWorker:
 
     def _log_failure(self, msg: Any, error: BaseException) -> None:
         if isinstance(error, StorageError):
-            log.info("partition %d: %s failed: %s", self.partition_id, type(msg).__name__, error)
+            log.info("partition %d: %s failed: %s", self.partition_id, request_name(msg), error)
         elif isinstance(error, OSError):
             # A full or failing disk fails every batch the same way: one line now and then, and a
             # state that /health reports until a write succeeds again.
@@ -553,8 +574,13 @@ class PartitionWorker:
             where = f"partition {self.partition_id}"
             _disk_errors.warn(
                 where,
-                f"{where}: {type(msg).__name__} failed: {self.write_error}; writes to this partition fail "
+                f"{where}: {request_name(msg)} failed: {self.write_error}; writes to this partition fail "
                 "until the disk is fixed (reads are served)",
             )
+        elif isinstance(error, ObjectStoreError):
+            # A read of a segment evicted to the tier, whose store failed it: the request fails
+            # and its sender asks again or another replica; an operator needs the store's answer,
+            # not a traceback (the simulator's searches printed one per refused get).
+            log.warning("partition %d: %s failed: %s", self.partition_id, request_name(msg), error)
         else:
-            log.error("partition %d: %s failed", self.partition_id, type(msg).__name__, exc_info=error)
+            log.error("partition %d: %s failed", self.partition_id, request_name(msg), exc_info=error)

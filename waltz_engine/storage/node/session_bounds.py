@@ -8,6 +8,18 @@ raises the node's fencing session id for good, so that every real session is ref
 and the partition can become unwritable. Here a request may move the session id only up to
 what ZooKeeper has issued: the node reads the znode when a higher id than it knows arrives.
 
+A replica's session id is only as good as its memory. Unassigning a partition resets it to -1
+(as the original), and a node does not keep it across the reset: a deposed writer's appends,
+held up in the network since before the replica was moved away and back, moved it to their dead
+session and were written where the next session's recovery took them for committed (issue 32:
+the simulator's seed 1156). So where the session id is unset but the replica is not new (reset
+while the node ran, or holding records or a low-water mark no store session set: see
+``PartitionWorker._fence_forgotten``), it moves only to the session ZooKeeper issued last, as
+read after the request arrived; an older one is refused as the original refuses a session older
+than the stored one (``ConcurrentUpdateException``). The first session to reach such a replica
+is one recovering it now, hence the latest; a superseded session's writes are needed nowhere
+(its successor's recovery decides the log from the replicas it reaches itself).
+
 Reads of the znode are bounded: one in flight per partition (concurrent checks share it) and
 at most one per ``ISSUED_READ_INTERVAL_MS``, however many forged ids arrive.
 """
@@ -22,6 +34,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from waltz_engine.common import clock
 from waltz_engine.common.errors import StorageError, WaltzError
+from waltz_engine.storage.control_file import ConcurrentUpdateError
 from waltz_engine.zk.connection import ZooKeeperConnector, ZooKeeperSettings, describe, new_client
 from waltz_engine.zk.paths import ClusterPaths
 from waltz_engine.zk.payloads import PartitionMetadata
@@ -39,6 +52,11 @@ NO_SESSION = -1
 
 class UnissuedSessionError(StorageError):
     """A request's session id is above every id ZooKeeper has issued for its partition."""
+
+
+class SupersededSessionError(ConcurrentUpdateError):
+    """A request would set a replica's forgotten session id to an id below the one ZooKeeper
+    issued last for its partition: its writer was deposed."""
 
 
 class SessionBounds:
@@ -68,13 +86,19 @@ class SessionBounds:
     def issued(self, partition_id: int) -> int:
         return self._issued.get(partition_id, NO_SESSION)
 
-    async def check(self, partition_id: int, session_id: int) -> None:
+    async def check(self, partition_id: int, session_id: int, *, latest_only: bool = False) -> None:
         """Return if ZooKeeper has issued ``session_id`` for the partition; raise otherwise.
+        ``latest_only`` (the replica's session id was forgotten): only the session ZooKeeper
+        issued last, as read after this call began, is accepted.
 
         A check joins the read in flight; if that read began before this request arrived, it may
-        predate the server's compare-and-set, so a "no" from it is asked once more.
+        predate the server's compare-and-set, so a "no" from it is asked once more (as is a
+        "yes" for ``latest_only``: a later session may have been issued since).
         """
-        if session_id <= self.issued(partition_id):
+        known = self.issued(partition_id)
+        if latest_only and session_id < known:
+            raise _superseded(partition_id, session_id, known)
+        if session_id <= known and not latest_only:
             return
         arrived_ns = clock.monotonic_ns()
         while True:
@@ -84,7 +108,9 @@ class SessionBounds:
                 self._reads[partition_id] = read
                 read.add_done_callback(lambda _: self._reads.pop(partition_id, None))
             issued, started_ns = await asyncio.shield(read)
-            if session_id <= issued:
+            if latest_only and session_id < issued:
+                raise _superseded(partition_id, session_id, issued)
+            if session_id <= issued and not (latest_only and started_ns < arrived_ns):
                 return
             if started_ns >= arrived_ns:
                 raise UnissuedSessionError(
@@ -138,3 +164,10 @@ class SessionBounds:
             return PartitionMetadata.from_bytes(data).session_id
         except WaltzError as e:
             raise StorageError(f"znode {path} cannot be read ({e}): no new session id is accepted") from None
+
+
+def _superseded(partition_id: int, session_id: int, issued: int) -> SupersededSessionError:
+    return SupersededSessionError(
+        f"session id {session_id} of partition {partition_id} was superseded (ZooKeeper's store session "
+        f"is {issued}): its writer was deposed; refused, the replica's session id stays as it is"
+    )
