@@ -301,15 +301,17 @@ def start_storage_node(
     return node
 
 
-def flip_data_bits(partition_dir: Path, txids: Iterable[int]) -> None:
-    """Flip one bit in the data of each record of ``txids`` (all in the first segment)."""
-    seg = sorted(partition_dir.glob("*.seg"))[0]
-    assert seg.name == f"{0:019d}.seg"
+def flip_data_bits(partition_dir: Path, txids: Iterable[int], first: int = 0) -> None:
+    """Flip one bit in the data of each record of ``txids`` (all in the segment beginning at
+    ``first``, by default the first segment)."""
+    seg = partition_dir / f"{first:019d}.seg"
+    assert seg.exists() and (first or sorted(partition_dir.glob("*.seg"))[0] == seg), seg
     index = seg.with_suffix(".idx").read_bytes()
     fd = os.open(seg, os.O_RDWR)
     try:
         for txid in txids:
-            (offset,) = INDEX_ENTRY.unpack_from(index, HEADER_SIZE_BYTES + INDEX_ENTRY_SIZE_BYTES * txid)
+            at_entry = HEADER_SIZE_BYTES + INDEX_ENTRY_SIZE_BYTES * (txid - first)
+            (offset,) = INDEX_ENTRY.unpack_from(index, at_entry)
             at = offset + RECORD_HEADER_SIZE_BYTES + 5
             os.pwrite(fd, bytes([os.pread(fd, 1, at)[0] ^ 0x04]), at)
         os.fsync(fd)

@@ -28,7 +28,9 @@ from waltz_engine.disk.record_format import RECORD_OVERHEAD_BYTES
 from waltz_engine.ops.inspect import verify
 from waltz_engine.storage.node.scrubber import Scrubber
 from waltz_engine.storage.partition import Partition
+from waltz_engine.storage.segment import CorruptRecordError
 from waltz_engine.storage.storage_manager import StorageManager
+from waltz_engine.storage.tier.manifest import TierSegment
 from waltz_engine.storage.tier.offload import TierOffloader
 from waltz_engine.storage.tier.reads import disk_usage
 from waltz_engine.storage.tier.settings import TierSettings
@@ -315,3 +317,91 @@ def test_a_copy_the_local_segment_no_longer_matches_is_not_evicted_for_after_a_r
     _round(partition, settings, tmp_path, None)  # uploaded anew, then evicted
     assert partition.segments == [(30, 39), (40, 49)]
     assert partition.records(0, RECORDS + more) == expected
+
+
+def _restart(partition: Partition) -> None:
+    """The node restarts: what its process noted for the tier (cuts, copies checked) is gone."""
+    assert partition.tier is not None
+    partition.tier.close()
+    partition.tier = None
+
+
+def _manifest_entry(tier: Path, first: int) -> TierSegment:
+    manifest = json.loads((tier / str(KEY) / "0" / "r" / "manifest.json").read_text())
+    (entry,) = [s for s in manifest["segments"] if s["first_txid"] == first]
+    return TierSegment.from_json(entry)
+
+
+def test_a_cut_after_the_round_began_is_never_evicted_for_and_voids_only_the_copies_above_it(
+    partition: Partition, tmp_path: Path
+) -> None:
+    """A truncate between a round's look at the cuts and its eviction: the segment, grown again to
+    the same span with other records and below the mark, is not evicted for its old copy, which
+    holds cut records. The next round takes out of the manifest exactly the copies holding records
+    above the truncate point (the evicted ones below it stay and are served), uploads the
+    segment anew and evicts it for the new copy."""
+    tier = tmp_path / "tier"
+    settings = _offload(partition, tier, RECORDS - 1).settings
+    assert partition.truncate(24) == 24
+    newer = make_records(0, 25, size_bytes=DATA_BYTES) + _other_records(25, RECORDS + 10 - 25)
+    partition.append(newer[25:])
+    partition.set_low_water_mark(2, RECORDS + 9)
+    assert partition.segments == [(20, 29), (30, 39), (40, 49)]
+    old_copy = _manifest_entry(tier, 20)
+    assert old_copy.span == (20, 29)
+    assert partition.evict_to_tier(1, lambda first, last: old_copy if first == 20 else None) == 0
+    assert partition.records(0, RECORDS + 10) == newer
+
+    _round(partition, settings, tmp_path, None)
+    assert _manifest_spans(tier)[:2] == [(0, 9), (10, 19)]  # below the cut: kept
+    assert _manifest_entry(tier, 20) != old_copy  # uploaded anew
+    assert partition.segments == [(30, 39), (40, 49)]
+    assert partition.records(0, RECORDS + 10) == newer
+
+
+def test_a_damaged_local_segment_keeps_its_good_tier_copy_and_is_evicted_for_it(
+    partition: Partition, tmp_path: Path
+) -> None:
+    """Rot in a local segment whose copy a process before a restart uploaded: the copy differs
+    from the local files, yet it is the good one. It stays in the manifest and the segment is
+    evicted for it, so the rotten record is served from the copy. The check of copies against
+    the local files dropped it (and the damaged segment cannot be uploaded again): the record
+    was refused for good, and the good copy lost."""
+    tier = tmp_path / "tier"
+    settings = _offload(partition, tier, RECORDS - 1).settings
+    assert _manifest_spans(tier) == [(0, 9), (10, 19), (20, 29)]  # 20..29 also local
+    _restart(partition)
+    flip_data_bits(partition.directory, [23], first=20)
+    with pytest.raises(CorruptRecordError):
+        partition.records(23, 1)
+    expected = make_records(0, RECORDS + 10, size_bytes=DATA_BYTES)
+    partition.append(expected[RECORDS:])  # a third segment: 20..29 is no longer one of the last two
+    partition.set_low_water_mark(2, RECORDS + 9)
+
+    _round(partition, settings, tmp_path, None)
+    assert _manifest_spans(tier) == [(0, 9), (10, 19), (20, 29), (30, 39)]
+    assert partition.segments == [(30, 39), (40, 49)]
+    assert partition.records(0, RECORDS + 10) == expected
+    assert partition.damage_report() == []
+
+
+def test_a_damaged_local_segment_loses_a_copy_of_other_records(partition: Partition, tmp_path: Path) -> None:
+    """The copy of a damaged local segment is kept only when it holds every record the segment
+    holds whole: a node killed between a truncate and its next round kept the copy of the cut
+    segment, and one grown again with other records, then damaged below the cut, must not be
+    evicted for that copy (its records 25..29 are not the log's)."""
+    tier = tmp_path / "tier"
+    settings = _offload(partition, tier, RECORDS - 1).settings
+    assert partition.truncate(24) == 24
+    _restart(partition)
+    newer = make_records(0, 25, size_bytes=DATA_BYTES) + _other_records(25, RECORDS + 10 - 25)
+    partition.append(newer[25:])
+    partition.set_low_water_mark(2, RECORDS + 9)
+    flip_data_bits(partition.directory, [22], first=20)
+
+    _round(partition, settings, tmp_path, None)
+    assert 20 not in [first for first, _ in _manifest_spans(tier)]
+    assert partition.segments == [(20, 29), (30, 39), (40, 49)]  # not uploaded (damaged), kept
+    assert partition.records(23, RECORDS + 10 - 23) == newer[23:]
+    with pytest.raises(CorruptRecordError):
+        partition.records(22, 1)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from waltz_engine.common.errors import StorageError
+from waltz_engine.common.record import Record
 from waltz_engine.storage.control_file import PartitionInfo
 from waltz_engine.storage.damage import DamageLog
 from waltz_engine.storage.file_system import Disk
@@ -168,9 +169,14 @@ class PartitionHead:
             assert isinstance(self.tier, TierSegments)
             removed = 0
             local_low_water_mark = self.info.current.local_low_water_mark
+            cut = self.tier.cut_from
             while self._local_bytes() > local_bytes and len(self._segments) > 2:
                 head = self._segments[0]
                 if head.max_transaction_id > local_low_water_mark:
+                    break
+                if cut is not None and head.max_transaction_id >= cut:
+                    # A truncate cut it after the round took the cuts (``TierSegments.note_cut``):
+                    # its copy may hold the cut records. The next round voids that copy first.
                     break
                 uploaded = in_tier(head.first_transaction_id, head.max_transaction_id)
                 if uploaded is None:
@@ -182,6 +188,21 @@ class PartitionHead:
             if removed:
                 self._disk.fsync_directory(self.directory)
             return removed
+
+    def whole_records(self, first: int, transaction_id: int, count: int) -> dict[int, Record] | None:
+        """The records ``transaction_id`` .. ``+count-1`` of the local segment beginning at
+        ``first`` that it holds whole, by txid (the damaged ones left out); None when no local
+        segment begins there (any more). What a tier copy of a damaged segment is checked
+        against before the segment is evicted for it, as a refill checks what it is sent."""
+        with self._lock:
+            self._check_open()
+            segment = next((s for s in self._segments if s.first_transaction_id == first), None)
+            if segment is None:
+                return None
+            if not segment.writable:
+                segment.ensure_open()
+                self._cache.touch(segment)
+            return segment.whole_records(transaction_id, count)
 
     def is_empty(self) -> bool:
         """Never held a record: one segment, starting at 0, with nothing in it."""

@@ -274,10 +274,13 @@ class TierOffloader:
 
     def _verify_local_copies(self, partition: Partition, manifest: TierManifest, verified: set[int]) -> None:
         """Compare the tier copies of local segments at or below the mark that this process has not
-        uploaded with the local files (once each): a copy that differs leaves the manifest, to be
-        uploaded again. A node killed after a truncate and before its next round (``_drop_cut``)
-        kept in its manifest copies of segments the truncate cut; one grown again to the same span
-        with other bytes was evicted for them, and the old bytes served."""
+        uploaded with the local files (once each): a copy that differs from a local segment whose
+        records are whole leaves the manifest, to be uploaded again. A node killed after a
+        truncate and before its next round (``_drop_cut``) kept in its manifest copies of segments
+        the truncate cut; one grown again to the same span with other bytes was evicted for them,
+        and the old bytes served. A copy of a damaged local segment stays and is evicted for
+        (the repair: reads come from the copy) when its records are whole and equal every record
+        the local segment holds whole (``_repairs``)."""
         local_low_water_mark = partition.info.current.local_low_water_mark
         for first, last in partition.segments[:-1]:
             if last > local_low_water_mark:
@@ -285,21 +288,66 @@ class TierOffloader:
             entry = manifest.segments.get(first)
             if entry is None or first in verified:
                 continue
-            paths = segment_paths(partition.directory, first)
-            if entry.span == (first, last) and [self._file_entry(p) for p in paths] == [entry.seg, entry.idx]:
+            why = self._differs(partition, entry, first, last)
+            if why is None:
                 verified.add(first)
                 continue
             log.warning(
-                "tier: partition %d: the copy of segment %d..%d in the tier is not the local segment "
-                "%d..%d; uploading it again",
+                "tier: partition %d: the copy of segment %d..%d in the tier %s; uploading it again",
                 partition.partition_id,
                 first,
                 entry.max_transaction_id,
-                first,
-                last,
+                why,
             )
             manifest.remove([first])
             self._count(partition, manifest)
+
+    def _differs(self, partition: Partition, entry: TierSegment, first: int, last: int) -> str | None:
+        """Why the tier copy ``entry`` is not the local segment ``first``..``last``; None when it
+        is (its files are the local files, or the local segment is damaged and the copy repairs it)."""
+        if entry.span != (first, last):
+            return f"is not the local segment {first}..{last}"
+        paths = segment_paths(partition.directory, first)
+        if [self._file_entry(p) for p in paths] == [entry.seg, entry.idx]:
+            return None
+        whole = partition.whole_records(first, first, last - first + 1)
+        if whole is None or len(whole) == last - first + 1:
+            return "differs from the local segment, whose records are whole"
+        return self._repairs(partition, entry, first, last)
+
+    def _repairs(self, partition: Partition, entry: TierSegment, first: int, last: int) -> str | None:
+        """A damaged local segment's copy: None when its records are whole and equal each record
+        the local segment holds whole (the copy is what repairs it), else why not. The rot must
+        not cost the good copy: the local segment cannot be uploaded again (``_records_whole``)."""
+        tier = partition.tier
+        assert isinstance(tier, TierSegments)
+        copy = tier.read_copy(entry)
+        try:
+            transaction_id = first
+            while transaction_id <= last:
+                count = min(CHECK_BATCH_RECORDS, last - transaction_id + 1)
+                try:  # short where a record is damaged: the next read starts there, and raises
+                    theirs = copy.read_records(transaction_id, count)
+                except CorruptRecordError as e:
+                    return f"is damaged too ({e})"
+                mine = partition.whole_records(first, transaction_id, len(theirs))
+                if mine is None or not theirs:
+                    return f"holds fewer transactions than the local segment {first}..{last}"
+                for record in theirs:
+                    held = mine.get(record.transaction_id)
+                    if held is not None and held != record:
+                        return f"holds another transaction {record.transaction_id} than the local segment"
+                transaction_id += len(theirs)
+        finally:
+            copy.delete()
+        log.warning(
+            "tier: partition %d: local segment %d..%d is damaged; its copy in the tier holds every "
+            "record it holds whole: kept, and the segment is evicted for it",
+            partition.partition_id,
+            first,
+            last,
+        )
+        return None
 
     def _file_entry(self, path: Path) -> FileEntry:
         """A local file's size and SHA-256, read through the node's disk."""

@@ -181,6 +181,12 @@ class TierSegments:
         cached[0].ensure_open()
         return cached[0]
 
+    def read_copy(self, entry: TierSegment) -> Segment:
+        """The tier copy of a segment still local, read back into the cache directory to be
+        checked, not served (never in the cache's list): the caller deletes it."""
+        assert entry.first_transaction_id not in self._cached, "an evicted segment's copy is served"
+        return self._read_back(entry)
+
     def _read_back(self, entry: TierSegment) -> Segment:
         paths: list[Path] = []
         for name, expected in zip(
