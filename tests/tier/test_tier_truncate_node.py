@@ -1,14 +1,16 @@
 """Issue 32 with one real storage node and a `file://` tier: a truncate into the range the node
 evicted to the tier, asked through the wire as a recovery asks it (TRUNCATE, answered with
 MAX_TRANSACTION_ID), and rot in a local segment whose copy a process before a restart uploaded
-(the copy repairs it)."""
+(the copy repairs it), and a node killed in the middle of such a truncate."""
 
 from __future__ import annotations
 
 import json
+import signal
 import time
 from pathlib import Path
 
+import pytest
 from storage_node_support import StorageNodeProcess, flip_data_bits, make_records
 from tier_support import (
     DATA_BYTES,
@@ -21,9 +23,11 @@ from tier_support import (
     write_and_evict,
 )
 
+from waltz_engine.common.errors import WaltzError
 from waltz_engine.common.record import Record
 from waltz_engine.storage.client import StorageRpcError
 from waltz_engine.storage.tier.offload import replica_name
+from waltz_engine.storage.tier.reads import KILL_AT_ENV
 
 # A later store session than the one that set the node's marks (``tier_support.write``).
 LATER_SESSION_ID = NEXT_SESSION_ID + 1
@@ -135,3 +139,55 @@ def test_a_damaged_local_segment_is_repaired_by_its_tier_copy_after_a_restart(
         assert sorted(_manifest(node, tier)) == [0, 10, 20, 30]
         assert node.run(_read(node, 0, RECORDS + 10)) == expected
         assert "its copy in the tier holds every record it holds whole" in node.log_text()
+
+
+def test_a_node_killed_in_a_truncate_into_the_evicted_range_is_filled_again(
+    zookeeper: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed once the truncate removed the local segments (the directory synced) and before it
+    created the new one, with nothing written to the control file (a truncate never writes it,
+    as the original's): the restarted node holds no segment, makes segment 0 and serves an empty
+    log, whose evicted head it no longer claims; the truncate asked again keeps nothing, the
+    recovery fills it from another replica, and the copies the truncate voided (a note lost in
+    the kill) are never served: each is checked against the local segment before anything is
+    evicted for it."""
+    tier = tmp_path / "tier"
+    expected = make_records(0, RECORDS, size_bytes=DATA_BYTES)
+
+    async def truncate(node: StorageNodeProcess) -> int:
+        client = node.data_client()
+        await client.open()
+        try:
+            return await client.truncate(LATER_SESSION_ID, 0, CUT)
+        finally:
+            await client.close()
+
+    with tier_node(zookeeper, tmp_path / "node", tier.as_uri()) as node:
+        monkeypatch.setenv(KILL_AT_ENV, "cut")
+        write_and_evict(node)
+        with pytest.raises(WaltzError):
+            node.run(truncate(node))
+        assert node.wait_exit() == -signal.SIGKILL
+        assert local_segments(node) == []
+
+        monkeypatch.delenv(KILL_AT_ENV)
+        node.start()
+        assert local_segments(node) == [f"{0:019d}.seg"]
+        assert node.run(truncate(node)) == -1
+        assert node.run(_read(node, 0, RECORDS)) == []
+
+        async def fill() -> None:
+            client = node.data_client()
+            await client.open()
+            try:
+                await client.append(LATER_SESSION_ID, 0, expected)
+                await client.set_low_water_mark(LATER_SESSION_ID, 0, RECORDS - 1)
+            finally:
+                await client.close()
+
+        node.run(fill())
+        _wait_local(node, [20, 30])
+        assert node.run(_read(node, 0, RECORDS)) == expected
+        node.kill()
+        node.start()
+        assert node.run(_read(node, 0, RECORDS)) == expected

@@ -20,7 +20,7 @@ from waltz_engine.storage.file_system import Disk
 from waltz_engine.storage.lru import LRUCache
 from waltz_engine.storage.segment import Segment
 from waltz_engine.storage.tier.manifest import TierSegment
-from waltz_engine.storage.tier.reads import TierPending, TierSegments
+from waltz_engine.storage.tier.reads import TierPending, TierSegments, kill_point
 from waltz_engine.zk.retention import removable_head_segments
 
 log = logging.getLogger("waltz_engine.storage.partition")
@@ -131,6 +131,7 @@ class PartitionHead:
             doomed.delete()
             self.damage.forget_segment(doomed.first_transaction_id)
         self._disk.fsync_directory(self.directory)
+        kill_point("cut")
         start = gone[0][0]
         self._segments.append(self._new_segment(start))
         log.warning(

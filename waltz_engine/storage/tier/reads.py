@@ -30,7 +30,9 @@ log = logging.getLogger(__name__)
 DOWNLOAD_SUFFIX = ".part"
 # Test hook: the node kills itself (SIGKILL) at this point of the tier's work: "evict" once a
 # segment's files are removed (the directory not synced yet), "read" once the data object of a
-# segment being read back is downloaded (its index not yet), so tests reach those windows.
+# segment being read back is downloaded (its index not yet), "cut" once a truncate into the
+# evicted range removed the local segments (the new one not created yet), so tests reach those
+# windows.
 KILL_AT_ENV = "WALTZ_TIER_KILL_AT"
 # The per-partition metrics gauge `waltz storage list` reads the disk usage from.
 USAGE_GAUGE = "disk-usage"
