@@ -19,6 +19,7 @@ from tier_support import (
     POLLS,
     RECORDS,
     local_segments,
+    read,
     tier_node,
     write_and_evict,
 )
@@ -52,12 +53,7 @@ def _wait_local(node: StorageNodeProcess, firsts: list[int]) -> None:
 
 
 async def _read(node: StorageNodeProcess, first: int, count: int) -> list[Record]:
-    client = node.data_client()
-    await client.open()
-    try:
-        return await client.records(LATER_SESSION_ID, 0, first, count)
-    finally:
-        await client.close()
+    return await read(node, first, count, LATER_SESSION_ID)
 
 
 def test_a_truncate_through_the_wire_into_the_evicted_range_begins_the_log_again(

@@ -38,11 +38,13 @@ async def write(node: StorageNodeProcess) -> None:
         await client.close()
 
 
-async def read(node: StorageNodeProcess, first: int, count: int) -> list[Record]:
+async def read(
+    node: StorageNodeProcess, first: int, count: int, session_id: int = NEXT_SESSION_ID
+) -> list[Record]:
     client = node.data_client()
     await client.open()
     try:
-        return await client.records(NEXT_SESSION_ID, 0, first, count)
+        return await client.records(session_id, 0, first, count)
     finally:
         await client.close()
 
