@@ -405,3 +405,23 @@ def test_a_damaged_local_segment_loses_a_copy_of_other_records(partition: Partit
     assert partition.records(23, RECORDS + 10 - 23) == newer[23:]
     with pytest.raises(CorruptRecordError):
         partition.records(22, 1)
+
+
+def test_the_damage_of_an_evicted_segment_goes_with_a_cut_into_it(
+    partition: Partition, tmp_path: Path
+) -> None:
+    """A rotten record read from an evicted segment's tier copy is remembered and reported until
+    the segment is cut: a truncate into that segment drops it whole, and the segment filled again
+    at the same txids from another replica is not reported damaged."""
+    tier = tmp_path / "tier"
+    _offload(partition, tier, RECORDS - 1)
+    flip_data_bits(tier / str(KEY) / "0" / "r", [12], first=10)
+    with pytest.raises(CorruptRecordError):
+        partition.records(12, 1)
+    assert [d.segment for d in partition.damage_report()] == [10]
+
+    assert partition.truncate(14) == 9
+    assert partition.damage_report() == []
+    partition.append(make_records(10, RECORDS - 10, size_bytes=DATA_BYTES))
+    assert partition.damage_report() == []
+    assert partition.records(0, RECORDS) == make_records(0, RECORDS, size_bytes=DATA_BYTES)

@@ -129,10 +129,12 @@ class PartitionHead:
             doomed = self._segments.pop()
             self._cache.remove(doomed)
             doomed.delete()
-            self.damage.forget_segment(doomed.first_transaction_id)
         self._disk.fsync_directory(self.directory)
         kill_point("cut")
         start = gone[0][0]
+        # The damage found in the cut segments, evicted ones too (a rotten tier copy read): kept,
+        # it was reported against the segments filled again at the same txids.
+        self.damage.forget_after(start - 1)
         self._segments.append(self._new_segment(start))
         log.warning(
             "partition %d: truncate to %d cuts segment %d..%d, in the tier only: the log begins again "
