@@ -416,6 +416,7 @@ def test_the_damage_of_an_evicted_segment_goes_with_a_cut_into_it(
     tier = tmp_path / "tier"
     _offload(partition, tier, RECORDS - 1)
     flip_data_bits(tier / str(KEY) / "0" / "r", [12], first=10)
+    flip_data_bits(tier / str(KEY) / "0" / "r", [3])
     with pytest.raises(CorruptRecordError):
         partition.records(12, 1)
     assert [d.segment for d in partition.damage_report()] == [10]
@@ -424,4 +425,10 @@ def test_the_damage_of_an_evicted_segment_goes_with_a_cut_into_it(
     assert partition.damage_report() == []
     partition.append(make_records(10, RECORDS - 10, size_bytes=DATA_BYTES))
     assert partition.damage_report() == []
-    assert partition.records(0, RECORDS) == make_records(0, RECORDS, size_bytes=DATA_BYTES)
+    assert partition.records(4, RECORDS) == make_records(4, RECORDS - 4, size_bytes=DATA_BYTES)
+
+    with pytest.raises(CorruptRecordError):
+        partition.records(3, 1)
+    assert [d.segment for d in partition.damage_report()] == [0]
+    assert partition.truncate(-1) == -1  # emptied, to be filled again from 0
+    assert partition.damage_report() == []

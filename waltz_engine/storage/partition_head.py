@@ -98,6 +98,7 @@ class PartitionHead:
             self.tier.note_cut(0)
         while self._segments:
             self._drop_head()
+        self.damage.forget_after(-1)  # the evicted segments' too (see ``_cut_into_tier``)
         self._disk.fsync_directory(self.directory)
         self._segments.append(self._new_segment(0))
         return evicted + spans
