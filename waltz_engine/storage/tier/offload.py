@@ -310,8 +310,7 @@ class TierOffloader:
         paths = segment_paths(partition.directory, first)
         if [self._file_entry(p) for p in paths] == [entry.seg, entry.idx]:
             return None
-        whole = partition.whole_records(first, first, last - first + 1)
-        if whole is None or len(whole) == last - first + 1:
+        if self._damage_in(partition, first, last) is None:
             return "differs from the local segment, whose records are whole"
         return self._repairs(partition, entry, first, last)
 
@@ -424,6 +423,16 @@ class TierOffloader:
         return entry.size_bytes
 
     def _records_whole(self, partition: Partition, first: int, last: int) -> bool:
+        damage = self._damage_in(partition, first, last)
+        if damage is not None:
+            where = f"segment {first} of partition {partition.partition_id}"
+            _warnings.warn(where, f"tier: not uploading {where}: {damage}")
+        return damage is None
+
+    @staticmethod
+    def _damage_in(partition: Partition, first: int, last: int) -> CorruptRecordError | None:
+        """The first damaged record of the local segment ``first``..``last`` (read a batch at a
+        time, in bounded memory), None when every record reads whole."""
         transaction_id = first
         try:
             while transaction_id <= last:
@@ -434,10 +443,8 @@ class TierOffloader:
                     raise StorageError(f"transaction {transaction_id} is not there")
                 transaction_id += read.num_records
         except CorruptRecordError as e:
-            where = f"segment {first} of partition {partition.partition_id}"
-            _warnings.warn(where, f"tier: not uploading {where}: {e}")
-            return False
-        return True
+            return e
+        return None
 
     def _upload(self, partition: Partition, prefix: str, first: int, last: int) -> TierSegment:
         store = self._store
