@@ -300,8 +300,6 @@ class Partition(PartitionHead):
                 return self._current.max_transaction_id
             if transaction_id + 1 < self._segments[0].first_transaction_id:
                 return self._cut_into_tier(transaction_id)  # in the tier: ``_check_retained``
-            if self.tier is not None:
-                self.tier.note_cut(transaction_id + 1)
             self._abort_refill()
             # Checked before any segment goes, so a refused truncate changes nothing.
             kept = len(self._segments)
@@ -309,6 +307,8 @@ class Partition(PartitionHead):
                 kept -= 1
             current = self._segments[kept - 1]
             current.check_truncate(transaction_id)
+            if self.tier is not None:
+                self.tier.note_cut(transaction_id + 1)  # copies holding cut records: void
             if len(self._segments) > kept:
                 while len(self._segments) > kept:
                     doomed = self._segments.pop()
