@@ -10,7 +10,7 @@ import pytest
 from client_support.app import MockCallbacks, MockContext
 from client_support.harness import mock_client, run
 
-from waltz_engine.client import ClientTimeoutError, MockDriver, OutcomeUnknownError
+from waltz_engine.client import ClientTimeoutError, MockDriver, OutcomeUnknownError, WaltzClient
 from waltz_engine.client.commit_latency import (
     INITIAL_COMMIT_LATENCY_MS,
     LONG_WAIT_FLOOR_MS,
@@ -172,6 +172,20 @@ class _ServerGoneOnLockFailure(MockContext):
         asyncio.get_running_loop().call_soon(self.driver.disconnect)
 
 
+FAILOVER_CONFIG = {
+    "ensure_mounted_timeout_ms": SHORT_MOUNT_TIMEOUT_MS,
+    "reconnect_delay_ms": RECONNECT_MS,
+    "reconnect_max_delay_ms": RECONNECT_MS,
+}
+
+
+async def _submit_into_a_failover(client: WaltzClient, driver: MockDriver) -> _ServerGoneOnLockFailure:
+    context = _ServerGoneOnLockFailure(driver)
+    driver.force_next_lock_fail()
+    await client.submit(context)
+    return context
+
+
 def _unsent_retries(caplog: pytest.LogCaptureFixture) -> int:
     return sum("a retry could not be sent" in r.getMessage() for r in caplog.records)
 
@@ -186,15 +200,8 @@ def test_a_retry_waits_through_a_failover_longer_than_the_mount_bound(
 
     async def go() -> None:
         driver = MockDriver(1)
-        config = {
-            "ensure_mounted_timeout_ms": SHORT_MOUNT_TIMEOUT_MS,
-            "reconnect_delay_ms": RECONNECT_MS,
-            "reconnect_max_delay_ms": RECONNECT_MS,
-        }
-        async with mock_client(driver, **config) as client:
-            context = _ServerGoneOnLockFailure(driver)
-            driver.force_next_lock_fail()
-            await client.submit(context)
+        async with mock_client(driver, **FAILOVER_CONFIG) as client:
+            context = await _submit_into_a_failover(client, driver)
             # Two mount bounds pass without a server (or the context ends: the failure shown).
             async with asyncio.timeout(OUTCOME_WAIT_S):
                 while _unsent_retries(caplog) < 2 and not context.future.done():
@@ -216,16 +223,8 @@ def test_a_retry_the_cluster_never_serves_fails_after_its_bound(caplog: pytest.L
 
     async def go() -> None:
         driver = MockDriver(1)
-        config = {
-            "ensure_mounted_timeout_ms": SHORT_MOUNT_TIMEOUT_MS,
-            "reconnect_delay_ms": RECONNECT_MS,
-            "reconnect_max_delay_ms": RECONNECT_MS,
-            "max_unsent_retries": max_unsent_retries,
-        }
-        async with mock_client(driver, **config) as client:
-            context = _ServerGoneOnLockFailure(driver)
-            driver.force_next_lock_fail()
-            await client.submit(context)
+        async with mock_client(driver, **FAILOVER_CONFIG, max_unsent_retries=max_unsent_retries) as client:
+            context = await _submit_into_a_failover(client, driver)
             with pytest.raises(ClientTimeoutError):
                 await context.result(OUTCOME_WAIT_S)
             assert context.exec_count == 1
