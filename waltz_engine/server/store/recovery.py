@@ -273,8 +273,8 @@ class RecoveryManager:
         high_water_mark: int,
         low_water_mark: int,
     ) -> None:
-        # A non-voting replica is clean (it holds no dirty record) but not yet caught up: the
-        # original records it clean in this session at once, here only once it ends (``end``).
+        # A replica that does not vote holds no dirty record, but is recorded clean in this
+        # session only once it ends (``_new_replica_states``), not here as in the original.
         minimum = self._min_voting_high_water_mark
         if voting and (minimum is None or high_water_mark < minimum):
             self._min_voting_high_water_mark = high_water_mark
@@ -501,16 +501,15 @@ class RecoveryManager:
         for replica_id in self._replica_ids:
             old = old_states.get(replica_id)
             # Recorded clean in this session only once it holds the session's committed prefix
-            # and its disk took the session (its low-water mark set): ``end``. The original also
-            # records a replica that does not vote clean as soon as it reports, before it caught
-            # up; when its catch-up failed then (a full disk), ZooKeeper had it at this session
-            # while its disk kept an older one, and every later recovery took it for a disk
-            # restored from an old copy, blind above its mark: with rot in a record on another
-            # replica no recovery could decide, for good (issue 32: the simulator's seed 41020).
-            # (The original sets the low-water mark before the catch-up, which narrowed that
-            # window; here it is set once caught up, see ``_resolve``.) Not ended, it keeps its
-            # state as a replica of an earlier session, the original's own rule for one that did
-            # not finish: its next recovery cuts it to a closing mark and catches it up.
+            # and its disk took the session (its low-water mark set): ``end``. The original
+            # records a replica that does not vote as clean as soon as it reports, before it
+            # caught up (its low-water mark is set before the catch-up there, after it here:
+            # ``_resolve``). When that catch-up failed (a full disk), ZooKeeper had the replica
+            # at this session while its disk kept an older one, and every later recovery took it
+            # for a disk restored from an old copy, blind above its mark: with rot in a record on
+            # another replica no recovery could decide, for good (issue 32: the simulator's seed
+            # 41020). Not ended, it keeps the original's state for a replica that did not finish:
+            # the next recovery cuts it to a closing mark and catches it up.
             if replica_id in self._recovered:
                 new = ReplicaState(replica_id, self.session_id, UNRESOLVED_HIGH_WATER_MARK)
             elif old is None:
