@@ -21,11 +21,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from storage_node_support import ISSUED_SESSION_ID, StorageNodeProcess, make_records
+from storage_node_support import ISSUED_SESSION_ID, make_records
 from store_cluster_support import (
     StorageCluster,
+    begin_open,
     bounded,
     caught_up,
+    holds_exactly,
     metadata,
     node_connect_string,
     open_store,
@@ -61,15 +63,6 @@ LAGGING_TAIL_TXID = 14
 def cluster(zookeeper: str, tmp_path: Path) -> Iterator[StorageCluster]:
     with stoppable_cluster(zookeeper, tmp_path, 3, 1) as storage_cluster:
         yield storage_cluster
-
-
-async def _holds_exactly(node: StorageNodeProcess, max_transaction_id: int) -> bool:
-    """The replica's log ends at ``max_transaction_id`` (read on its admin port, no session)."""
-
-    async def tail(transaction_id: int) -> int:
-        return len(await node.with_admin(lambda admin: admin.record_list(PARTITION_ID, transaction_id, 1)))
-
-    return await tail(max_transaction_id) == 1 and await tail(max_transaction_id + 1) == 0
 
 
 def _recorded(states: tuple[ReplicaState, ...], storage: str) -> tuple[int, int]:
@@ -112,13 +105,12 @@ def test_a_replica_that_does_not_vote_is_recorded_clean_only_once_caught_up(
                 write_metadata(zk, cluster.root, PARTITION_ID, GENERATION, PREVIOUS_SESSION_ID, states)
                 store = await open_store(zk, cluster.root)
                 try:
-                    partition = store.partition(PARTITION_ID)
-                    await partition.set_generation(GENERATION)
-                    opened = asyncio.create_task(partition.ensure_open())
+                    partition, opened = await begin_open(store, PARTITION_ID, GENERATION)
                     # Truncated to its closing mark: it reported, not voting. Its catch-up then
                     # hangs (as a full disk fails it): the node stops before the voters answer.
                     await wait_until_async(
-                        lambda: _holds_exactly(lagging, CLOSING_MARK), "the lagging replica truncated"
+                        lambda: holds_exactly(lagging, PARTITION_ID, CLOSING_MARK),
+                        "the lagging replica truncated",
                     )
                     os.kill(lagging.pid, signal.SIGSTOP)
                     stopped = True
