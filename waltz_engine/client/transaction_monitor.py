@@ -196,8 +196,8 @@ class TransactionMonitor:
             return self._register(req_id, context)
         finally:
             queue.remove(req_id)
-            if queue:
-                self._wake()  # the next in line looks for room (or its turn) again
+            if queue and (self.state is not MonitorState.STARTED or self._num_registered < self.max_capacity):
+                self._wake()  # room left (or no more waiting): the next in line takes its turn
 
     def _register(self, req_id: ReqId, context: TransactionContext | None) -> TransactionFuture:
         future = TransactionFuture(req_id, context)
