@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import pytest
 from client_support.app import MockContext
@@ -74,13 +76,25 @@ def test_lone_append_frame_leaves_the_rest_to_the_codec() -> None:
 # -- the monitor: room is taken in turn -----------------------------------------------------------
 
 
+def run_monitor(capacity: int, test: Callable[[TransactionMonitor], Coroutine[Any, Any, None]]) -> None:
+    """``test`` on a started monitor of ``capacity`` slots, closed afterwards."""
+
+    async def go() -> None:
+        monitor = TransactionMonitor(capacity)
+        monitor.start()
+        try:
+            await test(monitor)
+        finally:
+            monitor.close()
+
+    run(go)
+
+
 def test_register_now_waits_behind_an_append_waiting_for_room() -> None:
     """A slot freed while an append waits for room goes to that append, not to a submit that
     arrives before the waiter runs (the direct path must not overtake it)."""
 
-    async def go() -> None:
-        monitor = TransactionMonitor(1)
-        monitor.start()
+    async def go(monitor: TransactionMonitor) -> None:
         first = monitor.register_now(rid(1), None)
         assert first is not None and monitor.register_now(rid(2), None) is None  # full
         waiting = asyncio.create_task(monitor.register(rid(2), None, LONG_TIMEOUT_MS))
@@ -94,15 +108,12 @@ def test_register_now_waits_behind_an_append_waiting_for_room() -> None:
         monitor.committed(rid(2))
         third = await late
         assert third is not None and list(monitor._registered) == [rid(3)]
-        monitor.close()
 
-    run(go)
+    run_monitor(1, go)
 
 
 def test_waiters_register_first_come_first_served() -> None:
-    async def go() -> None:
-        monitor = TransactionMonitor(2)
-        monitor.start()
+    async def go(monitor: TransactionMonitor) -> None:
         for seq in (1, 2):
             assert monitor.register_now(rid(seq), None) is not None
         order: list[ReqId] = []
@@ -115,20 +126,20 @@ def test_waiters_register_first_come_first_served() -> None:
         waiters = [asyncio.create_task(wait(seq)) for seq in range(3, 8)]
         await asyncio.sleep(0)
         for seq in range(1, 6):
-            monitor.committed(rid(seq)) if seq % 2 else monitor.abort(rid(seq))
+            if seq % 2:
+                monitor.committed(rid(seq))
+            else:
+                monitor.abort(rid(seq))  # a lock failure frees its slot too
             await asyncio.sleep(0)
             await asyncio.sleep(0)
         await asyncio.gather(*waiters)
         assert order == [rid(seq) for seq in range(3, 8)]
-        monitor.close()
 
-    run(go)
+    run_monitor(2, go)
 
 
 def test_a_waiter_that_timed_out_keeps_its_place_while_on_full_runs() -> None:
-    async def go() -> None:
-        monitor = TransactionMonitor(1)
-        monitor.start()
+    async def go(monitor: TransactionMonitor) -> None:
         assert monitor.register_now(rid(1), None) is not None
         flushes = 0
         flushed = asyncio.Event()
@@ -151,9 +162,8 @@ def test_a_waiter_that_timed_out_keeps_its_place_while_on_full_runs() -> None:
         # Without on_full, the timed-out waiter gives up its place and answers None.
         assert await monitor.register(rid(4), None, SHORT_TIMEOUT_MS) is None
         assert not monitor._queue
-        monitor.close()
 
-    run(go)
+    run_monitor(1, go)
 
 
 # -- the client -----------------------------------------------------------------------------------
