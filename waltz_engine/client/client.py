@@ -104,7 +104,8 @@ class WaltzClient:
         self._rpc: RpcClient | None = None
         self._early_endpoints: dict[Endpoint, list[PartitionInfo]] | None = None
         self._early_removed: list[Endpoint] = []
-        self._retry_queue: asyncio.Queue[TransactionContext] = asyncio.Queue()
+        # Contexts to try again, each with the count of its retries in a row that could not be sent.
+        self._retry_queue: asyncio.Queue[tuple[TransactionContext, int]] = asyncio.Queue()
         self._open_contexts = 0  # submitted and without their final outcome yet (retries too)
         # Set and dropped at each change; made only when a flush waits (most changes have no waiter).
         self._progress: asyncio.Event | None = None
@@ -199,7 +200,7 @@ class WaltzClient:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         while not self._retry_queue.empty():
-            self._finish(self._retry_queue.get_nowait(), False)
+            self._finish(self._retry_queue.get_nowait()[0], False)
         if self._stream is not None:
             await self._stream.close()
             await asyncio.sleep(0)  # the monitors' futures' done callbacks report the unknown outcomes
@@ -246,13 +247,19 @@ class WaltzClient:
         self._open_contexts += 1
         await self._attempt(context)
 
-    async def _attempt(self, context: TransactionContext) -> None:
+    async def _attempt(self, context: TransactionContext, unsent_retries: int | None = None) -> None:
         """One attempt of an open context; its final outcome, or a retry, comes later.
+
+        ``unsent_retries``: for the client's own retry, how many retries of this context in a row
+        could not be sent. A retry is of a context proven absent, which the application handed
+        over for good; one the cluster did not serve within a bound (a mount, or room among the
+        pending appends: a failover in progress) goes back to the queue instead of failing, up to
+        ``max_unsent_retries`` times. Nothing of such an attempt was sent, so nothing can commit twice.
 
         Issue 33: an attempt that finds its partition mounted, an ``execute`` that returns its
         answer (no executor, no coroutine) and room in the monitor with no append waiting for
         it before this one runs straight through: no await suspends, no coroutine is made below
-        this one, and the send buffer is waited on only above its high-water mark. Each wait
+        this one, and the send buffer is waited on only above its low-water mark. Each wait
         the fast path skips is still taken, in the same order, when it is needed.
         """
         sent = False
@@ -288,6 +295,24 @@ class WaltzClient:
             if not sent:
                 self._finish(context, False)  # nothing of this attempt was sent, none will be
             raise
+        except ClientTimeoutError as e:
+            if sent:
+                raise
+            if (
+                unsent_retries is not None
+                and unsent_retries < self.config.max_unsent_retries
+                and not self._closed
+            ):
+                log.info(
+                    "a retry could not be sent (%s); trying again (%d of %d)",
+                    e,
+                    unsent_retries + 1,
+                    self.config.max_unsent_retries,
+                )
+                self._retry_queue.put_nowait((context, unsent_retries + 1))
+                return
+            self._finish(context, e)
+            raise
         except Exception as e:
             if not sent:
                 self._finish(context, e)
@@ -307,7 +332,7 @@ class WaltzClient:
         elif self._closed or self.config.num_transaction_retry_threads == 0:
             self._finish(context, False)
         else:
-            self._retry_queue.put_nowait(context)
+            self._retry_queue.put_nowait((context, 0))
             self._notify_progress()
 
     def _finish(self, context: TransactionContext, outcome: bool | BaseException | None) -> None:
@@ -326,11 +351,11 @@ class WaltzClient:
 
     async def _retry_worker(self) -> None:
         while True:
-            context = await self._retry_queue.get()
+            context, unsent_retries = await self._retry_queue.get()
             # Failures were reported through the context's hooks, the application's own errors
             # too: none may end the worker (the retries after it would wait forever).
             with contextlib.suppress(Exception):
-                await self._attempt(context)
+                await self._attempt(context, unsent_retries)
 
     async def flush(self) -> None:
         """Return once every context submitted so far has its final outcome, retries included,
