@@ -30,7 +30,7 @@ from waltz_engine.client.errors import (
     WaltzClientError,
 )
 from waltz_engine.client.network_client import Endpoint
-from waltz_engine.client.partition import Partition, call_hook
+from waltz_engine.client.partition import Partition, PartitionState, call_hook
 from waltz_engine.client.rpc_client import RpcClient
 from waltz_engine.client.stream_client import StreamClient
 from waltz_engine.client.transaction import Transaction
@@ -41,7 +41,6 @@ from waltz_engine.common.errors import WaltzError
 from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.net.transport import ASYNCIO_NETWORK, Network
-from waltz_engine.wire.client_messages import AppendRequest
 from waltz_engine.zk.connection import ZooKeeperConnector, new_client
 from waltz_engine.zk.payloads import PartitionInfo
 
@@ -256,22 +255,41 @@ class WaltzClient:
         over for good; one the cluster did not serve within a bound (a mount, or room among the
         pending appends: a failover in progress) goes back to the queue instead of failing, up to
         ``max_unsent_retries`` times. Nothing of such an attempt was sent, so nothing can commit twice.
+
+        Issue 33: an attempt that finds its partition mounted, an ``execute`` that returns its
+        answer (no executor, no coroutine) and room in the monitor with no append waiting for
+        it before this one runs straight through: no await suspends, no coroutine is made below
+        this one, and the send buffer is waited on only above its low-water mark. Each wait
+        the fast path skips is still taken, in the same order, when it is needed.
         """
         sent = False
         try:
             stream = self._stream_client()
-            request = await self._build(stream, context)
-            if request is None:
+            partition = stream.partition(context.partition_id(stream.num_partitions))
+            if not partition.mounted or partition.state is not PartitionState.ACTIVE:
+                await partition.ensure_mounted(self.config.ensure_mounted_timeout_ms, stream.check_ahead)
+            # The client HWM as cached now (PR #67): what the server checks the locks against.
+            builder = TransactionBuilder(partition.next_req_id(), partition.client_high_water_mark)
+            if self._executor is None:
+                executed = context.execute(builder)
+                if executed is not True and executed is not False and inspect.isawaitable(executed):
+                    executed = await executed
+            else:
+                executed = await self._invoke(context.execute, builder)
+            if not executed:
                 self._finish(context, False)  # execute declined: nothing to do, no retry
                 return
-            future = await stream.append(
-                request, context, self.config.registration_timeout_ms, self.config.flush_timeout_ms
-            )
+            request = builder.build_request()
+            future = partition.append_now(request, context)
+            if future is None:  # the monitor is full, or appends wait for room before this one
+                future = await stream.append(
+                    request, context, self.config.registration_timeout_ms, self.config.flush_timeout_ms
+                )
             sent = True
             future.add_done_callback(partial(self._on_result, context))
             self._notify_progress()
-            network_client = stream.partitions[request.req_id.partition_id].network_client
-            if network_client is not None:
+            network_client = partition.network_client
+            if network_client is not None and network_client.must_drain:
                 await network_client.drain()
         except asyncio.CancelledError:
             if not sent:
@@ -299,16 +317,6 @@ class WaltzClient:
             if not sent:
                 self._finish(context, e)
             raise
-
-    async def _build(self, stream: StreamClient, context: TransactionContext) -> AppendRequest | None:
-        partition_id = context.partition_id(stream.num_partitions)
-        partition = stream.partition(partition_id)
-        await partition.ensure_mounted(self.config.ensure_mounted_timeout_ms, stream.check_ahead)
-        # The client HWM as cached now (PR #67): what the server checks the locks against.
-        builder = TransactionBuilder(partition.next_req_id(), partition.client_high_water_mark)
-        if not await self._invoke(context.execute, builder):
-            return None
-        return builder.build_request()
 
     def _on_result(self, context: TransactionContext, future: TransactionFuture) -> None:
         """An attempt was decided: the context's final outcome, or (proven absent) a retry."""

@@ -243,7 +243,7 @@ class FramedConnection:
             raise ConnectionClosedError(f"connection to {self.peer} is closed")
         if self._unsent:
             self._flush()  # after the frames sent before it
-        self.writer.write(frame)
+        self._transport.write(frame)  # the stream writer's write only passes it on
 
     def send_frames(self, frames: Sequence[bytes | bytearray | memoryview]) -> None:
         """Queue several frames (or one frame's pieces, in order) at once: over TLS, one flush
@@ -313,6 +313,12 @@ class FramedConnection:
     async def send(self, message: Any) -> None:
         self.send_frame(self.codec.encode_frame(message))
         await self.drain()
+
+    @property
+    def drain_may_wait(self) -> bool:
+        """False when :meth:`drain` would return at once: the send buffer is at or below its
+        low-water mark, so writing is not paused (it resumes only there)."""
+        return self._transport.get_write_buffer_size() > WRITE_BUFFER_LOW_BYTES
 
     async def drain(self) -> None:
         try:
