@@ -52,6 +52,8 @@ log = logging.getLogger("waltz_engine.storage.node")
 CHECK_RETRY_INITIAL_MS = 200
 CHECK_RETRY_MAX_MS = 5_000
 CHECK_RETRY_JITTER = 0.25
+# While ZooKeeper stays out, a reminder this often (a mistyped connect string looks the same).
+STILL_WITHOUT_WARNING_INTERVAL_MS = 60_000
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
 
 
@@ -185,11 +187,25 @@ class ZooKeeperCheck:
     async def _run(self) -> None:
         backoff = Backoff(CHECK_RETRY_INITIAL_MS, CHECK_RETRY_MAX_MS, jitter=CHECK_RETRY_JITTER)
         root = self._settings.cluster_root
+        warned_s = self._started_s
         while True:
             await asyncio.sleep(backoff.next_delay_ms() / 1000)
+            # What the node holds is taken before ZooKeeper is read: a move onto this node is
+            # recorded there before its target is assigned, so a partition assigned after this
+            # look is never taken back, and one assigned before it by a move is in the view.
+            held = list(self._held())
             try:
                 view = await asyncio.to_thread(read_view, self._settings, self._connector, self._names)
-            except ZooKeeperError:
+            except ZooKeeperError as e:
+                now_s = clock.monotonic_s()
+                if (now_s - warned_s) * 1000 >= STILL_WITHOUT_WARNING_INTERVAL_MS:
+                    warned_s = now_s
+                    log.warning(
+                        "still without ZooKeeper after %d ms (%s): serving the disk's replicas; "
+                        "check zookeeper.connectString if ZooKeeper is up",
+                        int((now_s - self._started_s) * 1000),
+                        e,
+                    )
                 continue
             except StorageError as e:
                 await self._refuse(StorageError(f"ZooKeeper answers, but {e}: this disk's cluster is gone"))
@@ -205,7 +221,7 @@ class ZooKeeperCheck:
             )
             return
         away_ms = int((clock.monotonic_s() - self._started_s) * 1000)
-        gone = no_longer_assigned(view, self._held())
+        gone = no_longer_assigned(view, held)
         if gone:
             await self._unassign(gone)
         self.confirmed = True
