@@ -1,5 +1,6 @@
-"""A storage node: read StoreParams from ZooKeeper, open the storage directory, serve the data
-port, the admin port and HTTP until SIGTERM/SIGINT (reference §1.1)."""
+"""A storage node: read StoreParams from ZooKeeper (or, while ZooKeeper is out, from the
+control file of a formatted directory: ``cluster_identity``), open the storage directory, serve
+the data port, the admin port and HTTP until SIGTERM/SIGINT (reference §1.1)."""
 
 from __future__ import annotations
 
