@@ -48,94 +48,85 @@ def _records_of(node: StorageNodeProcess, key: uuid.UUID, partition_id: int) -> 
     return node.run(go())
 
 
-def test_node_serves_its_disk_while_zookeeper_is_out_and_unassigns_what_zookeeper_moved(
-    tmp_path: Path,
-) -> None:
+def _format_and_stop(node: StorageNodeProcess, partitions: list[int]) -> None:
+    """Start the node with ZooKeeper up, give it ``partitions`` with 5 records each, stop it."""
+    node.start()
+    node.assign(partitions)
+
+    async def write() -> None:
+        client = node.data_client()
+        await client.open()
+        for p in partitions:
+            await client.append(-1, p, make_records(0, 5, p))
+        await client.close()
+
+    node.run(write())
+    assert node.terminate() == 0
+
+
+def test_nodes_serve_their_disks_while_zookeeper_is_out_and_check_it_when_it_answers(tmp_path: Path) -> None:
+    """One outage, two nodes (a ZooKeeper start costs seconds): ``ours`` is the cluster's node,
+    whose partition 1 moved away while it was down; ``stray``'s directory is cluster A's, its
+    configuration cluster B's (an operator's slip)."""
     zookeeper = EmbeddedZooKeeper(tmp_path / "zookeeper", free_tcp_port())
     zookeeper.start()
-    node: StorageNodeProcess | None = None
+    nodes: list[StorageNodeProcess] = []
     try:
-        root, key = create_test_cluster(zookeeper.connect_string, 2)
-        node = StorageNodeProcess(zookeeper.connect_string, root, key, 2, tmp_path / "node", jetty=False)
-        storage = f"{node.host}:{node.port}"
-        with connect(ZooKeeperSettings(zookeeper.connect_string, root)) as client:
-            add_storage_node(client, root, storage, 0, node.admin_port)
+        connect_string = zookeeper.connect_string
+        root, key = create_test_cluster(connect_string, 2)
+        ours = StorageNodeProcess(connect_string, root, key, 2, tmp_path / "ours", jetty=False)
+        nodes.append(ours)
+        storage = f"{ours.host}:{ours.port}"
+        with connect(ZooKeeperSettings(connect_string, root)) as client:
+            add_storage_node(client, root, storage, 0, ours.admin_port)
             assign_partitions(client, root, storage, [0, 1])
-        node.start()
-        node.assign([0, 1])
-
-        async def write() -> None:
-            client = node.data_client()
-            await client.open()
-            for p in (0, 1):
-                await client.append(-1, p, make_records(0, 5, p))
-            await client.close()
-
-        node.run(write())
-        assert node.terminate() == 0
-        # While the node is down, partition 1's replica moves to another node (ZooKeeper's record:
-        # the other node never runs here).
-        elsewhere = f"{node.host}:{free_tcp_port()}"
-        with connect(ZooKeeperSettings(zookeeper.connect_string, root)) as client:
+        _format_and_stop(ours, [0, 1])
+        # While it is down, partition 1's replica moves to another node (ZooKeeper's record: the
+        # other node never runs here).
+        elsewhere = f"{ours.host}:{free_tcp_port()}"
+        with connect(ZooKeeperSettings(connect_string, root)) as client:
             add_storage_node(client, root, elsewhere, 0, free_tcp_port())
             assign_partitions(client, root, elsewhere, [1])
             unassign_partitions(client, root, storage, [1])
+
+        root_a, key_a = create_test_cluster(connect_string, 1)
+        root_b, key_b = create_test_cluster(connect_string, 1)
+        _format_and_stop(StorageNodeProcess(connect_string, root_a, key_a, 1, tmp_path / "stray"), [0])
+        stray = StorageNodeProcess(connect_string, root_b, key_b, 1, tmp_path / "stray", jetty=False)
+        stray.key = key_a  # the readiness probe opens with the disk's key
+        nodes.append(stray)
         zookeeper.stop()
 
-        node.start()  # ready without ZooKeeper
-        log = node.log_text()
+        ours.start()  # ready without ZooKeeper
+        log = ours.log_text()
         assert log.count(STARTED_WITHOUT) == 1, log
         assert f"key {key}, 2 partitions" in log
-        assert _records_of(node, key, 0) == make_records(0, 5, 0)
-        assert _records_of(node, key, 1) == make_records(0, 5, 1)  # blind: its control file's
+        assert _records_of(ours, key, 0) == make_records(0, 5, 0)
+        assert _records_of(ours, key, 1) == make_records(0, 5, 1)  # blind: its control file's
         with pytest.raises(StorageRpcError, match="Provided cluster key is inconsistent"):
-            _records_of(node, uuid.uuid4(), 0)
+            _records_of(ours, uuid.uuid4(), 0)
+        stray.start()  # as cluster A's disk: no server of B is served
+        assert f"key {key_a}, 1 partitions" in stray.log_text()
+        with pytest.raises(StorageRpcError, match="Provided cluster key is inconsistent"):
+            _records_of(stray, key_b, 0)
 
-        zookeeper.start()  # the same data directory: the cluster, now without 1 on this node
-        log = _wait_for_log(node, "ZooKeeper answers")
+        zookeeper.start()  # the same data directory: the clusters as they were
+        log = _wait_for_log(ours, "ZooKeeper answers")
         assert f"key {key} confirmed; partitions [1] are no longer assigned to this node there" in log
-        assert node.run(node.with_admin(lambda a: a.assigned_partition_status())) == {0: True}
-        assert _records_of(node, key, 0) == make_records(0, 5, 0)
+        assert ours.run(ours.with_admin(lambda a: a.assigned_partition_status())) == {0: True}
+        assert _records_of(ours, key, 0) == make_records(0, 5, 0)
         with pytest.raises(StorageRpcError, match="not assigned"):
-            _records_of(node, key, 1)
-        assert list((node.directory / "1").glob("*.seg")), "files are kept"
-        assert node.terminate() == 0
-    finally:
-        if node is not None:
-            node.close()
-        zookeeper.stop()
+            _records_of(ours, key, 1)
+        assert list((ours.directory / "1").glob("*.seg")), "files are kept"
+        assert ours.terminate() == 0
 
-
-def test_a_disk_of_another_cluster_is_refused_once_zookeeper_answers(tmp_path: Path) -> None:
-    zookeeper = EmbeddedZooKeeper(tmp_path / "zookeeper", free_tcp_port())
-    zookeeper.start()
-    node: StorageNodeProcess | None = None
-    try:
-        root_a, key_a = create_test_cluster(zookeeper.connect_string, 1)
-        root_b, key_b = create_test_cluster(zookeeper.connect_string, 1)
-        formatted = StorageNodeProcess(
-            zookeeper.connect_string, root_a, key_a, 1, tmp_path / "n", jetty=False
-        )
-        formatted.start()
-        assert formatted.terminate() == 0
-        # The same directory, configured for cluster B (an operator's slip), started while
-        # ZooKeeper is out: it starts as cluster A's disk and serves no server of B.
-        node = StorageNodeProcess(zookeeper.connect_string, root_b, key_b, 1, tmp_path / "n", jetty=False)
-        zookeeper.stop()
-        node.key = key_a  # the readiness probe opens with the disk's key
-        node.start()
-        assert f"key {key_a}, 1 partitions" in node.log_text()
-        with pytest.raises(StorageRpcError, match="Provided cluster key is inconsistent"):
-            _records_of(node, key_b, 0)
-
-        zookeeper.start()
-        assert node.wait_exit(LOG_TIMEOUT_S) == 1
-        errors = [line for line in node.log_text().splitlines() if line.startswith("error:")]
-        assert len(errors) == 1, node.log_text()
+        assert stray.wait_exit(LOG_TIMEOUT_S) == 1
+        errors = [line for line in stray.log_text().splitlines() if line.startswith("error:")]
+        assert len(errors) == 1, stray.log_text()
         assert "the cluster key does not match" in errors[0]
         assert "the disk belongs to another cluster" in errors[0]
-        assert "Traceback" not in node.log_text()
+        assert "Traceback" not in stray.log_text()
     finally:
-        if node is not None:
+        for node in nodes:
             node.close()
         zookeeper.stop()

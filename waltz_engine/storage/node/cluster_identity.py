@@ -48,9 +48,9 @@ from waltz_engine.zk.znodes import ClusterNotFoundError
 
 log = logging.getLogger("waltz_engine.storage.node")
 
-# The background check's retries while ZooKeeper stays out.
+# The background check's retries while ZooKeeper stays out (a refused connection costs nothing).
 CHECK_RETRY_INITIAL_MS = 200
-CHECK_RETRY_MAX_MS = 5_000
+CHECK_RETRY_MAX_MS = 2_000
 CHECK_RETRY_JITTER = 0.25
 # While ZooKeeper stays out, a reminder this often (a mistyped connect string looks the same).
 STILL_WITHOUT_WARNING_INTERVAL_MS = 60_000
