@@ -35,7 +35,8 @@ KEY_HANDSHAKE_TIMEOUT = "storage.handshake.timeout.ms"
 KEY_MAX_CONNECTIONS = "storage.max.connections"
 KEY_MAX_CONNECTIONS_PER_PEER = "storage.max.connections.per.peer"
 KEY_MAX_BUFFERED_BYTES = "storage.max.buffered.bytes.per.connection"
-# Our extension: how long a starting node keeps trying to reach ZooKeeper before it gives up.
+# Our extension: how long a starting node keeps trying to reach ZooKeeper before it gives up (a
+# new directory only: a formatted one starts from its control file, see cluster_identity).
 KEY_ZOOKEEPER_START_TIMEOUT = "storage.zookeeper.start.timeout.ms"
 DEFAULT_ZOOKEEPER_START_TIMEOUT_MS = 60_000
 # Our extension: how fast the background scrub reads every record (0: no scrub).
