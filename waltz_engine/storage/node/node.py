@@ -36,6 +36,7 @@ from waltz_engine.storage.node.config import (
     KEY_ZOOKEEPER_START_TIMEOUT,
     StorageConfig,
 )
+from waltz_engine.storage.node.connection_threads import MAX_CONNECTION_THREADS, ConnectionThreads
 from waltz_engine.storage.node.data_handler import DataHandler
 from waltz_engine.storage.node.disk_passes import DiskPasses, RunnerFactory, ThreadedRunner
 from waltz_engine.storage.node.integrity import INTEGRITY_CHECK_NAME, integrity_health
@@ -135,8 +136,13 @@ class StorageNode:
         disk: Disk = OS_DISK,
         disk_runner: RunnerFactory = ThreadedRunner,
         tier_seam: TierSeam = OBJECT_STORE_TIER,
+        max_connection_threads: int = MAX_CONNECTION_THREADS,
     ) -> None:
         self.config = config
+        # Data connections a thread of their own may read (0: the loop reads every one). Only
+        # the asyncio network's sockets can be: the simulator's loop path is unchanged.
+        self._max_connection_threads = max_connection_threads
+        self.connection_threads: ConnectionThreads | None = None
         self._tier_seam = tier_seam
         self.network = network
         self._zk_connector = zk_connector
@@ -186,6 +192,8 @@ class StorageNode:
         self._register_metrics()
         loop = asyncio.get_running_loop()
         self.passes = DiskPasses(loop, self._disk_runner(loop), self.metrics, METRIC_GROUP)
+        if self.network is ASYNCIO_NETWORK and self._max_connection_threads:
+            self.connection_threads = ConnectionThreads(loop, self.passes, self._max_connection_threads)
 
         handlers: dict[str, ConnectionHandler] = {}
 
@@ -276,7 +284,7 @@ class StorageNode:
         if self.tier is not None:
             self.tier.start()
         self.authorizer = authorizer = self._start_authorizer()
-        handlers["data"] = DataHandler(manager, self.worker_of, authorizer)
+        handlers["data"] = DataHandler(manager, self.worker_of, authorizer, self.connection_threads)
         handlers["admin"] = AdminHandler(
             manager,
             self.metrics,
@@ -427,6 +435,8 @@ class StorageNode:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(STOP_CONNECTIONS_TIMEOUT_S):
                     await server.wait_closed()
+        if self.connection_threads is not None:
+            await self.connection_threads.stop()
         for worker in self.workers.values():
             await worker.stop()
         if self.passes is not None:
