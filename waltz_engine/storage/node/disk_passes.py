@@ -206,6 +206,8 @@ class DiskPasses:
         self._passes = registry.counter(metric_group, "disk-passes")
         self._batches = registry.counter(metric_group, "disk-pass-batches")
         self._late = registry.counter(metric_group, "disk-pass-late-batches")
+        # Batches a data connection's thread ran itself, outside the passes (:meth:`run_claimed`).
+        self._claimed = registry.counter(metric_group, "disk-connection-thread-batches")
 
     def ready(self, worker: BatchOwner) -> None:
         """On the loop, under :attr:`lock`: ``worker`` has requests queued and no batch on disk."""
@@ -365,6 +367,7 @@ class DiskPasses:
     def run_claimed(self, worker: BatchOwner, batch: list[Any]) -> None:
         """Off the loop, not under :attr:`lock`: a batch :meth:`claim` counted, made durable and
         answered on the caller's thread; what its partition queued meanwhile goes to a pass."""
+        self._claimed.inc()
         outcome = _process(worker, batch)
         self._send([outcome], on_loop=False)
         with self.lock:

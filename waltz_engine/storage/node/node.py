@@ -347,6 +347,12 @@ class StorageNode:
                 METRIC_GROUP, "loop-iterations", lambda: turns.count if turns is not None else None
             )
         self.metrics.gauge(METRIC_GROUP, "waltz-storage-partition-ids", self.assigned_partition_ids)
+        # Data connections read by a thread of their own now (connection_threads.py).
+        self.metrics.gauge(
+            METRIC_GROUP,
+            "data-connection-threads",
+            lambda: self.connection_threads.count() if self.connection_threads is not None else 0,
+        )
         self.metrics.gauge(METRIC_GROUP, "waltz-version-id", lambda: __version__)
         # Our extension: this node can begin a partition's log above 0 (``PartitionWorker._start_late``),
         # so a replica move may copy from the retained start to it (admin_ops.starts_late).
