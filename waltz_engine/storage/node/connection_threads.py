@@ -71,6 +71,9 @@ log = logging.getLogger(__name__)
 MAX_CONNECTION_THREADS = 16
 # One read takes at most this much (a TLS record is 16 KiB; a frame is cut across reads).
 THREAD_READ_BUFFER_BYTES = 64 * 1024
+# Bytes read before the requests they hold are served, at most (the loop's read callback's
+# MAX_READ_PER_CALLBACK_BYTES): those that arrived together go to disk together.
+MAX_READ_PER_ROUTE_BYTES = 1024 * 1024
 # A thread waiting for bytes looks this often whether its connection was closed under it
 # (the descriptor may then be another's) or the node stops.
 READ_POLL_MS = 100
@@ -169,22 +172,34 @@ class ConnectionThread:
             self._loop.call_soon_threadsafe(callback, *args)
 
     def _serve(self) -> HandBack | None:
-        """Read until the end; None: left behind (the loop reads from here)."""
+        """Read until the end; None: left behind (the loop reads from here). What the socket
+        holds is read before it is served (MAX_READ_PER_ROUTE_BYTES at most), as the loop's read
+        callback does, so that requests that arrived together go to disk together."""
         transport = self._transport
         fd = transport.fileno()
         poller = select.poll()
         buffer = memoryview(bytearray(THREAD_READ_BUFFER_BYTES))
+        decoder, decode = self._decoder, self._decode
+        messages: list[Any] = []
+        read_bytes = 0
         wait_for = 0  # 0: read at once if bytes wait; else the poll event to wait for first
         while True:
             if self.stopping:
                 raise _Stopping
+            if wait_for == 0 and not transport.unread_for_thread():
+                wait_for = select.POLLIN
+            if messages and (wait_for or read_bytes >= MAX_READ_PER_ROUTE_BYTES):
+                # Nothing more waits (or enough was read): serve what was read, then wait.
+                if not self._route(messages):
+                    return None
+                messages = []
+                read_bytes = 0
+                continue
             if self._conn.closed:
                 return _ENDED
             if transport.get_write_buffer_size() > WRITE_BUFFER_HIGH_BYTES:
                 time.sleep(BACK_PRESSURE_WAIT_MS / 1000)  # the peer does not read its answers
                 continue
-            if wait_for == 0 and not transport.unread_for_thread():
-                wait_for = select.POLLIN
             if wait_for:
                 poller.register(fd, wait_for)
                 ready = poller.poll(READ_POLL_MS)
@@ -202,17 +217,19 @@ class ConnectionThread:
             if size == READ_CLOSED:
                 return _ENDED
             if size == 0:
-                if self._decoder.buffered_bytes:
-                    return HandBack(False, None, (), self._decoder.take_unread())  # the loop's
-                    # decoder names the truncated frame when the transport's end reaches it
+                # The peer closed (with close-notify or without): what it sent before is served
+                # first, as on the loop.
+                if messages and not self._route(messages):
+                    return None
+                if decoder.buffered_bytes:
+                    # The loop's decoder names the truncated frame when the end reaches it.
+                    return HandBack(False, None, (), decoder.take_unread())
                 return _ENDED
-            decode = self._decode
-            messages = [m for frame in self._decoder.feed(buffer[:size]) if (m := decode(frame)) is not None]
-            if messages and not self._route(messages):
-                return None
+            read_bytes += size
+            messages += [m for frame in decoder.feed(buffer[:size]) if (m := decode(frame)) is not None]
 
     def _route(self, messages: list[Any]) -> bool:
-        """Serve what one read brought, in order; False: left behind meanwhile."""
+        """Serve what was read, in order; False: left behind meanwhile."""
         held: dict[PartitionWorker, list[Pending]] = {}
         conn = self._conn
         for msg in messages:

@@ -124,7 +124,8 @@ class DataHandler:
             """A thread reads the connection from here, when OPEN succeeded and one is free."""
             nonlocal on_thread
             threads = self._threads
-            if threads is None or not opened or on_thread:
+            assert threads is not None
+            if not opened or on_thread:
                 return None
             thread = threads.start(conn, self._worker_of, refusal, later)
             if thread is None:
@@ -136,5 +137,5 @@ class DataHandler:
                 thread.stopping = True  # (the node stops: the connection is closed next)
                 raise
 
-        await conn.handle(now, later, take_over=take_over)
+        await conn.handle(now, later, take_over=take_over if self._threads is not None else None)
 
