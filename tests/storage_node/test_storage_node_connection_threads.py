@@ -27,7 +27,10 @@ from storage_node_support import (
     start_storage_node,
 )
 
+from waltz_engine.common.config import Config, ConfigError
 from waltz_engine.storage.client import StorageClient
+from waltz_engine.storage.node.config import StorageConfig
+from waltz_engine.storage.node.connection_threads import MAX_CONNECTION_THREADS
 from waltz_engine.wire.storage_messages import STORAGE_CODEC, StorageAppendRequest
 
 NUM_PARTITIONS = 2
@@ -71,11 +74,9 @@ async def _opened(node: StorageNodeProcess) -> StorageClient:
 
 @pytest.fixture(scope="module")
 def node(zookeeper: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[StorageNodeProcess]:
-    node = start_storage_node(zookeeper, tmp_path_factory.mktemp("node"), NUM_PARTITIONS)
-    try:
+    with start_storage_node(zookeeper, tmp_path_factory.mktemp("node"), NUM_PARTITIONS) as node:
         yield node
-    finally:
-        assert node.terminate() == 0, node.log_text()
+        assert node.terminate() == 0, node.log_text()  # (its threads joined: a clean stop)
 
 
 def test_two_threaded_connections_keep_a_partitions_order(node: StorageNodeProcess) -> None:
@@ -180,3 +181,23 @@ def test_a_node_with_threaded_connections_stops_cleanly(zookeeper: str, tmp_path
                 await client.close()
 
         assert node.run(after()) == 2
+
+
+def test_the_thread_count_is_a_config_key(tmp_path: Path) -> None:
+    """``storage.data.connection.threads``: MAX_CONNECTION_THREADS by default, 0 for the loop's
+    path only, above the bound a one-line error."""
+    keys = {
+        "storage.port": 1,
+        "storage.admin.port": 2,
+        "storage.directory": str(tmp_path),
+        "zookeeper.connectString": "127.0.0.1:1",
+        "zookeeper.sessionTimeout": 10_000,
+        "cluster.root": "/c",
+    }
+    assert StorageConfig.from_config(Config(keys)).data_connection_threads == MAX_CONNECTION_THREADS
+    off = StorageConfig.from_config(Config({**keys, "storage.data.connection.threads": 0}))
+    assert off.data_connection_threads == 0
+    with pytest.raises(ConfigError, match="storage.data.connection.threads.*at most 16"):
+        StorageConfig.from_config(
+            Config({**keys, "storage.data.connection.threads": MAX_CONNECTION_THREADS + 1})
+        )

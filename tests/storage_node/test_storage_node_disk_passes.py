@@ -214,11 +214,8 @@ def run_in_process(
     host = StorageNodeProcess(zookeeper, root, key, 4, tmp_path / "node", jetty=False)
 
     async def go() -> None:
-        node = StorageNode(
-            StorageConfig.load(host.config_path),
-            disk=disk,  # type: ignore[arg-type]
-            max_connection_threads=max_connection_threads,
-        )
+        config = StorageConfig.load(host.config_path)._replace(data_connection_threads=max_connection_threads)
+        node = StorageNode(config, disk=disk)  # type: ignore[arg-type]
         await node.start()
         started = asyncio.get_running_loop().run_in_executor(None, disk.slow_started.wait)
         try:

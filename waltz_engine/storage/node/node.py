@@ -36,7 +36,7 @@ from waltz_engine.storage.node.config import (
     KEY_ZOOKEEPER_START_TIMEOUT,
     StorageConfig,
 )
-from waltz_engine.storage.node.connection_threads import MAX_CONNECTION_THREADS, ConnectionThreads
+from waltz_engine.storage.node.connection_threads import ConnectionThreads
 from waltz_engine.storage.node.data_handler import DataHandler
 from waltz_engine.storage.node.disk_passes import DiskPasses, RunnerFactory, ThreadedRunner
 from waltz_engine.storage.node.integrity import INTEGRITY_CHECK_NAME, integrity_health
@@ -136,12 +136,10 @@ class StorageNode:
         disk: Disk = OS_DISK,
         disk_runner: RunnerFactory = ThreadedRunner,
         tier_seam: TierSeam = OBJECT_STORE_TIER,
-        max_connection_threads: int = MAX_CONNECTION_THREADS,
     ) -> None:
         self.config = config
-        # Data connections a thread of their own may read (0: the loop reads every one). Only
-        # the asyncio network's sockets can be: the simulator's loop path is unchanged.
-        self._max_connection_threads = max_connection_threads
+        # Data connections read by threads of their own (``storage.data.connection.threads``);
+        # only the asyncio network's sockets can be: the simulator keeps the loop's path.
         self.connection_threads: ConnectionThreads | None = None
         self._tier_seam = tier_seam
         self.network = network
@@ -192,8 +190,8 @@ class StorageNode:
         self._register_metrics()
         loop = asyncio.get_running_loop()
         self.passes = DiskPasses(loop, self._disk_runner(loop), self.metrics, METRIC_GROUP)
-        if self.network is ASYNCIO_NETWORK and self._max_connection_threads:
-            self.connection_threads = ConnectionThreads(loop, self.passes, self._max_connection_threads)
+        if self.network is ASYNCIO_NETWORK and config.data_connection_threads:
+            self.connection_threads = ConnectionThreads(loop, self.passes, config.data_connection_threads)
 
         handlers: dict[str, ConnectionHandler] = {}
 
