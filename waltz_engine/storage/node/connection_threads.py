@@ -8,9 +8,10 @@ transport's lock (the socket stays non-blocking: the loop and the passes' thread
 to it, :meth:`SocketTransport.write_from_thread`), cuts and decodes the frames with the same
 codec, and routes each request as the loop's read callback would:
 
-- a partition with nothing queued or on disk, when the read brought requests of that partition
-  only: the thread runs the batch itself (:meth:`DiskPasses.run_claimed`: the same checks, the
-  same append and ``fdatasync``, the answer written from this thread) - no loop turn, no hop;
+- a lone request (the read brought no other: MAX_INLINE_REQUESTS) of a partition with nothing
+  queued or on disk: the thread runs it itself (:meth:`DiskPasses.run_claimed`: the same
+  checks, the same append and ``fdatasync``, the answer written from this thread) - no loop
+  turn, no hop to the pool;
 - otherwise the requests queue behind what waits for the partition and the node's passes take
   them: a partition's order across connections, and group commit across connections and
   partitions, are the passes' as before;
@@ -74,6 +75,10 @@ THREAD_READ_BUFFER_BYTES = 64 * 1024
 # Bytes read before the requests they hold are served, at most (the loop's read callback's
 # MAX_READ_PER_CALLBACK_BYTES): those that arrived together go to disk together.
 MAX_READ_PER_ROUTE_BYTES = 1024 * 1024
+# A read's requests (all of one partition) that the thread runs itself, at most. More that
+# arrived together mean more in flight behind them: those go to the passes, so that reading
+# the next ones goes on beside this batch's fsync (as on the loop), rather than after it.
+MAX_INLINE_REQUESTS = 1
 # A thread waiting for bytes looks this often whether its connection was closed under it
 # (the descriptor may then be another's) or the node stops.
 READ_POLL_MS = 100
@@ -252,7 +257,8 @@ class ConnectionThread:
             held.setdefault(worker, []).append((conn, msg))
         if len(held) == 1:
             ((worker, batch),) = held.items()
-            return self._run_or_queue(worker, batch)
+            if len(batch) <= MAX_INLINE_REQUESTS:
+                return self._run_or_queue(worker, batch)
         self._queue(held)
         return True
 
