@@ -310,6 +310,8 @@ class ConnectionThread:
             try:
                 future.result(timeout=READ_POLL_MS / 1000)
                 return
+            except concurrent.futures.CancelledError:
+                raise _Stopping from None  # (the loop is ending its tasks)
             except concurrent.futures.TimeoutError:
                 if self.stopping:
                     future.cancel()
