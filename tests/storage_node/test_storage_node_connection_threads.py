@@ -24,6 +24,7 @@ from storage_node_support import (
     NODE_EXIT_TIMEOUT_S,
     StorageNodeProcess,
     make_records,
+    minimal_storage_keys,
     start_storage_node,
 )
 
@@ -188,14 +189,7 @@ def test_a_node_with_threaded_connections_stops_cleanly(zookeeper: str, tmp_path
 def test_the_thread_count_is_a_config_key(tmp_path: Path) -> None:
     """``storage.data.connection.threads``: MAX_CONNECTION_THREADS by default, 0 for the loop's
     path only, above the bound a one-line error."""
-    keys = {
-        "storage.port": 1,
-        "storage.admin.port": 2,
-        "storage.directory": str(tmp_path),
-        "zookeeper.connectString": "127.0.0.1:1",
-        "zookeeper.sessionTimeout": 10_000,
-        "cluster.root": "/c",
-    }
+    keys = minimal_storage_keys(tmp_path)
     assert StorageConfig.from_config(Config(keys)).data_connection_threads == MAX_CONNECTION_THREADS
     off = StorageConfig.from_config(Config({**keys, "storage.data.connection.threads": 0}))
     assert off.data_connection_threads == 0
