@@ -44,6 +44,7 @@ from waltz_engine.storage.node.config import (
     KEY_ZOOKEEPER_START_TIMEOUT,
     StorageConfig,
 )
+from waltz_engine.storage.node.connection_threads import ConnectionThreads
 from waltz_engine.storage.node.data_handler import DataHandler
 from waltz_engine.storage.node.disk_passes import DiskPasses, RunnerFactory, ThreadedRunner
 from waltz_engine.storage.node.integrity import INTEGRITY_CHECK_NAME, integrity_health
@@ -141,6 +142,9 @@ class StorageNode:
         tier_seam: TierSeam = OBJECT_STORE_TIER,
     ) -> None:
         self.config = config
+        # Data connections read by threads of their own (``storage.data.connection.threads``);
+        # only the asyncio network's sockets can be: the simulator keeps the loop's path.
+        self.connection_threads: ConnectionThreads | None = None
         self._tier_seam = tier_seam
         self.network = network
         self._zk_connector = zk_connector
@@ -200,6 +204,8 @@ class StorageNode:
         self._register_metrics()
         loop = asyncio.get_running_loop()
         self.passes = DiskPasses(loop, self._disk_runner(loop), self.metrics, METRIC_GROUP)
+        if self.network is ASYNCIO_NETWORK and config.data_connection_threads:
+            self.connection_threads = ConnectionThreads(loop, self.passes, config.data_connection_threads)
 
         handlers: dict[str, ConnectionHandler] = {}
 
@@ -291,7 +297,7 @@ class StorageNode:
         if self.tier is not None:
             self.tier.start()
         self.authorizer = authorizer = self._start_authorizer()
-        handlers["data"] = DataHandler(manager, self.worker_of, authorizer)
+        handlers["data"] = DataHandler(manager, self.worker_of, authorizer, self.connection_threads)
         handlers["admin"] = AdminHandler(
             manager,
             self.metrics,
@@ -391,6 +397,12 @@ class StorageNode:
                 METRIC_GROUP, "loop-iterations", lambda: turns.count if turns is not None else None
             )
         self.metrics.gauge(METRIC_GROUP, "waltz-storage-partition-ids", self.assigned_partition_ids)
+        # Data connections read by a thread of their own now (connection_threads.py).
+        self.metrics.gauge(
+            METRIC_GROUP,
+            "data-connection-threads",
+            lambda: self.connection_threads.count() if self.connection_threads is not None else 0,
+        )
         self.metrics.gauge(METRIC_GROUP, "waltz-version-id", lambda: __version__)
         # Our extension: this node can begin a partition's log above 0 (``PartitionWorker._start_late``),
         # so a replica move may copy from the retained start to it (admin_ops.starts_late).
@@ -481,6 +493,8 @@ class StorageNode:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(STOP_CONNECTIONS_TIMEOUT_S):
                     await server.wait_closed()
+        if self.connection_threads is not None:
+            await self.connection_threads.stop()
         for worker in self.workers.values():
             await worker.stop()
         if self.passes is not None:
