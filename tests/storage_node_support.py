@@ -59,6 +59,18 @@ HTTP_TIMEOUT_S = 10.0
 ZK_SESSION_TIMEOUT_MS = 10_000
 
 
+def minimal_storage_keys(directory: Path) -> dict[str, Any]:
+    """The fewest keys a storage configuration parses with (for the configuration's own tests)."""
+    return {
+        "storage.port": 1,
+        "storage.admin.port": 2,
+        "storage.directory": str(directory),
+        "zookeeper.connectString": "127.0.0.1:1",
+        "zookeeper.sessionTimeout": 10_000,
+        "cluster.root": "/c",
+    }
+
+
 def client_ssl() -> ssl.SSLContext:
     """The insecure client context (no trust store), as the original's tools by default."""
     return client_context(TlsConfig())

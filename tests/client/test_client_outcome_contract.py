@@ -10,7 +10,7 @@ import pytest
 from client_support.app import MockCallbacks, MockContext
 from client_support.harness import mock_client, run
 
-from waltz_engine.client import MockDriver, OutcomeUnknownError
+from waltz_engine.client import ClientTimeoutError, MockDriver, OutcomeUnknownError, WaltzClient
 from waltz_engine.client.commit_latency import (
     INITIAL_COMMIT_LATENCY_MS,
     LONG_WAIT_FLOOR_MS,
@@ -152,3 +152,84 @@ def test_commit_latency_bounds_the_long_wait() -> None:
 def test_req_id_is_named_in_the_unknown_outcome() -> None:
     error = OutcomeUnknownError(ReqId(7, 1, 3, 42), "the client closed")
     assert "partition 3" in str(error) and "the client closed" in str(error) and error.partition_id == 3
+
+
+# Far below the default (10 s) so that several retries time out within the test.
+SHORT_MOUNT_TIMEOUT_MS = 100
+RECONNECT_MS = 20
+
+
+class _ServerGoneOnLockFailure(MockContext):
+    """Its first attempt fails its lock check; the server then goes away (a failover)."""
+
+    def __init__(self, driver: MockDriver) -> None:
+        super().__init__("through a failover", write_locks=[1])
+        self.driver = driver
+
+    def on_lock_failure(self) -> None:
+        super().on_lock_failure()
+        self.driver.set_reachable(False)
+        asyncio.get_running_loop().call_soon(self.driver.disconnect)
+
+
+FAILOVER_CONFIG = {
+    "ensure_mounted_timeout_ms": SHORT_MOUNT_TIMEOUT_MS,
+    "reconnect_delay_ms": RECONNECT_MS,
+    "reconnect_max_delay_ms": RECONNECT_MS,
+}
+
+
+async def _submit_into_a_failover(client: WaltzClient, driver: MockDriver) -> _ServerGoneOnLockFailure:
+    context = _ServerGoneOnLockFailure(driver)
+    driver.force_next_lock_fail()
+    await client.submit(context)
+    return context
+
+
+def _unsent_retries(caplog: pytest.LogCaptureFixture) -> int:
+    return sum("a retry could not be sent" in r.getMessage() for r in caplog.records)
+
+
+def test_a_retry_waits_through_a_failover_longer_than_the_mount_bound(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The client's own retry of a context proven absent is not failed by one mount bound:
+    nothing of it was sent, so it is tried again until the partition is served (issue 32: the
+    simulator's seeds whose failover outlasted 10 s reported such contexts failed)."""
+    caplog.set_level("INFO", logger="waltz_engine.client.client")
+
+    async def go() -> None:
+        driver = MockDriver(1)
+        async with mock_client(driver, **FAILOVER_CONFIG) as client:
+            context = await _submit_into_a_failover(client, driver)
+            # Two mount bounds pass without a server (or the context ends: the failure shown).
+            async with asyncio.timeout(OUTCOME_WAIT_S):
+                while _unsent_retries(caplog) < 2 and not context.future.done():
+                    await asyncio.sleep(SHORT_MOUNT_TIMEOUT_MS / 1000)
+            assert not context.future.done(), context.events
+            driver.set_reachable(True)
+            assert await context.result(OUTCOME_WAIT_S) is True
+            assert context.exec_count == 2  # the retry ran execute once it was mounted
+            assert context.events[0] == "lock_failure" and "completion:True" in context.events
+            assert not client.has_pending_transactions()
+
+    run(go)
+
+
+def test_a_retry_the_cluster_never_serves_fails_after_its_bound(caplog: pytest.LogCaptureFixture) -> None:
+    """Bounded: after ``max_unsent_retries`` the context fails with the mount's timeout, once."""
+    caplog.set_level("INFO", logger="waltz_engine.client.client")
+    max_unsent_retries = 2
+
+    async def go() -> None:
+        driver = MockDriver(1)
+        async with mock_client(driver, **FAILOVER_CONFIG, max_unsent_retries=max_unsent_retries) as client:
+            context = await _submit_into_a_failover(client, driver)
+            with pytest.raises(ClientTimeoutError):
+                await context.result(OUTCOME_WAIT_S)
+            assert context.exec_count == 1
+            assert context.events == ["lock_failure", "exception:ClientTimeoutError"]
+            assert _unsent_retries(caplog) == max_unsent_retries
+            assert not client.has_pending_transactions()
+
+    run(go)

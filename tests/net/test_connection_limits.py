@@ -13,7 +13,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from storage_node_support import HOST, StorageNodeProcess, client_ssl, make_records, start_storage_node
+from storage_node_support import (
+    HOST,
+    StorageNodeProcess,
+    client_ssl,
+    make_records,
+    minimal_storage_keys,
+    start_storage_node,
+)
 
 from waltz_engine.common.config import Config, ConfigError
 from waltz_engine.net.channel import ConnectionClosedError, FramedConnection, connect, serve
@@ -259,14 +266,7 @@ def test_bytes_buffered_per_connection_are_capped() -> None:
 
 
 def test_limits_are_config_keys_on_both_node_kinds(tmp_path: Path) -> None:
-    storage = {
-        "storage.port": 1,
-        "storage.admin.port": 2,
-        "storage.directory": str(tmp_path),
-        "zookeeper.connectString": "127.0.0.1:1",
-        "zookeeper.sessionTimeout": 10_000,
-        "cluster.root": "/c",
-    }
+    storage = minimal_storage_keys(tmp_path)
     server = {
         "server.port": 3,
         "zookeeper.connectString": "127.0.0.1:1",

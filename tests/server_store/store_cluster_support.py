@@ -22,6 +22,7 @@ from storage_node_support import StorageNodeProcess, client_ssl, create_test_clu
 
 from waltz_engine.common.record import Record
 from waltz_engine.server.store import Store, StoreConfig
+from waltz_engine.server.store.store_partition import StorePartition
 from waltz_engine.storage.admin_ops import replica_checksums
 from waltz_engine.storage.client import SessionInfo
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
@@ -189,6 +190,15 @@ async def storage_state(node: StorageNodeProcess, partition_id: int) -> tuple[Se
         await client.close()
 
 
+async def holds_exactly(node: StorageNodeProcess, partition_id: int, max_transaction_id: int) -> bool:
+    """The replica's log ends at ``max_transaction_id`` (read on its admin port, no session)."""
+
+    async def tail(transaction_id: int) -> int:
+        return len(await node.with_admin(lambda admin: admin.record_list(partition_id, transaction_id, 1)))
+
+    return await tail(max_transaction_id) == 1 and await tail(max_transaction_id + 1) == 0
+
+
 async def read_all(node: StorageNodeProcess, partition_id: int, session_id: int, count: int) -> list[Record]:
     client = node.data_client()
     await client.open()
@@ -253,6 +263,16 @@ async def open_store(zk: KazooClient, root: str, config: StoreConfig = TEST_STOR
     store = Store(zk, root, client_ssl(), config)
     await store.start()
     return store
+
+
+async def begin_open(
+    store: Store, partition_id: int, generation: int
+) -> tuple[StorePartition, asyncio.Task[None]]:
+    """The store partition of ``partition_id`` at ``generation`` and the task opening its store
+    session (its recovery), for a test that acts while the recovery runs."""
+    partition = store.partition(partition_id)
+    await partition.set_generation(generation)
+    return partition, asyncio.create_task(partition.ensure_open())
 
 
 async def recover_all(

@@ -20,11 +20,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from storage_node_support import ISSUED_SESSION_ID, StorageNodeProcess, make_records
+from storage_node_support import ISSUED_SESSION_ID, make_records
 from store_cluster_support import (
     StorageCluster,
+    begin_open,
     bounded,
     caught_up,
+    holds_exactly,
     node_connect_string,
     open_store,
     read_all,
@@ -54,15 +56,6 @@ def cluster(zookeeper: str, tmp_path: Path) -> Iterator[StorageCluster]:
         yield storage_cluster
 
 
-async def _holds_exactly(node: StorageNodeProcess, max_transaction_id: int) -> bool:
-    """The replica's log ends at ``max_transaction_id`` (read on its admin port, no session)."""
-
-    async def tail(transaction_id: int) -> int:
-        return len(await node.with_admin(lambda admin: admin.record_list(PARTITION_ID, transaction_id, 1)))
-
-    return await tail(max_transaction_id) == 1 and await tail(max_transaction_id + 1) == 0
-
-
 def test_a_replica_that_does_not_vote_does_not_resolve_the_mark_below_a_committed_record(
     cluster: StorageCluster, zookeeper: str
 ) -> None:
@@ -86,14 +79,13 @@ def test_a_replica_that_does_not_vote_does_not_resolve_the_mark_below_a_committe
                 )
                 store = await open_store(zk, cluster.root)
                 try:
-                    partition = store.partition(PARTITION_ID)
-                    await partition.set_generation(GENERATION)
-                    opened = asyncio.create_task(partition.ensure_open())
+                    partition, opened = await begin_open(store, PARTITION_ID, GENERATION)
                     # Truncated to its mark and caught up from the lagging voter: counted as a
                     # replica that never held more, the two resolved the mark here, and the holder's
                     # committed LAGGING_TXID + 1..COMMITTED_TXID were cut once it answered.
                     await wait_until_async(
-                        lambda: _holds_exactly(moved_back, LAGGING_TXID), "the moved-back replica caught up"
+                        lambda: holds_exactly(moved_back, PARTITION_ID, LAGGING_TXID),
+                        "the moved-back replica caught up",
                     )
                     proxy.refuse = False
                     await bounded(opened)

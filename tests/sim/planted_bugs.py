@@ -203,6 +203,9 @@ def move_drops_tail(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(ReplicaMover, "_committed_on", committed_on)
     monkeypatch.setattr(ReplicaMover, "_await_caught_up", await_caught_up)
+    # At once: nor does it wait for a store session to record the target (the later bare-quorum
+    # rule, which else holds the source until the servers' recovery has caught the target up).
+    monkeypatch.setattr(ReplicaMover, "_await_recorded_quorum", await_caught_up)
 
 
 def offload_unsealed(monkeypatch: pytest.MonkeyPatch) -> None:

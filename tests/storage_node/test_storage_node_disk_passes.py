@@ -30,6 +30,7 @@ from storage_node_support import (
 from waltz_engine.storage.client import StorageClient, StorageRpcError
 from waltz_engine.storage.file_system import OS_DISK
 from waltz_engine.storage.node.config import StorageConfig
+from waltz_engine.storage.node.connection_threads import MAX_CONNECTION_THREADS
 from waltz_engine.storage.node.node import StorageNode
 
 NUM_PARTITIONS = 16
@@ -196,7 +197,13 @@ Scenario = Callable[[StorageNode, StorageClient, "asyncio.Future[bool]"], Awaita
 
 
 def run_in_process(
-    zookeeper: str, tmp_path: Path, disk: _FaultyDisk, slow: int, failing: int | None, scenario: Scenario
+    zookeeper: str,
+    tmp_path: Path,
+    disk: _FaultyDisk,
+    slow: int,
+    failing: int | None,
+    scenario: Scenario,
+    max_connection_threads: int = MAX_CONNECTION_THREADS,
 ) -> None:
     """A node in this process on ``disk``, assigned partitions 0-3, with ``slow``'s fsync held
     until the scenario ends (or sets ``disk.release``) and ``failing``'s failing; the scenario
@@ -207,7 +214,8 @@ def run_in_process(
     host = StorageNodeProcess(zookeeper, root, key, 4, tmp_path / "node", jetty=False)
 
     async def go() -> None:
-        node = StorageNode(StorageConfig.load(host.config_path), disk=disk)  # type: ignore[arg-type]
+        config = StorageConfig.load(host.config_path)._replace(data_connection_threads=max_connection_threads)
+        node = StorageNode(config, disk=disk)  # type: ignore[arg-type]
         await node.start()
         started = asyncio.get_running_loop().run_in_executor(None, disk.slow_started.wait)
         try:
@@ -261,14 +269,21 @@ def test_a_failing_or_slow_partition_does_not_hold_the_others(zookeeper: str, tm
     run_in_process(zookeeper, tmp_path, disk, slow=2, failing=1, scenario=scenario)
 
 
-def test_a_partition_alone_on_a_slow_disk_does_not_hold_the_next_pass(zookeeper: str, tmp_path: Path) -> None:
-    """Partition 2's fsync hangs while it is alone in its pass (on the pass's own thread);
-    partition 0's requests that arrive meanwhile are answered: the stuck pass is left behind."""
+@pytest.mark.parametrize("threads", [0, MAX_CONNECTION_THREADS], ids=["loop", "connection-thread"])
+def test_a_partition_alone_on_a_slow_disk_does_not_hold_the_next_pass(
+    zookeeper: str, tmp_path: Path, threads: int
+) -> None:
+    """Partition 2's fsync hangs while it is alone in its pass (on the pass's own thread), or
+    (issue 33) in a batch the data connection's thread runs itself; partition 0's requests that
+    arrive on the same connection meanwhile are answered: the stuck pass, or the thread, is left
+    behind after PASS_WAIT_MS."""
     disk = _FaultyDisk()
 
     async def scenario(node: StorageNode, client: StorageClient, started: asyncio.Future[bool]) -> None:
         slow = asyncio.ensure_future(client.append(SESSION_ID, 2, make_records(0, 1, 2)))
         await started
+        on_thread = node.metrics.counter("waltz-storage", "disk-connection-thread-batches").count
+        assert on_thread == (1 if threads else 0)
         await client.append(SESSION_ID, 0, make_records(0, 1, 0))
         assert await client.max_transaction_id(SESSION_ID, 0) == 0
         assert not slow.done()
@@ -277,4 +292,6 @@ def test_a_partition_alone_on_a_slow_disk_does_not_hold_the_next_pass(zookeeper:
         assert await client.max_transaction_id(SESSION_ID, 2) == 0
         assert late_batches(node) == 1
 
-    run_in_process(zookeeper, tmp_path, disk, slow=2, failing=None, scenario=scenario)
+    run_in_process(
+        zookeeper, tmp_path, disk, slow=2, failing=None, scenario=scenario, max_connection_threads=threads
+    )

@@ -8,7 +8,7 @@ from typing import Protocol
 from waltz_engine.common.errors import ProtocolError
 from waltz_engine.net.channel import FramedConnection
 from waltz_engine.net.transport import StreamReader
-from waltz_engine.wire.client_messages import ClientMessage
+from waltz_engine.wire.client_messages import AppendRequest, ClientMessage, lone_append_frame
 from waltz_engine.wire.client_stream import ClientStreamDecoder
 from waltz_engine.wire.errors import TruncatedFrameError
 
@@ -23,6 +23,11 @@ class Channel(Protocol):
     def closed(self) -> bool: ...
 
     def write(self, messages: list[ClientMessage]) -> None: ...
+
+    @property
+    def drain_may_wait(self) -> bool:
+        """False when :meth:`drain` would return at once (a submit then does not await it)."""
+        ...
 
     async def drain(self) -> None: ...
 
@@ -53,9 +58,20 @@ class FramedChannel:
         return self._conn.version
 
     def write(self, messages: list[ClientMessage]) -> None:
-        encode = self._conn.codec.encode_frame
+        conn = self._conn
+        if len(messages) == 1:
+            # An append, most often: its frame packed in one go (the same bytes as the codec's).
+            message = messages[0]
+            frame = lone_append_frame(message, conn.codec.version) if type(message) is AppendRequest else None
+            conn.send_frame(frame if frame is not None else conn.codec.encode_frame(message))
+            return
+        encode = conn.codec.encode_frame
         # One buffer, one socket write for everything queued in this turn of the loop.
-        self._conn.send_frame(b"".join([encode(message) for message in messages]))
+        conn.send_frame(b"".join([encode(message) for message in messages]))
+
+    @property
+    def drain_may_wait(self) -> bool:
+        return self._conn.drain_may_wait
 
     async def drain(self) -> None:
         await self._conn.drain()

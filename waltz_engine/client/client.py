@@ -30,7 +30,7 @@ from waltz_engine.client.errors import (
     WaltzClientError,
 )
 from waltz_engine.client.network_client import Endpoint
-from waltz_engine.client.partition import Partition, call_hook
+from waltz_engine.client.partition import Partition, PartitionState, call_hook
 from waltz_engine.client.rpc_client import RpcClient
 from waltz_engine.client.stream_client import StreamClient
 from waltz_engine.client.transaction import Transaction
@@ -41,7 +41,6 @@ from waltz_engine.common.errors import WaltzError
 from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.net.transport import ASYNCIO_NETWORK, Network
-from waltz_engine.wire.client_messages import AppendRequest
 from waltz_engine.zk.connection import ZooKeeperConnector, new_client
 from waltz_engine.zk.payloads import PartitionInfo
 
@@ -105,7 +104,8 @@ class WaltzClient:
         self._rpc: RpcClient | None = None
         self._early_endpoints: dict[Endpoint, list[PartitionInfo]] | None = None
         self._early_removed: list[Endpoint] = []
-        self._retry_queue: asyncio.Queue[TransactionContext] = asyncio.Queue()
+        # Contexts to try again, each with the count of its retries in a row that could not be sent.
+        self._retry_queue: asyncio.Queue[tuple[TransactionContext, int]] = asyncio.Queue()
         self._open_contexts = 0  # submitted and without their final outcome yet (retries too)
         # Set and dropped at each change; made only when a flush waits (most changes have no waiter).
         self._progress: asyncio.Event | None = None
@@ -200,7 +200,7 @@ class WaltzClient:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         while not self._retry_queue.empty():
-            self._finish(self._retry_queue.get_nowait(), False)
+            self._finish(self._retry_queue.get_nowait()[0], False)
         if self._stream is not None:
             await self._stream.close()
             await asyncio.sleep(0)  # the monitors' futures' done callbacks report the unknown outcomes
@@ -247,42 +247,76 @@ class WaltzClient:
         self._open_contexts += 1
         await self._attempt(context)
 
-    async def _attempt(self, context: TransactionContext) -> None:
-        """One attempt of an open context; its final outcome, or a retry, comes later."""
+    async def _attempt(self, context: TransactionContext, unsent_retries: int | None = None) -> None:
+        """One attempt of an open context; its final outcome, or a retry, comes later.
+
+        ``unsent_retries``: for the client's own retry, how many retries of this context in a row
+        could not be sent. A retry is of a context proven absent, which the application handed
+        over for good; one the cluster did not serve within a bound (a mount, or room among the
+        pending appends: a failover in progress) goes back to the queue instead of failing, up to
+        ``max_unsent_retries`` times. Nothing of such an attempt was sent, so nothing can commit twice.
+
+        Issue 33: an attempt that finds its partition mounted, an ``execute`` that returns its
+        answer (no executor, no coroutine) and room in the monitor with no append waiting for
+        it before this one runs straight through: no await suspends, no coroutine is made below
+        this one, and the send buffer is waited on only above its low-water mark. Each wait
+        the fast path skips is still taken, in the same order, when it is needed.
+        """
         sent = False
         try:
             stream = self._stream_client()
-            request = await self._build(stream, context)
-            if request is None:
+            partition = stream.partition(context.partition_id(stream.num_partitions))
+            if not partition.mounted or partition.state is not PartitionState.ACTIVE:
+                await partition.ensure_mounted(self.config.ensure_mounted_timeout_ms, stream.check_ahead)
+            # The client HWM as cached now (PR #67): what the server checks the locks against.
+            builder = TransactionBuilder(partition.next_req_id(), partition.client_high_water_mark)
+            if self._executor is None:
+                executed = context.execute(builder)
+                if executed is not True and executed is not False and inspect.isawaitable(executed):
+                    executed = await executed
+            else:
+                executed = await self._invoke(context.execute, builder)
+            if not executed:
                 self._finish(context, False)  # execute declined: nothing to do, no retry
                 return
-            future = await stream.append(
-                request, context, self.config.registration_timeout_ms, self.config.flush_timeout_ms
-            )
+            request = builder.build_request()
+            future = partition.append_now(request, context)
+            if future is None:  # the monitor is full, or appends wait for room before this one
+                future = await stream.append(
+                    request, context, self.config.registration_timeout_ms, self.config.flush_timeout_ms
+                )
             sent = True
             future.add_done_callback(partial(self._on_result, context))
             self._notify_progress()
-            network_client = stream.partitions[request.req_id.partition_id].network_client
-            if network_client is not None:
+            network_client = partition.network_client
+            if network_client is not None and network_client.must_drain:
                 await network_client.drain()
         except asyncio.CancelledError:
             if not sent:
                 self._finish(context, False)  # nothing of this attempt was sent, none will be
             raise
+        except ClientTimeoutError as e:
+            if sent:
+                raise
+            if (
+                unsent_retries is not None
+                and unsent_retries < self.config.max_unsent_retries
+                and not self._closed
+            ):
+                log.info(
+                    "a retry could not be sent (%s); trying again (%d of %d)",
+                    e,
+                    unsent_retries + 1,
+                    self.config.max_unsent_retries,
+                )
+                self._retry_queue.put_nowait((context, unsent_retries + 1))
+                return
+            self._finish(context, e)
+            raise
         except Exception as e:
             if not sent:
                 self._finish(context, e)
             raise
-
-    async def _build(self, stream: StreamClient, context: TransactionContext) -> AppendRequest | None:
-        partition_id = context.partition_id(stream.num_partitions)
-        partition = stream.partition(partition_id)
-        await partition.ensure_mounted(self.config.ensure_mounted_timeout_ms, stream.check_ahead)
-        # The client HWM as cached now (PR #67): what the server checks the locks against.
-        builder = TransactionBuilder(partition.next_req_id(), partition.client_high_water_mark)
-        if not await self._invoke(context.execute, builder):
-            return None
-        return builder.build_request()
 
     def _on_result(self, context: TransactionContext, future: TransactionFuture) -> None:
         """An attempt was decided: the context's final outcome, or (proven absent) a retry."""
@@ -298,7 +332,7 @@ class WaltzClient:
         elif self._closed or self.config.num_transaction_retry_threads == 0:
             self._finish(context, False)
         else:
-            self._retry_queue.put_nowait(context)
+            self._retry_queue.put_nowait((context, 0))
             self._notify_progress()
 
     def _finish(self, context: TransactionContext, outcome: bool | BaseException | None) -> None:
@@ -317,11 +351,11 @@ class WaltzClient:
 
     async def _retry_worker(self) -> None:
         while True:
-            context = await self._retry_queue.get()
+            context, unsent_retries = await self._retry_queue.get()
             # Failures were reported through the context's hooks, the application's own errors
             # too: none may end the worker (the retries after it would wait forever).
             with contextlib.suppress(Exception):
-                await self._attempt(context)
+                await self._attempt(context, unsent_retries)
 
     async def flush(self) -> None:
         """Return once every context submitted so far has its final outcome, retries included,

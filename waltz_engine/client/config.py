@@ -57,6 +57,12 @@ RECONNECT_MAX_DELAY_MS = RECONNECT_BACKOFF_MAX_MS
 # Ours: the original waits for RPC answers and flushes without a bound.
 RPC_TIMEOUT_MS = 10_000
 FLUSH_TIMEOUT_MS = 10_000
+# Ours: the client's own retries of one context in a row that could not be sent, because no
+# server served its partition within the mount or registration bound (a failover outlasting
+# them: a ZooKeeper session's expiry, then a recovery), before the context fails with that
+# ClientTimeoutError. Each such retry waits its bound first, so six outlast a minute of failover.
+# A submit's own attempt still raises it to its caller, as the original does.
+MAX_UNSENT_RETRIES = 6
 # Tries of one transaction (the first and the re-feeds after reconnects) before the client
 # stops the partition and says why through uncaught_exception (the original retries for ever).
 MAX_APPLICATION_ATTEMPTS = 5
@@ -82,6 +88,7 @@ class WaltzClientConfig:
     max_application_attempts: int = MAX_APPLICATION_ATTEMPTS
     rpc_timeout_ms: int = RPC_TIMEOUT_MS
     flush_timeout_ms: int = FLUSH_TIMEOUT_MS
+    max_unsent_retries: int = MAX_UNSENT_RETRIES
     # Server endpoint as the cluster publishes it ("host:port") -> the address to connect to
     # instead, e.g. a TCP proxy or an SSH tunnel (the original's tests swap in a ProxyClientDriver).
     endpoint_overrides: Mapping[str, str] = field(default_factory=dict)
@@ -99,6 +106,8 @@ class WaltzClientConfig:
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_unsent_retries < 0:
+            raise ConfigError(f"max_unsent_retries must not be negative, got {self.max_unsent_retries}")
         if self.num_transaction_retry_threads < 0:
             raise ConfigError("client.numTransactionRetryThreads must not be negative")
         if self.data_prefetch_bytes < 0:

@@ -248,6 +248,10 @@ class MockChannel:
         if not self._closed:
             self._driver._dispatch(self, message)
 
+    @property
+    def drain_may_wait(self) -> bool:
+        return False
+
     async def drain(self) -> None:
         return None
 

@@ -101,16 +101,23 @@ class NetworkClient:
         after): with nothing else queued the message is written here, and no write is scheduled
         for the end of the turn, whose empty run would cost the loop one more iteration.
         """
-        if not self.ready:
+        channel = self._channel
+        if channel is None or channel.closed or self._closed:
             return False
         if not self._outbox:
             if write_now:
-                self._outbox.append(message)
-                self._write_outbox()
+                self._write(channel, [message])
                 return True
             asyncio.get_running_loop().call_soon(self._write_outbox)
         self._outbox.append(message)
         return True
+
+    @property
+    def must_drain(self) -> bool:
+        """Whether :meth:`drain` has anything to do: messages wait in the outbox, or the
+        connection's send buffer is above its high-water mark (a submit awaits it only then)."""
+        channel = self._channel
+        return bool(self._outbox) or (channel is not None and channel.drain_may_wait)
 
     async def drain(self) -> None:
         """Wait while the connection's send buffer is above its high-water mark."""
@@ -123,8 +130,10 @@ class NetworkClient:
     def _write_outbox(self) -> None:
         messages, self._outbox = self._outbox, []
         channel = self._channel
-        if not messages or channel is None or channel.closed:
-            return
+        if messages and channel is not None and not channel.closed:
+            self._write(channel, messages)
+
+    def _write(self, channel: Channel, messages: list[ClientMessage]) -> None:
         try:
             channel.write(messages)
         except (WaltzError, ConnectionError) as e:

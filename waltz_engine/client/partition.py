@@ -254,15 +254,46 @@ class Partition:
     # -- appends ---------------------------------------------------------------------------
 
     async def append(
-        self, request: AppendRequest, context: TransactionContext | None, registration_timeout_ms: int
+        self,
+        request: AppendRequest,
+        context: TransactionContext | None,
+        registration_timeout_ms: int,
+        on_full: Callable[[], Awaitable[None]] | None = None,
     ) -> TransactionFuture | None:
-        """Register and send; None when the registration timed out (the caller flushes and retries)."""
-        future = await self.monitor.register(request.req_id, context, registration_timeout_ms)
+        """Register (in turn, see ``TransactionMonitor.register``) and send; None when the
+        registration timed out and there is no ``on_full`` (the caller flushes and retries)."""
+        future = self.monitor.register_now(request.req_id, context)
         if future is None:
-            self.registration_timeouts += 1
-            return None
+
+            async def full() -> None:
+                self.registration_timeouts += 1
+                if on_full is not None:
+                    await on_full()
+
+            future = await self.monitor.register(
+                request.req_id, context, registration_timeout_ms, None if on_full is None else full
+            )
+            if future is None:
+                self.registration_timeouts += 1
+                return None
+        self._send(request, future)
+        return future
+
+    def append_now(
+        self, request: AppendRequest, context: TransactionContext | None
+    ) -> TransactionFuture | None:
+        """:meth:`append` when it need not wait (None: the monitor is full or others wait for
+        room first; the caller awaits :meth:`append`, which sends it in its turn)."""
+        future = self.monitor.register_now(request.req_id, context)
+        if future is not None:
+            self._send(request, future)
+        return future
+
+    def _send(self, request: AppendRequest, future: TransactionFuture) -> None:
+        if future.done():
+            return  # refused at registration (inactive, closed, a duplicate): nothing to send
         network_client = self.network_client
-        if not future.done() and (network_client is None or not network_client.send(request, write_now=True)):
+        if network_client is None or not network_client.send(request, write_now=True):
             # Not sent: the connection is gone, but this partition may still count as mounted
             # until the connection's reader gets past an apply_transaction that waits on the
             # dead server. Failing it now would retry at once, and again, without end (a retry
@@ -271,9 +302,8 @@ class Partition:
             log.debug(
                 "%r: append %s not sent (no connection); the next mount decides it", self, request.req_id
             )
-        if self._long_wait_timer is None and not future.done():
+        if self._long_wait_timer is None:
             self._arm_long_wait(self.monitor.latency.long_wait_ms())
-        return future
 
     def flush_async(self) -> TransactionFuture | None:
         """Ask the server to decide every pending append; the future of the last one, if any."""

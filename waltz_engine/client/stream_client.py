@@ -390,12 +390,13 @@ class StreamClient(BaseClient):
         registration_timeout_ms: int,
         flush_timeout_ms: int,
     ) -> TransactionFuture:
-        """Register and send; when the monitor stays full, flush and try again (bounded)."""
+        """Register and send, in turn; while the monitor stays full, flush and wait on (bounded)."""
         partition = self.partition(request.req_id.partition_id)
-        while True:
-            future = await partition.append(request, context, registration_timeout_ms)
-            if future is not None:
-                return future
+        future = partition.append_now(request, context)
+        if future is not None:
+            return future
+
+        async def flush() -> None:
             pending = partition.flush_async()
             if pending is not None and not await pending.wait_flushed(flush_timeout_ms):
                 raise ClientTimeoutError(
@@ -403,6 +404,10 @@ class StreamClient(BaseClient):
                     f"pending for "
                     f"{registration_timeout_ms} ms and a flush was not answered within {flush_timeout_ms} ms"
                 )
+
+        future = await partition.append(request, context, registration_timeout_ms, flush)
+        assert future is not None, "with on_full, append waits until it registers or raises"
+        return future
 
     @property
     def has_pending_transactions(self) -> bool:

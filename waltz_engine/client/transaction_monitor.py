@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from waltz_engine.client.commit_latency import CommitLatency
@@ -102,6 +104,8 @@ class TransactionMonitor:
         self._num_registered = 0  # registered and not yet completed (aborted ones stay until flushed)
         self._last_req_id: ReqId | None = None
         self._space: asyncio.Event | None = None
+        # The appends waiting for room, in the order they came (register); one registers at a time.
+        self._queue: deque[ReqId] = deque()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -142,26 +146,60 @@ class TransactionMonitor:
 
     # -- registration --------------------------------------------------------------------------
 
+    def register_now(self, req_id: ReqId, context: TransactionContext | None) -> TransactionFuture | None:
+        """:meth:`register` when it need not wait: None when the monitor is full or others wait
+        for room before it (the caller then awaits :meth:`register`, in its turn)."""
+        if self.state is MonitorState.STARTED and (self._num_registered >= self.max_capacity or self._queue):
+            return None
+        return self._register(req_id, context)
+
     async def register(
-        self, req_id: ReqId, context: TransactionContext | None, timeout_ms: int
+        self,
+        req_id: ReqId,
+        context: TransactionContext | None,
+        timeout_ms: int,
+        on_full: Callable[[], Awaitable[None]] | None = None,
     ) -> TransactionFuture | None:
-        """A future for ``req_id``; None when no slot freed within ``timeout_ms``."""
+        """A future for ``req_id`` once a slot is free and every append that waited before it
+        has registered: first come, first registered, so appends leave in the order they came
+        (issue 33: a direct path must not let a second append pass one waiting for room).
+
+        No slot within ``timeout_ms``: without ``on_full``, None (its place is given up); with
+        it, ``on_full()`` is awaited (it may raise) and the wait goes on in the same place."""
+        if (future := self.register_now(req_id, context)) is not None:
+            return future
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_ms / 1000
-        while self.state is MonitorState.STARTED and self._num_registered >= self.max_capacity:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                log.warning(
-                    "transaction registration timeout: partition=%d after %d ms", req_id[2], timeout_ms
-                )
-                return None
-            if self._space is None:
-                self._space = asyncio.Event()
-            try:
-                async with asyncio.timeout(remaining):
-                    await self._space.wait()
-            except TimeoutError:
-                continue
+        queue = self._queue
+        queue.append(req_id)
+        try:
+            while self.state is MonitorState.STARTED and (
+                self._num_registered >= self.max_capacity or queue[0] != req_id
+            ):
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    log.warning(
+                        "transaction registration timeout: partition=%d after %d ms", req_id[2], timeout_ms
+                    )
+                    if on_full is None:
+                        return None
+                    await on_full()
+                    deadline = loop.time() + timeout_ms / 1000
+                    continue
+                if self._space is None:
+                    self._space = asyncio.Event()
+                try:
+                    async with asyncio.timeout(remaining):
+                        await self._space.wait()
+                except TimeoutError:
+                    continue
+            return self._register(req_id, context)
+        finally:
+            queue.remove(req_id)
+            if queue and (self.state is not MonitorState.STARTED or self._num_registered < self.max_capacity):
+                self._wake()  # room left (or no more waiting): the next in line takes its turn
+
+    def _register(self, req_id: ReqId, context: TransactionContext | None) -> TransactionFuture:
         future = TransactionFuture(req_id, context)
         if self.state is MonitorState.STARTED:
             if req_id in self._registered:

@@ -13,7 +13,7 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, runtime_checkable
 
 import setproctitle
 
@@ -31,6 +31,14 @@ class Service(Protocol):
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
+
+
+@runtime_checkable
+class FailsWhileServing(Protocol):
+    """A service that may stop serving by itself (a storage node that finds, once ZooKeeper
+    answers, that its disk belongs to another cluster): its process exits 1."""
+
+    async def failed(self) -> WaltzError: ...
 
 
 def configure_logging(log_level: str) -> None:
@@ -62,9 +70,20 @@ async def serve_until_signalled(service: Service) -> int:
         await service.stop()
         print_error(e)
         return 1
-    await stop.wait()
-    log.info("stopping on signal")
+    waits: list[asyncio.Task[object]] = [asyncio.create_task(stop.wait())]
+    if isinstance(service, FailsWhileServing):
+        waits.append(asyncio.create_task(service.failed()))
+    done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    results = [t.result() for t in done]
+    failure = next((r for r in results if isinstance(r, WaltzError)), None)
+    if failure is None:
+        log.info("stopping on signal")
     await service.stop()
+    if failure is not None:
+        print_error(failure)
+        return 1
     return 0
 
 

@@ -21,7 +21,7 @@ import logging
 import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from waltz_engine.common.errors import ProtocolError, WaltzError
 from waltz_engine.net.connection_limits import (
@@ -46,6 +46,17 @@ STREAM_READ_LIMIT_BYTES = 1024 * 1024
 JOIN_LIMIT_BYTES = 16 * 1024
 # In a connection's backlog (FramedConnection.handle): wait for the write buffer to drain.
 _DRAIN = object()
+
+
+class HandBack(NamedTuple):
+    """What another reader of a connection gives back to :meth:`FramedConnection.handle`: the
+    end it met (``ended``, with its error: None for a clean end of stream), or the messages it
+    decoded and did not serve and the bytes it read past them."""
+
+    ended: bool
+    error: BaseException | None
+    messages: Sequence[Any]
+    unread: bytes
 
 
 class ConnectionClosedError(WaltzError):
@@ -130,7 +141,7 @@ class FramedConnection:
         on_message: Callable[[Any], None],
         on_end: Callable[[BaseException | None], None],
         on_bytes: Callable[[bytes], bool] | None = None,
-    ) -> None:
+    ) -> tuple[Callable[[bytes], None], Callable[[], int]]:
         """From now on cut frames as bytes arrive and hand each message to ``on_message`` in the
         transport's read callback (no task, no loop turn); the end goes to ``on_end`` once: None
         for a clean end of stream, else the error (a ProtocolError for bad bytes, after which the
@@ -139,7 +150,10 @@ class FramedConnection:
         ``on_bytes`` sees what arrives before the frame decoder does, when no frame is partly
         buffered: True means it recognised whole frames and handled them (the storage client's
         fixed-size SUCCESS answers, without a decoder pass and a codec lookup each); False
-        leaves the bytes to the decoder."""
+        leaves the bytes to the decoder.
+
+        Returns the bytes' way in (for bytes read elsewhere and handed back, as by the storage
+        node's connection thread) and how many bytes of a frame the decoder holds."""
         reader = self.reader
         assert isinstance(reader, StreamReader), "connections are built with net.transport.StreamReader"
         codec = self.codec
@@ -172,12 +186,14 @@ class FramedConnection:
                 end(e)
 
         reader.sink(on_data, end)
+        return on_data, lambda: decoder.buffered_bytes
 
     async def handle(
         self,
         now: Callable[[Any], bool],
         later: Callable[[Any], Awaitable[None]],
         recognise: Callable[[bytes], Any | None] | None = None,
+        take_over: Callable[[], Awaitable[HandBack | None]] | None = None,
     ) -> None:
         """Serve the connection until it ends: each message goes to ``now`` in the read callback
         (True: handled, with no waiting); one it declines, and every one after it, goes to
@@ -186,7 +202,13 @@ class FramedConnection:
         its answers). Returns at a clean end; raises the end's error, or ``later``'s.
 
         ``recognise(data)``: the message that bytes read whole are, decoded without the frame
-        decoder (None: the decoder takes them), for the commonest request of a connection."""
+        decoder (None: the decoder takes them), for the commonest request of a connection.
+
+        ``take_over()``: asked, with reading paused, each time the backlog is through and no
+        frame is partly read, whether something else reads the connection from here (the
+        storage node's connection thread). None: declined, reading resumes here. Else it
+        returns once that reader is done: the connection's end, or the messages it decoded
+        and did not serve and the bytes it read past them, which are served here, in order."""
         transport = self.writer.transport
         assert isinstance(transport, asyncio.Transport)
         backlog: deque[Any] = deque()
@@ -221,7 +243,7 @@ class FramedConnection:
                 on_message(message)
                 return True
 
-        self.dispatch(on_message, on_end, on_bytes)
+        feed, buffered_bytes = self.dispatch(on_message, on_end, on_bytes)
         while True:
             await wake.wait()
             wake.clear()
@@ -231,6 +253,17 @@ class FramedConnection:
                     await later(message)
                 if over_high_water():
                     await self.drain()
+            if not ended and take_over is not None and not buffered_bytes() and not self.closed:
+                handed = await take_over()
+                if handed is not None:
+                    if handed.ended:
+                        on_end(handed.error)
+                    for message in handed.messages:
+                        on_message(message)
+                    if handed.unread:
+                        feed(handed.unread)
+                    if backlog or ended:
+                        continue  # (``wake`` is set)
             if ended:
                 if ended[0] is not None:
                     raise ended[0]
@@ -243,7 +276,7 @@ class FramedConnection:
             raise ConnectionClosedError(f"connection to {self.peer} is closed")
         if self._unsent:
             self._flush()  # after the frames sent before it
-        self.writer.write(frame)
+        self._transport.write(frame)  # the stream writer's write only passes it on
 
     def send_frames(self, frames: Sequence[bytes | bytearray | memoryview]) -> None:
         """Queue several frames (or one frame's pieces, in order) at once: over TLS, one flush
@@ -313,6 +346,12 @@ class FramedConnection:
     async def send(self, message: Any) -> None:
         self.send_frame(self.codec.encode_frame(message))
         await self.drain()
+
+    @property
+    def drain_may_wait(self) -> bool:
+        """False when :meth:`drain` would return at once: the send buffer is at or below its
+        low-water mark, so writing is not paused (it resumes only there)."""
+        return self._transport.get_write_buffer_size() > WRITE_BUFFER_LOW_BYTES
 
     async def drain(self) -> None:
         try:

@@ -58,6 +58,12 @@ LISTEN_BACKLOG = 100
 # Out of file descriptors: stop accepting this long (asyncio's choice).
 ACCEPT_RETRY_DELAY_S = 1.0
 
+# What :meth:`SocketTransport.read_from_thread` returns when it read nothing (else a size,
+# 0 at the end of the stream).
+READ_WAIT_READABLE = -1
+READ_WAIT_WRITABLE = -2
+READ_CLOSED = -3
+
 _WANT = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 _read_buffers = threading.local()
 
@@ -324,6 +330,42 @@ class SocketTransport(asyncio.Transport):
                 self._buffered = len(data) - sent
         self._loop.call_soon_threadsafe(self._flush_left_by_thread)
         return True
+
+    def read_from_thread(self, buffer: memoryview) -> int:
+        """For a thread that reads the connection in the loop's place, reading paused here (a
+        storage node's data connection thread): one read into ``buffer``, under the same lock
+        as every write, never blocking. The bytes read (0: the end of the stream, a peer's
+        close-notify or a close without one, as Netty's), or READ_WAIT_READABLE /
+        READ_WAIT_WRITABLE (OpenSSL needs the socket readable or writable first: a TLS 1.3 key
+        update, a post-handshake message), or READ_CLOSED (the loop closed the connection: its
+        descriptor may be gone). OSError and SSLError are the connection's failure."""
+        with self._lock:
+            if self._lost or self._closing:
+                return READ_CLOSED
+            assert not self._reading, "the loop reads this connection"
+            sock = self._sock
+            tls = _tls_object(sock)
+            try:
+                return int(tls.read(len(buffer), buffer) if tls is not None else sock.recv_into(buffer))
+            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
+                return READ_WAIT_READABLE
+            except ssl.SSLWantWriteError:
+                return READ_WAIT_WRITABLE
+            except ssl.SSLEOFError:
+                return 0  # the peer closed without close-notify (ssl.py's suppress_ragged_eofs)
+
+    def unread_for_thread(self) -> bool:
+        """Whether a read would find bytes now: OpenSSL holds decrypted ones (the selector knows
+        nothing of those) or the kernel holds some. A closed connection says True, so that the
+        read tells."""
+        with self._lock:
+            if self._lost or self._closing:
+                return True
+            tls = _tls_object(self._sock)
+            return bool(tls is not None and tls.pending()) or bool(_unread_bytes(self._fd))
+
+    def fileno(self) -> int:
+        return self._fd
 
     def _flush_left_by_thread(self) -> None:
         with self._lock:

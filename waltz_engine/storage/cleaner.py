@@ -51,9 +51,11 @@ class RetentionCleaner:
         self._late_start_bounds: dict[int, int] = {}
         self._task: asyncio.Task[None] | None = None
 
-    async def start(self) -> None:
-        """One round now (so an empty replica knows the bounds before it serves), then periodic."""
-        await self.run_once()
+    async def start(self, *, first_round: bool = True) -> None:
+        """One round now (so an empty replica knows the bounds before it serves), then periodic.
+        Without ``first_round`` (a node started without ZooKeeper) the first is a period away."""
+        if first_round:
+            await self.run_once()
         self._task = asyncio.create_task(self._run(), name="retention-cleaner")
 
     async def stop(self) -> None:

@@ -132,6 +132,13 @@ class FrameDecoder:
     def buffered_bytes(self) -> int:
         return len(self._buffer) - self._start
 
+    def take_unread(self) -> bytes:
+        """The bytes of a frame not complete yet, taken out (for another decoder to go on with)."""
+        unread = bytes(self._buffer[self._start :])
+        self._buffer.clear()
+        self._start = 0
+        return unread
+
     def push(self, data: bytes | bytearray | memoryview) -> None:
         if self._failed:
             raise ProtocolError("frame decoder already failed; the connection must be closed")

@@ -103,8 +103,9 @@ class RecoveryManager:
         self._metadata = PartitionMetadata.empty()
         self._metadata_version = NO_VERSION
         self._states: dict[ReplicaId, _ReplicaRecoveryState] = {}
+        # Ended: caught up to the resolved mark, its low-water mark set (its disk took this
+        # session). Only these are recorded clean in this session (``_new_replica_states``).
         self._recovered: set[ReplicaId] = set()
-        self._clean: set[ReplicaId] = set()
         self._left: set[ReplicaId] = set()  # failed during this recovery: finishes without them
         # Not voting for a disk session older than ZooKeeper's: blind above their mark (``_evaluate``).
         self._blind: set[ReplicaId] = set()
@@ -253,7 +254,6 @@ class RecoveryManager:
     async def end(self, replica_id: ReplicaId) -> None:
         """This replica is clean and caught up; the quorum-th one writes the replica states to ZK."""
         self._recovered.add(replica_id)
-        self._clean.add(replica_id)
         if len(self._recovered) >= self.quorum:
             try:
                 await self._update_replica_states()
@@ -273,12 +273,11 @@ class RecoveryManager:
         high_water_mark: int,
         low_water_mark: int,
     ) -> None:
-        if voting:
-            if self._min_voting_high_water_mark is None or high_water_mark < self._min_voting_high_water_mark:
-                self._min_voting_high_water_mark = high_water_mark
-        else:
-            # A non-voting replica is clean by construction.
-            self._clean.add(replica_id)
+        # A replica that does not vote holds no dirty record, but is recorded clean in this
+        # session only once it ends (``_new_replica_states``), not here as in the original.
+        minimum = self._min_voting_high_water_mark
+        if voting and (minimum is None or high_water_mark < minimum):
+            self._min_voting_high_water_mark = high_water_mark
         last_replica_ids = {state.replica_id for state in self._metadata.replica_states}
         last_quorum = len(last_replica_ids) // 2 + 1
         self._notify()
@@ -501,7 +500,17 @@ class RecoveryManager:
         states: JavaHashMap[ReplicaId, ReplicaState] = JavaHashMap(ReplicaId.java_hash)
         for replica_id in self._replica_ids:
             old = old_states.get(replica_id)
-            if replica_id in self._clean:
+            # Recorded clean in this session only once it holds the session's committed prefix
+            # and its disk took the session (its low-water mark set): ``end``. The original
+            # records a replica that does not vote as clean as soon as it reports, before it
+            # caught up (its low-water mark is set before the catch-up there, after it here:
+            # ``_resolve``). When that catch-up failed (a full disk), ZooKeeper had the replica
+            # at this session while its disk kept an older one, and every later recovery took it
+            # for a disk restored from an old copy, blind above its mark: with rot in a record on
+            # another replica no recovery could decide, for good (issue 32: the simulator's seed
+            # 41020). Not ended, it keeps the original's state for a replica that did not finish:
+            # the next recovery cuts it to a closing mark and catches it up.
+            if replica_id in self._recovered:
                 new = ReplicaState(replica_id, self.session_id, UNRESOLVED_HIGH_WATER_MARK)
             elif old is None:
                 new = ReplicaState(replica_id, NO_DUMMY_SESSION_ID, resolved)

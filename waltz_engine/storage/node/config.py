@@ -15,6 +15,7 @@ from waltz_engine.storage.constants import (
     DEFAULT_SEGMENT_CACHE_CAPACITY,
     DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES,
 )
+from waltz_engine.storage.node.connection_threads import MAX_CONNECTION_THREADS
 from waltz_engine.storage.node.scrubber import DEFAULT_SCRUB_BYTES_PER_SECOND
 from waltz_engine.storage.tier.settings import TIER_KEYS, TierSettings, read_tier_settings
 from waltz_engine.zk.connection import ZOOKEEPER_KEYS, ZooKeeperSettings, node_zookeeper_settings
@@ -35,11 +36,15 @@ KEY_HANDSHAKE_TIMEOUT = "storage.handshake.timeout.ms"
 KEY_MAX_CONNECTIONS = "storage.max.connections"
 KEY_MAX_CONNECTIONS_PER_PEER = "storage.max.connections.per.peer"
 KEY_MAX_BUFFERED_BYTES = "storage.max.buffered.bytes.per.connection"
-# Our extension: how long a starting node keeps trying to reach ZooKeeper before it gives up.
+# Our extension: how long a starting node keeps trying to reach ZooKeeper before it gives up (a
+# new directory only: a formatted one starts from its control file, see cluster_identity).
 KEY_ZOOKEEPER_START_TIMEOUT = "storage.zookeeper.start.timeout.ms"
 DEFAULT_ZOOKEEPER_START_TIMEOUT_MS = 60_000
 # Our extension: how fast the background scrub reads every record (0: no scrub).
 KEY_SCRUB_BYTES_PER_SECOND = "storage.scrub.bytes.per.second"
+# Our extension (issue 33): data connections a thread of their own may read, at most
+# MAX_CONNECTION_THREADS (0: the event loop reads every one).
+KEY_DATA_CONNECTION_THREADS = "storage.data.connection.threads"
 KNOWN_KEYS = (
     KEY_HOST,
     KEY_PORT,
@@ -55,6 +60,7 @@ KNOWN_KEYS = (
     KEY_MAX_BUFFERED_BYTES,
     KEY_ZOOKEEPER_START_TIMEOUT,
     KEY_SCRUB_BYTES_PER_SECOND,
+    KEY_DATA_CONNECTION_THREADS,
     *TIER_KEYS,
     *ZOOKEEPER_KEYS,
     *AUTHORIZER_KEYS,
@@ -85,6 +91,7 @@ class StorageConfig(NamedTuple):
     tier: TierSettings | None = None
     # Our extension (issue 34): ACLs on TLS identities (None of it unless enabled).
     authorizer: AuthorizerSettings = AuthorizerSettings()
+    data_connection_threads: int = MAX_CONNECTION_THREADS
 
     @classmethod
     def load(cls, path: Path | str) -> StorageConfig:
@@ -121,6 +128,12 @@ class StorageConfig(NamedTuple):
         scrub_bytes_per_second = config.get_not_negative(
             KEY_SCRUB_BYTES_PER_SECOND, DEFAULT_SCRUB_BYTES_PER_SECOND, long=True
         )
+        data_connection_threads = config.get_not_negative(KEY_DATA_CONNECTION_THREADS, MAX_CONNECTION_THREADS)
+        if data_connection_threads > MAX_CONNECTION_THREADS:
+            raise ConfigError(
+                f"{src}: key '{KEY_DATA_CONNECTION_THREADS}' is {data_connection_threads}: at most "
+                f"{MAX_CONNECTION_THREADS} (0: the event loop reads every data connection)"
+            )
         tls = TlsConfig.from_flat(config.as_dict(), TLS_PREFIX)
         return cls(
             host=host,
@@ -139,4 +152,5 @@ class StorageConfig(NamedTuple):
             scrub_bytes_per_second=scrub_bytes_per_second,
             tier=read_tier_settings(config),
             authorizer=read_authorizer_settings(config, tls, TLS_PREFIX),
+            data_connection_threads=data_connection_threads,
         )

@@ -206,6 +206,8 @@ class DiskPasses:
         self._passes = registry.counter(metric_group, "disk-passes")
         self._batches = registry.counter(metric_group, "disk-pass-batches")
         self._late = registry.counter(metric_group, "disk-pass-late-batches")
+        # Batches a data connection's thread ran itself, outside the passes (:meth:`run_claimed`).
+        self._claimed = registry.counter(metric_group, "disk-connection-thread-batches")
 
     def ready(self, worker: BatchOwner) -> None:
         """On the loop, under :attr:`lock`: ``worker`` has requests queued and no batch on disk."""
@@ -329,19 +331,47 @@ class DiskPasses:
                 for worker in again:
                     self.ready(worker)
             else:
-                for worker in again:
-                    self._ready[worker] = None
-                if not self._running:
-                    self._running = True
-                    self._start_pass(on_loop)
-                elif self._on_disk is not None and self._watchdog is None:
-                    self._loop.call_soon_threadsafe(self._arm_watchdog_if_due)
+                self.ready_off_loop(again)
         idle = self._idle
         if idle is not None and self._busy == 0:
             if on_loop:
                 _resolve(idle)
             else:
                 self._loop.call_soon_threadsafe(_resolve, idle)
+
+    def ready_off_loop(self, workers: Sequence[BatchOwner]) -> None:
+        """Under :attr:`lock`, off the loop (the thread of a pass that ended, a data connection's
+        thread): ``workers`` have requests queued and no batch on disk. They go now unless a
+        pass runs, which takes them next."""
+        for worker in workers:
+            self._ready[worker] = None
+        if not self._running:
+            self._running = True
+            self._start_pass(on_loop=False)
+        elif self._on_disk is not None and self._watchdog is None:
+            self._loop.call_soon_threadsafe(self._arm_watchdog_if_due)
+
+    def claim(self) -> bool:
+        """Under :attr:`lock`, off the loop: a data connection's thread is to run one partition's
+        batch itself (its worker made busy by the caller), outside any pass: counted as on disk,
+        so :meth:`stop` waits for it. False once stopping: queue it instead (as the loop would)."""
+        if self._stopped:
+            return False
+        self._busy += 1
+        return True
+
+    def count_late(self) -> None:
+        """A data connection's thread left behind on disk (connection_threads.py)."""
+        self._late.inc()
+
+    def run_claimed(self, worker: BatchOwner, batch: list[Any]) -> None:
+        """Off the loop, not under :attr:`lock`: a batch :meth:`claim` counted, made durable and
+        answered on the caller's thread; what its partition queued meanwhile goes to a pass."""
+        self._claimed.inc()
+        outcome = _process(worker, batch)
+        self._send([outcome], on_loop=False)
+        with self.lock:
+            self._batches_done([outcome], on_loop=False)
 
     async def stop(self) -> None:
         """Start no more passes; the batches on disk complete and are answered first."""

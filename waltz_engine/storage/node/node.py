@@ -1,5 +1,6 @@
-"""A storage node: read StoreParams from ZooKeeper, open the storage directory, serve the data
-port, the admin port and HTTP until SIGTERM/SIGINT (reference §1.1)."""
+"""A storage node: read StoreParams from ZooKeeper (or, while ZooKeeper is out, from the
+control file of a formatted directory: ``cluster_identity``), open the storage directory, serve
+the data port, the admin port and HTTP until SIGTERM/SIGINT (reference §1.1)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import contextlib
 import errno
 import logging
 import ssl
-import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,6 +21,7 @@ from waltz_engine.common.errors import StorageError, WaltzError
 from waltz_engine.common.loop_turns import count_turns
 from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.common.process import run_service
+from waltz_engine.common.tasks import cancel_and_wait
 from waltz_engine.net.channel import ConnectionHandler, FramedConnection, Listener, serve
 from waltz_engine.net.connection_limits import ConnectionGate
 from waltz_engine.net.http_endpoints import HttpEndpoints
@@ -29,6 +30,13 @@ from waltz_engine.net.transport import ASYNCIO_NETWORK, Network, tls_context
 from waltz_engine.storage.cleaner import RetentionCleaner
 from waltz_engine.storage.file_system import OS_DISK, Disk
 from waltz_engine.storage.node.admin_handler import AdminHandler
+from waltz_engine.storage.node.cluster_identity import (
+    StoreIdentity,
+    ZooKeeperCheck,
+    disk_params,
+    node_names,
+    read_params,
+)
 from waltz_engine.storage.node.config import (
     KEY_ADMIN_PORT,
     KEY_JETTY_PORT,
@@ -36,6 +44,7 @@ from waltz_engine.storage.node.config import (
     KEY_ZOOKEEPER_START_TIMEOUT,
     StorageConfig,
 )
+from waltz_engine.storage.node.connection_threads import ConnectionThreads
 from waltz_engine.storage.node.data_handler import DataHandler
 from waltz_engine.storage.node.disk_passes import DiskPasses, RunnerFactory, ThreadedRunner
 from waltz_engine.storage.node.integrity import INTEGRITY_CHECK_NAME, integrity_health
@@ -50,9 +59,7 @@ from waltz_engine.wire.admin_messages import ADMIN_CODEC
 from waltz_engine.wire.codec import MessageCodec
 from waltz_engine.wire.hello import STORAGE_ADMIN_SERVER_HELLO_TEXT, STORAGE_SERVER_HELLO_TEXT
 from waltz_engine.wire.storage_messages import STORAGE_DATA_PORT_CODEC
-from waltz_engine.zk.connection import ZooKeeperConnector, ZooKeeperError, connect, new_client
-from waltz_engine.zk.store_metadata import read_store_params
-from waltz_engine.zk.znodes import ClusterNotFoundError
+from waltz_engine.zk.connection import ZooKeeperConnector, ZooKeeperError, new_client
 
 if TYPE_CHECKING:
     from waltz_engine.auth.authorizer import Authorizer
@@ -81,29 +88,16 @@ def _port_error(key: str, host: str, port: int, error: OSError) -> StorageError:
     return StorageError(f"cannot listen on {host}:{port} ('{key}'): {reason}")
 
 
-def _read_cluster_params(
-    config: StorageConfig, connect_timeout_ms: int, connector: ZooKeeperConnector
-) -> tuple[uuid.UUID, int]:
-    settings = config.zookeeper
-    try:
-        with connect(settings._replace(connect_timeout_ms=connect_timeout_ms), connector) as client:
-            params = read_store_params(client, settings.cluster_root)
-    except ClusterNotFoundError as e:
-        raise StorageError(
-            f"no cluster at {settings.cluster_root} in ZooKeeper {settings.connect_string} ({e}); "
-            "create it first (waltz create-cluster)"
-        ) from None
-    return params.key, params.num_partitions
-
-
 async def read_cluster_params(
-    config: StorageConfig, connector: ZooKeeperConnector = new_client
-) -> tuple[uuid.UUID, int]:
+    config: StorageConfig, connector: ZooKeeperConnector = new_client, on_disk: StoreIdentity | None = None
+) -> StoreIdentity | None:
     """Key and partition count from ``<cluster.root>/store``.
 
     ZooKeeper may start after the node (a machine booting, an ensemble restarting): the node
     keeps trying with backoff for ``storage.zookeeper.start.timeout.ms``, a warning per try.
-    A reachable ZooKeeper without the cluster is an error at once.
+    A reachable ZooKeeper without the cluster is an error at once. With ``on_disk`` (the
+    directory's control file holds a cluster) a ZooKeeper that does not answer is not waited
+    for: None, and the node starts from its disk (``cluster_identity``).
     """
     limit_ms = config.zookeeper_start_timeout_ms
     deadline_s = clock.monotonic_s() + limit_ms / 1000
@@ -112,8 +106,19 @@ async def read_cluster_params(
         left_ms = max(1, int((deadline_s - clock.monotonic_s()) * 1000))
         connect_timeout_ms = min(config.zookeeper.connect_timeout_ms, left_ms)
         try:
-            return await asyncio.to_thread(_read_cluster_params, config, connect_timeout_ms, connector)
+            settings = config.zookeeper._replace(connect_timeout_ms=connect_timeout_ms)
+            return await asyncio.to_thread(read_params, settings, connector)
         except ZooKeeperError as e:
+            if on_disk is not None:
+                log.warning(
+                    "storage node starting without ZooKeeper (%s): serving the replicas on its disk, "
+                    "of the cluster its control file names (key %s, %d partitions); ZooKeeper is "
+                    "checked in the background until it answers",
+                    e,
+                    on_disk.key,
+                    on_disk.num_partitions,
+                )
+                return None
             delay_ms = backoff.next_delay_ms()
             if clock.monotonic_s() + delay_ms / 1000 >= deadline_s:
                 raise StorageError(
@@ -137,6 +142,9 @@ class StorageNode:
         tier_seam: TierSeam = OBJECT_STORE_TIER,
     ) -> None:
         self.config = config
+        # Data connections read by threads of their own (``storage.data.connection.threads``);
+        # only the asyncio network's sockets can be: the simulator keeps the loop's path.
+        self.connection_threads: ConnectionThreads | None = None
         self._tier_seam = tier_seam
         self.network = network
         self._zk_connector = zk_connector
@@ -160,6 +168,10 @@ class StorageNode:
         self.tier: TierOffloader | None = None
         self.authorizer: Authorizer | None = None
         self._authorizer_zk: Any = None
+        # Set only by a node started without ZooKeeper (``cluster_identity``).
+        self.zookeeper_check: ZooKeeperCheck | None = None
+        self._failed = asyncio.Event()
+        self.failure: WaltzError | None = None
 
     async def _off_loop(self, work: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._admin_executor, work)
@@ -180,12 +192,20 @@ class StorageNode:
         """
         config = self.config
         ssl_context = tls_context(self.network, lambda: server_context(config.tls))
-        key, num_partitions = await read_cluster_params(config, self._zk_connector)
-        log.info("cluster %s: key %s, %d partitions", config.zookeeper.cluster_root, key, num_partitions)
+        on_disk = await self._off_loop(lambda: disk_params(self._disk, config.directory))
+        in_zookeeper = await read_cluster_params(config, self._zk_connector, on_disk)
+        if in_zookeeper is not None:
+            key, num_partitions = in_zookeeper
+            log.info("cluster %s: key %s, %d partitions", config.zookeeper.cluster_root, key, num_partitions)
+        else:
+            assert on_disk is not None
+            key, num_partitions = on_disk
         self.session_bounds.start()
         self._register_metrics()
         loop = asyncio.get_running_loop()
         self.passes = DiskPasses(loop, self._disk_runner(loop), self.metrics, METRIC_GROUP)
+        if self.network is ASYNCIO_NETWORK and config.data_connection_threads:
+            self.connection_threads = ConnectionThreads(loop, self.passes, config.data_connection_threads)
 
         handlers: dict[str, ConnectionHandler] = {}
 
@@ -269,14 +289,15 @@ class StorageNode:
             config.retention_check_interval_ms,
             self._zk_connector,
         )
-        await cleaner.start()
+        # Without ZooKeeper its first round can only fail: the node does not wait for it.
+        await cleaner.start(first_round=in_zookeeper is not None)
         if config.scrub_bytes_per_second:
             self.scrubber = Scrubber(lambda: self.workers, config.scrub_bytes_per_second, tier=self.tier)
             self.scrubber.start()
         if self.tier is not None:
             self.tier.start()
         self.authorizer = authorizer = self._start_authorizer()
-        handlers["data"] = DataHandler(manager, self.worker_of, authorizer)
+        handlers["data"] = DataHandler(manager, self.worker_of, authorizer, self.connection_threads)
         handlers["admin"] = AdminHandler(
             manager,
             self.metrics,
@@ -286,6 +307,18 @@ class StorageNode:
             authorizer=authorizer,
         )
         self._open.set()
+        if in_zookeeper is None:
+            assert on_disk is not None
+            self.zookeeper_check = ZooKeeperCheck(
+                config.zookeeper,
+                self._zk_connector,
+                on_disk,
+                node_names(config.host, config.port),
+                self.assigned_partition_ids,
+                self._unassign,
+                self._refuse,
+            )
+            self.zookeeper_check.start()
         log.info(
             "storage node ready: host %s, data port %d, admin port %d, http port %s, directory %s, "
             "assigned partitions %s",
@@ -296,6 +329,31 @@ class StorageNode:
             config.directory,
             self.assigned_partition_ids(),
         )
+
+    async def _unassign(self, partition_ids: list[int]) -> None:
+        """What ZooKeeper no longer assigns this node, once it answers: files kept."""
+        manager = self.manager
+        assert manager is not None
+        await self._off_loop(lambda: manager.set_partition_assignment(partition_ids, False, False))
+        await self.refresh_partitions()
+
+    async def _refuse(self, error: StorageError) -> None:
+        """A disk of another cluster, found once ZooKeeper answers: serve nothing more, and end
+        the process (``failed``) as a start with ZooKeeper would have."""
+        log.error("%s; the node stops", error)
+        self._open.clear()
+        for server in self._servers:
+            server.close()
+        for server in self._servers:
+            await server.end_connections(STOP_CONNECTIONS_TIMEOUT_S)
+        self.failure = error
+        self._failed.set()
+
+    async def failed(self) -> WaltzError:
+        """Returns the error that made the node stop serving by itself (never, on most days)."""
+        await self._failed.wait()
+        assert self.failure is not None
+        return self.failure
 
     async def _listen(
         self,
@@ -339,6 +397,12 @@ class StorageNode:
                 METRIC_GROUP, "loop-iterations", lambda: turns.count if turns is not None else None
             )
         self.metrics.gauge(METRIC_GROUP, "waltz-storage-partition-ids", self.assigned_partition_ids)
+        # Data connections read by a thread of their own now (connection_threads.py).
+        self.metrics.gauge(
+            METRIC_GROUP,
+            "data-connection-threads",
+            lambda: self.connection_threads.count() if self.connection_threads is not None else 0,
+        )
         self.metrics.gauge(METRIC_GROUP, "waltz-version-id", lambda: __version__)
         # Our extension: this node can begin a partition's log above 0 (``PartitionWorker._start_late``),
         # so a replica move may copy from the retained start to it (admin_ops.starts_late).
@@ -408,6 +472,8 @@ class StorageNode:
         if self._stopped:
             return
         self._stopped = True
+        if self.zookeeper_check is not None:
+            await cancel_and_wait(self.zookeeper_check.task)
         if self.authorizer is not None:
             self.authorizer.stop()
         if self._authorizer_zk is not None:
@@ -427,6 +493,8 @@ class StorageNode:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(STOP_CONNECTIONS_TIMEOUT_S):
                     await server.wait_closed()
+        if self.connection_threads is not None:
+            await self.connection_threads.stop()
         for worker in self.workers.values():
             await worker.stop()
         if self.passes is not None:

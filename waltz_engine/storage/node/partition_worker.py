@@ -256,18 +256,50 @@ class PartitionWorker:
     def submit_now(self, conn: FramedConnection, msg: Any) -> bool:
         """:meth:`submit` when it needs no waiting (no session check pending or due, room in the
         queue), in the caller's call; False: nothing was done, use :meth:`submit`."""
-        pending = self._pending_check
-        if (
-            (pending is not None and not pending.done())
-            or (msg.session_id > self.session_id and type(msg) in SESSION_MOVING_REQUESTS)
-            or len(self._queued) >= PARTITION_QUEUE_CAPACITY
-        ):
+        if self.needs_check(msg) or len(self._queued) >= PARTITION_QUEUE_CAPACITY:
             return False
         with self._passes.lock:
             self._queued.append((conn, msg))
             if not self._busy:
                 self._passes.ready(self)
         return True
+
+    def needs_check(self, msg: Any) -> bool:
+        """``msg`` must wait for a session check (pending, or one it starts): :meth:`submit`'s
+        work, on the loop."""
+        pending = self._pending_check
+        return (pending is not None and not pending.done()) or (
+            msg.session_id > self.session_id and type(msg) in SESSION_MOVING_REQUESTS
+        )
+
+    def claim_off_loop(self, count: int) -> bool:
+        """Under the passes' lock, off the loop: True when nothing is queued or on disk (so this
+        partition is in no pass and waits for none), and the worker is now busy with a batch of
+        ``count`` requests the caller runs (:meth:`DiskPasses.run_claimed`)."""
+        if self._busy or self._queued or count > MAX_BATCH_REQUESTS or self.partition is None:
+            return False
+        self._busy = True
+        return True
+
+    def unclaim(self) -> None:
+        """Under the passes' lock: undo :meth:`claim_off_loop` (the passes are stopping)."""
+        assert self._busy and not self._queued
+        self._busy = False
+
+    def queue_off_loop(self, pending: list[Pending]) -> tuple[int, bool]:
+        """Under the passes' lock, off the loop: queue what fits behind what waits; the count
+        queued, and whether the worker is ready (none of its batches on disk: the caller tells
+        the passes, as :meth:`submit_now` does)."""
+        room = PARTITION_QUEUE_CAPACITY - len(self._queued)
+        if room <= 0:
+            return 0, False
+        self._queued += pending[:room]
+        return min(room, len(pending)), not self._busy
+
+    async def queue_in_order(self, pending: list[Pending]) -> None:
+        """On the loop: queue each, waiting for room as :meth:`submit` does (back pressure)."""
+        for one in pending:
+            await self._put(one)
 
     async def submit(self, conn: FramedConnection, msg: Any) -> None:
         """Queue a request; waits while the queue is full, which stops the caller's reads.

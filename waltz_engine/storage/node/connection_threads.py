@@ -1,0 +1,400 @@
+"""A thread per data connection: a server's appends read, made durable and answered on one thread.
+
+On the loop, a lone append request costs a selector turn, the hop to a disk pass's thread and
+the pass's machinery: about a third of a storage node's CPU per request (docs/benchmarks.md).
+Once a data connection's OPEN succeeded, a thread of its own may read it instead
+(:class:`ConnectionThread`): it waits for the socket with ``poll``, reads it under the
+transport's lock (the socket stays non-blocking: the loop and the passes' threads still write
+to it, :meth:`SocketTransport.write_from_thread`), cuts and decodes the frames with the same
+codec, and routes each request as the loop's read callback would:
+
+- a lone request (the read brought no other: MAX_INLINE_REQUESTS) of a partition with nothing
+  queued or on disk: the thread runs it itself (:meth:`DiskPasses.run_claimed`: the same
+  checks, the same append and ``fdatasync``, the answer written from this thread) - no loop
+  turn, no hop to the pool;
+- otherwise the requests queue behind what waits for the partition and the node's passes take
+  them: a partition's order across connections, and group commit across connections and
+  partitions, are the passes' as before;
+- a request that waits for a session check or for room in a full queue, an OPEN and anything
+  not a partition's request go to the loop's path (:meth:`PartitionWorker.submit`, the
+  handler's ``later``); the thread waits for it, so the connection's order holds.
+
+What stays as it was:
+
+- "no state until the first byte": a thread only after the handshake and a successful OPEN,
+  at most ``max_threads`` per node (MAX_CONNECTION_THREADS); beyond them, the loop's path;
+- PASS_WAIT_MS: a thread on disk for longer than that (a hung disk) is left behind by the
+  node's watch, which runs on the loop every WATCH_INTERVAL_MS while threads exist: the loop
+  reads the connection from the bytes the thread left unread, so the connection's requests of
+  other partitions wait at most PASS_WAIT_MS + WATCH_INTERVAL_MS; the connection stays on the
+  loop from then on;
+- the simulator: its transports are not sockets, so it never starts a thread and runs the
+  loop's path as before;
+- the end: a peer's close (with close-notify or without, as Netty's), a bad frame or a failed
+  read ends the connection on the loop, which closes it; a node that stops closes the
+  connections, and each thread sees it at its next read or within READ_POLL_MS, and is joined
+  (STOP_THREADS_TIMEOUT_S at most; a thread left on a hung disk is abandoned, a daemon).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import select
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from waltz_engine.common import clock
+from waltz_engine.common.errors import ProtocolError
+from waltz_engine.net.channel import (
+    WRITE_BUFFER_HIGH_BYTES,
+    ConnectionClosedError,
+    FramedConnection,
+    HandBack,
+)
+from waltz_engine.net.socket_transport import (
+    READ_CLOSED,
+    READ_WAIT_READABLE,
+    READ_WAIT_WRITABLE,
+    SocketTransport,
+)
+from waltz_engine.storage.node.disk_passes import PASS_WAIT_MS, DiskPasses
+from waltz_engine.storage.node.partition_worker import PARTITION_REQUEST_TYPES, PartitionWorker, Pending
+from waltz_engine.wire.frame import FrameDecoder
+
+log = logging.getLogger(__name__)
+
+# Data connections read by a thread of their own, per node; the others are read by the loop.
+MAX_CONNECTION_THREADS = 16
+# One read takes at most this much (a TLS record is 16 KiB; a frame is cut across reads).
+THREAD_READ_BUFFER_BYTES = 64 * 1024
+# Bytes read before the requests they hold are served, at most (the loop's read callback's
+# MAX_READ_PER_CALLBACK_BYTES): those that arrived together go to disk together.
+MAX_READ_PER_ROUTE_BYTES = 1024 * 1024
+# A read's requests (all of one partition) that the thread runs itself, at most. More that
+# arrived together mean more in flight behind them: those go to the passes, so that reading
+# the next ones goes on beside this batch's fsync (as on the loop), rather than after it.
+MAX_INLINE_REQUESTS = 1
+# A thread waiting for bytes looks this often whether its connection was closed under it
+# (the descriptor may then be another's) or the node stops.
+READ_POLL_MS = 100
+# While the peer does not read its answers (the write buffer above its high-water mark), the
+# thread reads nothing more; it looks again this often (the loop drains the buffer).
+BACK_PRESSURE_WAIT_MS = 5
+# How often the loop looks for a thread on disk for longer than PASS_WAIT_MS.
+WATCH_INTERVAL_MS = 25
+# How long a stopping node waits for its connection threads.
+STOP_THREADS_TIMEOUT_S = 10.0
+
+_ENDED = HandBack(True, None, (), b"")
+
+
+class _Stopping(Exception):
+    """The node stops: the thread ends without waiting for the loop."""
+
+
+class ConnectionThread:
+    """Reads one data connection in the loop's place until it ends or is handed back."""
+
+    def __init__(
+        self,
+        owner: ConnectionThreads,
+        conn: FramedConnection,
+        transport: SocketTransport,
+        worker_of: Callable[[int], PartitionWorker | None],
+        refusal: Callable[[Any, PartitionWorker | None], bytes | None],
+        later: Callable[[Any], Awaitable[None]],
+    ) -> None:
+        self._owner = owner
+        self._loop = owner.loop
+        self._passes = owner.passes
+        self._conn = conn
+        self._transport = transport
+        self._worker_of = worker_of
+        self._refusal = refusal
+        self._later = later
+        codec = conn.codec
+        self._decode = codec.decode_frame
+        self._decoder = FrameDecoder(
+            codec.magic, codec.version, max_frame_size_bytes=conn.max_frame_size_bytes
+        )
+        # Resolved on the loop with how the thread ended (or what the watch handed back).
+        self.done: asyncio.Future[HandBack] = self._loop.create_future()
+        # Guards the two fields below, between this thread and the loop's watch.
+        self._state = threading.Lock()
+        # When the batch this thread runs itself started (None: it runs none).
+        self._on_disk_since_s: float | None = None
+        # The watch gave the connection back to the loop: this thread reads no more.
+        self._left_behind = False
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name=f"storage-data-{conn.peer}", daemon=True)
+
+    # --- on the loop -------------------------------------------------------------------------
+
+    def leave_behind_if_late(self, now_s: float) -> bool:
+        """On the loop (the watch): a batch on disk for PASS_WAIT_MS hands the connection back."""
+        with self._state:
+            since = self._on_disk_since_s
+            if since is None or self._left_behind or now_s - since < PASS_WAIT_MS / 1000:
+                return False
+            self._left_behind = True
+            # The thread is on disk: it touches neither the decoder nor the socket until it
+            # has seen this flag.
+            unread = self._decoder.take_unread()
+        self._resolve(HandBack(False, None, (), unread))
+        return True
+
+    def _resolve(self, outcome: HandBack) -> None:
+        if not self.done.done():
+            self.done.set_result(outcome)
+
+    # --- on the thread -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            outcome = self._serve()
+        except _Stopping:
+            outcome = _ENDED
+        except ProtocolError as e:
+            self._loop_call(self._transport.abort)
+            outcome = HandBack(True, e, (), b"")
+        except (OSError, ConnectionClosedError) as e:  # (ssl.SSLError is an OSError)
+            outcome = HandBack(True, e, (), b"")
+        except Exception as e:
+            log.exception("data connection from %s: its thread failed", self._conn.peer)
+            outcome = HandBack(True, e, (), b"")
+        finally:
+            self._owner.ended(self)
+        if outcome is not None:
+            self._loop_call(self._resolve, outcome)
+
+    def _loop_call(self, callback: Callable[..., object], *args: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # (the loop is closed: nobody waits any more)
+            self._loop.call_soon_threadsafe(callback, *args)
+
+    def _serve(self) -> HandBack | None:
+        """Read until the end; None: left behind (the loop reads from here). What the socket
+        holds is read before it is served (MAX_READ_PER_ROUTE_BYTES at most), as the loop's read
+        callback does, so that requests that arrived together go to disk together."""
+        transport = self._transport
+        fd = transport.fileno()
+        poller = select.poll()
+        buffer = memoryview(bytearray(THREAD_READ_BUFFER_BYTES))
+        decoder, decode = self._decoder, self._decode
+        messages: list[Any] = []
+        read_bytes = 0
+        wait_for = 0  # 0: read at once if bytes wait; else the poll event to wait for first
+        while True:
+            if self.stopping:
+                raise _Stopping
+            if wait_for == 0 and not transport.unread_for_thread():
+                wait_for = select.POLLIN
+            if messages and (wait_for or read_bytes >= MAX_READ_PER_ROUTE_BYTES):
+                # Nothing more waits (or enough was read): serve what was read, then wait.
+                if not self._route(messages):
+                    return None
+                messages = []
+                read_bytes = 0
+                continue
+            if self._conn.closed:
+                return _ENDED
+            if transport.get_write_buffer_size() > WRITE_BUFFER_HIGH_BYTES:
+                time.sleep(BACK_PRESSURE_WAIT_MS / 1000)  # the peer does not read its answers
+                continue
+            if wait_for:
+                poller.register(fd, wait_for)
+                ready = poller.poll(READ_POLL_MS)
+                poller.unregister(fd)
+                if not ready:
+                    continue
+                wait_for = 0
+            size = transport.read_from_thread(buffer)
+            if size == READ_WAIT_READABLE:
+                wait_for = select.POLLIN
+                continue
+            if size == READ_WAIT_WRITABLE:
+                wait_for = select.POLLOUT
+                continue
+            if size == READ_CLOSED:
+                return _ENDED
+            if size == 0:
+                # The peer closed (with close-notify or without): what it sent before is served
+                # first, as on the loop.
+                if messages and not self._route(messages):
+                    return None
+                if decoder.buffered_bytes:
+                    # The loop's decoder names the truncated frame when the end reaches it.
+                    return HandBack(False, None, (), decoder.take_unread())
+                return _ENDED
+            read_bytes += size
+            messages += [m for frame in decoder.feed(buffer[:size]) if (m := decode(frame)) is not None]
+
+    def _route(self, messages: list[Any]) -> bool:
+        """Serve what was read, in order; False: left behind meanwhile."""
+        held: dict[PartitionWorker, list[Pending]] = {}
+        conn = self._conn
+        for msg in messages:
+            if type(msg) not in PARTITION_REQUEST_TYPES:
+                self._queue(held)
+                held = {}
+                self._on_loop(self._later(msg))
+                continue
+            worker = self._worker_of(msg.partition_id)
+            refused = self._refusal(msg, worker)
+            if refused is not None:
+                conn.send_frames_from_thread((refused,), self._loop)
+                continue
+            assert worker is not None
+            if worker.needs_check(msg):
+                self._queue(held)
+                held = {}
+                self._on_loop(worker.submit(conn, msg))
+                continue
+            held.setdefault(worker, []).append((conn, msg))
+        if len(held) == 1:
+            ((worker, batch),) = held.items()
+            if len(batch) <= MAX_INLINE_REQUESTS:
+                return self._run_or_queue(worker, batch)
+        self._queue(held)
+        return True
+
+    def _run_or_queue(self, worker: PartitionWorker, batch: list[Pending]) -> bool:
+        """One partition's requests: run here when nothing of it is queued or on disk."""
+        passes = self._passes
+        with passes.lock:
+            claimed = worker.claim_off_loop(len(batch))
+            if claimed and not passes.claim():
+                worker.unclaim()
+                claimed = False
+        if not claimed:
+            self._queue({worker: batch})
+            return True
+        with self._state:
+            self._on_disk_since_s = clock.monotonic_s()
+        try:
+            passes.run_claimed(worker, batch)
+        finally:
+            with self._state:
+                self._on_disk_since_s = None
+                left_behind = self._left_behind
+        return not left_behind
+
+    def _queue(self, held: dict[PartitionWorker, list[Pending]]) -> None:
+        """Behind what waits for each partition, for the passes; a full queue is waited for on
+        the loop (this thread reads nothing meanwhile: back pressure)."""
+        if not held:
+            return
+        passes = self._passes
+        ready: list[PartitionWorker] = []
+        full: list[tuple[PartitionWorker, list[Pending]]] = []
+        with passes.lock:
+            for worker, batch in held.items():
+                count, is_ready = worker.queue_off_loop(batch)
+                if is_ready and count:
+                    ready.append(worker)
+                if count < len(batch):
+                    full.append((worker, batch[count:]))
+            if ready:
+                passes.ready_off_loop(ready)
+        for worker, rest in full:
+            self._on_loop(worker.queue_in_order(rest))
+
+    def _on_loop(self, work: Awaitable[None]) -> None:
+        """Run ``work`` on the loop and wait for it (errors are raised here)."""
+        future = asyncio.run_coroutine_threadsafe(_awaited(work), self._loop)
+        while True:
+            try:
+                future.result(timeout=READ_POLL_MS / 1000)
+                return
+            except concurrent.futures.CancelledError:
+                raise _Stopping from None  # (the loop is ending its tasks)
+            except concurrent.futures.TimeoutError:
+                if self.stopping:
+                    future.cancel()
+                    raise _Stopping from None
+
+
+async def _awaited(work: Awaitable[None]) -> None:
+    await work
+
+
+class ConnectionThreads:
+    """The node's connection threads: started on the loop, watched, joined when it stops."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, passes: DiskPasses, max_threads: int) -> None:
+        assert max_threads >= 0
+        self.loop = loop
+        self.passes = passes
+        self._max_threads = max_threads
+        self._lock = threading.Lock()
+        self._threads: set[ConnectionThread] = set()
+        self._watch: asyncio.TimerHandle | None = None
+        self._stopping = False
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self._threads)
+
+    def start(
+        self,
+        conn: FramedConnection,
+        worker_of: Callable[[int], PartitionWorker | None],
+        refusal: Callable[[Any, PartitionWorker | None], bytes | None],
+        later: Callable[[Any], Awaitable[None]],
+    ) -> ConnectionThread | None:
+        """On the loop, reading paused: a thread reads ``conn`` from now on (None: the loop goes
+        on, as for a transport that is not a socket's, the simulator's)."""
+        transport = conn.writer.transport
+        if not isinstance(transport, SocketTransport) or conn.closed:
+            return None
+        with self._lock:
+            if self._stopping or len(self._threads) >= self._max_threads:
+                return None
+            thread = ConnectionThread(self, conn, transport, worker_of, refusal, later)
+            self._threads.add(thread)
+        thread.thread.start()
+        if self._watch is None:
+            self._watch = self.loop.call_later(WATCH_INTERVAL_MS / 1000, self._look)
+        return thread
+
+    def ended(self, thread: ConnectionThread) -> None:
+        with self._lock:
+            self._threads.discard(thread)
+
+    def _look(self) -> None:
+        """On the loop, every WATCH_INTERVAL_MS while threads exist."""
+        self._watch = None
+        with self._lock:
+            threads = list(self._threads)
+        now_s = clock.monotonic_s()
+        for thread in threads:
+            if thread.leave_behind_if_late(now_s):
+                self.passes.count_late()
+        if threads and not self._stopping:
+            self._watch = self.loop.call_later(WATCH_INTERVAL_MS / 1000, self._look)
+
+    async def stop(self) -> None:
+        """Start no more; the threads end (their connections are closed by now) and are joined,
+        STOP_THREADS_TIMEOUT_S at most (one still on a hung disk is abandoned)."""
+        with self._lock:
+            self._stopping = True
+            threads = list(self._threads)
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+        for thread in threads:
+            thread.stopping = True
+
+        def join() -> None:
+            deadline_s = clock.monotonic_s() + STOP_THREADS_TIMEOUT_S
+            for thread in threads:
+                thread.thread.join(max(0.0, deadline_s - clock.monotonic_s()))
+            left = [t.thread.name for t in threads if t.thread.is_alive()]
+            if left:
+                log.warning("stopping: %d data connection threads did not end: %s", len(left), left)
+
+        await self.loop.run_in_executor(None, join)
