@@ -5,11 +5,12 @@ holder; only the holder releases it) and the group-aware choice of targets."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from collections.abc import Collection
 
 import pytest
-from kazoo.client import KazooClient
+from kazoo.client import KazooClient, KazooState
 
 from waltz_engine.ops.decommission import DecommissionError, decommission
 from waltz_engine.storage import admin_ops
@@ -41,6 +42,8 @@ from waltz_engine.zk.store_metadata import (
 )
 
 NODES = ("h:1", "h:2", "h:3", "h:4")
+# How long a test waits for a ZooKeeper session to start or to be renewed.
+SESSION_WAIT_S = 30
 
 
 def make_cluster(zk: KazooClient, root: str) -> None:
@@ -124,6 +127,65 @@ def test_one_lease_holder_and_only_it_releases(
     assert replica_moves.lease_holder(zk_client, cluster_root) == "me"
     replica_moves.release_lease(zk_client, cluster_root)
     assert replica_moves.lease_holder(zk_client, cluster_root) is None
+
+
+def expire_session(zookeeper: str, client: KazooClient) -> None:
+    """End ``client``'s ZooKeeper session from outside (as the server does when it misses the
+    client past the session timeout) and wait until kazoo has gone on in a new session."""
+    assert client.client_id is not None
+    old_session = client.client_id[0]
+    renewed = threading.Event()
+
+    def on_state(state: str) -> None:
+        session = client.client_id
+        if state == KazooState.CONNECTED and session is not None and session[0] != old_session:
+            renewed.set()
+
+    client.add_listener(on_state)
+    try:
+        twin = KazooClient(hosts=zookeeper, client_id=client.client_id)
+        twin.start(timeout=SESSION_WAIT_S)
+        twin.stop()  # closing the session the twin shares ends it: its ephemerals go
+        twin.close()
+        assert renewed.wait(SESSION_WAIT_S), "kazoo did not go on in a new session"
+    finally:
+        client.remove_listener(on_state)
+
+
+def test_a_mover_whose_session_expired_stops_before_changing_the_assignment(
+    zookeeper: str, zk_client: KazooClient, cluster_root: str
+) -> None:
+    """The fence (issue 32, the simulator's seed 60055): a decommission's session expired while
+    it waited; another mover took the lease; the decommission, in kazoo's new session, went on
+    and took its source out of the assignment and off the node while the other assigned it there:
+    4 replicas, one node refusing every session. A mover checks its lease before each change."""
+    make_cluster(zk_client, cluster_root)  # h:1 holds 0, 1, 2; h:2 holds 0, 1, 3
+    settings = ZooKeeperSettings(zookeeper, cluster_root)
+
+    class Waited(ReplicaMover):
+        # The target is assigned and caught up: what is left is taking the source out.
+        async def _await_caught_up(self, layout: StoreLayout, move: ReplicaMove) -> None:
+            return None
+
+        async def _await_recorded_quorum(self, layout: StoreLayout, move: ReplicaMove) -> None:
+            return None
+
+    move = ReplicaMove(0, "h:1", "h:2")
+    with connect(settings) as mover_zk, connect(settings) as other:
+        assert replica_moves.try_lease(mover_zk, cluster_root, "decommission h:1")
+        replica_moves.add_moves(mover_zk, cluster_root, [move])
+        assert replica_moves.holds_lease(mover_zk, cluster_root)
+        expire_session(zookeeper, mover_zk)
+        assert replica_moves.try_lease(other, cluster_root, "server 1 (h:9)")
+        assert not replica_moves.holds_lease(mover_zk, cluster_root)
+        context = read_store_layout(zk_client, cluster_root).context(client_ssl_context(None), 2_000)
+        mover = Waited(mover_zk, cluster_root, context)
+        with pytest.raises(replica_moves.LeaseLostError, match=r"now held by server 1 \(h:9\)"):
+            asyncio.run(mover.run(move))
+        after = read_store_layout(zk_client, cluster_root)
+        assert sorted(holders(after, 0)) == ["h:1", "h:2"]  # the source stays assigned
+        assert replica_moves.read_moves(zk_client, cluster_root) == [move]  # left for a re-run
+        assert replica_moves.lease_holder(zk_client, cluster_root) == "server 1 (h:9)"
 
 
 def layout(groups: dict[str, int], assignments: dict[str, tuple[int, ...]]) -> StoreLayout:
@@ -328,6 +390,8 @@ class Nodes(ReplicaMover):
 
 
 def nodes_mover(zk: KazooClient, root: str, sessions: dict[str, int], down: Collection[str] = ()) -> Nodes:
+    """A mover under the lease, as every mover runs (it checks the lease before each change)."""
+    assert replica_moves.try_lease(zk, root, "test mover") or replica_moves.holds_lease(zk, root)
     mover = Nodes(zk, root, None, say=lambda line: None, catch_up_timeout_ms=300)  # type: ignore[arg-type]
     mover.sessions, mover.down = sessions, set(down)
     return mover

@@ -36,7 +36,7 @@ from waltz_engine.storage.admin_ops import (
 from waltz_engine.storage.admin_ops.layout import read_store_layout
 from waltz_engine.storage.client import StorageRpcError
 from waltz_engine.storage.replica_mover import COPY_BATCH_SIZE, ReplicaMover
-from waltz_engine.zk import store_metadata
+from waltz_engine.zk import replica_moves, store_metadata
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
 from waltz_engine.zk.replica_moves import ReplicaMove
 
@@ -377,6 +377,7 @@ def test_a_replica_move_copies_the_tail_appended_meanwhile_at_the_same_rate(clus
 
     with connect(ZooKeeperSettings(cluster.zookeeper, cluster.root)) as zk:
         layout = read_store_layout(zk, cluster.root)
+        assert replica_moves.try_lease(zk, cluster.root, "test mover")  # a mover checks it before each change
         mover = Mover(zk, cluster.root, layout.context(client_ssl()), bytes_per_second=1, say=said.append)
         b.run(mover.copy(layout, ReplicaMove(1, data(a), data(b))))
     try:

@@ -79,6 +79,13 @@ class ReplicaMover:
     async def layout(self) -> StoreLayout:
         return await asyncio.to_thread(admin_ops.read_store_layout, self.zk, self.root)
 
+    async def fence(self) -> None:
+        """Before each step that changes a node or the assignment: stop (LeaseLostError) unless
+        this mover's ZooKeeper session still holds the mover lease. A session can expire while
+        the mover waits (a copy, a catch-up, a ZooKeeper outage) and kazoo goes on in a new one;
+        acting on, it would undo what the lease's new holder does (issue 32: seed 60055)."""
+        await asyncio.to_thread(replica_moves.check_lease, self.zk, self.root)
+
     async def node(self, layout: StoreLayout, storage: str) -> NodePartitions | None:
         """The node's partitions as it reports them, or None when it does not answer."""
         try:
@@ -103,15 +110,18 @@ class ReplicaMover:
             gap = None if source_node is not None else await self.recorded_quorum_gap(layout, p, staying)
             if source_node is not None and move.source in holders(layout, p):
                 self.say(f"partition {p}: assigning {move.target} beside {move.source}")
+                await self.fence()
                 await asyncio.to_thread(change_replicas, self.zk, self.root, [(move.target, p)])
             elif gap is not None and move.source in holders(layout, p):
                 # Replaced now, the unreachable source would leave the next recovery undecidable
                 # for good (its replicas of record gone from the assignment): it stays, counted
                 # when it answers again, until a recovery records the target.
                 self.say(f"partition {p}: assigning {move.target} beside unreachable {move.source}: {gap}")
+                await self.fence()
                 await asyncio.to_thread(change_replicas, self.zk, self.root, [(move.target, p)])
             else:
                 self.say(f"partition {p}: assigning {move.target} in place of unreachable {move.source}")
+                await self.fence()
                 await asyncio.to_thread(
                     change_replicas, self.zk, self.root, [(move.target, p)], [(move.source, p)]
                 )
@@ -125,9 +135,11 @@ class ReplicaMover:
         if leaving:
             await self._await_recorded_quorum(layout, move)
             self.say(f"partition {p}: {move.target} caught up; taking {move.source} out of the assignment")
+            await self.fence()
             await asyncio.to_thread(change_replicas, self.zk, self.root, (), [(move.source, p)])
         if not await self._release(layout, move):
             return False
+        await self.fence()
         await asyncio.to_thread(replica_moves.finish_move, self.zk, self.root, move)
         self.say(f"partition {p}: moved from {move.source} to {move.target}")
         return True
@@ -149,6 +161,7 @@ class ReplicaMover:
                 f"at {retained_start}: move the replica to a Waltz for Python node"
             )
         status = _status(target_node, p)
+        await self.fence()
         if status is None or not status.is_assigned:
             await admin_ops.add_partitions(self.context, target.admin, [p])
         # Offline even when it already is (a resumed move): the node then reads the retention
@@ -167,6 +180,7 @@ class ReplicaMover:
             # how far the source holds committed transactions when the pass starts.
             up_to = await self._committed_on(layout, source, p)
             self.say(f"partition {p}: {what}{'' if up_to is None else f' up to {up_to}'}{rate}")
+            await self.fence()
             result = await admin_ops.recover_partition(
                 self.context,
                 layout.admin_address(source),
@@ -184,6 +198,7 @@ class ReplicaMover:
         else:
             outpaced = f"appends outpace the copy after {MAX_COPY_PASSES} passes"
             self.say(f"partition {p}: {outpaced}; the servers catch up the rest")
+        await self.fence()
         await admin_ops.set_availability(self.context, target.admin, [p], online=True)
         self.say(f"partition {p}: {move.target} holds up to {result.final}; online")
 
@@ -356,6 +371,7 @@ class ReplicaMover:
             return False
         status = _status(node, p)
         if status is not None and status.is_assigned:
+            await self.fence()
             self.say(f"partition {p}: telling {move.source} it no longer holds it")
             admin = layout.admin_address(move.source)
             delete = move.delete_files

@@ -168,6 +168,30 @@ def wait_lease(client: KazooClient, root: str, holder: str, timeout_ms: int) -> 
     return True
 
 
+class LeaseLostError(ClusterMetadataError):
+    """This process no longer holds the mover lease: its ZooKeeper session expired (kazoo goes on
+    in a new session, without the ephemeral lease), so another mover may hold it now."""
+
+
+def holds_lease(client: KazooClient, root: str) -> bool:
+    """Whether this client's current ZooKeeper session owns the lease znode."""
+    stat = client.exists(ClusterPaths.of(root).replica_mover_lease)
+    session = client.client_id
+    return stat is not None and session is not None and stat.ephemeralOwner == session[0]
+
+
+def check_lease(client: KazooClient, root: str) -> None:
+    """Raise :class:`LeaseLostError` unless this session still holds the lease: what a mover
+    asks before each step that changes the cluster (the fence: a holder whose session expired
+    while it waited, for a copy or through a ZooKeeper outage, must stop, not act beside the
+    mover that took the lease since; issue 32: the simulator's seed 60055)."""
+    if not holds_lease(client, root):
+        raise LeaseLostError(
+            f"the replica mover lease was lost with this process's ZooKeeper session (now held by "
+            f"{lease_holder(client, root) or 'nobody'}): stopped; run again to resume the moves"
+        )
+
+
 def release_lease(client: KazooClient, root: str) -> None:
     """Give the lease back, if this session holds it (never another's)."""
     path = ClusterPaths.of(root).replica_mover_lease

@@ -15,6 +15,7 @@ from waltz_engine.auth.authorizer import Authorizer, resource_name
 from waltz_engine.common.errors import ProtocolError, StorageError
 from waltz_engine.common.json_text import dumps_indented
 from waltz_engine.common.metrics import MetricsRegistry
+from waltz_engine.common.object_store import ObjectStoreError
 from waltz_engine.net.channel import FramedConnection
 from waltz_engine.storage.node.data_handler import NOT_OPENED_MESSAGE, check_open
 from waltz_engine.storage.node.failures import (
@@ -110,7 +111,10 @@ class AdminHandler:
                 continue
             try:
                 reply = await self._serve(msg)
-            except (StorageError, OSError) as e:
+            # ObjectStoreError: a raw read of a segment evicted to the tier, whose store failed
+            # it (a 500): the request fails and the mover asks again; the node goes on serving
+            # (it escaped the connection's task, a traceback per refused get in the simulator).
+            except (StorageError, OSError, ObjectStoreError) as e:
                 log.warning("admin port: %s from %s failed: %s", type(msg).__name__, conn.peer, e)
                 reply = self._reply(msg, e)
             if type(reply) is _RecordListAnswer:
