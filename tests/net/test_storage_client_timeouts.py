@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from storage_data_port_support import client_of_data_port
 
-from waltz_engine.net.channel import FramedConnection
-from waltz_engine.storage.client import StorageClient, StorageTimeoutError
+from waltz_engine.net.channel import ConnectionClosedError, FramedConnection
+from waltz_engine.storage.client import StorageClient, StorageRpcError, StorageTimeoutError
 from waltz_engine.storage.eager_calls import EagerCall
 from waltz_engine.wire.storage_messages import (
     STORAGE_CODEC,
@@ -130,3 +131,37 @@ def test_a_call_registered_by_a_failing_calls_callback_leaves_one_watchdog() -> 
             assert _armed_watchdogs(client) == 1
 
     asyncio.run(go())
+
+
+def test_a_drain_failing_after_the_connections_end_leaves_no_unretrieved_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The connection is lost while a call's drain waits: the connection's end fails the call's
+    future first, then the drain raises. The caller gets StorageRpcError, and the future's own
+    error is retrieved (asyncio would otherwise report "Future exception was never retrieved")."""
+    unretrieved: list[dict[str, Any]] = []
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _loop, context: unretrieved.append(context))
+        async with _client_of_half_deaf_node(LONG_TIMEOUT_MS) as (client, _):
+            conn = client._conn
+            plain_drain = FramedConnection.drain
+
+            async def drain_lost(self: FramedConnection) -> None:
+                if self is not conn:
+                    await plain_drain(self)
+                    return
+                client._on_end(ConnectionResetError("reset by the test"))  # fails the pending call
+                raise ConnectionClosedError("connection lost during the drain")
+
+            monkeypatch.setattr(FramedConnection, "drain", drain_lost)
+            seq_num = client._take_seq_num()
+            with pytest.raises(StorageRpcError, match="disconnected"):
+                await client._exchange(seq_num, _request(seq_num, SILENT_PARTITION))
+            monkeypatch.setattr(FramedConnection, "drain", plain_drain)
+        gc.collect()  # the future is unreferenced now: an unretrieved error would be reported here
+        await asyncio.sleep(0)
+
+    asyncio.run(go())
+    assert not [c for c in unretrieved if "never retrieved" in str(c.get("message"))], unretrieved
