@@ -165,3 +165,43 @@ def test_a_drain_failing_after_the_connections_end_leaves_no_unretrieved_error(
 
     asyncio.run(go())
     assert not [c for c in unretrieved if "never retrieved" in str(c.get("message"))], unretrieved
+
+
+def test_a_call_cancelled_in_its_drain_leaves_no_call_for_the_connections_end_to_fail(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A caller cancelled while its drain waits gives up the call: the connection's end later
+    finds no such call, so no error is set on a future nobody will await."""
+    unretrieved: list[dict[str, Any]] = []
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _loop, context: unretrieved.append(context))
+        async with _client_of_half_deaf_node(LONG_TIMEOUT_MS) as (client, _):
+            conn = client._conn
+            plain_drain = FramedConnection.drain
+            draining = asyncio.Event()
+
+            async def drain_blocked(self: FramedConnection) -> None:
+                if self is not conn:
+                    await plain_drain(self)
+                    return
+                draining.set()
+                await asyncio.Event().wait()  # the send buffer never empties
+
+            monkeypatch.setattr(FramedConnection, "drain", drain_blocked)
+            seq_num = client._take_seq_num()
+            call = asyncio.ensure_future(client._exchange(seq_num, _request(seq_num, SILENT_PARTITION)))
+            async with asyncio.timeout(TEST_BOUND_S):
+                await draining.wait()
+            call.cancel()
+            await asyncio.wait([call])
+            assert seq_num not in client._pending
+            monkeypatch.setattr(FramedConnection, "drain", plain_drain)
+            client._on_end(ConnectionResetError("reset by the test"))
+            del call
+        gc.collect()
+        await asyncio.sleep(0)
+
+    asyncio.run(go())
+    assert not [c for c in unretrieved if "never retrieved" in str(c.get("message"))], unretrieved
