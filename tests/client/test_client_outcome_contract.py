@@ -233,3 +233,34 @@ def test_a_retry_the_cluster_never_serves_fails_after_its_bound(caplog: pytest.L
             assert not client.has_pending_transactions()
 
     run(go)
+
+
+def test_close_while_a_retry_rides_out_a_failover_ends_it_once_as_absent(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """close() while the client's own retry waits for a mount after a bound already sent it back
+    to the queue: the retry's context was proven absent and nothing of the retry was sent, so it
+    ends once, on_completion(False), and is not queued again."""
+    caplog.set_level("INFO", logger="waltz_engine.client.client")
+
+    async def go() -> None:
+        driver = MockDriver(1)
+        config = {
+            "ensure_mounted_timeout_ms": SHORT_MOUNT_TIMEOUT_MS,
+            "reconnect_delay_ms": RECONNECT_MS,
+            "reconnect_max_delay_ms": RECONNECT_MS,
+        }
+        async with mock_client(driver, **config) as client:
+            context = _ServerGoneOnLockFailure(driver)
+            driver.force_next_lock_fail()
+            await client.submit(context)
+            async with asyncio.timeout(OUTCOME_WAIT_S):
+                while _unsent_retries(caplog) < 1 and not context.future.done():
+                    await asyncio.sleep(SHORT_MOUNT_TIMEOUT_MS / 1000)
+            assert not context.future.done(), context.events
+            await client.close()
+            assert context.events == ["lock_failure", "completion:False"]
+            assert await context.result(OUTCOME_WAIT_S) is False
+            assert client._open_contexts == 0 and client._retry_queue.empty()
+
+    run(go)

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import gc
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
 from storage_data_port_support import client_of_data_port
 
-from waltz_engine.net.channel import FramedConnection
-from waltz_engine.storage.client import StorageClient, StorageTimeoutError
+from waltz_engine.net.channel import ConnectionClosedError, FramedConnection
+from waltz_engine.storage.client import StorageClient, StorageRpcError, StorageTimeoutError
 from waltz_engine.storage.eager_calls import EagerCall
 from waltz_engine.wire.storage_messages import (
     STORAGE_CODEC,
@@ -130,3 +131,84 @@ def test_a_call_registered_by_a_failing_calls_callback_leaves_one_watchdog() -> 
             assert _armed_watchdogs(client) == 1
 
     asyncio.run(go())
+
+
+def _run_leaving_no_unretrieved_error(
+    monkeypatch: pytest.MonkeyPatch,
+    drain: Callable[[StorageClient], Callable[[], Awaitable[None]]],
+    body: Callable[[StorageClient], Awaitable[None]],
+) -> None:
+    """``body`` on an open client whose connection drains with ``drain(client)`` (the node's side
+    as before); asyncio must then report no "Future exception was never retrieved" once the
+    client's calls are unreferenced."""
+    unretrieved: list[dict[str, Any]] = []
+    plain_drain = FramedConnection.drain
+
+    async def go() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, context: unretrieved.append(context))
+        async with _client_of_half_deaf_node(LONG_TIMEOUT_MS) as (client, _):
+            conn = client._conn
+            replacement = drain(client)
+
+            async def patched(self: FramedConnection) -> None:
+                await (replacement() if self is conn else plain_drain(self))
+
+            monkeypatch.setattr(FramedConnection, "drain", patched)
+            try:
+                await body(client)
+            finally:
+                monkeypatch.setattr(FramedConnection, "drain", plain_drain)
+        gc.collect()  # the calls' futures are unreferenced now: an unretrieved error is reported here
+        await asyncio.sleep(0)
+
+    asyncio.run(go())
+    assert not [c for c in unretrieved if "never retrieved" in str(c.get("message"))], unretrieved
+
+
+def test_a_drain_failing_after_the_connections_end_leaves_no_unretrieved_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The connection is lost while a call's drain waits: the connection's end fails the call's
+    future first, then the drain raises. The caller gets StorageRpcError, and the future's own
+    error is retrieved."""
+
+    def drain(client: StorageClient) -> Callable[[], Awaitable[None]]:
+        async def lost() -> None:
+            client._on_end(ConnectionResetError("reset by the test"))  # fails the pending call
+            raise ConnectionClosedError("connection lost during the drain")
+
+        return lost
+
+    async def body(client: StorageClient) -> None:
+        seq_num = client._take_seq_num()
+        with pytest.raises(StorageRpcError, match="disconnected"):
+            await client._exchange(seq_num, _request(seq_num, SILENT_PARTITION))
+
+    _run_leaving_no_unretrieved_error(monkeypatch, drain, body)
+
+
+def test_a_call_cancelled_in_its_drain_leaves_no_call_for_the_connections_end_to_fail(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A caller cancelled while its drain waits gives up the call: the connection's end later
+    finds no such call, so no error is set on a future nobody will await."""
+    draining = asyncio.Event()
+
+    def drain(_client: StorageClient) -> Callable[[], Awaitable[None]]:
+        async def blocked() -> None:
+            draining.set()
+            await asyncio.Event().wait()  # the send buffer never empties
+
+        return blocked
+
+    async def body(client: StorageClient) -> None:
+        seq_num = client._take_seq_num()
+        call = asyncio.ensure_future(client._exchange(seq_num, _request(seq_num, SILENT_PARTITION)))
+        async with asyncio.timeout(TEST_BOUND_S):
+            await draining.wait()
+        call.cancel()
+        await asyncio.wait([call])
+        assert seq_num not in client._pending
+        client._on_end(ConnectionResetError("reset by the test"))
+
+    _run_leaving_no_unretrieved_error(monkeypatch, drain, body)

@@ -5,6 +5,8 @@ anything the recogniser does not take whole goes to the decoder, which judges it
 
 from __future__ import annotations
 
+from wire_vector_support import message_from_fields, wire_lines
+
 from waltz_engine.common.crc import crc32
 from waltz_engine.common.record import Record
 from waltz_engine.common.reqid import ReqId
@@ -15,6 +17,7 @@ from waltz_engine.wire.client_messages import (
     AppendRequest,
     FeedData,
     FlushRequest,
+    lone_append_frame,
     recognise_append_request,
 )
 
@@ -100,3 +103,18 @@ def test_a_commits_feed_frame_packed_at_commit_is_the_codecs() -> None:
         for txid in range(3, 64):
             got = bytes(view[(txid - 3) * size : (txid - 2) * size])
             assert got == codec.encode_frame(FeedData(req_ids[txid], txid, -txid)), (version, txid)
+
+
+def test_the_clients_lone_append_frame_is_the_originals_bytes() -> None:
+    """The client packs an APPEND without locks itself (``lone_append_frame``): for every
+    APPEND_REQUEST frame the original encoded, in every codec version, it gives those bytes,
+    or None (locks, a null data, a version without the three lock arrays: the codec's way)."""
+    packed_versions = set()
+    for line in wire_lines("client_server_L"):
+        if line["name"] != "APPEND_REQUEST" or not line.get("frame_hex"):
+            continue
+        frame = lone_append_frame(message_from_fields(line), line["version"])
+        if frame is not None:
+            assert frame.hex() == line["frame_hex"], (line["version"], line["variant"])
+            packed_versions.add(line["version"])
+    assert packed_versions == {2, 3, 4}

@@ -208,9 +208,17 @@ class _RpcConnection:
         try:
             conn.send_frames(frames)
             await conn.drain()
-        except ConnectionClosedError as e:
+        except BaseException as e:
+            # Nobody awaits the future now: out of the pending calls, nothing fails it later.
+            # The connection's end (_fail_all) or the watchdog may have failed it already, while
+            # the drain waited: mark that error retrieved (this caller raises its own), else
+            # asyncio reports "Future exception was never retrieved".
             self._pending.pop(seq_num, None)
-            raise StorageRpcError(f"{self.name} {self.endpoint}: disconnected ({e})") from None
+            if future.done() and not future.cancelled():
+                future.exception()
+            if isinstance(e, ConnectionClosedError):
+                raise StorageRpcError(f"{self.name} {self.endpoint}: disconnected ({e})") from None
+            raise
         try:
             response = await future
         finally:
