@@ -207,6 +207,14 @@ def move_drops_tail(monkeypatch: pytest.MonkeyPatch) -> None:
     # rule, which else holds the source until the servers' recovery has caught the target up).
     monkeypatch.setattr(ReplicaMover, "_await_recorded_quorum", await_caught_up)
 
+    async def await_removal_recorded(self: ReplicaMover, move: Any) -> None:
+        return None
+
+    # Nor does it wait, once the source is out, for a session to record the replicas without it
+    # (the later rule of the operator's day, which else ends the move only once the servers'
+    # recovery of that session has caught the target up).
+    monkeypatch.setattr(ReplicaMover, "_await_removal_recorded", await_removal_recorded)
+
 
 def offload_unsealed(monkeypatch: pytest.MonkeyPatch) -> None:
     """An offload of an unsealed segment: the tier's round uploads the partition's current

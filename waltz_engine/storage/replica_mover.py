@@ -137,6 +137,7 @@ class ReplicaMover:
             self.say(f"partition {p}: {move.target} caught up; taking {move.source} out of the assignment")
             await self.fence()
             await asyncio.to_thread(change_replicas, self.zk, self.root, (), [(move.source, p)])
+        await self._await_removal_recorded(move)
         if not await self._release(layout, move):
             return False
         await self.fence()
@@ -353,6 +354,34 @@ class ReplicaMover:
                 )
             await asyncio.sleep(CATCH_UP_POLL_INTERVAL_MS / 1000)
             gap = await self.recorded_quorum_gap(layout, p, staying, move.target)
+
+    async def _await_removal_recorded(self, move: ReplicaMove) -> None:
+        """Until a store session without ``move``'s source recorded its replicas: the move ends
+        (and the source is told) only then. Until that recovery ends, the next one votes over the
+        replicas recorded with the source, the source counts as absent there, and each of those
+        that stay is needed: one of them lost in that window (the operator's next `kill -9`
+        right after a decommission returned) left the partition waiting for it to come back,
+        for good if its disk was lost."""
+        p = move.partition_id
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.catch_up_timeout_ms / 1000
+        said = False
+        while move.source in await self._recorded_storages(p):
+            if not said:
+                self.say(
+                    f"partition {p}: waiting for a store session to record the replicas without {move.source}"
+                )
+                said = True
+            if loop.time() >= deadline:
+                raise MoveError(
+                    f"partition {p}: no store session recorded the replicas without {move.source} within "
+                    f"{self.catch_up_timeout_ms} ms (is a server up? is a replica down?); run again"
+                )
+            await asyncio.sleep(CATCH_UP_POLL_INTERVAL_MS / 1000)
+
+    async def _recorded_storages(self, p: int) -> set[str]:
+        metadata, _ = await asyncio.to_thread(read_partition_metadata, self.zk, self.root, p)
+        return {state.replica_id.storage for state in metadata.replica_states}
 
     async def _session_of(self, layout: StoreLayout, p: int, storage: str) -> int | None:
         """The store session ``storage``'s node last took part in for ``p`` (None: no answer)."""

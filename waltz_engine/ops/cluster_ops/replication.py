@@ -1,9 +1,13 @@
 """Which partitions have fewer caught-up replicas than assigned, and why (issue 24 item 3).
 
 A replica counts when its node answers, holds the partition assigned and available, has no
-damaged segment, and holds every transaction committed when the check began (the committed
+damaged segment, holds every transaction committed when the check began (the committed
 high-water marks are asked from the servers first, then every replica, so a healthy replica is
-never reported behind). Everything is read through the original's messages (admin METRICS and
+never reported behind), and ZooKeeper records it in the partition's latest recorded store
+session (``recovering`` until then: a replica just moved in holds the log before the server's
+recovery records it, and until it does the partition's history rests on the earlier session's
+replicas; losing one of them then stalls the partition, so this is the check to wait for before
+taking another holder down). Everything is read through the original's messages (admin METRICS and
 LAST_SESSION_INFO, data MAX_TRANSACTION_ID, the client protocol's high-water mark): Java nodes
 answer too.
 """
@@ -20,6 +24,7 @@ from waltz_engine.ops.cluster_ops.view import ClusterView
 from waltz_engine.storage import admin_ops
 from waltz_engine.storage.admin_ops import PartitionStatus, StorageContext
 from waltz_engine.storage.network_reader import ClusterAccess, committed_high_water_marks
+from waltz_engine.zk.payloads import PartitionMetadata
 
 OK = "ok"
 
@@ -27,7 +32,7 @@ OK = "ok"
 @dataclass(frozen=True)
 class ReplicaState:
     storage: str
-    state: str  # "ok", "down", "behind", "offline", "unassigned on the node", "damaged"
+    state: str  # "ok", "down", "behind", "offline", "unassigned on the node", "damaged", "recovering"
     detail: str = ""
 
     @property
@@ -78,12 +83,35 @@ class ReplicationReport:
         }
 
 
+RECOVERING_DETAIL = "caught up; the server's recovery has not recorded it yet"
+
+
+def recorded_storages(metadata: PartitionMetadata | None) -> set[str] | None:
+    """The storage nodes ZooKeeper records in the partition's latest recorded store session; None
+    when there is nothing to compare with (no znode, unreadable, or no session recorded yet).
+
+    A session's recovery writes every replica it caught up at that session (the quorum-th first,
+    then each one that ends later); a replica left at an earlier session did not catch up in it.
+    While a new session's recovery runs no replica is at its id yet, and the latest recorded
+    session is still the one whose replicas hold the history: the reference is the highest session
+    id among the replica states, not the partition's session id, so a recovery in progress does
+    not flag every replica.
+    """
+    if metadata is None or not metadata.replica_states:
+        return None
+    latest = max(state.session_id for state in metadata.replica_states)
+    if latest < 0:
+        return None
+    return {state.replica_id.storage for state in metadata.replica_states if state.session_id == latest}
+
+
 async def _node_states(
     context: StorageContext,
     storage: str,
     admin_port: int,
     partitions: Sequence[int],
     committed: dict[int, int],
+    recorded: dict[int, set[str] | None],
 ) -> dict[int, ReplicaState]:
     """The state of each of ``partitions`` on one node."""
     try:
@@ -97,7 +125,11 @@ async def _node_states(
     states = {}
     for p in partitions:
         status = statuses.get(p)
-        states[p] = await _replica_state(context, storage, admin, data.port, p, status, committed.get(p, -1))
+        state = await _replica_state(context, storage, admin, data.port, p, status, committed.get(p, -1))
+        held_by = recorded.get(p)
+        if state.caught_up and held_by is not None and storage not in held_by:
+            state = ReplicaState(storage, "recovering", RECOVERING_DETAIL)
+        states[p] = state
     return states
 
 
@@ -133,13 +165,14 @@ async def replication_report(
     """Every (wanted) partition's assigned replicas and whether each is caught up."""
     wanted = list(range(view.num_partitions)) if partitions is None else list(partitions)
     committed = await asyncio.to_thread(committed_high_water_marks, access, wanted)  # first the bound
+    recorded = {p: recorded_storages(view.partition_metadata.get(p)) for p in wanted}
     report = {p: PartitionReplication(p, committed.get(p, -1)) for p in wanted}
     by_node = {
         storage: [p for p in ids if p in report] for storage, ids in sorted(view.replica_assignments.items())
     }
     answers = await asyncio.gather(
         *(
-            _node_states(context, storage, view.storage_admin_ports[storage], ids, committed)
+            _node_states(context, storage, view.storage_admin_ports[storage], ids, committed, recorded)
             if storage in view.storage_admin_ports
             else _no_admin_port(storage, ids)
             for storage, ids in by_node.items()
