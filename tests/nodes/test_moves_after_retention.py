@@ -30,7 +30,7 @@ from pathlib import Path
 import nodes_support
 import pytest
 from cluster_support import local_cluster, run_waltz_cli
-from nodes_support import kill_at, preload, replica_sets, short_session_config
+from nodes_support import await_none_under_replicated, kill_at, preload, replica_sets, short_session_config
 
 from waltz_engine.common.address import HostPort
 from waltz_engine.common.record import Record
@@ -170,8 +170,7 @@ def assert_replicas_caught_up_and_equal(cluster: LocalCluster, from_txid: int) -
     """None under-replicated, and every replica equal from ``from_txid`` (the checksum reads no
     replica below its retained start)."""
     config = str(cluster.client_config_path)
-    report = run_waltz_cli("cluster", "under-replicated", "--json", "-c", config)
-    assert json.loads(report.stdout)["under_replicated_count"] == 0, report.stdout
+    await_none_under_replicated(config)
     compared = run_waltz_cli(
         "storage", "checksum", "--online", "--from", str(from_txid), "--json", "-c", config
     )

@@ -25,7 +25,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from cluster_support import local_cluster, run_waltz_cli
-from nodes_support import load, preload, replica_sets
+from nodes_support import await_none_under_replicated, load, preload, replica_sets
 
 from waltz_engine.common.address import HostPort
 from waltz_engine.ops.devcluster import LocalCluster, LocalNode
@@ -155,7 +155,7 @@ def test_the_operators_day(cluster: LocalCluster, tier: Path, tmp_path: Path) ->
         # One failure at a time, as an operator takes them: the next only once every replica is
         # caught up and recorded (3 replicas survive one loss; a holder lost while a replica just
         # moved in is still `recovering` leaves the partition waiting for the node it replaced).
-        _wait_for("every replica caught up after the decommission", lambda: _under_replicated(config) == 0)
+        await_none_under_replicated(config)
 
         # 3. kill -9 another: its replica moves to the only live node without one.
         killed.kill()
@@ -166,7 +166,7 @@ def test_the_operators_day(cluster: LocalCluster, tier: Path, tmp_path: Path) ->
             ),
             GRACE_MS / 1000 + WAIT_S,
         )
-        _wait_for("every replica caught up after the re-replication", lambda: _under_replicated(config) == 0)
+        await_none_under_replicated(config)
 
         # 4. A third loses its directory: restored from the backup, it catches up.
         restored.kill()
@@ -191,7 +191,7 @@ def test_the_operators_day(cluster: LocalCluster, tier: Path, tmp_path: Path) ->
             lambda: _gauges(cluster, restored).get("max-transaction-id") is not None,
         )
     assert restored.connect_string in replica_sets(cluster)[PARTITION]
-    _wait_for("every replica caught up", lambda: _under_replicated(config) == 0)
+    await_none_under_replicated(config)
     # The restored replica is treated as any other: retention applies to it too.
     _wait_for(f"{restored.name}: retention", lambda: _first_txid(cluster, restored) >= start)
     # The log starts where every replica still holds it (each removes whole segments of its own).
@@ -217,6 +217,3 @@ def test_the_operators_day(cluster: LocalCluster, tier: Path, tmp_path: Path) ->
     assert [data for _, data in acknowledged if data not in held] == []
 
 
-def _under_replicated(config: str) -> int:
-    result = run_waltz_cli("cluster", "under-replicated", "--json", "-c", config)
-    return int(json.loads(result.stdout)["under_replicated_count"])

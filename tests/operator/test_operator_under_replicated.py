@@ -11,7 +11,7 @@ import pytest
 from cluster_support import append_lines, local_cluster, run_waltz_cli
 
 from waltz_cli.commands.cluster import DETAIL_MAX_CHARS
-from waltz_engine.ops.cluster_ops.replication import RECOVERING_DETAIL, recorded_storages
+from waltz_engine.ops.cluster_ops.replication import RECOVERING_DETAIL
 from waltz_engine.ops.devcluster import LocalCluster
 from waltz_engine.zk.connection import connect
 from waltz_engine.zk.java_io import JavaHashMap
@@ -37,15 +37,14 @@ def test_the_reference_is_the_latest_recorded_session() -> None:
     def state(storage: str, session_id: int, closing: int = UNRESOLVED_HIGH_WATER_MARK) -> ReplicaState:
         return ReplicaState(ReplicaId(0, storage), session_id, closing)
 
-    assert recorded_storages(None) is None
-    assert recorded_storages(PartitionMetadata(1, 0, ())) is None
-    assert recorded_storages(PartitionMetadata(1, 0, (state("a:1", -1, 9),))) is None
+    assert PartitionMetadata(1, 0, ()).latest_recorded_storages() is None
+    assert PartitionMetadata(1, 0, (state("a:1", -1, 9),)).latest_recorded_storages() is None
     in_progress = PartitionMetadata(1, 5, (state("a:1", 4), state("b:1", 4), state("c:1", 4)))
-    assert recorded_storages(in_progress) == {"a:1", "b:1", "c:1"}
+    assert in_progress.latest_recorded_storages() == {"a:1", "b:1", "c:1"}
     moved_in = PartitionMetadata(1, 5, (state("b:1", 4), state("c:1", 4), state("d:1", -1, 80)))
-    assert recorded_storages(moved_in) == {"b:1", "c:1"}
+    assert moved_in.latest_recorded_storages() == {"b:1", "c:1"}
     ended = PartitionMetadata(1, 5, (state("b:1", 5), state("c:1", 4, 80), state("d:1", 5)))
-    assert recorded_storages(ended) == {"b:1", "d:1"}
+    assert ended.latest_recorded_storages() == {"b:1", "d:1"}
 
 
 def report(cluster: LocalCluster, exit_code: int = 0) -> dict[str, object]:

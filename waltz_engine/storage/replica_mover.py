@@ -356,21 +356,20 @@ class ReplicaMover:
             gap = await self.recorded_quorum_gap(layout, p, staying, move.target)
 
     async def _await_removal_recorded(self, move: ReplicaMove) -> None:
-        """Until a store session without ``move``'s source recorded its replicas: the move ends
-        (and the source is told) only then. Until that recovery ends, the next one votes over the
-        replicas recorded with the source, the source counts as absent there, and each of those
-        that stay is needed: one of them lost in that window (the operator's next `kill -9`
-        right after a decommission returned) left the partition waiting for it to come back,
-        for good if its disk was lost."""
+        """Until a store session without ``move``'s source recorded its replicas, its target among
+        them: the move ends (and the source is told) only then, so a move that ended leaves every
+        replica recorded (``waltz cluster under-replicated`` reports none). Until that recovery
+        ends, the next one votes over the replicas recorded with the source, the source counts as
+        absent there, and each of those that stay is needed: one of them lost in that window (the
+        operator's next `kill -9` right after a decommission returned) left the partition waiting
+        for it to come back, for good if its disk was lost."""
         p = move.partition_id
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.catch_up_timeout_ms / 1000
         said = False
-        while move.source in await self._recorded_storages(p):
+        while not await self._removal_recorded(move):
             if not said:
-                self.say(
-                    f"partition {p}: waiting for a store session to record the replicas without {move.source}"
-                )
+                self.say(f"partition {p}: waiting for a session to record the replicas without {move.source}")
                 said = True
             if loop.time() >= deadline:
                 raise MoveError(
@@ -379,9 +378,12 @@ class ReplicaMover:
                 )
             await asyncio.sleep(CATCH_UP_POLL_INTERVAL_MS / 1000)
 
-    async def _recorded_storages(self, p: int) -> set[str]:
-        metadata, _ = await asyncio.to_thread(read_partition_metadata, self.zk, self.root, p)
-        return {state.replica_id.storage for state in metadata.replica_states}
+    async def _removal_recorded(self, move: ReplicaMove) -> bool:
+        metadata, _ = await asyncio.to_thread(read_partition_metadata, self.zk, self.root, move.partition_id)
+        if any(state.replica_id.storage == move.source for state in metadata.replica_states):
+            return False
+        latest = metadata.latest_recorded_storages()
+        return latest is None or move.target in latest
 
     async def _session_of(self, layout: StoreLayout, p: int, storage: str) -> int | None:
         """The store session ``storage``'s node last took part in for ``p`` (None: no answer)."""

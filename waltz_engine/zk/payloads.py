@@ -284,6 +284,21 @@ class PartitionMetadata(NamedTuple):
         copy = JavaHashMap.copy_of(states)
         return cls(generation, session_id, tuple(state for _, state in copy.items()))
 
+    def latest_recorded_storages(self) -> set[str] | None:
+        """The storage nodes recorded in the latest store session a recovery recorded; None when
+        none is (no replica state, or only replicas that never were in a session).
+
+        A session's recovery records every replica it caught up at that session (the quorum-th
+        first, then each one that ends later); a replica left at an earlier session did not catch
+        up in it. While a new session's recovery runs no replica is at its id yet, and the latest
+        recorded session is still the one whose replicas hold the history: the reference is the
+        highest session id among the states, not ``session_id``.
+        """
+        latest = max((state.session_id for state in self.replica_states), default=-1)
+        if latest < 0:
+            return None
+        return {state.replica_id.storage for state in self.replica_states if state.session_id == latest}
+
     def states_map(self) -> JavaHashMap[ReplicaId, ReplicaState]:
         """The map ``PartitionMetadata.readFrom`` builds, to modify and write back."""
         return JavaHashMap.from_items(ReplicaId.java_hash, ((s.replica_id, s) for s in self.replica_states))

@@ -86,25 +86,6 @@ class ReplicationReport:
 RECOVERING_DETAIL = "caught up; the server's recovery has not recorded it yet"
 
 
-def recorded_storages(metadata: PartitionMetadata | None) -> set[str] | None:
-    """The storage nodes ZooKeeper records in the partition's latest recorded store session; None
-    when there is nothing to compare with (no znode, unreadable, or no session recorded yet).
-
-    A session's recovery writes every replica it caught up at that session (the quorum-th first,
-    then each one that ends later); a replica left at an earlier session did not catch up in it.
-    While a new session's recovery runs no replica is at its id yet, and the latest recorded
-    session is still the one whose replicas hold the history: the reference is the highest session
-    id among the replica states, not the partition's session id, so a recovery in progress does
-    not flag every replica.
-    """
-    if metadata is None or not metadata.replica_states:
-        return None
-    latest = max(state.session_id for state in metadata.replica_states)
-    if latest < 0:
-        return None
-    return {state.replica_id.storage for state in metadata.replica_states if state.session_id == latest}
-
-
 async def _node_states(
     context: StorageContext,
     storage: str,
@@ -165,7 +146,7 @@ async def replication_report(
     """Every (wanted) partition's assigned replicas and whether each is caught up."""
     wanted = list(range(view.num_partitions)) if partitions is None else list(partitions)
     committed = await asyncio.to_thread(committed_high_water_marks, access, wanted)  # first the bound
-    recorded = {p: recorded_storages(view.partition_metadata.get(p)) for p in wanted}
+    recorded = {p: _recorded(view.partition_metadata.get(p)) for p in wanted}
     report = {p: PartitionReplication(p, committed.get(p, -1)) for p in wanted}
     by_node = {
         storage: [p for p in ids if p in report] for storage, ids in sorted(view.replica_assignments.items())
@@ -182,6 +163,10 @@ async def replication_report(
         for p, state in states.items():
             report[p].replicas.append(state)
     return ReplicationReport(list(report.values()))
+
+
+def _recorded(metadata: PartitionMetadata | None) -> set[str] | None:
+    return None if metadata is None else metadata.latest_recorded_storages()
 
 
 async def _no_admin_port(storage: str, partitions: Sequence[int]) -> dict[int, ReplicaState]:
