@@ -216,6 +216,17 @@ def move_drops_tail(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ReplicaMover, "_await_removal_recorded", await_removal_recorded)
 
 
+def move_ends_unrecorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A move that ends (and tells its source) as soon as the source is out of the assignment
+    (before the operator's day of 2026-11-28): the servers' recovery of the session without it
+    has not recorded the replicas that stay, and one of them lost then stalls the log."""
+
+    async def await_removal_recorded(self: ReplicaMover, move: Any) -> None:
+        return None
+
+    monkeypatch.setattr(ReplicaMover, "_await_removal_recorded", await_removal_recorded)
+
+
 def offload_unsealed(monkeypatch: pytest.MonkeyPatch) -> None:
     """An offload of an unsealed segment: the tier's round uploads the partition's current
     segment too once its records are at or below the local low-water mark (appends go on into
@@ -239,6 +250,7 @@ PLANTS.update(
     {
         "retention_past_low_water_mark": retention_past_low_water_mark,
         "move_drops_tail": move_drops_tail,
+        "move_ends_unrecorded": move_ends_unrecorded,
         "offload_unsealed": offload_unsealed,
     }
 )

@@ -46,6 +46,9 @@ FIRST_FINDING: dict[str, tuple[int, str]] = {
     # up) and the wait for a session to record the replicas without the source (the operator's
     # day, which masked it the same way). Seed 1 finds it in the move check's words.
     "move_drops_tail": (1, "dropped the tail"),
+    # The operator's day (2026-11-28): a move that ended before a session recorded the replicas
+    # without its source; the decommission's check reads ZooKeeper's replicas of record.
+    "move_ends_unrecorded": (0, "replicas of record held its source"),
     "offload_unsealed": (1, "was offloaded unsealed"),
 }
 # The default world without the operator's actions, where issue 21's item 1 stays replayed: the

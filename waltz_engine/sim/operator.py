@@ -51,8 +51,9 @@ from waltz_engine.storage.tier.manifest import TierManifest, object_names, repli
 from waltz_engine.storage.tier.offload import replica_name
 from waltz_engine.zk import replica_moves
 from waltz_engine.zk.connection import connect
+from waltz_engine.zk.replica_moves import ReplicaMove
 from waltz_engine.zk.retention import set_retention_bound
-from waltz_engine.zk.store_metadata import add_storage_node
+from waltz_engine.zk.store_metadata import add_storage_node, read_partition_metadata
 
 if TYPE_CHECKING:
     from waltz_engine.sim.world import SimWorld
@@ -284,6 +285,8 @@ class Operator:
             if move.source != source or move.partition_id not in goals:
                 continue
             self.moves_done += 1
+            if move.partition_id not in result.remaining:
+                await self._check_recorded_without(move)
             if not whole or world.storage_crashes != crashes:
                 continue
             held = await self._max_txid(move.target, move.partition_id)
@@ -293,6 +296,20 @@ class Operator:
                     f"a move of partition {move.partition_id} from {source} to {move.target} dropped the "
                     f"tail: the target holds up to {held}, but {goal} was committed when the move started"
                 )
+
+    async def _check_recorded_without(self, move: ReplicaMove) -> None:
+        """A move that ended left ZooKeeper's replicas of record without its source (a session's
+        recovery recorded the replicas that stay): else the next recovery votes over replicas
+        that include the source, counts it absent, and needs every one that stays, so one more
+        replica lost (the operator's next failure, right after the command returned) stalls the
+        log until it returns, for good if its disk is gone (the operator's day, 2026-11-28)."""
+        root = self.world.settings.cluster_root
+        found = await self._zk(lambda zk: read_partition_metadata(zk, root, move.partition_id))
+        if any(state.replica_id.storage == move.source for state in found.metadata.replica_states):
+            self.violations.append(
+                f"a move of partition {move.partition_id} from {move.source} to {move.target} ended while "
+                "ZooKeeper's replicas of record held its source: one more replica lost would stall the log"
+            )
 
     def _rot_elsewhere(self, host: str) -> bool:
         """Whether the world damaged another storage node's media than ``host``'s."""
