@@ -16,7 +16,6 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import Executor
-from functools import partial
 from typing import Any, TypeVar
 
 from waltz_engine.client.callbacks import WaltzClientCallbacks
@@ -267,7 +266,10 @@ class WaltzClient:
             stream = self._stream
             if stream is None or self._closed:
                 stream = self._stream_client()  # raises: not started, or closed
-            partition = stream.partition(context.partition_id(stream.num_partitions))
+            partition_id = context.partition_id(stream.num_partitions)
+            partition = stream.partitions.get(partition_id)
+            if partition is None:
+                partition = stream.partition(partition_id)  # raises PartitionNotFoundError
             if not partition.mounted or partition.state is not PartitionState.ACTIVE:
                 await partition.ensure_mounted(self.config.ensure_mounted_timeout_ms, stream.check_ahead)
             # The client HWM as cached now (PR #67): what the server checks the locks against.
@@ -285,8 +287,9 @@ class WaltzClient:
                     request, context, self.config.registration_timeout_ms, self.config.flush_timeout_ms
                 )
             sent = True
-            future.add_done_callback(partial(self._on_result, context))
-            self._notify_progress()
+            future.add_done_callback(self._on_result)  # the future holds the context
+            if self._progress is not None:  # a flush waits (a call saved per submit otherwise)
+                self._notify_progress()
             network_client = partition.network_client
             if network_client is not None and network_client.must_drain:
                 await network_client.drain()
@@ -317,8 +320,10 @@ class WaltzClient:
                 self._finish(context, e)
             raise
 
-    def _on_result(self, context: TransactionContext, future: TransactionFuture) -> None:
+    def _on_result(self, future: TransactionFuture) -> None:
         """An attempt was decided: the context's final outcome, or (proven absent) a retry."""
+        context = future.context
+        assert context is not None, "a submitted attempt's future holds its context"
         if future.cancelled():
             self._finish(context, OutcomeUnknownError(future.req_id, "the client stopped watching it"))
             return
@@ -341,7 +346,8 @@ class WaltzClient:
             call_hook(context.on_exception, outcome)
         elif outcome is not None:
             call_hook(context.on_completion, outcome)
-        self._notify_progress()
+        if self._progress is not None:
+            self._notify_progress()
 
     def _notify_progress(self) -> None:
         progress, self._progress = self._progress, None

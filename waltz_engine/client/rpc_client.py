@@ -199,8 +199,10 @@ class RpcClient(BaseClient):
         """The feed delivered transactions up to ``last_transaction_id``: ask for their data ahead."""
         partition = self._partitions.get(partition_id)
         if partition is not None and partition.prefetch is not None and not self._closed:
-            partition.prefetch.feed_seen(applied_through, last_transaction_id)
-            self._prefetch(partition, partition.prefetch)
+            prefetch = partition.prefetch
+            prefetch.feed_seen(applied_through, last_transaction_id)
+            if prefetch.reading:  # else nothing is wanted (an application that reads no data)
+                self._prefetch(partition, prefetch)
 
     def reset_prefetch(self, partition_id: int) -> None:
         """A remount: the window starts again from what the new feed delivers."""
