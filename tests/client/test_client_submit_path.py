@@ -5,15 +5,18 @@ needed. And the APPEND frame packed in one go is the codec's frame, byte for byt
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import inspect
 import random
+import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
-from client_support.app import MockContext
-from client_support.harness import mock_client, run
+from client_support.app import MockCallbacks, MockContext
+from client_support.harness import mock_client, outcomes, run
 
-from waltz_engine.client import MockDriver
+from waltz_engine.client import MockDriver, TransactionBuilder, WaltzClient, WaltzClientConfig
 from waltz_engine.client.transaction_monitor import TransactionFuture, TransactionMonitor
 from waltz_engine.common.crc import crc32
 from waltz_engine.common.reqid import ReqId
@@ -218,3 +221,58 @@ def test_submits_with_the_monitor_full_wait_their_turn_in_order() -> None:
             assert await first.result(OUTCOME_WAIT_S) is True
 
     run(go)
+
+
+class _CoroutineContext(MockContext):
+    async def execute(self, builder: TransactionBuilder) -> bool:  # type: ignore[override]
+        await asyncio.sleep(0)
+        return super().execute(builder)
+
+
+def test_execute_runs_on_the_loop_as_a_coroutine_or_on_the_executor() -> None:
+    """One helper calls the application's callbacks: a plain ``execute`` on the loop within the
+    submit, a coroutine one awaited, both on the executor when there is one; each commits once.
+    On the executor a callback runs only once its awaitable is awaited (a feed step abandoned
+    unstarted must not apply its transaction)."""
+
+    async def go() -> None:
+        loop_thread = threading.get_ident()
+        with _CountingExecutor(1) as executor:
+            for callback_executor in (None, executor):
+                client = await WaltzClient.create(
+                    MockCallbacks(),
+                    WaltzClientConfig(mock_driver=MockDriver(1)),
+                    callback_executor=callback_executor,
+                )
+                try:
+                    await client.ensure_mounted(0)
+                    contexts = [MockContext("plain"), _CoroutineContext("coroutine")]
+                    for context in contexts:
+                        await client.submit(context)
+                    assert await outcomes(*contexts) == [True, True]
+                    assert [c.exec_count for c in contexts] == [1, 1]
+                    threads: list[int] = []
+                    submitted = executor.submitted
+                    called = client._call(_record_thread, threads)
+                    if callback_executor is None:
+                        assert threads == [loop_thread] and called is None
+                    else:
+                        assert inspect.isawaitable(called) and executor.submitted == submitted
+                        await called
+                        assert len(threads) == 1 and threads[0] != loop_thread
+                finally:
+                    await client.close()
+
+    run(go)
+
+
+class _CountingExecutor(concurrent.futures.ThreadPoolExecutor):
+    submitted = 0
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        self.submitted += 1
+        return super().submit(fn, *args, **kwargs)
+
+
+def _record_thread(threads: list[int]) -> None:
+    threads.append(threading.get_ident())

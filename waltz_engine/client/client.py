@@ -16,7 +16,6 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import Executor
-from functools import partial
 from typing import Any, TypeVar
 
 from waltz_engine.client.callbacks import WaltzClientCallbacks
@@ -264,18 +263,20 @@ class WaltzClient:
         """
         sent = False
         try:
-            stream = self._stream_client()
-            partition = stream.partition(context.partition_id(stream.num_partitions))
+            stream = self._stream
+            if stream is None or self._closed:
+                stream = self._stream_client()  # raises: not started, or closed
+            partition_id = context.partition_id(stream.num_partitions)
+            partition = stream.partitions.get(partition_id)
+            if partition is None:
+                partition = stream.partition(partition_id)  # raises PartitionNotFoundError
             if not partition.mounted or partition.state is not PartitionState.ACTIVE:
                 await partition.ensure_mounted(self.config.ensure_mounted_timeout_ms, stream.check_ahead)
             # The client HWM as cached now (PR #67): what the server checks the locks against.
             builder = TransactionBuilder(partition.next_req_id(), partition.client_high_water_mark)
-            if self._executor is None:
-                executed = context.execute(builder)
-                if executed is not True and executed is not False and inspect.isawaitable(executed):
-                    executed = await executed
-            else:
-                executed = await self._invoke(context.execute, builder)
+            executed = self._call(context.execute, builder)
+            if executed is not True and executed is not False and inspect.isawaitable(executed):
+                executed = await executed
             if not executed:
                 self._finish(context, False)  # execute declined: nothing to do, no retry
                 return
@@ -286,8 +287,9 @@ class WaltzClient:
                     request, context, self.config.registration_timeout_ms, self.config.flush_timeout_ms
                 )
             sent = True
-            future.add_done_callback(partial(self._on_result, context))
-            self._notify_progress()
+            future.add_done_callback(self._on_result)  # the future holds the context
+            if self._progress is not None:  # a flush waits (a call saved per submit otherwise)
+                self._notify_progress()
             network_client = partition.network_client
             if network_client is not None and network_client.must_drain:
                 await network_client.drain()
@@ -318,8 +320,10 @@ class WaltzClient:
                 self._finish(context, e)
             raise
 
-    def _on_result(self, context: TransactionContext, future: TransactionFuture) -> None:
+    def _on_result(self, future: TransactionFuture) -> None:
         """An attempt was decided: the context's final outcome, or (proven absent) a retry."""
+        context = future.context
+        assert context is not None, "a submitted attempt's future holds its context"
         if future.cancelled():
             self._finish(context, OutcomeUnknownError(future.req_id, "the client stopped watching it"))
             return
@@ -342,7 +346,8 @@ class WaltzClient:
             call_hook(context.on_exception, outcome)
         elif outcome is not None:
             call_hook(context.on_completion, outcome)
-        self._notify_progress()
+        if self._progress is not None:
+            self._notify_progress()
 
     def _notify_progress(self) -> None:
         progress, self._progress = self._progress, None
@@ -443,7 +448,9 @@ class WaltzClient:
 
     async def _activate(self, partition_id: int) -> None:
         stream = self._stream_client()
-        high_water_mark = await self._invoke(self._callbacks.get_client_high_water_mark, partition_id)
+        high_water_mark = self._call(self._callbacks.get_client_high_water_mark, partition_id)
+        if inspect.isawaitable(high_water_mark):
+            high_water_mark = await high_water_mark
         partition = stream.partitions[partition_id]
         partition.activate(int(high_water_mark))
         stream.mount(partition)
@@ -477,9 +484,7 @@ class WaltzClient:
         """
         assert self._rpc is not None and self._loop is not None and self._loop_thread is not None
         transaction = Transaction(transaction_id, header, req_id, self._rpc, self._loop, self._loop_thread)
-        if self._executor is not None:
-            return self._invoke(self._callbacks.apply_transaction, transaction)
-        result = self._callbacks.apply_transaction(transaction)
+        result = self._call(self._callbacks.apply_transaction, transaction)
         return result if result is not None and inspect.isawaitable(result) else None
 
     def _report_application_error(
@@ -488,11 +493,24 @@ class WaltzClient:
         """Every failed try of apply_transaction; a PartitionStoppedError when the client gave up."""
         self._callbacks.uncaught_exception(partition_id, transaction_id, exception)
 
-    async def _invoke(self, function: Callable[..., Any], *args: Any) -> Any:
+    def _call(self, function: Callable[..., Any], *args: Any) -> Any:
+        """Call an application callback: its result, or an awaitable of its result.
+
+        With no executor the callback runs here, on the loop: what it returns comes back as it
+        is, a plain result (no coroutine made: a lone submit and a feed's transaction stay
+        synchronous) or the awaitable a coroutine callback made. With an executor what comes back
+        is an awaitable of its result that runs it there once awaited (a coroutine it returned
+        is awaited on the loop). The caller awaits what is awaitable.
+        """
         if self._executor is None:
-            result = function(*args)
-        else:
-            result = await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
+            return function(*args)
+        return self._on_executor(self._executor, function, *args)
+
+    @staticmethod
+    async def _on_executor(executor: Executor, function: Callable[..., Any], *args: Any) -> Any:
+        """``function`` on ``executor`` once awaited, not before (an abandoned feed step closes
+        it unstarted, so its transaction is not applied); a coroutine it returns runs here."""
+        result = await asyncio.get_running_loop().run_in_executor(executor, function, *args)
         if inspect.isawaitable(result):
             result = await result
         return result

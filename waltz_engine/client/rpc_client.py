@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 from waltz_engine.client.backoff import RECONNECT_BACKOFF_MAX_MS
@@ -84,6 +85,15 @@ class _RpcPartition:
         self.high_water_mark: asyncio.Future[int] | None = None
         self.prefetch = DataPrefetch(prefetch_bytes) if prefetch_bytes > 0 else None
 
+    def take_waiting(self) -> list[asyncio.Future[Any]]:
+        """The futures of every call waiting on this partition's server, forgotten here."""
+        futures: list[asyncio.Future[Any]] = [p.future for p in self.data.values()]
+        if self.high_water_mark is not None:
+            futures.append(self.high_water_mark)
+        self.data.clear()
+        self.high_water_mark = None
+        return futures
+
 
 class RpcClient(BaseClient):
     def __init__(
@@ -132,12 +142,7 @@ class RpcClient(BaseClient):
         for partition in self._partitions.values():
             if self.network_client_of(partition.partition_id) is not network_client:
                 continue
-            futures: list[asyncio.Future[Any]] = [p.future for p in partition.data.values()]
-            if partition.high_water_mark is not None:
-                futures.append(partition.high_water_mark)
-            partition.data.clear()
-            partition.high_water_mark = None
-            _fail(futures, error)
+            _fail(partition.take_waiting(), error)
         for (endpoint, _), waiters in self._admin.items():
             if endpoint == network_client.endpoint:
                 _fail(list(waiters), error)
@@ -194,8 +199,10 @@ class RpcClient(BaseClient):
         """The feed delivered transactions up to ``last_transaction_id``: ask for their data ahead."""
         partition = self._partitions.get(partition_id)
         if partition is not None and partition.prefetch is not None and not self._closed:
-            partition.prefetch.feed_seen(applied_through, last_transaction_id)
-            self._prefetch(partition, partition.prefetch)
+            prefetch = partition.prefetch
+            prefetch.feed_seen(applied_through, last_transaction_id)
+            if prefetch.reading:  # else nothing is wanted (an application that reads no data)
+                self._prefetch(partition, prefetch)
 
     def reset_prefetch(self, partition_id: int) -> None:
         """A remount: the window starts again from what the new feed delivers."""
@@ -381,20 +388,9 @@ class RpcClient(BaseClient):
         await super().close()
         error = ClientClosedError()
         for partition in self._partitions.values():
-            futures: list[asyncio.Future[Any]] = [p.future for p in partition.data.values()]
-            if partition.high_water_mark is not None:
-                futures.append(partition.high_water_mark)
-            partition.data.clear()
-            partition.high_water_mark = None
-            for future in futures:
-                if not future.done():
-                    future.set_exception(error)
-                    future.exception()  # nobody may be waiting: do not warn "never retrieved"
+            _fail(partition.take_waiting(), error)
         for waiters in self._admin.values():
-            for future in waiters:
-                if not future.done():
-                    future.set_exception(error)
-                    future.exception()
+            _fail(waiters, error)
 
 
 def _last_connect_error(network_client: NetworkClient) -> str:
@@ -404,7 +400,7 @@ def _last_connect_error(network_client: NetworkClient) -> str:
     return f"; {network_client.endpoint}: last connect failed: {error}"
 
 
-def _fail(futures: list[asyncio.Future[Any]], error: BaseException) -> None:
+def _fail(futures: Iterable[asyncio.Future[Any]], error: BaseException) -> None:
     for future in futures:
         if not future.done():
             future.set_exception(error)

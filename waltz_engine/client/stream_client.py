@@ -195,13 +195,15 @@ class StreamClient(BaseClient):
                 self._on_control(network_client, message)
                 index += 1
                 continue
-            end = _run_end(messages, index)
+            # A lone FeedData (one appender's commit) is its own run: no call to find its end.
+            end = index + 1 if index + 1 == count else _run_end(messages, index)
             partition = self.partitions.get(message.req_id.partition_id)
             if partition is None:
                 log.warning("message for unknown partition from %r: %s", network_client, message)
             else:
+                run: list[FeedData] = messages[index:end]  # type: ignore[assignment]  # (no cast call)
                 try:
-                    rest = partition.apply_now(cast("list[FeedData]", messages[index:end]), self._deliver)
+                    rest = partition.apply_now(run, self._deliver)
                 except ApplicationError as failed:
                     raise self._apply_failed(partition, failed) from failed.__cause__
                 if rest is not None:

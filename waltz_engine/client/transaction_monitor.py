@@ -45,7 +45,9 @@ class TransactionFuture(asyncio.Future[bool]):
         super().__init__()
         self.req_id = req_id
         self.context = context
-        self.registered_ms = monotonic_ms()
+        # The loop's clock, which clock.monotonic_s reads on a loop (the simulator's virtual
+        # one there), read without its two calls: once per append.
+        self.registered_ms = self.get_loop().time() * 1000
         self._flushed = False
         self._flush_waiters: list[asyncio.Future[None]] = []
 
@@ -55,10 +57,12 @@ class TransactionFuture(asyncio.Future[bool]):
 
     def mark_flushed(self) -> None:
         self._flushed = True
-        for waiter in self._flush_waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-        self._flush_waiters.clear()
+        waiters = self._flush_waiters
+        if waiters:
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+            waiters.clear()
 
     async def wait_flushed(self, timeout_ms: int) -> bool:
         """Whether it was flushed within ``timeout_ms``."""
@@ -229,7 +233,7 @@ class TransactionMonitor:
         if future is None:
             return None
         if not future.done():
-            self.latency.observe(monotonic_ms() - future.registered_ms)
+            self.latency.observe(future.get_loop().time() * 1000 - future.registered_ms)
         self._complete_through(req_id, True)
         return future.context
 
@@ -264,14 +268,15 @@ class TransactionMonitor:
             other = next(iter(self._registered))
             future = self._registered.pop(other)
             future.mark_flushed()
-            if other == req_id:
-                if future.settle(success):
-                    self._num_registered -= 1
-                break
+            last = other == req_id
             # Appends of a partition are processed in order: an older pending one failed.
-            if future.settle(False):
+            if not future.done():  # settle(), without its call (once per commit)
+                future.set_result(success if last else False)
                 self._num_registered -= 1
-        self._wake()
+            if last:
+                break
+        if self._space is not None:
+            self._wake()
 
     # -- queries -------------------------------------------------------------------------------
 
