@@ -39,6 +39,7 @@ from waltz_engine.server.config import EngineSettings
 from waltz_engine.server.handler import ClientHandler
 from waltz_engine.server.server import ServerCore
 from waltz_engine.server.store import Store, StorePartition
+from waltz_engine.server.store.config import StoreConfig
 from waltz_engine.server.store.queued_appends import FAILED_TRANSACTION_ID
 from waltz_engine.wire.client_messages import (
     CLIENT_CODECS,
@@ -275,3 +276,50 @@ def _session_id(partition: StorePartition) -> int:
     session = partition.status()["session"]
     assert isinstance(session, dict)
     return int(session["session_id"])
+
+
+def test_a_replica_slower_than_the_quorum_is_sent_the_next_batches_behind_its_unanswered_one(
+    cluster: StorageCluster, zk: KazooClient
+) -> None:
+    """One node stopped: three lone appends commit on the two others, one after another, and the
+    stopped node's replica is sent each batch behind the ones it has not answered (in order on
+    its connection), not made to miss them and catch up later. Once it runs again its answers
+    vote, in order, with no roll of the session, and every log is the same."""
+    partition_id = 0
+    slow = cluster.nodes[2]
+    storages = [node_connect_string(node) for node in cluster.nodes]
+
+    async def go() -> None:
+        # No low-water marks: a mark due would hold a batch back for the task path (by design).
+        config = StoreConfig(
+            initial_retry_interval_ms=20, max_retry_interval_ms=200, low_water_mark_interval_ms=0
+        )
+        store = await open_store(zk, cluster.root, config)
+        try:
+            partition, outcomes = await _first_lone_commit(store, partition_id, storages)
+            session_id = _session_id(partition)
+            session = partition._manager.current_session
+            assert session is not None
+            (replica,) = [r for r in session.replica_sessions if r.storage == node_connect_string(slow)]
+            # Its task idles, caught up: batches may go from the store session's call.
+            await wait_until(lambda: replica._parked and replica.next_transaction_id == 1, "the replica idle")
+            os.kill(slow.pid, signal.SIGSTOP)
+            try:
+                for seq in (1, 2, 3):
+                    assert outcomes.append_lone(partition, seq), "taken at once"
+                    assert await outcomes.wait(seq) == (seq, None), "the two others commit it"
+                unanswered = [batch.first_transaction_id for batch in replica._direct]
+                assert unanswered == [1, 2, 3], "each batch went to the slow replica behind the last"
+                assert replica.next_transaction_id == 1
+            finally:
+                os.kill(slow.pid, signal.SIGCONT)
+            await wait_until(lambda: replica.next_transaction_id == 4, "the slow replica's answers voted")
+            assert not replica._direct
+            assert _session_id(partition) == session_id, "no roll: nothing abstained"
+            for node in cluster.nodes:
+                records = await read_all(node, partition_id, session_id, 10)
+                assert [r.req_id.seq_num for r in records] == [0, 1, 2, 3], node
+        finally:
+            await store.close()
+
+    asyncio.run(go())
