@@ -323,3 +323,54 @@ def test_a_replica_slower_than_the_quorum_is_sent_the_next_batches_behind_its_un
             await store.close()
 
     asyncio.run(go())
+
+
+def test_a_slow_replica_that_fails_with_batches_unanswered_abstains_them_and_the_log_goes_on(
+    cluster: StorageCluster, zk: KazooClient
+) -> None:
+    """One node stopped with three batches sent to it behind each other, then killed: its replica
+    session abstains every unanswered one (all decided by the other two already) and ends; the
+    idle session rolls, and once the node is back it catches up to the same log, and appends go on."""
+    partition_id = 1
+    slow = cluster.nodes[2]
+    storages = [node_connect_string(node) for node in cluster.nodes]
+
+    async def go() -> None:
+        config = StoreConfig(
+            initial_retry_interval_ms=20, max_retry_interval_ms=200, low_water_mark_interval_ms=0
+        )
+        store = await open_store(zk, cluster.root, config)
+        try:
+            partition, outcomes = await _first_lone_commit(store, partition_id, storages)
+            session_id = _session_id(partition)
+            session = partition._manager.current_session
+            assert session is not None
+            (replica,) = [r for r in session.replica_sessions if r.storage == node_connect_string(slow)]
+            await wait_until(lambda: replica._parked and replica.next_transaction_id == 1, "the replica idle")
+            os.kill(slow.pid, signal.SIGSTOP)
+            for seq in (1, 2, 3):
+                assert outcomes.append_lone(partition, seq), "taken at once"
+                assert await outcomes.wait(seq) == (seq, None), "the two others commit it"
+            assert len(replica._direct) == 3
+            slow.kill()
+            await wait_until(lambda: replica.closed, "the slow replica's session ends")
+            assert not replica._direct, "its unanswered batches abstained"
+            await wait_until(lambda: _session_id(partition) != session_id, "the idle session rolls")
+            await asyncio.to_thread(slow.start)
+            await wait_until(lambda: caught_up(partition.status(), storages), "the slow replica caught up")
+            taken = outcomes.append_lone(partition, 4)
+            if not taken:
+                data = b"lone-4"
+                future = await partition.append(
+                    ReqId(CLIENT_ID, GENERATION, partition_id, 4), 0, data, crc32(data)
+                )
+                assert await bounded(future) == 4
+            else:
+                assert await outcomes.wait(4) == (4, None)
+            for node in cluster.nodes:
+                records = await read_all(node, partition_id, _session_id(partition), 10)
+                assert [r.req_id.seq_num for r in records] == [0, 1, 2, 3, 4], node
+        finally:
+            await store.close()
+
+    asyncio.run(go())
