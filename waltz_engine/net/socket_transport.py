@@ -36,7 +36,7 @@ import sys
 import termios
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from waltz_engine.common.loop_turns import run_turn_end
@@ -65,6 +65,9 @@ READ_WAIT_WRITABLE = -2
 READ_CLOSED = -3
 
 _WANT = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
+# A send the socket cannot take now (a TLS write that wants the socket readable first is one):
+# the bytes wait in the queue, and ``_flush`` retries them.
+_WANT_WRITE = (BlockingIOError, InterruptedError, ssl.SSLWantWriteError, ssl.SSLWantReadError)
 _read_buffers = threading.local()
 
 
@@ -137,6 +140,10 @@ class SocketTransport(asyncio.Transport):
         self._high = DEFAULT_WRITE_HIGH_BYTES
         self._low = DEFAULT_WRITE_HIGH_BYTES // 4
         self._writing_paused = False
+        # Where read bytes go when the protocol's reader hands them to a callback anyway
+        # (``net.transport.StreamReader.sink``): straight there, without the stream protocol's
+        # ``data_received`` and the reader's ``feed_data`` between (three calls per read).
+        self._data_sink: Callable[[bytes], None] | None = None
         # Held around every use of the TLS object and of the write queue: a storage node's
         # disk thread writes its answers here itself (:meth:`write_from_thread`), and OpenSSL
         # allows one thread at a time on a connection. Re-entrant: a flush may fail and close.
@@ -239,6 +246,12 @@ class SocketTransport(asyncio.Transport):
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
         self._protocol = protocol
 
+    def set_data_sink(self, sink: Callable[[bytes], None] | None) -> None:
+        """Hand read bytes to ``sink`` instead of the protocol's ``data_received`` (None: to the
+        protocol again). Only for a sink that is where ``data_received`` would pass them on: the
+        end of the stream and errors still go to the protocol."""
+        self._data_sink = sink
+
     def get_protocol(self) -> asyncio.BaseProtocol:
         assert self._protocol is not None
         return self._protocol
@@ -287,6 +300,22 @@ class SocketTransport(asyncio.Transport):
             return
         chunk = data if isinstance(data, bytes) else bytes(data)
         with self._lock:
+            if not self._buffered:
+                # Nothing waits: straight to the socket (what ``_flush`` would do with a queue of
+                # one, without the queue). What it does not take waits as before.
+                sock = self._sock
+                tls = getattr(sock, "_sslobj", None)
+                try:
+                    sent = tls.write(chunk) if tls is not None else sock.send(chunk)
+                except _WANT_WRITE:
+                    sent = 0
+                except (OSError, ssl.SSLError) as exc:
+                    self._fatal_error(exc)
+                    return
+                if sent == len(chunk):
+                    return
+                if sent:
+                    chunk = chunk[sent:]  # (plain TCP only: a TLS write is all or nothing)
             self._queue.append(chunk)
             self._buffered += len(chunk)
             if self._buffered == len(chunk):
@@ -426,9 +455,8 @@ class SocketTransport(asyncio.Transport):
             return
         sock = self._sock
         view = _read_buffer()
-        protocol = self._stream_protocol()
         budget = MAX_READ_PER_CALLBACK_BYTES
-        tls = _tls_object(sock)
+        tls = getattr(sock, "_sslobj", None)  # (``_tls_object``, inlined: 4 reads per commit)
         lock = self._lock
         while budget > 0:
             try:
@@ -451,10 +479,18 @@ class SocketTransport(asyncio.Transport):
                 self._eof()
                 return
             budget -= size
-            protocol.data_received(view[:size].tobytes())
+            sink = self._data_sink
+            if sink is not None:
+                sink(view[:size].tobytes())
+            else:
+                self._stream_protocol().data_received(view[:size].tobytes())
             if not self._reading or self._closing:
                 return
-            if tls is not None and not _pending(tls, lock) and not _unread_bytes(self._fd):
+            if tls is None:
+                continue
+            with lock:
+                pending = tls.pending()
+            if not pending and not _unread_bytes(self._fd):
                 # Nothing decrypted is left and the kernel holds nothing more (OpenSSL reads no
                 # further than the record it returns), so the next read could only fail. Its
                 # SSLWantReadError, built with OpenSSL's error text, cost more than this one

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from typing import NamedTuple, Protocol
 
 from waltz_engine.common import clock
@@ -62,6 +63,12 @@ class CommittedBatches(Protocol):
 log = logging.getLogger(__name__)
 # How soon a mark due while a direct batch is unanswered is tried again.
 MARK_RETRY_MS = 100
+# Batches written from the store session's call and not answered yet, at most, per replica: a
+# replica slower than the quorum (the third of three on a busy machine) is sent the next batch
+# behind the one it still writes, in order on its connection, instead of missing it and catching
+# up through its task (a task turn and a future per batch). Past it the next batch waits, as
+# before, for an answer's read callback, or is caught up with.
+MAX_DIRECT_IN_FLIGHT = 8
 _connect_failures = LimitedLog(log)
 
 NO_TRANSACTION_ID = -1
@@ -127,8 +134,9 @@ class ReplicaSession(LatencyWeightedRoute):
         self._next_transaction_id = NO_TRANSACTION_ID  # the writer's; valid once recovered
         self._batch_transaction_id = NO_TRANSACTION_ID  # first txid of the latest batch handed over
         self._batch: ReplicatedBatch | None = None
-        # The batch sent from the store session's call itself (no task turn), until answered.
-        self._direct: ReplicatedBatch | None = None
+        # The batches sent from the store session's call itself (no task turn), in txid order,
+        # until answered (a connection's answers come in the order of its requests).
+        self._direct: deque[ReplicatedBatch] = deque()
         # The task waits for the next batch, caught up: a batch may then go from the store
         # session's call (``append``); untimed: with no mark due later, so a direct batch's answer
         # wakes it to time the mark of what it wrote.
@@ -206,9 +214,9 @@ class ReplicaSession(LatencyWeightedRoute):
         batch, self._batch = self._batch, None
         if batch is not None:
             batch.voting.abstain()
-        direct, self._direct = self._direct, None
-        if direct is not None:
-            direct.voting.abstain()
+        direct, self._direct = self._direct, deque()
+        for sent in direct:
+            sent.voting.abstain()
         self._wakeup.set()
         task = self._task
         if task is not None and task is not asyncio.current_task():
@@ -230,53 +238,64 @@ class ReplicaSession(LatencyWeightedRoute):
         first_transaction_id = batch.first_transaction_id
         self._batch_transaction_id = first_transaction_id
         connection = self._connection
-        direct = self._direct
         if (
             self._parked
-            and direct is None
             and connection is not None
-            and first_transaction_id == self._next_transaction_id
+            and first_transaction_id == self._next_direct_transaction_id()
+            and len(self._direct) < MAX_DIRECT_IN_FLIGHT
             and self._can_send_now(connection)
         ):
+            # (Behind the batches still unanswered, if any: the slowest of a quorum, say.)
             self._send_now(connection, batch)
             return
         self._batch = batch
-        if (
-            self._parked
-            and direct is not None
-            and first_transaction_id == direct.first_transaction_id + direct.num_records
-        ):
-            # The replica still writes the batch before (the slowest of a quorum, say): that
-            # answer's read callback sends this one or wakes the task. Waking it now would only
-            # see the answer due and wait again.
+        if self._parked and self._direct and first_transaction_id == self._next_direct_transaction_id():
+            # It follows what the replica still writes, and cannot go now (a mark is due, the
+            # connection is full, or too many are unanswered): an answer's read callback sends
+            # it or wakes the task. Waking it now would only see the answers due and wait again.
             return
         self._wakeup.set()
 
+    def _next_direct_transaction_id(self) -> int:
+        """Where the next batch written from a call must start: after the unanswered ones."""
+        direct = self._direct
+        if not direct:
+            return self._next_transaction_id
+        last = direct[-1]
+        return last.first_transaction_id + last.num_records
+
     def _can_send_now(self, connection: ReplicaConnection) -> bool:
-        """A batch that starts at the replica's next txid may go from the caller's call, with the
-        parked task not writing (``_direct`` None): the replica session is open, no mark is due
+        """A batch that starts at the replica's next txid (after the unanswered ones) may go from
+        the caller's call, with the task parked (not writing): the replica session is open, no mark is due
         (the task path tells the replica its mark before the batch) and the connection takes it."""
         return not self._closed and not self._mark_due() and connection.can_send_now()
 
     def _send_now(self, connection: ReplicaConnection, batch: ReplicatedBatch) -> None:
         """Write the batch from the caller's turn; its answer votes from the read callback
-        (:meth:`_direct_answered`). The task stays idle meanwhile, and waits for the answer before
+        (:meth:`_direct_answered`). The task stays idle meanwhile, and waits for the answers before
         it takes another batch."""
-        self._direct = batch
+        self._direct.append(batch)
         try:
             call = _DirectAppend(self, batch, connection)
             connection.send_append_call(batch.encoded, batch.num_records, call)
         except Exception as e:
-            self._direct = None
+            self._direct.pop()
             batch.voting.abstain()
             self._fail(e)
 
     def _direct_answered(
         self, connection: ReplicaConnection, batch: ReplicatedBatch, error: BaseException | None
     ) -> None:
-        if self._direct is not batch:
+        direct = self._direct
+        if not direct or direct[0] is not batch:
+            if batch in direct:
+                # Answered before a batch sent ahead of it: never seen from a node (a connection's
+                # answers follow its requests). The replica's log is not known: it ends.
+                self._fail(
+                    StoreError(f"{self.replica_id}: batch {batch.first_transaction_id} answered out of order")
+                )
             return  # closed meanwhile: it abstained then
-        self._direct = None
+        direct.popleft()
         if error is not None:
             batch.voting.abstain()  # we do not know whether it was written
             self._fail(error)
@@ -287,8 +306,8 @@ class ReplicaSession(LatencyWeightedRoute):
         if (
             follow is not None
             and self._parked
-            and self._direct is None
-            and follow.first_transaction_id == self._next_transaction_id
+            and follow.first_transaction_id == self._next_direct_transaction_id()
+            and len(direct) < MAX_DIRECT_IN_FLIGHT
             and self._can_send_now(connection)
         ):
             # The batch handed over meanwhile goes from this read callback too.
@@ -357,8 +376,8 @@ class ReplicaSession(LatencyWeightedRoute):
 
     async def _try_current_batch(self, connection: ReplicaConnection) -> bool:
         """Write the current batch if it starts at our next txid; False when we are behind it."""
-        if self._direct is not None:
-            # A batch sent from the store session's call is unanswered: the next waits for it.
+        if self._direct:
+            # Batches sent from the store session's call are unanswered: the next waits for them.
             self._wakeup.clear()
             await self._wakeup.wait()
             return True
@@ -396,7 +415,7 @@ class ReplicaSession(LatencyWeightedRoute):
                 return
             store_session = self._store_session
             assert store_session is not None
-            if self._direct is not None:
+            if self._direct:
                 # A batch sent from the store session's call is unanswered: a node refuses a mark
                 # below what it holds, so tell it once that is answered and decided.
                 self._mark_due_s = clock.monotonic_s() + MARK_RETRY_MS / 1000
