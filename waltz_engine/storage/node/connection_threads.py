@@ -119,6 +119,7 @@ class ConnectionThread:
         self._later = later
         codec = conn.codec
         self._decode = codec.decode_frame
+        self._decode_payload = codec.decode
         self._decoder = FrameDecoder(
             codec.magic, codec.version, max_frame_size_bytes=conn.max_frame_size_bytes
         )
@@ -183,8 +184,10 @@ class ConnectionThread:
         transport = self._transport
         fd = transport.fileno()
         poller = select.poll()
+        polled_for = 0  # the event ``fd`` is registered for (registered once, changed rarely)
         buffer = memoryview(bytearray(THREAD_READ_BUFFER_BYTES))
         decoder, decode = self._decoder, self._decode
+        whole_payload, decode_payload = decoder.whole_payload, self._decode_payload
         messages: list[Any] = []
         read_bytes = 0
         wait_for = 0  # 0: read at once if bytes wait; else the poll event to wait for first
@@ -206,9 +209,10 @@ class ConnectionThread:
                 time.sleep(BACK_PRESSURE_WAIT_MS / 1000)  # the peer does not read its answers
                 continue
             if wait_for:
-                poller.register(fd, wait_for)
+                if wait_for != polled_for:
+                    poller.register(fd, wait_for)  # (registered already: changes the event)
+                    polled_for = wait_for
                 ready = poller.poll(READ_POLL_MS)
-                poller.unregister(fd)
                 if not ready:
                     continue
                 wait_for = 0
@@ -231,12 +235,30 @@ class ConnectionThread:
                     return HandBack(False, None, (), decoder.take_unread())
                 return _ENDED
             read_bytes += size
-            messages += [m for frame in decoder.feed(buffer[:size]) if (m := decode(frame)) is not None]
+            data = buffer[:size]
+            payload = whole_payload(data)
+            if payload is not None:
+                # One whole frame (a lone request's read): no Frame, no list of them.
+                messages.append(decode_payload(payload))
+            else:
+                messages += [m for frame in decoder.feed(data) if (m := decode(frame)) is not None]
 
     def _route(self, messages: list[Any]) -> bool:
         """Serve what was read, in order; False: left behind meanwhile."""
-        held: dict[PartitionWorker, list[Pending]] = {}
         conn = self._conn
+        if len(messages) == 1:
+            # A lone request (one in flight): no grouping by partition.
+            msg = messages[0]
+            if type(msg) in PARTITION_REQUEST_TYPES:
+                worker = self._worker_of(msg.partition_id)
+                refused = self._refusal(msg, worker)
+                if refused is not None:
+                    conn.send_frames_from_thread((refused,), self._loop)
+                    return True
+                assert worker is not None
+                if not worker.needs_check(msg):
+                    return self._run_or_queue(worker, [(conn, msg)])
+        held: dict[PartitionWorker, list[Pending]] = {}
         for msg in messages:
             if type(msg) not in PARTITION_REQUEST_TYPES:
                 self._queue(held)
