@@ -34,7 +34,14 @@ class DiskFile(Protocol):
 
 def pwrite_all(file: DiskFile, data: Bytes, offset: int) -> None:
     """Write all of ``data`` at ``offset``; a regular file may accept a write in parts."""
-    view = memoryview(data)
+    if not data:
+        return
+    written = file.pwrite(data, offset)
+    if written == len(data):
+        return  # (the usual case: taken whole, no view)
+    assert written > 0, "pwrite wrote nothing"
+    view = memoryview(data)[written:]
+    offset += written
     while view:
         written = file.pwrite(view, offset)
         assert written > 0, "pwrite wrote nothing"

@@ -312,9 +312,9 @@ class FramedConnection:
         loop), else through the loop (the simulator's transports). In order with every other
         write of the connection; a connection that is gone drops them (as :meth:`send_frames`'
         callers do)."""
-        write = getattr(self.writer.transport, "write_from_thread", None)
+        write = getattr(self._transport, "write_from_thread", None)
         if write is not None and not self._closed and self._coalesce is None:
-            if write(b"".join(frames)):
+            if write(frames[0] if len(frames) == 1 else b"".join(frames)):
                 self.writes += 1
             return
         loop.call_soon_threadsafe(self._send_frames_if_open, frames)

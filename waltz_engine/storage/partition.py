@@ -236,12 +236,35 @@ class Partition(PartitionHead):
                 )
             if not run.consecutive_from(current.next_transaction_id):
                 raise StorageError("transaction out of order")
-            start = 0
-            count = len(run)
-            while start < count:
-                if self._current.size_bytes > self._threshold_bytes:
-                    self._roll_over()
-                start = self._current.append(run, start)
+            self._append_run(run)
+
+    def append_next(self, run: WireRecordRun) -> tuple[int, int] | None:
+        """:meth:`append` of a request's records that begin at the next txid, when nothing is
+        in the way; then the new :meth:`span`, read under the same lock. None: nothing was done
+        (no records, the partition closed, a refill in progress, a foreign segment, txids not
+        consecutive from the next): :meth:`append` meets what it meets, with its errors.
+        The storage node's lone append (one lock, no look before)."""
+        with self._lock:
+            current = self._current
+            if (
+                self._closed
+                or self._refill is not None
+                or current.foreign is not None
+                or not run.txids
+                or not run.consecutive_from(current.next_transaction_id)
+            ):
+                return None
+            self._append_run(run)
+            return self._start(), self._current.max_transaction_id
+
+    def _append_run(self, run: AppendRun) -> None:
+        """Under the lock: ``run``, consecutive from the next txid, written and synced."""
+        start = 0
+        count = len(run)
+        while start < count:
+            if self._current.size_bytes > self._threshold_bytes:
+                self._roll_over()
+            start = self._current.append(run, start)
 
     def _roll_over(self) -> None:
         sealed = self._current

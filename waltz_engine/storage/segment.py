@@ -334,8 +334,19 @@ class Segment:
         """Write ``count`` records encoded as ``data`` from the current end, and their index
         entries: one ``pwrite`` each (split at a checkpoint), then one sync."""
         base_offset = self._next_offset
-        data_view, index_view = memoryview(data), memoryview(index)
         first_transaction_id = self._next_transaction_id
+        if count <= CHECKPOINT_INTERVAL - first_transaction_id % CHECKPOINT_INTERVAL:
+            # No checkpoint inside (a lone append): the loop below's one turn, without its views.
+            pwrite_all(self._seg_file, data, base_offset)
+            pwrite_all(self._idx_file, index, self._index_position(first_transaction_id))
+            self._next_offset = base_offset + len(data)
+            self._next_transaction_id = first_transaction_id + count
+            if self._next_transaction_id % CHECKPOINT_INTERVAL == 0:
+                self.flush()
+            else:
+                self._seg_file.fdatasync()
+            return
+        data_view, index_view = memoryview(data), memoryview(index)
         synced = False
         done = 0
         while done < count:

@@ -174,6 +174,25 @@ class FrameDecoder:
             self._start = end
         return Frame(magic, version, payload)
 
+    def whole_payload(self, data: bytes | bytearray | memoryview) -> bytes | None:
+        """The payload of ``data`` when it is exactly one whole frame of this codec, not a
+        keep-alive, and nothing is buffered: a request-response connection's usual read, cut
+        with one unpack and one copy (no :class:`Frame`). None for anything else (a frame in
+        parts, several, a keep-alive, a header this codec refuses): :meth:`feed` takes those,
+        and refuses what it refuses with its errors."""
+        size = len(data)
+        if self._buffer or self._failed or size <= FRAME_HEADER_SIZE_BYTES:
+            return None
+        magic, version, length = FRAME_HEADER.unpack_from(data, 0)
+        if (
+            length != size - FRAME_HEADER_SIZE_BYTES
+            or magic != self._magic
+            or version != self._version
+            or length > self._max_frame_size_bytes
+        ):
+            return None
+        return bytes(data[FRAME_HEADER_SIZE_BYTES:])
+
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         self.push(data)
         frames: list[Frame] = []

@@ -11,10 +11,26 @@ import uuid
 from typing import Any, NamedTuple, TypeAlias
 
 from waltz_engine.common.record import Record, RecordHeader
-from waltz_engine.disk.record_run import WireRecordRun, read_wire_record_run, write_wire_record_run
-from waltz_engine.wire.codec import Field, HeaderLayout, MessageCodec, MessageSpec, field_spec, fixed_spec
+from waltz_engine.disk.record_run import (
+    WIRE_PREFIX_BYTES,
+    WireRecordRun,
+    read_wire_record_run,
+    write_wire_record_run,
+)
+from waltz_engine.wire.codec import (
+    Field,
+    HeaderLayout,
+    MessageCodec,
+    MessageSpec,
+    PayloadReader,
+    field_spec,
+    fixed_spec,
+)
 from waltz_engine.wire.frame import FRAME_HEADER
 from waltz_engine.wire.primitives import (
+    BOOL_SIZE_BYTES,
+    INT32_SIZE_BYTES,
+    RECORD_MIN_SIZE_BYTES,
     Buffer,
     SessionInfo,
     StorageRpcException,
@@ -351,6 +367,38 @@ def _raw_specs() -> list[MessageSpec]:
 STORAGE_RAW_RECORDS_CODEC: MessageCodec[Any] = MessageCodec(STORAGE_MAGIC, STORAGE_VERSION, _raw_specs())
 
 
+# An APPEND_REQUEST of one record, up to its data: type, header, the record count, then the
+# record's txid and data length (its reqId and header skipped). A server's lone append.
+_ONE_RECORD_APPEND = struct.Struct(">b" + HEADER.struct_format + "iq20xi")
+# Where the record list's records start (after the type, the header and the count).
+_RECORDS_START = struct.calcsize(">b" + HEADER.struct_format + "i")
+assert _ONE_RECORD_APPEND.size == _RECORDS_START + WIRE_PREFIX_BYTES
+assert RECORD_MIN_SIZE_BYTES <= WIRE_PREFIX_BYTES + INT32_SIZE_BYTES
+
+
+def _one_record_append_reader(read: PayloadReader) -> PayloadReader:
+    """``read`` (the codec's reader of APPEND_REQUEST as a run), with a way for the usual request
+    of one record that reads it in one unpack: the same message, for a payload whose count is
+    1, whose data length is not negative and that ends right after the record and the flag
+    byte. Any other payload goes to ``read``, which refuses what it refuses with its errors."""
+    unpack = _ONE_RECORD_APPEND.unpack_from
+    head_bytes = _ONE_RECORD_APPEND.size
+
+    def read_one_record(buf: Buffer) -> tuple[Any, int]:
+        size = len(buf)
+        if size > head_bytes:
+            _, session_id, seq_num, partition_id, count, txid, length = unpack(buf, 0)
+            end = head_bytes + length + INT32_SIZE_BYTES
+            if count == 1 and length >= 0 and end + BOOL_SIZE_BYTES == size:
+                run = WireRecordRun(buf, [_RECORDS_START, end], [txid], True)
+                # (Any non-zero byte is true, as Netty's readBoolean and ``read_bool``.)
+                flag = buf[end] != 0
+                return StorageAppendRunRequest(session_id, seq_num, partition_id, run, flag), size
+        return read(buf)
+
+    return read_one_record
+
+
 def _data_port_specs() -> list[MessageSpec]:
     run = field_spec(
         APPEND_REQUEST_TYPE,
@@ -359,6 +407,7 @@ def _data_port_specs() -> list[MessageSpec]:
         HEADER,
         [Field(read_wire_record_run, write_wire_record_run), _BOOL],
     )
+    run = run._replace(read=_one_record_append_reader(run.read))
     return [run if spec.type_code == APPEND_REQUEST_TYPE else spec for spec in _specs()]
 
 

@@ -24,9 +24,10 @@ What stays as it was:
 - "no state until the first byte": a thread only after the handshake and a successful OPEN,
   at most ``max_threads`` per node (MAX_CONNECTION_THREADS); beyond them, the loop's path;
 - PASS_WAIT_MS: a thread on disk for longer than that (a hung disk) is left behind by the
-  node's watch, which runs on the loop every WATCH_INTERVAL_MS while threads exist: the loop
-  reads the connection from the bytes the thread left unread, so the connection's requests of
-  other partitions wait at most PASS_WAIT_MS + WATCH_INTERVAL_MS; the connection stays on the
+  node's watch, which runs on the loop while threads exist, every WATCH_INTERVAL_MS and when a
+  thread it saw on disk would be PASS_WAIT_MS late: the loop reads the connection from the
+  bytes the thread left unread, so the connection's requests of other partitions wait about
+  PASS_WAIT_MS at most (and a timer's lateness); the connection stays on the
   loop from then on;
 - the simulator: its transports are not sockets, so it never starts a thread and runs the
   loop's path as before;
@@ -85,8 +86,12 @@ READ_POLL_MS = 100
 # While the peer does not read its answers (the write buffer above its high-water mark), the
 # thread reads nothing more; it looks again this often (the loop drains the buffer).
 BACK_PRESSURE_WAIT_MS = 5
-# How often the loop looks for a thread on disk for longer than PASS_WAIT_MS.
-WATCH_INTERVAL_MS = 25
+# How often the loop looks for a thread on disk, at least: one seen on disk is looked at again
+# when it would be PASS_WAIT_MS late (so it is left behind then, not up to an interval after).
+# Each look wakes the loop and takes the GIL from the threads: a few a second, not 40.
+WATCH_INTERVAL_MS = PASS_WAIT_MS
+# A look is not asked for sooner than this after the one before (a timer may fire a little early).
+MIN_WATCH_DELAY_MS = 1
 # How long a stopping node waits for its connection threads.
 STOP_THREADS_TIMEOUT_S = 10.0
 
@@ -119,6 +124,7 @@ class ConnectionThread:
         self._later = later
         codec = conn.codec
         self._decode = codec.decode_frame
+        self._decode_payload = codec.decode
         self._decoder = FrameDecoder(
             codec.magic, codec.version, max_frame_size_bytes=conn.max_frame_size_bytes
         )
@@ -135,18 +141,21 @@ class ConnectionThread:
 
     # --- on the loop -------------------------------------------------------------------------
 
-    def leave_behind_if_late(self, now_s: float) -> bool:
-        """On the loop (the watch): a batch on disk for PASS_WAIT_MS hands the connection back."""
+    def leave_behind_if_late(self, now_s: float) -> tuple[bool, float | None]:
+        """On the loop (the watch): a batch on disk for PASS_WAIT_MS hands the connection back
+        (True). And when the batch on disk now would be that late (None: none is)."""
         with self._state:
             since = self._on_disk_since_s
-            if since is None or self._left_behind or now_s - since < PASS_WAIT_MS / 1000:
-                return False
+            if since is None or self._left_behind:
+                return False, None
+            if now_s - since < PASS_WAIT_MS / 1000:
+                return False, since + PASS_WAIT_MS / 1000
             self._left_behind = True
             # The thread is on disk: it touches neither the decoder nor the socket until it
             # has seen this flag.
             unread = self._decoder.take_unread()
         self._resolve(HandBack(False, None, (), unread))
-        return True
+        return True, None
 
     def _resolve(self, outcome: HandBack) -> None:
         if not self.done.done():
@@ -183,8 +192,10 @@ class ConnectionThread:
         transport = self._transport
         fd = transport.fileno()
         poller = select.poll()
+        polled_for = 0  # the event ``fd`` is registered for (registered once, changed rarely)
         buffer = memoryview(bytearray(THREAD_READ_BUFFER_BYTES))
         decoder, decode = self._decoder, self._decode
+        whole_payload, decode_payload = decoder.whole_payload, self._decode_payload
         messages: list[Any] = []
         read_bytes = 0
         wait_for = 0  # 0: read at once if bytes wait; else the poll event to wait for first
@@ -206,9 +217,10 @@ class ConnectionThread:
                 time.sleep(BACK_PRESSURE_WAIT_MS / 1000)  # the peer does not read its answers
                 continue
             if wait_for:
-                poller.register(fd, wait_for)
+                if wait_for != polled_for:
+                    poller.register(fd, wait_for)  # (registered already: changes the event)
+                    polled_for = wait_for
                 ready = poller.poll(READ_POLL_MS)
-                poller.unregister(fd)
                 if not ready:
                     continue
                 wait_for = 0
@@ -231,12 +243,30 @@ class ConnectionThread:
                     return HandBack(False, None, (), decoder.take_unread())
                 return _ENDED
             read_bytes += size
-            messages += [m for frame in decoder.feed(buffer[:size]) if (m := decode(frame)) is not None]
+            data = buffer[:size]
+            payload = whole_payload(data)
+            if payload is not None:
+                # One whole frame (a lone request's read): no Frame, no list of them.
+                messages.append(decode_payload(payload))
+            else:
+                messages += [m for frame in decoder.feed(data) if (m := decode(frame)) is not None]
 
     def _route(self, messages: list[Any]) -> bool:
         """Serve what was read, in order; False: left behind meanwhile."""
-        held: dict[PartitionWorker, list[Pending]] = {}
         conn = self._conn
+        if len(messages) == 1:
+            # A lone request (one in flight): no grouping by partition.
+            msg = messages[0]
+            if type(msg) in PARTITION_REQUEST_TYPES:
+                worker = self._worker_of(msg.partition_id)
+                refused = self._refusal(msg, worker)
+                if refused is not None:
+                    conn.send_frames_from_thread((refused,), self._loop)
+                    return True
+                assert worker is not None
+                if not worker.needs_check(msg):
+                    return self._run_or_queue(worker, [(conn, msg)])
+        held: dict[PartitionWorker, list[Pending]] = {}
         for msg in messages:
             if type(msg) not in PARTITION_REQUEST_TYPES:
                 self._queue(held)
@@ -366,16 +396,22 @@ class ConnectionThreads:
             self._threads.discard(thread)
 
     def _look(self) -> None:
-        """On the loop, every WATCH_INTERVAL_MS while threads exist."""
+        """On the loop while threads exist: every WATCH_INTERVAL_MS, and when a thread seen on
+        disk would be PASS_WAIT_MS late."""
         self._watch = None
         with self._lock:
             threads = list(self._threads)
         now_s = clock.monotonic_s()
+        next_s = now_s + WATCH_INTERVAL_MS / 1000
         for thread in threads:
-            if thread.leave_behind_if_late(now_s):
+            left_behind, late_s = thread.leave_behind_if_late(now_s)
+            if left_behind:
                 self.passes.count_late()
+            elif late_s is not None:
+                next_s = min(next_s, late_s)
         if threads and not self._stopping:
-            self._watch = self.loop.call_later(WATCH_INTERVAL_MS / 1000, self._look)
+            delay_s = max(next_s - now_s, MIN_WATCH_DELAY_MS / 1000)
+            self._watch = self.loop.call_later(delay_s, self._look)
 
     async def stop(self) -> None:
         """Start no more; the threads end (their connections are closed by now) and are joined,

@@ -315,11 +315,13 @@ class DiskPasses:
 
     def _answer(self, conn: FramedConnection, frames: Sequence[bytes], on_loop: bool) -> None:
         # The client may be gone; its requests were processed all the same.
-        with contextlib.suppress(ConnectionClosedError):
+        try:
             if on_loop:
                 conn.send_frames(frames)
             else:
                 conn.send_frames_from_thread(frames, self._loop)
+        except ConnectionClosedError:
+            pass
 
     def _batches_done(self, outcomes: list[Outcome], on_loop: bool) -> None:
         """Under :attr:`lock`: the outcomes' partitions are answered; those with more queued are

@@ -27,6 +27,7 @@ from waltz_engine.common.limited_log import LimitedLog
 from waltz_engine.common.metrics import Counter, Meter, MetricsRegistry, Timer
 from waltz_engine.common.object_store import ObjectStoreError
 from waltz_engine.common.tasks import cancel_and_wait
+from waltz_engine.disk.partition_info import FLAG_ASSIGNED, FLAG_AVAILABLE
 from waltz_engine.disk.record_run import JoinedRuns
 from waltz_engine.net.channel import FramedConnection
 from waltz_engine.storage.control_file import ConcurrentUpdateError
@@ -95,6 +96,9 @@ PARTITION_REQUEST_TYPES = (
 # many (about 4 KiB of JSON per partition on every metrics request).
 SEGMENT_SPANS_GAUGE = "head-segment-spans"
 SEGMENT_SPANS_REPORTED = 128
+
+# A replica that serves normal requests: both flags set (``_check_permissions``).
+_ONLINE_FLAGS = FLAG_ASSIGNED | FLAG_AVAILABLE
 
 SESSION_MOVING_REQUESTS = (
     StorageLastSessionInfoRequest,
@@ -391,6 +395,12 @@ class PartitionWorker:
     # --- processing (off the event loop, in a pass) -----------------------------------------
 
     def process_batch(self, batch: list[Pending]) -> list[Reply]:
+        if len(batch) == 1:
+            conn, msg = batch[0]
+            if type(msg) is StorageAppendRunRequest:
+                frame = self._append_alone(msg)
+                if frame is not None:
+                    return [(conn, frame)]
         replies: list[Reply] = []
         i = 0
         while i < len(batch):
@@ -531,6 +541,35 @@ class PartitionWorker:
         for conn, msg in group:
             replies.append((conn, success_frame(msg.session_id, msg.seq_num, msg.partition_id)))
         return end
+
+    def _append_alone(self, msg: StorageAppendRunRequest) -> bytes | None:
+        """A lone APPEND of the partition's session, at its next txid, on an assigned and
+        available replica (a server's usual request): what :meth:`_append_group` checks, found
+        true in a few comparisons, and one lock for the append and the span. Its answer (a
+        failure when the write fails, as there); None, with nothing done: anything else, which
+        the general path checks again and answers with its errors."""
+        partition = self.partition
+        if partition is None or msg.used_by_offline_recovery or msg.session_id != self.session_id:
+            return None
+        if partition.info.current.flags & _ONLINE_FLAGS != _ONLINE_FLAGS:
+            return None
+        started_ns = clock.monotonic_ns()
+        try:
+            span = partition.append_next(msg.records)
+        except Exception as e:
+            self._log_failure(msg, e)
+            with contextlib.suppress(StorageError):
+                self.first_transaction_id, self.max_transaction_id = partition.span()
+            return failure_frame(msg, e)
+        if span is None:
+            return None
+        self.first_transaction_id, self.max_transaction_id = span
+        self.write_error = None
+        metrics = self._metrics
+        if metrics is not None:
+            metrics.append.mark()
+            metrics.append_latency.update_ms((clock.monotonic_ns() - started_ns) / 1e6)
+        return success_frame(msg.session_id, msg.seq_num, msg.partition_id)
 
     def _process_one(self, msg: Any) -> bytes:
         try:
