@@ -53,7 +53,7 @@ class Meter:
         self._primed = False
 
     def mark(self, n: int = 1) -> None:
-        # (The tick's test inline: three marks per lone commit on the server, two per append on a storage node.)
+        # (The tick tested inline: three marks per lone commit on a server, two per append on a node.)
         now = clock.monotonic_s()
         if now - self._last_tick_s >= TICK_INTERVAL_S:
             self._tick(now)
