@@ -209,6 +209,8 @@ class DiskPasses:
         self._late = registry.counter(metric_group, "disk-pass-late-batches")
         # Batches a data connection's thread ran itself, outside the passes (:meth:`run_claimed`).
         self._claimed = registry.counter(metric_group, "disk-connection-thread-batches")
+        # Passes a data connection's thread ran itself (:meth:`ready_off_loop` ``here``).
+        self._passes_here = registry.counter(metric_group, "disk-connection-thread-passes")
 
     def ready(self, worker: BatchOwner) -> None:
         """On the loop, under :attr:`lock`: ``worker`` has requests queued and no batch on disk."""
@@ -263,6 +265,7 @@ class DiskPasses:
         on_disk = self._on_disk = object()
         self._on_disk_since_s = self._loop.time()
         if here:
+            self._passes_here.inc()
             return lambda: self._pass_done(on_disk, self._run(taken))
         self._runner.start(lambda: self._run(taken), functools.partial(self._pass_done, on_disk))
         return None
