@@ -16,6 +16,7 @@ PRODUCER_REPORT = (
     "Retry/Transaction: ",
     "MilliSec/Transaction(client side congestion excluded): ",
     "Commit latency ms: p50 ",
+    "Storage batches [storage-0]: ",
 )
 CONSUMER_REPORT = (
     "Read 5 transactions, with total ",
@@ -69,6 +70,11 @@ def test_producers_json_against_a_given_cluster_config(tmp_path: Path) -> None:
     assert report["transactions"] == 2
     assert json.loads(result.stdout)["floor"]["commit_floor_ms"] > 0  # the same run's floor beside it
     assert set(report["cpu_s_per_1000_transactions"]) == {"zookeeper", "server-0", "storage-0", "client"}
+    # Read from the storage node's /metrics: each append request was written in a disk batch.
+    batches = report["storage_batches"]
+    assert set(batches) == {"storage-0"}
+    assert 1.0 <= batches["storage-0"]["transactions_per_append_request"] <= 2.0, batches
+    assert batches["storage-0"]["append_requests_per_disk_batch"] >= 1.0, batches
 
 
 def test_producers_watchers_are_fed_every_commit_in_a_process_of_their_own(tmp_path: Path) -> None:

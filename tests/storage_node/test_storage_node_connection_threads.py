@@ -59,6 +59,10 @@ def _thread_batches(node: StorageNodeProcess) -> int:
     return int(_metrics(node)["counters"]["waltz-storage.disk-connection-thread-batches"]["count"])
 
 
+def _thread_passes(node: StorageNodeProcess) -> int:
+    return int(_metrics(node)["counters"]["waltz-storage.disk-connection-thread-passes"]["count"])
+
+
 def _wait_for_threads(node: StorageNodeProcess, count: int) -> None:
     deadline = time.monotonic() + THREAD_END_TIMEOUT_S
     while (now := _threads(node)) != count:
@@ -84,8 +88,9 @@ def test_two_threaded_connections_keep_a_partitions_order(node: StorageNodeProce
     """One connection pipelines appends (consecutive txids, so any reordering fails one) while
     another pipelines reads of the same partition's max txid: a connection's lone request runs
     on its thread when nothing of the partition waits, else queues behind the other
-    connection's, and every answer follows its connection's order."""
-    before = _thread_batches(node)
+    connection's, and every answer follows its connection's order. Requests read together go
+    to a pass, which runs on the thread that read them when no other pass runs."""
+    before, passes_before = _thread_batches(node), _thread_passes(node)
 
     async def go() -> tuple[list[Any], list[Any], int]:
         writer, reader = await _opened(node), await _opened(node)
@@ -114,6 +119,7 @@ def test_two_threaded_connections_keep_a_partitions_order(node: StorageNodeProce
     assert seen == sorted(seen), "a connection's answers left its order"
     assert final == PIPELINED_APPENDS - 1
     assert _thread_batches(node) > before, "no batch ran on a connection's thread"
+    assert _thread_passes(node) > passes_before, "no pass ran on a connection's thread"
     _wait_for_threads(node, 0)
 
 

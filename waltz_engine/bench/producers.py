@@ -76,6 +76,13 @@ ZOOKEEPER_PROCESS = "zookeeper"
 SUBMIT_TIMEOUT_MS = 60_000
 # The servers' loop iterations are read from their /metrics before and after a run.
 LOOP_ITERATIONS_GAUGE = "waltz-server.loop-iterations"
+# So are the storage nodes' append requests (the partitions' append meters) and their disk
+# batches: how many transactions a server batch carries, and how many partitions share a pass.
+STORAGE_APPEND_METER_SUFFIX = ".append"
+STORAGE_PARTITION_GROUP_PREFIX = "waltz-storage.partition-"
+STORAGE_PASSES_COUNTER = "waltz-storage.disk-passes"
+STORAGE_PASS_BATCHES_COUNTER = "waltz-storage.disk-pass-batches"
+STORAGE_THREAD_BATCHES_COUNTER = "waltz-storage.disk-connection-thread-batches"
 METRICS_TIMEOUT_S = 5.0
 PERCENTILE_CUTS = 100  # statistics.quantiles cut points: index 49 = p50
 
@@ -119,30 +126,83 @@ class BenchCluster:
 
     client_config: dict[str, Any]
     pids: dict[str, int] = field(default_factory=dict)
-    # Servers' HTTP ports (a local cluster's): their loop iterations are counted over a run.
-    server_http_ports: dict[str, int] = field(default_factory=dict)
+    # Nodes' HTTP ports (a local cluster's): the servers' loop iterations and the storage nodes'
+    # append requests and disk batches are counted over a run.
+    http_ports: dict[str, int] = field(default_factory=dict)
 
     def watched_pids(self) -> dict[str, int]:
         return {**self.pids, CLIENT_PROCESS: os.getpid()}
 
-    def loop_iterations(self) -> dict[str, int]:
-        """Each server's loop iterations so far (gauge ``waltz-server.loop-iterations``)."""
+    def _metrics(self) -> dict[str, dict[str, Any]]:
+        """Each node's /metrics that answered."""
         found = {}
-        for name, port in self.server_http_ports.items():
+        for name, port in self.http_ports.items():
             try:
                 url = f"http://127.0.0.1:{port}/metrics"
                 with urllib.request.urlopen(url, timeout=METRICS_TIMEOUT_S) as r:
-                    gauges = json.loads(r.read()).get("gauges", {})
+                    metrics = json.loads(r.read())
             except (OSError, ValueError):
                 continue
-            value = gauges.get(LOOP_ITERATIONS_GAUGE, {}).get("value")
-            if isinstance(value, int):
-                found[name] = value
+            if isinstance(metrics, dict):
+                found[name] = metrics
         return found
 
+    def node_counts(self) -> tuple[dict[str, int], dict[str, StorageBatches]]:
+        """Each server's loop iterations so far (gauge ``waltz-server.loop-iterations``), and
+        each storage node's append requests and disk batches so far."""
+        loops: dict[str, int] = {}
+        batches: dict[str, StorageBatches] = {}
+        for name, metrics in self._metrics().items():
+            value = metrics.get("gauges", {}).get(LOOP_ITERATIONS_GAUGE, {}).get("value")
+            if isinstance(value, int):
+                loops[name] = value
+            counters = metrics.get("counters", {})
+            if STORAGE_PASSES_COUNTER not in counters:
+                continue
+            meters = metrics.get("meters", {})
+            appends = sum(
+                meter.get("count", 0)
+                for key, meter in meters.items()
+                if key.startswith(STORAGE_PARTITION_GROUP_PREFIX)
+                and key.endswith(STORAGE_APPEND_METER_SUFFIX)
+            )
+            pass_batches = _count(counters, STORAGE_PASS_BATCHES_COUNTER)
+            batches[name] = StorageBatches(
+                appends,
+                pass_batches + _count(counters, STORAGE_THREAD_BATCHES_COUNTER),
+                _count(counters, STORAGE_PASSES_COUNTER),
+                pass_batches,
+            )
+        return loops, batches
 
-def _local_server_http_ports(cluster: LocalCluster) -> dict[str, int]:
-    return {node.name: node.jetty_port for node in cluster.nodes if node.kind == "server"}
+
+def _count(counters: dict[str, Any], key: str) -> int:
+    return int(counters.get(key, {}).get("count", 0))
+
+
+class StorageBatches(NamedTuple):
+    """A storage node's counts over a run: append requests (each a server's batch of one
+    partition), partition batches written (each one write and ``fdatasync``), disk passes and
+    the partition batches they carried."""
+
+    append_requests: int
+    disk_batches: int
+    passes: int
+    pass_batches: int
+
+    def since(self, before: StorageBatches) -> StorageBatches:
+        return StorageBatches(*(now - then for now, then in zip(self, before, strict=True)))
+
+    def per_transaction(self, transactions: int) -> dict[str, float]:
+        return {
+            "transactions_per_append_request": round(transactions / max(self.append_requests, 1), 2),
+            "append_requests_per_disk_batch": round(self.append_requests / max(self.disk_batches, 1), 2),
+            "partition_batches_per_disk_pass": round(self.pass_batches / max(self.passes, 1), 2),
+        }
+
+
+def _local_http_ports(cluster: LocalCluster) -> dict[str, int]:
+    return {node.name: node.jetty_port for node in cluster.nodes if node.kind in ("server", "storage")}
 
 
 def _local_cluster_pids(cluster: LocalCluster) -> dict[str, int]:
@@ -191,7 +251,7 @@ def load_cluster(
         directory = config_path.resolve().parent
         if LocalCluster.exists(directory):
             local = LocalCluster.open(directory)
-            pids, http_ports = _local_cluster_pids(local), _local_server_http_ports(local)
+            pids, http_ports = _local_cluster_pids(local), _local_http_ports(local)
     overrides = {KEY_CONNECT_STRING: zookeeper, KEY_CLUSTER_ROOT: cluster_root}
     loaded = {**loaded, **{key: value for key, value in overrides.items() if value is not None}}
     for key, flag in ((KEY_CONNECT_STRING, "--zookeeper"), (KEY_CLUSTER_ROOT, "--cluster-root")):
@@ -388,6 +448,8 @@ class ProducerResult:
     # Loop iterations (selector returns) over the measured run: each server's (a local cluster's)
     # and the clients' loop ("client").
     loop_iterations: dict[str, int] = field(default_factory=dict)
+    # Each storage node's append requests and disk batches over the measured run (a local cluster's).
+    storage_batches: dict[str, StorageBatches] = field(default_factory=dict)
 
     @property
     def megabytes(self) -> float:
@@ -407,7 +469,19 @@ class ProducerResult:
         lines += latency_and_cpu_lines("Commit", self.latencies_ms, self.cpu_s, self.transactions)
         for name, per_commit in self.loop_iterations_per_transaction().items():
             lines.append(f"Loop iterations per transaction ({name}): {per_commit:.2f}")
+        for name, figures in self.storage_batches_per_transaction().items():
+            lines.append(
+                f"Storage batches [{name}]: {figures['transactions_per_append_request']:.2f} transactions "
+                f"per append request, {figures['append_requests_per_disk_batch']:.2f} append requests per "
+                f"disk batch, {figures['partition_batches_per_disk_pass']:.2f} partitions per disk pass"
+            )
         return lines
+
+    def storage_batches_per_transaction(self) -> dict[str, dict[str, float]]:
+        return {
+            name: counts.per_transaction(self.transactions)
+            for name, counts in sorted(self.storage_batches.items())
+        }
 
     def loop_iterations_per_transaction(self) -> dict[str, float]:
         n = max(self.transactions, 1)
@@ -433,6 +507,7 @@ class ProducerResult:
             "latency": latency_summary(self.latencies_ms),
             "cpu_s_per_1000_transactions": cpu_per_thousand(self.cpu_s, self.transactions),
             "loop_iterations_per_transaction": self.loop_iterations_per_transaction(),
+            "storage_batches": self.storage_batches_per_transaction(),
         }
 
 
@@ -542,7 +617,7 @@ async def _produce(
         await asyncio.sleep(0)  # every appender waits on `start`
         pids = cluster.watched_pids()
         cpu_before = process_cpu.snapshot(pids)
-        loops_before = await asyncio.to_thread(cluster.loop_iterations)
+        loops_before, batches_before = await asyncio.to_thread(cluster.node_counts)
         # The clients' own loop (this process's): its iterations per commit are on the commit's path.
         client_turns = count_turns(asyncio.get_running_loop())
         client_turns_before = client_turns.count if client_turns is not None else 0
@@ -558,7 +633,12 @@ async def _produce(
         seconds = time.perf_counter() - started_s
         cpu_s = process_cpu.used_since(cpu_before, pids)
         client_turns_after = client_turns.count if client_turns is not None else 0
-        loops_after = await asyncio.to_thread(cluster.loop_iterations)
+        loops_after, batches_after = await asyncio.to_thread(cluster.node_counts)
+        storage_batches = {
+            name: counts.since(batches_before[name])
+            for name, counts in batches_after.items()
+            if name in batches_before
+        }
         loop_iterations = {
             name: count - loops_before[name] for name, count in loops_after.items() if name in loops_before
         }
@@ -592,6 +672,7 @@ async def _produce(
         lock_pool=lock_pool,
         watchers=watchers,
         loop_iterations=loop_iterations,
+        storage_batches=storage_batches,
     )
 
 

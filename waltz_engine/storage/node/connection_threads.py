@@ -14,7 +14,11 @@ codec, and routes each request as the loop's read callback would:
   turn, no hop to the pool;
 - otherwise the requests queue behind what waits for the partition and the node's passes take
   them: a partition's order across connections, and group commit across connections and
-  partitions, are the passes' as before;
+  partitions, are the passes' as before. A pass these requests start (none was running) runs
+  on this thread (:meth:`DiskPasses.ready_off_loop` ``here``), as a lone request does: no hop
+  to the pool's pass thread. What arrives meanwhile would wait for the next pass anyway; it
+  waits in the socket instead, and this thread reads it once the pass is answered (16 active
+  partitions: a pass every 20-30 ms carrying 7-8 partitions, docs/benchmarks.md);
 - a request that waits for a session check or for room in a full queue, an OPEN and anything
   not a partition's request go to the loop's path (:meth:`PartitionWorker.submit`, the
   handler's ``later``); the thread waits for it, so the connection's order holds.
@@ -289,8 +293,7 @@ class ConnectionThread:
             ((worker, batch),) = held.items()
             if len(batch) <= MAX_INLINE_REQUESTS:
                 return self._run_or_queue(worker, batch)
-        self._queue(held)
-        return True
+        return self._queue(held, here=True)
 
     def _run_or_queue(self, worker: PartitionWorker, batch: list[Pending]) -> bool:
         """One partition's requests: run here when nothing of it is queued or on disk."""
@@ -301,23 +304,28 @@ class ConnectionThread:
                 worker.unclaim()
                 claimed = False
         if not claimed:
-            self._queue({worker: batch})
-            return True
+            return self._queue({worker: batch}, here=True)
+        return self._on_disk(lambda: passes.run_claimed(worker, batch))
+
+    def _on_disk(self, work: Callable[[], None]) -> bool:
+        """Run disk work on this thread, watched (PASS_WAIT_MS); False: left behind meanwhile."""
         with self._state:
             self._on_disk_since_s = clock.monotonic_s()
         try:
-            passes.run_claimed(worker, batch)
+            work()
         finally:
             with self._state:
                 self._on_disk_since_s = None
                 left_behind = self._left_behind
         return not left_behind
 
-    def _queue(self, held: dict[PartitionWorker, list[Pending]]) -> None:
+    def _queue(self, held: dict[PartitionWorker, list[Pending]], here: bool = False) -> bool:
         """Behind what waits for each partition, for the passes; a full queue is waited for on
-        the loop (this thread reads nothing meanwhile: back pressure)."""
+        the loop (this thread reads nothing meanwhile: back pressure). ``here``: a pass this
+        starts runs on this thread; False: left behind meanwhile."""
         if not held:
-            return
+            return True
+        pass_here: Callable[[], None] | None = None
         passes = self._passes
         ready: list[PartitionWorker] = []
         full: list[tuple[PartitionWorker, list[Pending]]] = []
@@ -329,9 +337,11 @@ class ConnectionThread:
                 if count < len(batch):
                     full.append((worker, batch[count:]))
             if ready:
-                passes.ready_off_loop(ready)
+                # Not with a queue full: its rest waits on the loop for room that a pass makes.
+                pass_here = passes.ready_off_loop(ready, here=here and not full)
         for worker, rest in full:
             self._on_loop(worker.queue_in_order(rest))
+        return True if pass_here is None else self._on_disk(pass_here)
 
     def _on_loop(self, work: Awaitable[None]) -> None:
         """Run ``work`` on the loop and wait for it (errors are raised here)."""

@@ -12,7 +12,8 @@ fsyncs) run concurrently on the other threads of the pool, so the file system's 
 merge the fsyncs. The pass ends on its thread: all its replies go out with one write per
 connection straight from that thread (``FramedConnection.send_frames_from_thread``), and the
 partitions that queued more meanwhile go to the next pass from there, so a lone request costs
-one hop to the pool and none back (the hop back, a wake-up of the loop through its self-pipe
+one hop to the pool and none back (a pass that a data connection's thread starts runs on that
+thread: no hop at all, connection_threads.py) (the hop back, a wake-up of the loop through its self-pipe
 and a loop turn, was a third of a lone request's CPU). The passes' state is shared by the loop
 and the pool under one lock (:attr:`DiskPasses.lock`, the workers' queues' too); loop-only
 objects (futures, timers) are reached from the pool with ``call_soon_threadsafe``, on the rare
@@ -208,6 +209,8 @@ class DiskPasses:
         self._late = registry.counter(metric_group, "disk-pass-late-batches")
         # Batches a data connection's thread ran itself, outside the passes (:meth:`run_claimed`).
         self._claimed = registry.counter(metric_group, "disk-connection-thread-batches")
+        # Passes a data connection's thread ran itself (:meth:`ready_off_loop` ``here``).
+        self._passes_here = registry.counter(metric_group, "disk-connection-thread-passes")
 
     def ready(self, worker: BatchOwner) -> None:
         """On the loop, under :attr:`lock`: ``worker`` has requests queued and no batch on disk."""
@@ -247,11 +250,12 @@ class DiskPasses:
         with self.lock:
             self._start_pass(on_loop=True)
 
-    def _start_pass(self, on_loop: bool) -> None:
-        """Under :attr:`lock`, on the loop or (the next pass) on the thread of the pass that ended."""
+    def _start_pass(self, on_loop: bool, here: bool = False) -> Callable[[], None] | None:
+        """Under :attr:`lock`, on the loop or (the next pass) on the thread of the pass that ended.
+        ``here``: the pass is returned for the caller to run once it released the lock."""
         if self._stopped or not self._ready:
             self._running = False
-            return
+            return None
         taken = [(worker, worker.take_batch(on_loop)) for worker in self._ready]
         self._ready.clear()
         self._running = True
@@ -260,7 +264,11 @@ class DiskPasses:
         self._batches.inc(len(taken))
         on_disk = self._on_disk = object()
         self._on_disk_since_s = self._loop.time()
+        if here:
+            self._passes_here.inc()
+            return lambda: self._pass_done(on_disk, self._run(taken))
         self._runner.start(lambda: self._run(taken), functools.partial(self._pass_done, on_disk))
+        return None
 
     def _run(self, taken: list[tuple[BatchOwner, list[Any]]]) -> list[Outcome]:
         """On the pass's thread of the pool."""
@@ -341,7 +349,7 @@ class DiskPasses:
             else:
                 self._loop.call_soon_threadsafe(_resolve, idle)
 
-    def ready_off_loop(self, workers: Sequence[BatchOwner]) -> None:
+    def ready_off_loop(self, workers: Sequence[BatchOwner], here: bool = False) -> Callable[[], None] | None:
         """Under :attr:`lock`, off the loop (the thread of a pass that ended, a data connection's
         thread): ``workers`` have requests queued and no batch on disk. They go now unless a
         pass runs, which takes them next."""
@@ -349,9 +357,10 @@ class DiskPasses:
             self._ready[worker] = None
         if not self._running:
             self._running = True
-            self._start_pass(on_loop=False)
-        elif self._on_disk is not None and self._watchdog is None:
+            return self._start_pass(on_loop=False, here=here)
+        if self._on_disk is not None and self._watchdog is None:
             self._loop.call_soon_threadsafe(self._arm_watchdog_if_due)
+        return None
 
     def claim(self) -> bool:
         """Under :attr:`lock`, off the loop: a data connection's thread is to run one partition's
