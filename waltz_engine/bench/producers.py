@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
-import json
 import math
 import os
 import random
@@ -34,7 +33,6 @@ import statistics
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +42,7 @@ import yaml
 
 from waltz_engine.bench import process_cpu
 from waltz_engine.bench.feed_watchers import WatchedPartition, WatcherProcess, WatchResult, WatchSpec
+from waltz_engine.bench.node_counts import StorageBatches, local_http_ports, node_counts
 from waltz_engine.bench.storage_node import BenchError
 from waltz_engine.client import (
     PartitionLocalLock,
@@ -74,16 +73,6 @@ WATCHERS_PROCESS = "watchers"
 ZOOKEEPER_PROCESS = "zookeeper"
 # Generous: a saturated 2-core machine may take seconds per mount or batch.
 SUBMIT_TIMEOUT_MS = 60_000
-# The servers' loop iterations are read from their /metrics before and after a run.
-LOOP_ITERATIONS_GAUGE = "waltz-server.loop-iterations"
-# So are the storage nodes' append requests (the partitions' append meters) and their disk
-# batches: how many transactions a server batch carries, and how many partitions share a pass.
-STORAGE_APPEND_METER_SUFFIX = ".append"
-STORAGE_PARTITION_GROUP_PREFIX = "waltz-storage.partition-"
-STORAGE_PASSES_COUNTER = "waltz-storage.disk-passes"
-STORAGE_PASS_BATCHES_COUNTER = "waltz-storage.disk-pass-batches"
-STORAGE_THREAD_BATCHES_COUNTER = "waltz-storage.disk-connection-thread-batches"
-METRICS_TIMEOUT_S = 5.0
 PERCENTILE_CUTS = 100  # statistics.quantiles cut points: index 49 = p50
 
 
@@ -133,76 +122,10 @@ class BenchCluster:
     def watched_pids(self) -> dict[str, int]:
         return {**self.pids, CLIENT_PROCESS: os.getpid()}
 
-    def _metrics(self) -> dict[str, dict[str, Any]]:
-        """Each node's /metrics that answered."""
-        found = {}
-        for name, port in self.http_ports.items():
-            try:
-                url = f"http://127.0.0.1:{port}/metrics"
-                with urllib.request.urlopen(url, timeout=METRICS_TIMEOUT_S) as r:
-                    metrics = json.loads(r.read())
-            except (OSError, ValueError):
-                continue
-            if isinstance(metrics, dict):
-                found[name] = metrics
-        return found
-
     def node_counts(self) -> tuple[dict[str, int], dict[str, StorageBatches]]:
-        """Each server's loop iterations so far (gauge ``waltz-server.loop-iterations``), and
-        each storage node's append requests and disk batches so far."""
-        loops: dict[str, int] = {}
-        batches: dict[str, StorageBatches] = {}
-        for name, metrics in self._metrics().items():
-            value = metrics.get("gauges", {}).get(LOOP_ITERATIONS_GAUGE, {}).get("value")
-            if isinstance(value, int):
-                loops[name] = value
-            counters = metrics.get("counters", {})
-            if STORAGE_PASSES_COUNTER not in counters:
-                continue
-            meters = metrics.get("meters", {})
-            appends = sum(
-                meter.get("count", 0)
-                for key, meter in meters.items()
-                if key.startswith(STORAGE_PARTITION_GROUP_PREFIX)
-                and key.endswith(STORAGE_APPEND_METER_SUFFIX)
-            )
-            pass_batches = _count(counters, STORAGE_PASS_BATCHES_COUNTER)
-            batches[name] = StorageBatches(
-                appends,
-                pass_batches + _count(counters, STORAGE_THREAD_BATCHES_COUNTER),
-                _count(counters, STORAGE_PASSES_COUNTER),
-                pass_batches,
-            )
-        return loops, batches
-
-
-def _count(counters: dict[str, Any], key: str) -> int:
-    return int(counters.get(key, {}).get("count", 0))
-
-
-class StorageBatches(NamedTuple):
-    """A storage node's counts over a run: append requests (each a server's batch of one
-    partition), partition batches written (each one write and ``fdatasync``), disk passes and
-    the partition batches they carried."""
-
-    append_requests: int
-    disk_batches: int
-    passes: int
-    pass_batches: int
-
-    def since(self, before: StorageBatches) -> StorageBatches:
-        return StorageBatches(*(now - then for now, then in zip(self, before, strict=True)))
-
-    def per_transaction(self, transactions: int) -> dict[str, float]:
-        return {
-            "transactions_per_append_request": round(transactions / max(self.append_requests, 1), 2),
-            "append_requests_per_disk_batch": round(self.append_requests / max(self.disk_batches, 1), 2),
-            "partition_batches_per_disk_pass": round(self.pass_batches / max(self.passes, 1), 2),
-        }
-
-
-def _local_http_ports(cluster: LocalCluster) -> dict[str, int]:
-    return {node.name: node.jetty_port for node in cluster.nodes if node.kind in ("server", "storage")}
+        """Each server's loop iterations so far, and each storage node's append requests and
+        disk batches so far (:func:`node_counts`)."""
+        return node_counts(self.http_ports)
 
 
 def _local_cluster_pids(cluster: LocalCluster) -> dict[str, int]:
@@ -251,7 +174,7 @@ def load_cluster(
         directory = config_path.resolve().parent
         if LocalCluster.exists(directory):
             local = LocalCluster.open(directory)
-            pids, http_ports = _local_cluster_pids(local), _local_http_ports(local)
+            pids, http_ports = _local_cluster_pids(local), local_http_ports(local)
     overrides = {KEY_CONNECT_STRING: zookeeper, KEY_CLUSTER_ROOT: cluster_root}
     loaded = {**loaded, **{key: value for key, value in overrides.items() if value is not None}}
     for key, flag in ((KEY_CONNECT_STRING, "--zookeeper"), (KEY_CLUSTER_ROOT, "--cluster-root")):

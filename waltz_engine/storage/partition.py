@@ -239,11 +239,9 @@ class Partition(PartitionHead):
             self._append_run(run)
 
     def append_next(self, run: WireRecordRun) -> tuple[int, int] | None:
-        """:meth:`append` of a request's records that begin at the next txid, when nothing is
-        in the way; then the new :meth:`span`, read under the same lock. None: nothing was done
-        (no records, the partition closed, a refill in progress, a foreign segment, txids not
-        consecutive from the next): :meth:`append` meets what it meets, with its errors.
-        The storage node's lone append (one lock, no look before)."""
+        """The storage node's lone append: :meth:`append` of records that begin at the next txid
+        with nothing in the way, then the new :meth:`span`, under one lock. None: nothing done
+        (closed, a refill, a foreign segment, not consecutive): :meth:`append` meets it."""
         with self._lock:
             current = self._current
             if (
@@ -512,13 +510,10 @@ class Partition(PartitionHead):
 
     def refill(self, records: Sequence[Record]) -> bool:
         """Offline recovery of a damaged segment: ``records`` are transactions this partition holds,
-        sent from a healthy replica. True once the segment was replaced.
-
-        A segment's records come in order from its first txid (a batch starting there starts the
-        copy again). Each record this partition holds whole must be the same as the one sent,
-        or nothing is replaced: the replicas disagree. When the last one is in, the copy is
-        swapped in for the segment (see ``refill.py``); until then the segment is unchanged.
-        """
+        sent from a healthy replica. True once the segment was replaced. Its records come in order
+        from its first txid (a batch starting there starts the copy again); each record this
+        partition holds whole must be the one sent, or nothing is replaced (the replicas disagree).
+        The last one in, the copy is swapped in (``refill.py``); until then nothing changes."""
         with self._lock:
             self._check_open()
             segment = refill_target(self.partition_id, self._segments, records)

@@ -6,10 +6,9 @@ The connection handlers decode a request once and :meth:`PartitionWorker.submit`
 the queue is full they wait, and so stop reading their socket (back pressure). A worker with
 requests queued and no batch on disk is ready for the next pass, which takes its whole queue
 (up to its capacity). No task sits between the handler and the disk: a request waiting alone
-costs no extra event loop turn. No fsync runs on the event loop.
-Consecutive APPENDs that would each succeed alone are written with one fsync (group
-commit); each SUCCESS is still sent only after its records are durable. The replies are
-encoded off the loop and written on the event loop.
+costs no extra event loop turn. No fsync runs on the event loop. Consecutive APPENDs that
+would each succeed alone are written with one fsync (group commit); each SUCCESS is sent only
+after its records are durable, encoded off the loop, written on it.
 """
 
 from __future__ import annotations
@@ -432,12 +431,9 @@ class PartitionWorker:
 
     def _start_late(self, partition: Partition, msg: StorageAppendRunRequest) -> None:
         """Let an empty replica begin at the first appended txid when retention removed everything
-        before it: a server fills a replica added after retention from the retained start.
-
-        Only a partition that never held a record, and only up to the highest retention bound
-        ever set, so a gap can appear only where the operator once allowed records to go (a
-        bound lowered since does not bring back what cleaners removed under the higher one).
-        """
+        before it (a replica added after retention). Only a partition that never held a record,
+        and only up to the highest retention bound ever set, so a gap can appear only where the
+        operator once allowed records to go (a bound lowered since brings nothing back)."""
         txids = msg.records.txids
         first = txids[0] if txids else 0
         if first <= 0 or not partition.is_empty():
@@ -543,11 +539,8 @@ class PartitionWorker:
         return end
 
     def _append_alone(self, msg: StorageAppendRunRequest) -> bytes | None:
-        """A lone APPEND of the partition's session, at its next txid, on an assigned and
-        available replica (a server's usual request): what :meth:`_append_group` checks, found
-        true in a few comparisons, and one lock for the append and the span. Its answer (a
-        failure when the write fails, as there); None, with nothing done: anything else, which
-        the general path checks again and answers with its errors."""
+        """A lone APPEND of the session at the next txid on an online replica, checked in a few
+        comparisons, appended under one lock; its answer, or None (nothing done: the general path)."""
         partition = self.partition
         if partition is None or msg.used_by_offline_recovery or msg.session_id != self.session_id:
             return None
