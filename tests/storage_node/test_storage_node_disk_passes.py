@@ -129,7 +129,8 @@ def test_appends_for_many_partitions_in_one_turn_take_one_pass(node: StorageNode
 
 
 def test_interleaved_partitions_keep_their_order_and_fencing(node: StorageNodeProcess) -> None:
-    # Fresh partitions of the module's node: the first test wrote txid 0 to each.
+    # Partitions of the module's node holding txid 0 and nothing more (the first test writes it;
+    # run alone, or first on its worker, this test writes it itself).
     partitions, per_partition = range(8), 3
     first = 1
 
@@ -138,6 +139,9 @@ def test_interleaved_partitions_keep_their_order_and_fencing(node: StorageNodePr
         await client.open()
         try:
             await _open_sessions(client, partitions)
+            for p in partitions:
+                if await client.max_transaction_id(SESSION_ID, p) < first - 1:
+                    await client.append(SESSION_ID, p, make_records(0, 1, p))
             calls: list[Callable[[], Awaitable[Any]]] = []
             for i in range(per_partition):
                 for p in partitions:
