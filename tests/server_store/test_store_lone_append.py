@@ -42,7 +42,7 @@ from waltz_engine.server.server import ServerCore
 from waltz_engine.server.store import Store, StorePartition
 from waltz_engine.server.store.config import StoreConfig
 from waltz_engine.server.store.queued_appends import FAILED_TRANSACTION_ID
-from waltz_engine.server.store.replica_session import ReplicaSession
+from waltz_engine.server.store.replica_session import MAX_DIRECT_IN_FLIGHT, ReplicaSession
 from waltz_engine.wire.client_messages import (
     CLIENT_CODECS,
     FlushRequest,
@@ -283,10 +283,11 @@ def _session_id(partition: StorePartition) -> int:
 def test_a_replica_slower_than_the_quorum_is_sent_the_next_batches_behind_its_unanswered_one(
     cluster: StorageCluster, zk: KazooClient
 ) -> None:
-    """One node stopped: three lone appends commit on the two others, one after another, and the
+    """One node stopped: lone appends commit on the two others, one after another, and the
     stopped node's replica is sent each batch behind the ones it has not answered (in order on
-    its connection), not made to miss them and catch up later. Once it runs again its answers
-    vote, in order, with no roll of the session, and every log is the same."""
+    its connection), not made to miss them and catch up later, up to MAX_DIRECT_IN_FLIGHT; the
+    batches past the bound wait for its task, which catches them up once the node answers. Its
+    answers then vote, in order, with no roll of the session, and every log is the same."""
     partition_id = 0
     slow = cluster.nodes[2]
     storages = [node_connect_string(node) for node in cluster.nodes]
@@ -294,22 +295,24 @@ def test_a_replica_slower_than_the_quorum_is_sent_the_next_batches_behind_its_un
     async def go() -> None:
         store = await open_store(zk, cluster.root, NO_MARKS_CONFIG)
         try:
-            partition, outcomes, replica = await _three_commits_past_a_stopped_replica(
-                store, partition_id, storages, slow
+            partition, outcomes, replica = await _commits_past_a_stopped_replica(
+                store, partition_id, storages, slow, PAST_THE_BOUND
             )
             session_id = _session_id(partition)
             try:
                 unanswered = [batch.first_transaction_id for batch in replica._direct]
-                assert unanswered == [1, 2, 3], "each batch went to the slow replica behind the last"
+                # Each sent behind the last, up to the bound.
+                assert unanswered == list(range(1, MAX_DIRECT_IN_FLIGHT + 1))
                 assert replica.next_transaction_id == 1
             finally:
                 os.kill(slow.pid, signal.SIGCONT)
-            await wait_until(lambda: replica.next_transaction_id == 4, "the slow replica's answers voted")
+            end = PAST_THE_BOUND + 1
+            await wait_until(lambda: replica.next_transaction_id == end, "the slow replica caught up")
             assert not replica._direct
-            assert _session_id(partition) == session_id, "no roll: nothing abstained"
+            assert _session_id(partition) == session_id, "no roll: nothing abstained before its decision"
             for node in cluster.nodes:
-                records = await read_all(node, partition_id, session_id, 10)
-                assert [r.req_id.seq_num for r in records] == [0, 1, 2, 3], node
+                records = await read_all(node, partition_id, session_id, end + 1)
+                assert [r.req_id.seq_num for r in records] == list(range(end)), node
         finally:
             await store.close()
 
@@ -329,8 +332,8 @@ def test_a_slow_replica_that_fails_with_batches_unanswered_abstains_them_and_the
     async def go() -> None:
         store = await open_store(zk, cluster.root, NO_MARKS_CONFIG)
         try:
-            partition, outcomes, replica = await _three_commits_past_a_stopped_replica(
-                store, partition_id, storages, slow
+            partition, outcomes, replica = await _commits_past_a_stopped_replica(
+                store, partition_id, storages, slow, 3
             )
             session_id = _session_id(partition)
             assert len(replica._direct) == 3
@@ -365,20 +368,24 @@ NO_MARKS_CONFIG = StoreConfig(
 )
 
 
-async def _three_commits_past_a_stopped_replica(
-    store: Store, partition_id: int, storages: list[str], slow: StorageNodeProcess
+# Lone appends past a stopped replica: three more than its unanswered batches' bound.
+PAST_THE_BOUND = MAX_DIRECT_IN_FLIGHT + 3
+
+
+async def _commits_past_a_stopped_replica(
+    store: Store, partition_id: int, storages: list[str], slow: StorageNodeProcess, count: int
 ) -> tuple[StorePartition, Outcomes, ReplicaSession]:
     """The partition's first lone commit, then ``slow`` stopped (SIGSTOP; the cluster fixture
     resumes it at the end) once its replica session idles caught up (parked: batches may go
-    from the store session's call), then lone appends 1, 2 and 3, each committed by the other
-    two before the next. Returns the partition, the outcomes and the slow replica's session."""
+    from the store session's call), then lone appends 1 to ``count``, each committed by the
+    other two before the next. Returns the partition, the outcomes and the slow replica's session."""
     partition, outcomes = await _first_lone_commit(store, partition_id, storages)
     session = partition._manager.current_session
     assert session is not None
     (replica,) = [r for r in session.replica_sessions if r.storage == node_connect_string(slow)]
     await wait_until(lambda: replica._parked and replica.next_transaction_id == 1, "the replica idle")
     os.kill(slow.pid, signal.SIGSTOP)
-    for seq in (1, 2, 3):
+    for seq in range(1, count + 1):
         assert outcomes.append_lone(partition, seq), "taken at once"
         assert await outcomes.wait(seq) == (seq, None), "the two others commit it"
     return partition, outcomes, replica
