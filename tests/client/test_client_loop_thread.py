@@ -131,3 +131,43 @@ def test_a_second_ctrl_c_during_close_gives_the_close_up_quietly() -> None:
     assert done.returncode == 0 and done.stdout.startswith("closed in"), done.stdout + done.stderr
     assert "Traceback" not in done.stderr and "never awaited" not in done.stderr, done.stderr
     assert float(done.stdout.split()[2]) < BOUND_S
+
+
+def test_close_returns_once_no_callback_runs_on_a_consumer_thread() -> None:
+    """`SyncWaltzClient.close` waits for the transaction a consumer thread is applying: the
+    application may then close what its callbacks use (a DB-API callbacks' close() closed an
+    SQLite connection a consumer thread still applied with: a segfault in a full-suite run)."""
+    from typing import Any
+
+    from waltz_engine.client import TransactionContext, WaltzClientCallbacks
+    from waltz_engine.client.pytest_plugin import WaltzMockHarness
+
+    applying = threading.Event()
+    applied: list[int] = []
+
+    class Slow(WaltzClientCallbacks):
+        def get_client_high_water_mark(self, partition_id: int) -> int:
+            return -1
+
+        def apply_transaction(self, transaction: Any) -> None:
+            applying.set()
+            threading.Event().wait(APPLY_S)
+            applied.append(transaction.transaction_id)
+
+    class One(TransactionContext):
+        def partition_id(self, num_partitions: int) -> int:
+            return 0
+
+        def execute(self, builder: Any) -> bool:
+            builder.set_transaction_data(b"x")
+            return True
+
+    harness = WaltzMockHarness()
+    client = harness.client(Slow())
+    client.submit(One())
+    assert applying.wait(BOUND_S), "the transaction was fed"
+    client.close()
+    assert applied == [0], "close returned while a consumer thread still applied it"
+
+
+APPLY_S = 0.5  # long enough that a close which does not wait returns first

@@ -114,7 +114,8 @@ class SyncWaltzClient:
         return self._run(_call(self._client.get_partitions))
 
     def close(self) -> None:
-        """Close the client (see :meth:`WaltzClient.close`) and stop its loop.
+        """Close the client (see :meth:`WaltzClient.close`) and stop its loop; returns once no
+        callback runs on a consumer thread (the one being applied ends first).
 
         A Ctrl-C while it waits (a program's second one, the first having ended its work) gives
         the graceful close up instead of raising: the client's tasks are cancelled and awaited
@@ -150,7 +151,12 @@ class SyncWaltzClient:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(LOOP_THREAD_JOIN_TIMEOUT_S)
         self._loop.close()
-        self._consumers.shutdown(wait=False, cancel_futures=True)
+        # Waits for the callbacks running on the consumer threads (queued ones are cancelled):
+        # once close() returns none runs, so the application may close what they use. Without
+        # the wait a DB-API callbacks' close() closed an SQLite connection a consumer thread was
+        # still applying a transaction with (a segfault in a full-suite run). A callback that
+        # calls into the stopped client gets ClientClosedError, so the wait is its own work.
+        self._consumers.shutdown(wait=True, cancel_futures=True)
 
 
 async def _cancel_all(timeout_s: float) -> None:
