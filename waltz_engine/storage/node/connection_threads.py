@@ -31,8 +31,9 @@ What stays as it was:
   node's watch, which runs on the loop while threads exist, every WATCH_INTERVAL_MS and when a
   thread it saw on disk would be PASS_WAIT_MS late: the loop reads the connection from the
   bytes the thread left unread, so the connection's requests of other partitions wait about
-  PASS_WAIT_MS at most (and a timer's lateness); the connection stays on the
-  loop from then on;
+  PASS_WAIT_MS at most (and a timer's lateness; twice that behind a pass of several
+  partitions the thread runs, whose own gather hands its late ones off at PASS_WAIT_MS); the
+  connection stays on the loop from then on;
 - the simulator: its transports are not sockets, so it never starts a thread and runs the
   loop's path as before;
 - the end: a peer's close (with close-notify or without, as Netty's), a bad frame or a failed
@@ -307,10 +308,11 @@ class ConnectionThread:
             return self._queue({worker: batch}, here=True)
         return self._on_disk(lambda: passes.run_claimed(worker, batch))
 
-    def _on_disk(self, work: Callable[[], None]) -> bool:
-        """Run disk work on this thread, watched (PASS_WAIT_MS); False: left behind meanwhile."""
+    def _on_disk(self, work: Callable[[], None], grace_s: float = 0.0) -> bool:
+        """Run disk work on this thread, watched (PASS_WAIT_MS after ``grace_s``); False: left
+        behind meanwhile."""
         with self._state:
-            self._on_disk_since_s = clock.monotonic_s()
+            self._on_disk_since_s = clock.monotonic_s() + grace_s
         try:
             work()
         finally:
@@ -341,7 +343,10 @@ class ConnectionThread:
                 pass_here = passes.ready_off_loop(ready, here=here and not full)
         for worker, rest in full:
             self._on_loop(worker.queue_in_order(rest))
-        return True if pass_here is None else self._on_disk(pass_here)
+        # A pass of several partitions hands its own late ones off at PASS_WAIT_MS and returns
+        # (DiskPasses' gather): watched from then on, or the watch and the gather both took the
+        # same stall for late, racing, and the connection went back to the loop for nothing.
+        return True if pass_here is None else self._on_disk(pass_here, PASS_WAIT_MS / 1000)
 
     def _on_loop(self, work: Awaitable[None]) -> None:
         """Run ``work`` on the loop and wait for it (errors are raised here)."""
