@@ -322,13 +322,13 @@ class ReplicaMover:
         them, or a replica moved away and back, left no voter of record assigned (issue 32,
         the simulator's seed 154): the log stalled for good.
         """
-        metadata, _ = await asyncio.to_thread(read_partition_metadata, self.zk, self.root, p)
+        metadata = await self._partition_metadata(p)
         return await recorded_quorum_gap(metadata, staying, partial(self._session_of, layout, p), target)
 
     async def _voter_of_record(self, layout: StoreLayout, p: int, storage: str) -> bool:
         """Whether the last completed recovery recorded ``storage`` clean and its node still is
         in that session or a later one (unassigning resets a node's session to -1)."""
-        metadata, _ = await asyncio.to_thread(read_partition_metadata, self.zk, self.root, p)
+        metadata = await self._partition_metadata(p)
         state = next((s for s in metadata.replica_states if s.replica_id.storage == storage), None)
         if state is None or not state.is_unresolved:
             return False
@@ -379,11 +379,16 @@ class ReplicaMover:
             await asyncio.sleep(CATCH_UP_POLL_INTERVAL_MS / 1000)
 
     async def _removal_recorded(self, move: ReplicaMove) -> bool:
-        metadata, _ = await asyncio.to_thread(read_partition_metadata, self.zk, self.root, move.partition_id)
+        metadata = await self._partition_metadata(move.partition_id)
         if any(state.replica_id.storage == move.source for state in metadata.replica_states):
             return False
         latest = metadata.latest_recorded_storages()
         return latest is None or move.target in latest
+
+    async def _partition_metadata(self, p: int) -> PartitionMetadata:
+        """``store/partition/<p>`` as it stands: the replicas the servers' recoveries recorded."""
+        metadata, _ = await asyncio.to_thread(read_partition_metadata, self.zk, self.root, p)
+        return metadata
 
     async def _session_of(self, layout: StoreLayout, p: int, storage: str) -> int | None:
         """The store session ``storage``'s node last took part in for ``p`` (None: no answer)."""
