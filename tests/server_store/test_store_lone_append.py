@@ -209,9 +209,7 @@ def test_an_answer_other_than_success_rolls_the_session_and_appends_go_on(
             await wait_until(
                 lambda: caught_up(partition.status(), storages), "the refusing replica caught up"
             )
-            for node in cluster.nodes:
-                records = await read_all(node, partition_id, _session_id(partition), 10)
-                assert [r.req_id.seq_num for r in records] == [0, 1, 2], node
+            await _assert_every_log(cluster, partition_id, _session_id(partition), 3)
         finally:
             await store.close()
 
@@ -274,6 +272,13 @@ async def _first_lone_commit(
     return partition, outcomes
 
 
+async def _assert_every_log(cluster: StorageCluster, partition_id: int, session_id: int, count: int) -> None:
+    """Every node's log of the partition holds exactly the lone appends 0 .. ``count`` - 1, in order."""
+    for node in cluster.nodes:
+        records = await read_all(node, partition_id, session_id, count + 1)
+        assert [r.req_id.seq_num for r in records] == list(range(count)), node
+
+
 def _session_id(partition: StorePartition) -> int:
     session = partition.status()["session"]
     assert isinstance(session, dict)
@@ -310,9 +315,7 @@ def test_a_replica_slower_than_the_quorum_is_sent_the_next_batches_behind_its_un
             await wait_until(lambda: replica.next_transaction_id == end, "the slow replica caught up")
             assert not replica._direct
             assert _session_id(partition) == session_id, "no roll: nothing abstained before its decision"
-            for node in cluster.nodes:
-                records = await read_all(node, partition_id, session_id, end + 1)
-                assert [r.req_id.seq_num for r in records] == list(range(end)), node
+            await _assert_every_log(cluster, partition_id, session_id, end)
         finally:
             await store.close()
 
@@ -352,9 +355,7 @@ def test_a_slow_replica_that_fails_with_batches_unanswered_abstains_them_and_the
                 assert await bounded(future) == 4
             else:
                 assert await outcomes.wait(4) == (4, None)
-            for node in cluster.nodes:
-                records = await read_all(node, partition_id, _session_id(partition), 10)
-                assert [r.req_id.seq_num for r in records] == [0, 1, 2, 3, 4], node
+            await _assert_every_log(cluster, partition_id, _session_id(partition), 5)
         finally:
             await store.close()
 
