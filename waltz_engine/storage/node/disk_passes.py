@@ -31,7 +31,6 @@ is left behind whole, and the next pass starts beside it on another thread.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import queue
@@ -39,7 +38,6 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from waltz_engine.common import clock
 from waltz_engine.common.loop_turns import call_at_turn_end
 from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.net.channel import ConnectionClosedError, FramedConnection
@@ -117,41 +115,47 @@ class ThreadedRunner:
         if len(jobs) == 1:
             # A partition alone waits for nobody: no hop to the pool.
             return [jobs[0]()]
-        back: queue.SimpleQueue[tuple[int, _R]] = queue.SimpleQueue()
-        lock = threading.Lock()
+        # The pass's thread is woken once, by the last job done (or at PASS_WAIT_MS), not once
+        # per job: at 16 active partitions a pass carries 7-8 partitions, and each wake-up of
+        # the gathering thread was a context switch and a GIL hand-off (docs/benchmarks.md).
+        results: list[_R | _NotDone] = [_NOT_DONE] * len(jobs)
+        state = threading.Lock()  # guards ``results``, ``left`` and ``waiting``
+        left = [len(jobs)]
         waiting = [True]
+        all_done = threading.Lock()
+        all_done.acquire()  # released by the last job done while the pass waits
         loop = self._loop
 
         def run(index: int, job: Callable[[], _R]) -> None:
             result = job()
-            with lock:
+            with state:
                 if waiting[0]:
-                    back.put((index, result))
+                    results[index] = result
+                    left[0] -= 1
+                    if left[0] == 0:
+                        all_done.release()
                     return
             loop.call_soon_threadsafe(late, result)
 
         for index, job in enumerate(jobs):
             self._jobs.put(functools.partial(run, index, job))
-        results: dict[int, _R] = {}
-        deadline_s = clock.monotonic_s() + PASS_WAIT_MS / 1000
-        with contextlib.suppress(queue.Empty):
-            while len(results) < len(jobs):
-                index, result = back.get(timeout=max(0.0, deadline_s - clock.monotonic_s()))
-                results[index] = result
-        if len(results) < len(jobs):
-            with lock:
-                waiting[0] = False
-            with contextlib.suppress(queue.Empty):
-                while True:
-                    index, result = back.get_nowait()
-                    results[index] = result
-        return [results[index] for index in sorted(results)]
+        all_done.acquire(timeout=PASS_WAIT_MS / 1000)
+        with state:
+            waiting[0] = False
+        return [result for result in results if not isinstance(result, _NotDone)]
 
     def shutdown(self) -> None:
         for _ in self._pool:
             self._jobs.put(None)
         for thread in self._pool:
             thread.join()
+
+
+class _NotDone:
+    """A job of :meth:`ThreadedRunner.gather` not done (yet)."""
+
+
+_NOT_DONE = _NotDone()
 
 
 def _daemon(tasks: queue.SimpleQueue[Callable[[], object] | None], name: str) -> threading.Thread:
