@@ -18,6 +18,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 import setproctitle
 
 from waltz_engine.common.errors import WaltzError
+from waltz_engine.common.profiling import run_profiled
 
 log = logging.getLogger(__name__)
 
@@ -111,4 +112,4 @@ def node_main(kind: str, run: Callable[[Path, str], int]) -> None:
     parser.add_argument("--config", "-c", type=Path, required=True, help=f"the {kind} node's YAML")
     parser.add_argument("--log-level", default="info", choices=LOG_LEVELS)
     args = parser.parse_args()
-    sys.exit(run(args.config, args.log_level))
+    sys.exit(run_profiled(kind, lambda: run(args.config, args.log_level)))
