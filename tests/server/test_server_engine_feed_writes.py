@@ -35,6 +35,18 @@ async def mounted(h: Harness, client_id: int, partitions: tuple[int, ...]) -> Te
     return client
 
 
+async def one_commit(h: Harness) -> tuple[TestClient, ClientConnection, memoryview]:
+    """A client fed partition 0 on a counted loop, its first commit fed; that commit's frame."""
+    count_turns(asyncio.get_running_loop())  # as the server's process counts them
+    client = await mounted(h, 1, (0,))
+    (connection,) = h.handler.connections
+    await client.send(append(req(1, 2), -1, b"x"))
+    assert await client.receive() == FeedData(req(1, 2), 0, 0)
+    frames = h.core.partitions[0].feed_frames.frames(connection.version, 0, 0)
+    assert frames is not None
+    return client, connection, frames
+
+
 def count_writes(connection: ClientConnection) -> list[bytes]:
     """The writes the server hands the client's transport from here on, each as one bytes."""
     writes: list[bytes] = []
@@ -77,16 +89,9 @@ def test_the_feeds_of_partitions_committed_in_one_loop_turn_reach_a_client_in_on
 
 def test_what_is_sent_to_a_client_after_a_feed_in_the_same_turn_arrives_after_it() -> None:
     async def test(h: Harness) -> None:
-        count_turns(asyncio.get_running_loop())
-        client = await mounted(h, 1, (0,))
-        (connection,) = h.handler.connections
-        partition = h.core.partitions[0]
-        await client.send(append(req(1, 2), -1, b"x"))
-        assert await client.receive() == FeedData(req(1, 2), 0, 0)
+        client, connection, frames = await one_commit(h)
         writes = count_writes(connection)
         # A feed, then an answer, from one callback: the answer does not pass the feed.
-        frames = partition.feed_frames.frames(connection.version, 0, 0)
-        assert frames is not None
         connection.send_feed(frames, None)
         connection.send(FlushResponse(req(1, 3), 0))
         assert len(writes) == 1  # the feed was written there, before the answer
@@ -98,14 +103,7 @@ def test_what_is_sent_to_a_client_after_a_feed_in_the_same_turn_arrives_after_it
 
 def test_feeds_not_written_yet_count_against_the_clients_write_buffer() -> None:
     async def test(h: Harness) -> None:
-        count_turns(asyncio.get_running_loop())
-        client = await mounted(h, 1, (0,))
-        (connection,) = h.handler.connections
-        partition = h.core.partitions[0]
-        await client.send(append(req(1, 2), -1, b"x"))
-        assert await client.receive() == FeedData(req(1, 2), 0, 0)
-        frames = partition.feed_frames.frames(connection.version, 0, 0)
-        assert frames is not None
+        client, connection, frames = await one_commit(h)
         assert connection.writable()
         sent = 0
         while connection.writable() and sent < MAX_FEEDS:  # held for the end of the turn, yet counted
