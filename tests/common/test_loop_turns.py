@@ -95,10 +95,11 @@ def test_without_a_counted_loop_the_work_runs_at_the_end_of_the_turn() -> None:
         loop = asyncio.get_running_loop()
         ran: list[str] = []
         call_at_turn_end(loop, lambda: ran.append("ran"))
+        call_before_select(loop, lambda: ran.append("ran before select"))  # (a call_soon here)
         run_turn_end(loop)
         assert ran == []
         await asyncio.sleep(0)
-        assert ran == ["ran"]
+        assert ran == ["ran", "ran before select"]
 
     _run(main())
 
@@ -142,17 +143,5 @@ def test_what_work_before_select_schedules_runs_without_waiting_for_an_event() -
         timed = loop.create_future()
         call_before_select(loop, lambda: loop.call_later(0.01, timed.set_result, "timer"))
         assert await asyncio.wait_for(timed, 5) == "timer"
-
-    _run(main())
-
-
-def test_without_a_counted_loop_work_before_select_runs_soon() -> None:
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        ran: list[str] = []
-        call_before_select(loop, lambda: ran.append("ran"))
-        assert ran == []
-        await asyncio.sleep(0)
-        assert ran == ["ran"]
 
     _run(main())
