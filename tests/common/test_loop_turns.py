@@ -7,7 +7,13 @@ import socket
 from collections.abc import Coroutine
 from typing import Any
 
-from waltz_engine.common.loop_turns import LoopTurns, call_at_turn_end, count_turns, run_turn_end
+from waltz_engine.common.loop_turns import (
+    LoopTurns,
+    call_at_turn_end,
+    call_before_select,
+    count_turns,
+    run_turn_end,
+)
 
 
 def _run(main: Coroutine[Any, Any, None]) -> None:
@@ -89,9 +95,53 @@ def test_without_a_counted_loop_the_work_runs_at_the_end_of_the_turn() -> None:
         loop = asyncio.get_running_loop()
         ran: list[str] = []
         call_at_turn_end(loop, lambda: ran.append("ran"))
+        call_before_select(loop, lambda: ran.append("ran before select"))  # (a call_soon here)
         run_turn_end(loop)
         assert ran == []
         await asyncio.sleep(0)
-        assert ran == ["ran"]
+        assert ran == ["ran", "ran before select"]
+
+    _run(main())
+
+
+def test_work_before_select_runs_after_the_turns_callbacks_without_another_iteration() -> None:
+    async def main() -> None:
+        loop, turns = _counted_loop()
+        order: list[tuple[str, int]] = []
+        done = loop.create_future()
+
+        def first() -> None:
+            call_before_select(loop, lambda: order.append(("before select", turns.count)))
+            call_before_select(loop, lambda: order.append(("before select too", turns.count)))
+            loop.call_soon(second)  # the next turn's
+            order.append(("first", turns.count))
+
+        def second() -> None:
+            order.append(("second", turns.count))
+            done.set_result(None)
+
+        loop.call_soon(first)
+        await done
+        at = order[0][1]
+        assert order == [
+            ("first", at),
+            ("before select", at),
+            ("before select too", at),
+            ("second", at + 1),
+        ]
+
+    _run(main())
+
+
+def test_what_work_before_select_schedules_runs_without_waiting_for_an_event() -> None:
+    async def main() -> None:
+        loop, turns = _counted_loop()
+        done = loop.create_future()
+        # Nothing else is ready and no timer is near: the selector would block, but must not.
+        call_before_select(loop, lambda: loop.call_soon(done.set_result, "soon"))
+        assert await asyncio.wait_for(done, 5) == "soon"
+        timed = loop.create_future()
+        call_before_select(loop, lambda: loop.call_later(0.01, timed.set_result, "timer"))
+        assert await asyncio.wait_for(timed, 5) == "timer"
 
     _run(main())

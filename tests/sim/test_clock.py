@@ -12,7 +12,7 @@ from testkit import REPO_ROOT
 
 from waltz_engine.common import clock
 from waltz_engine.common.backoff import Backoff
-from waltz_engine.sim.loop import START_MONOTONIC_S, START_WALL_NS, run
+from waltz_engine.sim.loop import START_MONOTONIC_S, START_WALL_NS, SimLoop, run
 from waltz_engine.storage.constants import now_ms
 
 # The packages whose code runs inside the simulator; common/clock.py is the one place that reads the OS.
@@ -68,3 +68,26 @@ def test_backoff_jitter_comes_from_the_simulators_generator() -> None:
     for delay_ms in first:
         assert delay_ms == min(interval_ms * (0.5 + expected.random()), 10_000)
         interval_ms *= 2
+
+
+def test_the_real_clock_is_read_directly_only_while_no_simulator_loop_is_open() -> None:
+    async def on_loop() -> float:
+        return clock.monotonic_s()
+
+    opened = clock._own_clock_loops
+    _, loop = run(1, on_loop)
+    assert loop.is_closed()
+    assert clock._own_clock_loops == opened  # closed: told once
+    loop.close()  # a second close tells nothing more
+    assert clock._own_clock_loops == opened
+    sim = SimLoop(2)
+    try:
+        assert clock._own_clock_loops == opened + 1
+        # Another loop (a real one) beside an open simulator loop reads the real clock.
+        before_s = time.monotonic()
+        assert before_s <= asyncio.run(on_loop()) <= time.monotonic()
+        # And the simulator's loop its virtual one.
+        assert sim.run_until_complete(on_loop()) == START_MONOTONIC_S
+    finally:
+        sim.close()
+    assert clock._own_clock_loops == opened

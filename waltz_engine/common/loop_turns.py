@@ -9,6 +9,10 @@ The counter also saves the server one of those iterations per lone commit
 (:func:`call_at_turn_end`, :func:`run_turn_end`): work that waits for the end of the loop turn
 (a batch that should take every append read in the turn) runs as soon as the turn's last
 callback ends, instead of after one more ``select``.
+
+And work that should gather a whole turn's output (:func:`call_before_select`: the feeds of
+every partition a turn committed, to one client, in one write) runs once the turn's callbacks
+are all done, right before the selector waits again: no iteration and no ``select`` more.
 """
 
 from __future__ import annotations
@@ -22,13 +26,30 @@ from typing import Any
 class LoopTurns:
     """Counts the selector returns of one loop from :func:`count_turns` on."""
 
-    __slots__ = ("count", "tail", "tail_turn")
+    __slots__ = ("count", "tail", "tail_turn", "before_select")
 
     def __init__(self) -> None:
         self.count = 0
         # The latest handle of :func:`call_at_turn_end`, and the turn it was scheduled in.
         self.tail: asyncio.Handle | None = None
         self.tail_turn = -1
+        # What :func:`call_before_select` gave, in order: run before the next ``select``.
+        self.before_select: list[Callable[[], object]] = []
+
+
+def call_before_select(loop: asyncio.AbstractEventLoop, callback: Callable[[], object]) -> None:
+    """Run ``callback`` once this loop turn's callbacks are all done, right before the loop's
+    selector waits for the next events (the end of the turn, with no iteration between); on a
+    loop whose iterations are not counted (:func:`count_turns`: the simulator's, a test's),
+    ``loop.call_soon(callback)``. From the loop's thread only.
+
+    What the callback schedules (``call_soon``, a timer) runs as if scheduled in the turn: the
+    selector does not wait past it."""
+    turns: LoopTurns | None = getattr(loop, "_waltz_turns", None)
+    if turns is None:
+        loop.call_soon(callback)
+    else:
+        turns.before_select.append(callback)
 
 
 def call_at_turn_end(loop: asyncio.AbstractEventLoop, callback: Callable[[], object]) -> None:
@@ -78,6 +99,8 @@ def count_turns(loop: asyncio.AbstractEventLoop) -> LoopTurns | None:
     select = selector.select
 
     def counted_select(timeout: float | None = None) -> Any:
+        if turns.before_select:
+            timeout = _run_before_select(loop, turns, timeout)
         events = select(timeout)
         turns.count += 1
         return events
@@ -86,3 +109,25 @@ def count_turns(loop: asyncio.AbstractEventLoop) -> LoopTurns | None:
     selector._waltz_turns = turns
     loop._waltz_turns = turns  # type: ignore[attr-defined]
     return turns
+
+
+def _run_before_select(
+    loop: asyncio.AbstractEventLoop, turns: LoopTurns, timeout: float | None
+) -> float | None:
+    """Runs the :func:`call_before_select` callbacks (those they add, too); the selector's
+    timeout, shortened to what they scheduled."""
+    while turns.before_select:
+        callbacks, turns.before_select = turns.before_select, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception as e:  # as a callback the loop runs: reported, the loop goes on
+                loop.call_exception_handler({"message": "end-of-turn callback failed", "exception": e})
+    ready: collections.deque[asyncio.Handle] | None = getattr(loop, "_ready", None)
+    if ready:
+        return 0
+    scheduled: list[asyncio.TimerHandle] | None = getattr(loop, "_scheduled", None)
+    if scheduled:
+        due_s = max(0.0, scheduled[0].when() - loop.time())  # (a heap: its first is due first)
+        return due_s if timeout is None else min(timeout, due_s)
+    return timeout

@@ -459,4 +459,6 @@ class WaltzServer:
 def run(config_path: Path | str, log_level: str = "info") -> int:
     """`waltz server start`: serve until SIGTERM/SIGINT; 0 on a clean stop, 1 on a startup error."""
     title = f"waltz server start --config {config_path}"
-    return run_service(lambda: ServerConfig.load(config_path), WaltzServer, log_level, title)
+    return run_service(
+        lambda: ServerConfig.load(config_path), WaltzServer, log_level, title, freeze_heap=True
+    )

@@ -29,6 +29,7 @@ import weakref
 from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
 from typing import Any, TypeVar
 
+from waltz_engine.common import clock
 from waltz_engine.common.errors import WaltzError
 
 _T = TypeVar("_T")
@@ -147,6 +148,8 @@ class SimLoop(asyncio.BaseEventLoop):
 
     def __init__(self, seed: int) -> None:
         super().__init__()
+        clock.own_clock_loop_opened()  # (until :meth:`close`: the library's clock asks this loop)
+        self._clock_told = True
         self.seed = seed
         self.rng = random.Random(seed)
         self._now = START_MONOTONIC_S
@@ -287,6 +290,12 @@ class SimLoop(asyncio.BaseEventLoop):
 
     def time(self) -> float:
         return self._now
+
+    def close(self) -> None:
+        super().close()
+        if self._clock_told:
+            self._clock_told = False
+            clock.own_clock_loop_closed()
 
     def wall_time_ns(self) -> int:
         """The virtual wall clock (nanoseconds since the epoch), moving with :meth:`time`."""
