@@ -18,7 +18,7 @@ import typer
 import typer.main
 import typer.testing
 from suite_bytecode import compile_suite
-from testkit import free_tcp_port, read_jsonl, unique_cluster_root, vectors_dir
+from testkit import free_tcp_port, read_jsonl, slice_port_range_for_worker, unique_cluster_root, vectors_dir
 
 __all__ = ["free_tcp_port", "read_jsonl", "unique_cluster_root", "vectors_dir"]
 
@@ -41,22 +41,7 @@ os.environ.setdefault(
 os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", TEST_JVM_FLAGS)
 
 
-def _worker_port_range() -> None:
-    """Each pytest-xdist worker (and what it starts) picks listening ports from its own slice:
-    two workers picking at random from one range handed out the same port (a node then exited
-    with "address already in use")."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if not worker.startswith("gw") or count < 2 or "WALTZ_PORT_RANGE" in os.environ:
-        return
-    low, high = TEST_PORTS
-    width = (high - low) // count
-    start = low + int(worker[2:]) * width
-    os.environ["WALTZ_PORT_RANGE"] = f"{start}-{start + width}"
-
-
-TEST_PORTS = (10_000, 32_000)  # below Linux's default ephemeral range (32768-60999)
-_worker_port_range()
+slice_port_range_for_worker(os.environ)
 
 
 # typer builds the whole click command tree again on every `CliRunner().invoke(app, ...)`: 0.17 s

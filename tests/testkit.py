@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from waltz_engine.ops.devcluster.nodes import free_port
+from waltz_engine.ops.devcluster.nodes import PORT_RANGE_ENV, free_port, port_range
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,6 +40,27 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 def free_tcp_port() -> int:
     """A port nothing listens on right now, outside the ephemeral range when it is known."""
     return free_port()
+
+
+TEST_PORTS = (10_000, 32_000)  # below Linux's default ephemeral range (32768-60999)
+
+
+def slice_port_range_for_worker(environ: MutableMapping[str, str]) -> None:
+    """Each pytest-xdist worker (and what it starts) picks listening ports from its own slice:
+    two workers picking at random from one range handed out the same port (a node then exited
+    with "address already in use"). A range the run was given (WALTZ_PORT_RANGE, which keeps it
+    apart from other runs on the machine) is sliced the same way: its workers used to share it
+    whole, and a storage node whose ports were picked before it waited seconds for ZooKeeper
+    found one taken by the other worker (1 failure in 4 runs of tests/storage_node, -n 2)."""
+    worker = environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count < 2:
+        return
+    low, high = port_range(environ) or TEST_PORTS
+    width = (high - low) // count
+    assert width > 0, f"{PORT_RANGE_ENV}={low}-{high} has fewer ports than its {count} workers"
+    start = low + int(worker[2:]) * width
+    environ[PORT_RANGE_ENV] = f"{start}-{start + width}"
 
 
 def unique_cluster_root(name: str = "cluster") -> str:

@@ -15,6 +15,7 @@ import pytest
 
 from waltz_engine.client.errors import ClientClosedError
 from waltz_engine.client.loop_thread import call_on_loop
+from waltz_engine.client.sync_client import _cancel_all
 
 BOUND_S = 10.0  # a hang, not a speed: the call gives up within LOOP_CHECK_INTERVAL_S
 
@@ -171,3 +172,27 @@ def test_close_returns_once_no_callback_runs_on_a_consumer_thread() -> None:
 
 
 APPLY_S = 0.5  # long enough that a close which does not wait returns first
+
+
+def test_an_abandoned_close_also_ends_the_tasks_that_cancelled_tasks_start() -> None:
+    """A network client's task, cancelled by an abandoned close, starts its reconnect as it ends;
+    the reconnect is cancelled too, not left pending for the loop's close to destroy (the second
+    Ctrl-C test failed once in 2 runs of tests/client under load: the reconnect ran on, was
+    destroyed, and its ``finally`` printed a traceback)."""
+
+    async def go() -> None:
+        reconnects: list[asyncio.Task[None]] = []
+
+        async def connection() -> None:
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                reconnects.append(asyncio.create_task(asyncio.sleep(3600)))
+
+        first = asyncio.create_task(connection())
+        await asyncio.sleep(0)  # inside its try
+        await _cancel_all(BOUND_S)
+        assert first.cancelled() and reconnects[0].cancelled()
+        assert asyncio.all_tasks() == {asyncio.current_task()}
+
+    asyncio.run(go())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 
 import pytest
+from testkit import slice_port_range_for_worker
 
 from waltz_engine.ops.devcluster import cluster, nodes
 
@@ -52,3 +53,27 @@ def test_a_bad_port_range_is_one_line(monkeypatch: pytest.MonkeyPatch, value: st
     monkeypatch.setenv("WALTZ_PORT_RANGE", value)
     with pytest.raises(nodes.DevClusterError, match="expected LOW-HIGH"):
         nodes.free_port()
+
+
+@pytest.mark.parametrize(
+    ("given", "slices"),
+    [
+        ("20000-22000", ["20000-21000", "21000-22000"]),  # a range the run was given
+        (None, ["10000-21000", "21000-32000"]),  # the suite's own range
+    ],
+)
+def test_each_test_worker_picks_ports_from_its_own_slice(given: str | None, slices: list[str]) -> None:
+    picked = []
+    for worker in ("gw0", "gw1"):
+        environ = {"PYTEST_XDIST_WORKER": worker, "PYTEST_XDIST_WORKER_COUNT": "2"}
+        if given is not None:
+            environ["WALTZ_PORT_RANGE"] = given
+        slice_port_range_for_worker(environ)
+        picked.append(environ["WALTZ_PORT_RANGE"])
+    assert picked == slices
+
+
+def test_a_run_without_workers_keeps_its_range() -> None:
+    environ = {"WALTZ_PORT_RANGE": "20000-22000"}
+    slice_port_range_for_worker(environ)
+    assert environ == {"WALTZ_PORT_RANGE": "20000-22000"}

@@ -321,3 +321,40 @@ def test_frames_sent_from_a_thread_and_from_the_loop_at_once_arrive_whole_and_in
             await server.wait_closed()
 
     asyncio.run(go())
+
+
+def test_a_coroutine_finalized_outside_a_task_closes_its_connection_without_waiting() -> None:
+    """The garbage collector closes a coroutine whose task is gone from no task at all: its
+    ``finally`` closes the connection and must not wait (asyncio.timeout raised "Timeout should
+    be used inside a task" there, printed as an ignored exception at simulated worlds' teardown)."""
+
+    async def holder(conn: FramedConnection) -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await conn.close()
+
+    async def go() -> None:
+        server = await _storage_server(lambda conn: conn.receive())
+        try:
+            conn = await _connect(server)
+            coroutine = holder(conn)
+            coroutine.send(None)  # suspended in the wait, owned by no task
+            finalized = asyncio.get_running_loop().create_future()
+
+            def finalize() -> None:  # a loop callback, as the collector's finalizers run
+                try:
+                    coroutine.close()
+                except BaseException as e:
+                    finalized.set_result(e)
+                else:
+                    finalized.set_result(None)
+
+            asyncio.get_running_loop().call_soon(finalize)
+            assert await finalized is None
+            assert conn.writer.is_closing()
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(go())

@@ -160,13 +160,20 @@ class SyncWaltzClient:
 
 
 async def _cancel_all(timeout_s: float) -> None:
-    """Cancel the loop's other tasks and wait (at most ``timeout_s``) for them to end."""
+    """Cancel the loop's other tasks and wait (at most ``timeout_s``) for them to end, and for
+    those their ending starts: a network client's task cancelled here starts its reconnect in its
+    ``finally``, which was left pending, ran on until the loop stopped, and was destroyed there
+    ("Task was destroyed but it is pending!", then a traceback from its own ``finally``)."""
     me = asyncio.current_task()
-    tasks = [task for task in asyncio.all_tasks() if task is not me]
-    for task in tasks:
-        task.cancel()
-    if tasks:
-        await asyncio.wait(tasks, timeout=timeout_s)
+    loop = asyncio.get_running_loop()
+    deadline_s = loop.time() + timeout_s
+    while tasks := [task for task in asyncio.all_tasks() if task is not me]:
+        remaining_s = deadline_s - loop.time()
+        if remaining_s <= 0:
+            return
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks, timeout=remaining_s)
 
 
 async def _call(function: Any) -> Any:

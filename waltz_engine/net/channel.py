@@ -365,6 +365,11 @@ class FramedConnection:
         self._flush()
         self._closed = True
         self.writer.close()
+        if not _in_a_task():
+            # A coroutine being finalized (closed by the garbage collector, its task gone) runs
+            # its cleanup outside any task: it can wait for nothing, and asyncio.timeout would
+            # raise "Timeout should be used inside a task" (seen at simulated worlds' teardown).
+            return
         # The peer is gone either way; waiting only lets TLS say goodbye.
         with contextlib.suppress(ConnectionError, ssl.SSLError, TimeoutError):
             # asyncio.timeout, not wait_for (Python 3.11's can lose a cancellation of ours).
@@ -457,6 +462,13 @@ class Listener:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=timeout_s)
+
+
+def _in_a_task() -> bool:
+    try:
+        return asyncio.current_task() is not None
+    except RuntimeError:  # no loop runs: a coroutine finalized after its loop stopped
+        return False
 
 
 def _reason(e: BaseException) -> str:

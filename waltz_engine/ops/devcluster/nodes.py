@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -128,7 +128,7 @@ def free_port() -> int:
     storage node exiting with "cannot listen on 127.0.0.1:45129 ('storage.port'): address
     already in use"). Below that range only listeners take ports.
     """
-    chosen = _port_range()
+    chosen = port_range()
     span = chosen
     floor = _ephemeral_floor()
     if span is None and floor is not None and floor - LISTEN_PORTS_FLOOR >= ENOUGH_LISTEN_PORTS:
@@ -156,10 +156,10 @@ def _hand_out(port: int) -> int:
     return port
 
 
-def _port_range() -> tuple[int, int] | None:
+def port_range(environ: Mapping[str, str] = os.environ) -> tuple[int, int] | None:
     """``WALTZ_PORT_RANGE=LOW-HIGH`` (HIGH excluded): where free ports are picked, so that
     processes that pick at once (parallel test workers, several dev clusters) never pick alike."""
-    text = os.environ.get(PORT_RANGE_ENV)
+    text = environ.get(PORT_RANGE_ENV)
     if not text:
         return None
     low_text, _, high_text = text.partition("-")
