@@ -306,12 +306,14 @@ class SocketTransport(asyncio.Transport):
         kernel's interest is dropped (one ``epoll_ctl``; asyncio's reader stays registered, whose
         removal and addition cost ten times that); :meth:`unmute_reading` restores it and reads
         what came meanwhile. A reset still wakes it (epoll reports errors and hang-ups always);
-        a clean end of stream waits for the unmute.
+        a clean end of stream waits for the unmute. Bytes that wait already are no matter: a
+        read callback this loop turn's ``select`` reported runs all the same (the mute does not
+        cancel it), and OpenSSL's decrypted bytes outside a read have their read callback
+        scheduled (``_read_some``).
 
-        False, with nothing changed, where bytes wait already (the kernel's or OpenSSL's
-        decrypted ones: their read is due anyway), where the reader is not in its plain state
-        (a TLS read or write waiting on the other direction, a writer registered, closing,
-        paused), or where the loop does not poll with epoll."""
+        False, with nothing changed, where the reader is not in its plain state (a TLS read or
+        write waiting on the other direction, a writer registered, closing, paused), or where
+        the loop does not poll with epoll."""
         epoll = self._epoll
         if (
             epoll is None
@@ -323,11 +325,6 @@ class SocketTransport(asyncio.Transport):
             or self._write_wants_read
             or self._closing
         ):
-            return False
-        tls = getattr(self._sock, "_sslobj", None)
-        if tls is not None and _pending(tls, self._lock):
-            return False
-        if _unread_bytes(self._fd):
             return False
         try:
             epoll.modify(self._fd, 0)
@@ -342,23 +339,24 @@ class SocketTransport(asyncio.Transport):
         bytes OpenSSL decrypted already are read either way: the selector knows nothing of them).
         Not with ``read_now`` from a callback that may run inside this connection's own read."""
         if self._read_muted:
-            self._unmute_selector()
+            self._read_muted = False
+            # asyncio's registration did not change since the mute (any change clears the
+            # flag): the reader alone.
+            self._epoll.modify(self._fd, select.EPOLLIN)
         if not self._reading or self._closing or self._read_wants_write:
             return
         tls = getattr(self._sock, "_sslobj", None)
-        if tls is not None and _pending(tls, self._lock):
-            if read_now:
-                self._read_some()
-            else:
-                self._loop.call_soon(self._read_ready)
-        elif read_now and _unread_bytes(self._fd):
+        if tls is not None:
+            with self._lock:
+                pending = tls.pending()
+            if pending:
+                if read_now:
+                    self._read_some()
+                else:
+                    self._loop.call_soon(self._read_ready)
+                return
+        if read_now and _unread_bytes(self._fd):
             self._read_some()
-
-    def _unmute_selector(self) -> None:
-        self._read_muted = False
-        # asyncio's registration did not change since the mute (any change clears the flag): the
-        # reader alone.
-        self._epoll.modify(self._fd, select.EPOLLIN)
 
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
         self._high = DEFAULT_WRITE_HIGH_BYTES if high is None else high
@@ -509,7 +507,9 @@ class SocketTransport(asyncio.Transport):
 
     def _add_reader(self) -> None:
         if self._read_muted:
-            self._unmute_selector()  # (a TLS write that wants the socket readable first)
+            # (A TLS write that wants the socket readable first.)
+            self._read_muted = False
+            self._epoll.modify(self._fd, select.EPOLLIN)
         if not self._reader_added:
             self._reader_added = True
             self._loop.add_reader(self._fd, self._read_ready)

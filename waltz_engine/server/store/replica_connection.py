@@ -7,7 +7,7 @@ one node in one event loop turn leave in one write (one frame each, as the origi
 
 The answers that decide nothing do not wake the server (issue 33): once a batch has its quorum,
 a node whose only pending calls are batches decided without it (the third of three replicas,
-with one appender) is muted (:meth:`_SharedStorageClient.defer_decided_answers`): the selector
+with one appender) is muted (:meth:`StorageConnections.defer_decided_answers`): the selector
 stops reporting its connection readable. Its answer is read from the callback that sends that
 node its next request (:meth:`_SharedStorageClient.read_deferred_answers`, before the write), or
 by a timer at most :data:`DEFERRED_ANSWER_READ_MS` later; any other request sent on it un-mutes
@@ -46,7 +46,7 @@ MAX_DEFERRED_CALLS = 8
 
 class VotedAppendCall(AppendCall):
     """A replica's APPEND whose answer is one vote on ``voting``: once ``voting`` is decided,
-    reading the answer may wait (:meth:`_SharedStorageClient.defer_decided_answers`)."""
+    reading the answer may wait (:meth:`StorageConnections.defer_decided_answers`)."""
 
     __slots__ = ("voting",)
 
@@ -103,10 +103,17 @@ class StorageConnections:
             return client
 
     def defer_decided_answers(self) -> None:
-        """A batch just got its quorum: mute each node whose pending calls are all decided."""
+        """A batch just got its quorum: mute each node whose pending calls (at most
+        :data:`MAX_DEFERRED_CALLS`) are all a replica's APPEND of a batch decided (True: a quorum
+        wrote it)."""
         for client in self._clients.values():
-            if client._pending and not client.deferring:
-                client.defer_decided_answers()
+            pending = client._pending
+            if pending and not client.deferring and len(pending) <= MAX_DEFERRED_CALLS:
+                for call, _, _ in pending.values():
+                    if not isinstance(call, VotedAppendCall) or not call.voting.decision:
+                        break
+                else:
+                    client.defer()
 
     async def drop(self, storage: str) -> None:
         """Close the client of a storage node that left the assignment."""
@@ -128,7 +135,7 @@ class _SharedStorageClient(StorageClient):
     one write at its end; a request to an idle node leaves at once, costing no loop turn. Its
     answers that decide nothing are read late (see the module's doc)."""
 
-    # Muted (``defer_decided_answers``) and not un-muted since.
+    # Muted (``defer``) and not un-muted since.
     deferring = False
     _deferral_timer: asyncio.TimerHandle | None = None
     _mute: Callable[[], bool] | None = None
@@ -143,20 +150,17 @@ class _SharedStorageClient(StorageClient):
         self._mute = getattr(transport, "mute_reading", None)
         self._unmute = getattr(transport, "unmute_reading", None)
 
-    def defer_decided_answers(self) -> None:
-        """Mute the connection when every call pending on it is a replica's APPEND whose batch is
-        decided (True: a quorum wrote it), none of its bytes is waiting already, and the
-        transport can be muted; the timer reads it within :data:`DEFERRED_ANSWER_READ_MS`."""
-        pending = self._pending
+    def defer(self) -> None:
+        """Mute the connection, its pending calls all decided (see
+        :meth:`StorageConnections.defer_decided_answers`), if the transport can be; the timer
+        reads it within :data:`DEFERRED_ANSWER_READ_MS`."""
         mute = self._mute
-        if self.deferring or not pending or len(pending) > MAX_DEFERRED_CALLS or mute is None:
-            return
-        for call, _, _ in pending.values():
-            if not isinstance(call, VotedAppendCall) or not call.voting.decision:
-                return
-        if not mute():
+        if mute is None or not mute():
             return
         self.deferring = True
+        # Any request registered while muted un-mutes first: the class's ``_register`` is shadowed
+        # by this instance's while it is (no cost on the path of a request otherwise).
+        self.__dict__["_register"] = self._register_deferred
         if self._deferral_timer is None:
             # One timer per bound, not per mute: armed at a mute, it reads the connection if it
             # is muted when it fires (any mute since it was armed is at most that old).
@@ -167,31 +171,33 @@ class _SharedStorageClient(StorageClient):
         """Before a request goes to the node (from a callback that is not this connection's read):
         un-mute, and read now what it answered meanwhile (it votes, in order, on its decided
         batches), so that its next answer wakes the server as usual."""
+        self._end_deferral(True)
+
+    def _end_deferral(self, read_now: bool) -> None:
         self.deferring = False
+        self.__dict__.pop("_register", None)
         unmute = self._unmute
         assert unmute is not None
-        unmute(True)
+        unmute(read_now)
 
     def _deferral_due(self) -> None:
         self._deferral_timer = None
         if self.deferring:
-            self.read_deferred_answers()
+            self._end_deferral(True)
 
-    def _register(
+    def _register_deferred(
         self, seq_num: int, waiter: asyncio.Future[Any] | EagerCall | AppendCall, timeout_ms: int | None
     ) -> None:
-        if self.deferring:
-            # A request sent other than after ``read_deferred_answers`` (a task's call, a probe, a
-            # batch sent from an answer's callback, maybe this connection's own read): its answer
-            # must wake the server, and what came meanwhile is read in the next loop turn.
-            self.deferring = False
-            unmute = self._unmute
-            assert unmute is not None
-            unmute(False)
-        super()._register(seq_num, waiter, timeout_ms)
+        """``_register`` while muted: a request sent other than after ``read_deferred_answers``
+        (a task's call, a probe, a batch sent from an answer's callback, maybe in this
+        connection's own read) un-mutes; its answer must wake the server, and what came
+        meanwhile is read in the next loop turn."""
+        self._end_deferral(False)
+        self._register(seq_num, waiter, timeout_ms)
 
     def _fail_all(self, reason: str) -> None:
         self.deferring = False
+        self.__dict__.pop("_register", None)
         timer, self._deferral_timer = self._deferral_timer, None
         if timer is not None:
             timer.cancel()
