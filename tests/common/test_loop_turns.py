@@ -50,6 +50,41 @@ def test_the_last_callback_of_a_turn_runs_the_end_of_turn_work_without_another_s
     _run(main())
 
 
+def test_end_of_turn_work_scheduled_by_end_of_turn_work_runs_in_the_same_turn() -> None:
+    """The batch that starts at the end of a read callback's turn may write to a replica that
+    waits for the turn's end too (``FramedConnection.coalesce_writes``): both run in the read
+    callback's iteration, in order."""
+
+    async def main() -> None:
+        loop, turns = _counted_loop()
+        a, b = socket.socketpair()
+        ran: list[tuple[str, int]] = []
+        done = loop.create_future()
+
+        def flush() -> None:
+            ran.append(("flush", turns.count))
+
+        def batch() -> None:
+            ran.append(("batch", turns.count))
+            call_at_turn_end(loop, flush)
+
+        def readable() -> None:
+            b.recv(16)
+            call_at_turn_end(loop, batch)
+            run_turn_end(loop)
+            done.set_result(turns.count)
+
+        loop.add_reader(b.fileno(), readable)
+        a.send(b"x")
+        at_read = await done
+        loop.remove_reader(b.fileno())
+        a.close()
+        b.close()
+        assert ran == [("batch", at_read), ("flush", at_read)]
+
+    _run(main())
+
+
 def test_end_of_turn_work_waits_for_the_turn_when_other_callbacks_are_ready() -> None:
     async def main() -> None:
         loop, turns = _counted_loop()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import queue
 import socket
-import struct
 import threading
 import uuid
 import zlib
@@ -17,7 +16,6 @@ import pytest
 from waltz_engine.common.record import Record
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.net.channel import JOIN_LIMIT_BYTES, ConnectionClosedError, FramedConnection, connect, serve
-from waltz_engine.net.socket_transport import SocketTransport
 from waltz_engine.net.tls import TlsConfig, client_context, server_context
 from waltz_engine.wire.client_messages import CLIENT_CODECS
 from waltz_engine.wire.errors import HandshakeFailedError
@@ -319,63 +317,6 @@ def test_frames_sent_from_a_thread_and_from_the_loop_at_once_arrive_whole_and_in
             assert [m.seq_num for m in received if type(m) is StorageOpenRequest] == list(range(len(sent)))
             await conn.close()
         finally:
-            server.close()
-            await server.wait_closed()
-
-    asyncio.run(go())
-
-
-def test_a_muted_connection_is_read_only_once_unmuted_and_a_reset_is_seen_at_once() -> None:
-    """``SocketTransport.mute_reading`` (the server's storage connections whose answers decide
-    nothing): what the peer sends waits in the socket, loop turns go by without reading it, and
-    ``unmute_reading`` reads it in the caller's own call. A reset by the peer reaches a muted
-    connection at once (epoll reports errors always)."""
-
-    async def go() -> None:
-        served: list[FramedConnection] = []
-        done = asyncio.Event()
-
-        async def handler(conn: FramedConnection) -> None:
-            served.append(conn)
-            while (msg := await conn.receive()) is not None:
-                await conn.send(msg)
-            await done.wait()
-
-        server = await serve("127.0.0.1", 0, server_context(TlsConfig()), STORAGE, "s", handler, "test")
-        port = server.sockets[0].getsockname()[1]
-        try:
-            conn = await connect("127.0.0.1", port, client_context(TlsConfig()), STORAGE, "c")
-            received: list[Any] = []
-            ended: list[BaseException | None] = []
-            conn.dispatch(received.append, ended.append)
-            transport = conn.writer.transport
-            assert isinstance(transport, SocketTransport)
-            msg = StorageOpenRequest(-1, -1, -1, uuid.UUID(int=7), 4)
-            assert transport.mute_reading()
-            conn.send_frames([STORAGE_CODEC.encode_frame(msg)])  # echoed back
-            while not transport.unread_for_thread():
-                await asyncio.sleep(0.01)  # loop turns: the echo arrives, nobody reads it
-            await asyncio.sleep(0.05)
-            assert received == []
-            transport.unmute_reading()
-            assert received == [msg], "read in the unmute's own call"
-            conn.send_frames([STORAGE_CODEC.encode_frame(msg)])  # read as usual, unmuted
-            while len(received) < 2:
-                await asyncio.sleep(0.01)
-            assert transport.mute_reading()
-            # The peer resets the connection (no TLS goodbye, SO_LINGER 0): seen though muted.
-            (peer,) = served
-            peer_transport = peer.writer.transport
-            peer_socket = peer_transport.get_extra_info("socket")
-            peer_socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            peer_transport.abort()
-            async with asyncio.timeout(10):
-                while not ended:
-                    await asyncio.sleep(0.01)
-            assert received == [msg, msg]
-            await conn.close()
-        finally:
-            done.set()
             server.close()
             await server.wait_closed()
 

@@ -12,10 +12,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
@@ -37,12 +35,11 @@ from waltz_engine.common.crc import crc32
 from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.net.channel import connect, serve
-from waltz_engine.net.socket_transport import SocketTransport
 from waltz_engine.net.tls import TlsConfig, client_context, server_context
 from waltz_engine.server.config import EngineSettings
 from waltz_engine.server.handler import ClientHandler
 from waltz_engine.server.server import ServerCore
-from waltz_engine.server.store import Store, StorePartition, replica_connection
+from waltz_engine.server.store import Store, StorePartition
 from waltz_engine.server.store.config import StoreConfig
 from waltz_engine.server.store.queued_appends import FAILED_TRANSACTION_ID
 from waltz_engine.server.store.replica_session import MAX_DIRECT_IN_FLIGHT, ReplicaSession
@@ -384,122 +381,12 @@ async def _commits_past_a_stopped_replica(
     from the store session's call), then lone appends 1 to ``count``, each committed by the
     other two before the next. Returns the partition, the outcomes and the slow replica's session."""
     partition, outcomes = await _first_lone_commit(store, partition_id, storages)
-    replica = _replica_on(partition, slow)
+    session = partition._manager.current_session
+    assert session is not None
+    (replica,) = [r for r in session.replica_sessions if r.storage == node_connect_string(slow)]
     await wait_until(lambda: replica._parked and replica.next_transaction_id == 1, "the replica idle")
     os.kill(slow.pid, signal.SIGSTOP)
     for seq in range(1, count + 1):
         assert outcomes.append_lone(partition, seq), "taken at once"
         assert await outcomes.wait(seq) == (seq, None), "the two others commit it"
     return partition, outcomes, replica
-
-
-def _muted_connection(replica: ReplicaSession) -> tuple[Any, SocketTransport]:
-    """The shared connection of ``replica``'s node and its transport, its liveness probe off (a
-    probe is a request: it would un-mute the connection)."""
-    connection = replica.connection
-    assert connection is not None and connection.shared is not None
-    shared = connection.shared
-    shared._probe_after_ms = 0
-    if shared._prober is not None:
-        shared._prober.cancel()
-        shared._prober = None
-    conn = shared._conn
-    assert conn is not None
-    transport = conn.writer.transport
-    assert isinstance(transport, SocketTransport)
-    return shared, transport
-
-
-def test_the_third_answer_does_not_wake_the_server_and_is_read_before_the_next_batch(
-    cluster: StorageCluster, zk: KazooClient, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """One node stopped: a lone batch is decided by the two others, and the stopped node's
-    connection is muted (its only pending call is a decided batch). Resumed, the node answers;
-    the answer waits in the socket (no loop turn reads it; the timer's bound is made long
-    here). The next batch reads it in its own callback, before it is written: it votes, and
-    the session does not roll."""
-    partition_id = 2
-    slow = cluster.nodes[2]
-    storages = [node_connect_string(node) for node in cluster.nodes]
-
-    async def go() -> None:
-        store = await open_store(zk, cluster.root, NO_MARKS_CONFIG)
-        try:
-            partition, outcomes = await _first_lone_commit(store, partition_id, storages)
-            replica = _replica_on(partition, slow)
-            await wait_until(lambda: replica._parked and replica.next_transaction_id == 1, "the replica idle")
-            # (Only now: the first commit's third answer, if muted, is read by the timer.)
-            monkeypatch.setattr(replica_connection, "DEFERRED_ANSWER_READ_MS", 600_000)
-            shared, transport = _muted_connection(replica)
-            session_id = _session_id(partition)
-            os.kill(slow.pid, signal.SIGSTOP)
-            try:
-                assert outcomes.append_lone(partition, 1)
-                assert await outcomes.wait(1) == (1, None), "the two others commit it"
-                assert shared.deferring and transport._read_muted, "its answer decides nothing"
-            finally:
-                os.kill(slow.pid, signal.SIGCONT)
-            await wait_until(transport.unread_for_thread, "the resumed node's answer arrived")
-            # Nothing read it: the selector was not told.
-            assert [batch.first_transaction_id for batch in replica._direct] == [1]
-            assert replica.next_transaction_id == 1 and shared.deferring
-            assert outcomes.append_lone(partition, 2)
-            await asyncio.sleep(0)  # the batch starts at the end of this loop turn
-            assert replica.next_transaction_id == 2, "read before the batch was written"
-            assert [batch.first_transaction_id for batch in replica._direct] == [2]
-            assert not shared.deferring and not transport._read_muted
-            assert await outcomes.wait(2) == (2, None)
-            await wait_until(lambda: replica.next_transaction_id == 3, "the next answer")
-            assert _session_id(partition) == session_id, "no roll"
-            await _assert_every_log(cluster, partition_id, session_id, 3)
-        finally:
-            await store.close()
-
-    asyncio.run(go())
-
-
-def test_a_node_that_closes_while_its_connection_is_muted_is_seen_within_the_bound(
-    cluster: StorageCluster, zk: KazooClient
-) -> None:
-    """One node stopped, a lone batch decided by the two others: the node's connection is muted.
-    Resumed, the node answers (read by nobody), then is killed: having read all it was sent, it
-    closes cleanly (a FIN, which a muted socket does not report). No request follows and the
-    probe is off; the deferral's timer (DEFERRED_ANSWER_READ_MS) reads the answer, which votes,
-    and the end of the stream, which closes the connection: well before the request timeout,
-    the next thing that would have seen it."""
-    partition_id = 1
-    slow = cluster.nodes[2]
-    storages = [node_connect_string(node) for node in cluster.nodes]
-
-    async def go() -> None:
-        store = await open_store(zk, cluster.root, NO_MARKS_CONFIG)
-        try:
-            partition, outcomes = await _first_lone_commit(store, partition_id, storages)
-            replica = _replica_on(partition, slow)
-            await wait_until(lambda: replica._parked and replica.next_transaction_id == 1, "the replica idle")
-            shared, transport = _muted_connection(replica)
-            os.kill(slow.pid, signal.SIGSTOP)
-            try:
-                assert outcomes.append_lone(partition, 1)
-                assert await outcomes.wait(1) == (1, None)
-                assert shared.deferring and transport._read_muted
-            finally:
-                os.kill(slow.pid, signal.SIGCONT)
-            await wait_until(transport.unread_for_thread, "the resumed node's answer arrived")
-            killed_s = time.monotonic()
-            slow.kill()
-            await wait_until(lambda: not shared.is_open, "the connection's end seen")
-            seen_s = time.monotonic() - killed_s
-            assert replica.next_transaction_id == 2, "its answer voted first"
-            assert seen_s < NO_MARKS_CONFIG.request_timeout_ms / 1000, seen_s
-        finally:
-            await store.close()
-
-    asyncio.run(go())
-
-
-def _replica_on(partition: StorePartition, node: StorageNodeProcess) -> ReplicaSession:
-    session = partition._manager.current_session
-    assert session is not None
-    (replica,) = [r for r in session.replica_sessions if r.storage == node_connect_string(node)]
-    return replica

@@ -33,18 +33,14 @@ FIRST_FINDING: dict[str, tuple[int, str]] = {
     # Issue 32: the bytes the application reads are another transaction's.
     "cache_serves_wrong_bytes": (0, "other than the"),
     # Issue 32: a deposed server's late appends are written at replicas a newer session fenced
-    # (at 191 a replica then held another record than the committed one below its low-water
-    # mark). 115 since the server's third storage answer stopped waking it (issue 33, third
-    # session: the simulator's connections are muted too, which moved the schedules): the
-    # deposed server's batch is in the log twice.
-    "missing_storage_fence": (115, "is in the log 2 times"),
+    # (here a replica then holds another record than the committed one below its low-water mark).
+    "missing_storage_fence": (191, "at or below its low-water mark"),
     # Issue 32, the operator's actions: a cleaner removed segments above a replica's local
     # low-water mark; a decommission's target held less than was committed when the move
     # started; a tier manifest names a copy of a segment that was still being appended to.
     # 8 until a move waited for a session to record the replicas without its source (the
-    # operator's day): the schedules moved, and seed 12 finds it first; 18 since the third
-    # storage answer stopped waking the server (issue 33, third session).
-    "retention_past_low_water_mark": (18, "above its local low-water mark"),
+    # operator's day): the schedules moved, and seed 12 finds it first.
+    "retention_past_low_water_mark": (12, "above its local low-water mark"),
     # The plant also skips the wait for a store session to record the target (the bare-quorum
     # rule of seed 2159, which masked it: the source stayed until the servers caught the target
     # up) and the wait for a session to record the replicas without the source (the operator's

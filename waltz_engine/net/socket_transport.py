@@ -30,8 +30,6 @@ import asyncio
 import contextlib
 import fcntl
 import logging
-import select
-import selectors
 import socket
 import ssl
 import sys
@@ -107,16 +105,6 @@ def _pending(tls: Any, lock: threading.RLock) -> int:
         return int(tls.pending())
 
 
-def _epoll_of(loop: asyncio.AbstractEventLoop) -> Any:
-    """The ``select.epoll`` object under ``loop``'s selector (None: the loop polls some other
-    way, or is not a selector loop): muting a reader (:meth:`SocketTransport.mute_reading`) asks
-    the kernel directly, leaving asyncio's registration as it is."""
-    selector = getattr(loop, "_selector", None)
-    if not isinstance(selector, selectors.EpollSelector):
-        return None
-    return getattr(selector, "_selector", None)
-
-
 def set_nodelay(sock: socket.socket) -> None:
     """Small frames leave at once (asyncio's transports set it too)."""
     if sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -141,11 +129,6 @@ class SocketTransport(asyncio.Transport):
         self._reading = False  # wanted by the protocol
         self._reader_added = False
         self._writer_added = False
-        # The reader stays registered with asyncio, but the kernel is told not to report the
-        # socket readable (:meth:`mute_reading`). Any change of asyncio's registration (a writer
-        # added, the reader removed) un-mutes it, and clears this.
-        self._read_muted = False
-        self._epoll = _epoll_of(loop)
         self._read_wants_write = False
         self._write_wants_read = False
         self._closing = False
@@ -283,7 +266,6 @@ class SocketTransport(asyncio.Transport):
         self._reading = False
         if self._reader_added and not self._write_wants_read:
             self._reader_added = False
-            self._read_muted = False
             self._loop.remove_reader(self._fd)
 
     def resume_reading(self) -> None:
@@ -298,65 +280,6 @@ class SocketTransport(asyncio.Transport):
                 pending = sock.pending()
             if pending:
                 self._loop.call_soon(self._read_ready)  # decrypted already: no readable event will come
-
-    def mute_reading(self) -> bool:
-        """Let the selector stop waking for this connection's bytes while reading stays wanted:
-        for a connection whose answers due matter to nobody for now (the server's storage
-        connection whose only pending calls are batches two other replicas decided). Only the
-        kernel's interest is dropped (one ``epoll_ctl``; asyncio's reader stays registered, whose
-        removal and addition cost ten times that); :meth:`unmute_reading` restores it and reads
-        what came meanwhile. A reset still wakes it (epoll reports errors and hang-ups always);
-        a clean end of stream waits for the unmute. Bytes that wait already are no matter: a
-        read callback this loop turn's ``select`` reported runs all the same (the mute does not
-        cancel it), and OpenSSL's decrypted bytes outside a read have their read callback
-        scheduled (``_read_some``).
-
-        False, with nothing changed, where the reader is not in its plain state (a TLS read or
-        write waiting on the other direction, a writer registered, closing, paused), or where
-        the loop does not poll with epoll."""
-        epoll = self._epoll
-        if (
-            epoll is None
-            or self._read_muted
-            or not self._reader_added
-            or not self._reading
-            or self._writer_added
-            or self._read_wants_write
-            or self._write_wants_read
-            or self._closing
-        ):
-            return False
-        try:
-            epoll.modify(self._fd, 0)
-        except OSError:
-            return False
-        self._read_muted = True
-        return True
-
-    def unmute_reading(self, read_now: bool = True) -> None:
-        """Undo :meth:`mute_reading` (nothing if it was undone meanwhile), then, with ``read_now``,
-        read what arrived meanwhile from the caller's callback instead of a loop turn later (the
-        bytes OpenSSL decrypted already are read either way: the selector knows nothing of them).
-        Not with ``read_now`` from a callback that may run inside this connection's own read."""
-        if self._read_muted:
-            self._read_muted = False
-            # asyncio's registration did not change since the mute (any change clears the
-            # flag): the reader alone.
-            self._epoll.modify(self._fd, select.EPOLLIN)
-        if not self._reading or self._closing or self._read_wants_write:
-            return
-        tls = getattr(self._sock, "_sslobj", None)
-        if tls is not None:
-            with self._lock:
-                pending = tls.pending()
-            if pending:
-                if read_now:
-                    self._read_some()
-                else:
-                    self._loop.call_soon(self._read_ready)
-                return
-        if read_now and _unread_bytes(self._fd):
-            self._read_some()
 
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
         self._high = DEFAULT_WRITE_HIGH_BYTES if high is None else high
@@ -506,10 +429,6 @@ class SocketTransport(asyncio.Transport):
     # Reading.
 
     def _add_reader(self) -> None:
-        if self._read_muted:
-            # (A TLS write that wants the socket readable first.)
-            self._read_muted = False
-            self._epoll.modify(self._fd, select.EPOLLIN)
         if not self._reader_added:
             self._reader_added = True
             self._loop.add_reader(self._fd, self._read_ready)
@@ -517,7 +436,6 @@ class SocketTransport(asyncio.Transport):
     def _remove_reader(self) -> None:
         if self._reader_added:
             self._reader_added = False
-            self._read_muted = False
             self._loop.remove_reader(self._fd)
 
     def _read_ready(self) -> None:
@@ -593,7 +511,6 @@ class SocketTransport(asyncio.Transport):
     def _add_writer(self) -> None:
         if not self._writer_added:
             self._writer_added = True
-            self._read_muted = False  # asyncio's new registration asks the kernel for both again
             self._loop.add_writer(self._fd, self._write_ready)
 
     def _remove_writer(self) -> None:

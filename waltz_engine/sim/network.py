@@ -95,7 +95,6 @@ class SimTransport(asyncio.Transport):
         self._lost = False  # the protocol was told; nothing more arrives
         self._dead = False  # aborted or reset: nothing more leaves
         self._reading = True
-        self._muted = False  # paused by ``mute_reading``, not by the protocol
         self._inbox: list[bytes] = []  # arrived while reading was paused
         self._stalled: list[bytes] = []  # written while the link was blocked
         self._stall_timer: asyncio.TimerHandle | None = None
@@ -135,37 +134,11 @@ class SimTransport(asyncio.Transport):
 
     def pause_reading(self) -> None:
         self._reading = False
-        self._muted = False
 
     def resume_reading(self) -> None:
         self._reading = True
-        self._take_inbox()
-
-    def _take_inbox(self) -> None:
         while self._inbox and self._reading and not self._lost:
             self._take(self._inbox.pop(0))
-
-    def mute_reading(self) -> bool:
-        """As ``SocketTransport.mute_reading``: what arrives waits (a reset does not: epoll
-        reports those), until :meth:`unmute_reading`. False where bytes wait already."""
-        if not self._reading or self._muted or self._inbox or self._closing:
-            return False
-        self._reading = False
-        self._muted = True
-        return True
-
-    def unmute_reading(self, read_now: bool = True) -> None:
-        """As ``SocketTransport.unmute_reading``: what arrived meanwhile is taken now, with
-        ``read_now``, else in the next loop turn."""
-        if not self._muted:
-            return
-        self._muted = False
-        if read_now:
-            self.resume_reading()
-        else:
-            self._reading = True
-            if self._inbox:
-                self._loop.call_soon(self._take_inbox)
 
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
         self._high = DEFAULT_WRITE_HIGH_BYTES if high is None else high

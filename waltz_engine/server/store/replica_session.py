@@ -32,13 +32,10 @@ from waltz_engine.server.store.config import CATCH_UP_BATCH_SIZE, StoreConfig
 from waltz_engine.server.store.errors import RecoveryFailedError, RetainedStartError, StoreError
 from waltz_engine.server.store.latency_router import LatencyWeightedRoute
 from waltz_engine.server.store.recovery import RecoveryManager
-from waltz_engine.server.store.replica_connection import (
-    ReplicaConnection,
-    StorageConnections,
-    VotedAppendCall,
-)
+from waltz_engine.server.store.replica_connection import ReplicaConnection, StorageConnections
 from waltz_engine.server.store.retained_start import restart_at_retained_start
 from waltz_engine.server.store.voting import Voting
+from waltz_engine.storage.eager_calls import AppendCall
 from waltz_engine.storage.node.failures import JAVA_CONCURRENT_UPDATE_EXCEPTION
 from waltz_engine.zk.payloads import ReplicaId
 
@@ -93,7 +90,7 @@ class ReplicatedBatch(NamedTuple):
     voting: Voting
 
 
-class _DirectAppend(VotedAppendCall):
+class _DirectAppend(AppendCall):
     """A batch written from the store session's call: its answer, in the answer's read
     callback, goes straight to the replica session (no future, no closure)."""
 
@@ -103,7 +100,6 @@ class _DirectAppend(VotedAppendCall):
         self, replica: ReplicaSession, batch: ReplicatedBatch, connection: ReplicaConnection
     ) -> None:
         self._done = False
-        self.voting = batch.voting
         self._replica = replica
         self._batch = batch
         self._connection = connection
@@ -233,13 +229,6 @@ class ReplicaSession(LatencyWeightedRoute):
 
     def append(self, batch: ReplicatedBatch) -> None:
         """Hand over the store session's next batch (the previous one, if never taken, abstains)."""
-        connection = self._connection
-        if connection is not None:
-            shared = connection.shared
-            if shared is not None and shared.deferring:
-                # Its node's answers were left unread (decided without them): read before this
-                # batch goes, as the state below counts them (they may end this session too).
-                shared.read_deferred_answers()
         if self._closed:
             if not self._left_recovery:  # one left out of the recovery is no voter
                 batch.voting.abstain()
@@ -248,6 +237,7 @@ class ReplicaSession(LatencyWeightedRoute):
             self._batch.voting.abstain()
         first_transaction_id = batch.first_transaction_id
         self._batch_transaction_id = first_transaction_id
+        connection = self._connection
         if (
             self._parked
             and connection is not None
@@ -311,12 +301,7 @@ class ReplicaSession(LatencyWeightedRoute):
             self._fail(error)
             return
         self._next_transaction_id += batch.num_records
-        voting = batch.voting
-        voting.vote()
-        if voting.num_votes == voting.quorum and voting.decision:
-            # This answer decided it: the answers still due for it (and any decided before) need
-            # not wake the server (see ``replica_connection``).
-            self._connections.defer_decided_answers()
+        batch.voting.vote()
         follow = self._batch
         if (
             follow is not None
