@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from waltz_engine.common.loop_turns import (
@@ -31,27 +31,56 @@ def _counted_loop() -> tuple[asyncio.AbstractEventLoop, LoopTurns]:
     return loop, turns
 
 
-def test_the_last_callback_of_a_turn_runs_the_end_of_turn_work_without_another_select() -> None:
-    async def main() -> None:
-        loop, turns = _counted_loop()
-        a, b = socket.socketpair()
-        ran: list[int] = []
-        done = loop.create_future()
+async def _at_the_end_of_a_read_callback(loop: asyncio.AbstractEventLoop, work: Callable[[], None]) -> int:
+    """Schedule ``work`` at the turn's end from a socket's read callback that then ends its turn
+    as ``SocketTransport._read_ready`` does (``run_turn_end``); the loop's count in that callback."""
+    turns = count_turns(loop)
+    assert turns is not None
+    a, b = socket.socketpair()
+    done = loop.create_future()
 
-        def readable() -> None:
-            b.recv(16)
-            call_at_turn_end(loop, lambda: ran.append(turns.count))
-            run_turn_end(loop)  # as SocketTransport._read_ready does when it ends
-            done.set_result(turns.count)
+    def readable() -> None:
+        b.recv(16)
+        call_at_turn_end(loop, work)
+        run_turn_end(loop)
+        done.set_result(turns.count)
 
-        loop.add_reader(b.fileno(), readable)
-        a.send(b"x")
-        at_read = await done
+    loop.add_reader(b.fileno(), readable)
+    a.send(b"x")
+    try:
+        return int(await done)
+    finally:
         loop.remove_reader(b.fileno())
         a.close()
         b.close()
+
+
+def test_the_last_callback_of_a_turn_runs_the_end_of_turn_work_without_another_select() -> None:
+    async def main() -> None:
+        loop, turns = _counted_loop()
+        ran: list[int] = []
+        at_read = await _at_the_end_of_a_read_callback(loop, lambda: ran.append(turns.count))
         # It ran in the read callback's own iteration, not after the next select.
         assert ran == [at_read]
+
+    _run(main())
+
+
+def test_end_of_turn_work_scheduled_by_end_of_turn_work_runs_in_the_same_turn() -> None:
+    """The batch that starts at the end of a read callback's turn may write to a replica that
+    waits for the turn's end too (``FramedConnection.coalesce_writes``): both run in the read
+    callback's iteration, in order."""
+
+    async def main() -> None:
+        loop, turns = _counted_loop()
+        ran: list[tuple[str, int]] = []
+
+        def batch() -> None:
+            ran.append(("batch", turns.count))
+            call_at_turn_end(loop, lambda: ran.append(("flush", turns.count)))
+
+        at_read = await _at_the_end_of_a_read_callback(loop, batch)
+        assert ran == [("batch", at_read), ("flush", at_read)]
 
     _run(main())
 

@@ -73,18 +73,21 @@ def run_turn_end(loop: asyncio.AbstractEventLoop) -> None:
     one iteration). One scheduled in an earlier turn may still be due in this one (the loop
     counted it in this turn's callbacks), so it is left alone, as is any other state of the
     ready queue (several partitions, more events this turn: the end of the turn as before).
+    What that callback scheduled so in its turn is run the same way after it (the batch's
+    write to a replica that waits for the turn's end: ``FramedConnection.coalesce_writes``).
     """
     turns: LoopTurns | None = getattr(loop, "_waltz_turns", None)
-    if turns is None or turns.tail is None:
-        return
-    handle, turns.tail = turns.tail, None
-    if turns.tail_turn != turns.count or handle.cancelled():
+    if turns is None:
         return
     ready: collections.deque[asyncio.Handle] | None = getattr(loop, "_ready", None)
-    if ready is None or len(ready) != 1 or ready[0] is not handle:
-        return
-    ready.pop()
-    handle._run()
+    while turns.tail is not None:
+        handle, turns.tail = turns.tail, None
+        if turns.tail_turn != turns.count or handle.cancelled():
+            return
+        if ready is None or len(ready) != 1 or ready[0] is not handle:
+            return
+        ready.pop()
+        handle._run()
 
 
 def count_turns(loop: asyncio.AbstractEventLoop) -> LoopTurns | None:

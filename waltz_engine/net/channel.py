@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from waltz_engine.common.errors import ProtocolError, WaltzError
+from waltz_engine.common.loop_turns import call_at_turn_end
 from waltz_engine.net.connection_limits import (
     HANDSHAKE_TIMEOUT_MS,
     ConnectionGate,
@@ -300,7 +301,8 @@ class FramedConnection:
                 self._write(frames)
                 return
         if not unsent:
-            asyncio.get_running_loop().call_soon(self._flush)
+            # At the end of the turn: run at once by a read callback that ends it (run_turn_end).
+            call_at_turn_end(asyncio.get_running_loop(), self._flush)
         for frame in frames:
             unsent += frame
 
