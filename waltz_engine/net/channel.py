@@ -29,8 +29,9 @@ from waltz_engine.net.connection_limits import (
     HANDSHAKE_TIMEOUT_MS,
     ConnectionGate,
 )
+from waltz_engine.net.listener import Listener
 from waltz_engine.net.socket_transport import SocketTransport
-from waltz_engine.net.transport import ASYNCIO_NETWORK, Network, ServerHandle, StreamReader
+from waltz_engine.net.transport import ASYNCIO_NETWORK, Network, StreamReader
 from waltz_engine.wire.codec import MessageCodec
 from waltz_engine.wire.errors import TruncatedFrameError
 from waltz_engine.wire.frame import FRAME_HEADER_SIZE_BYTES, MAX_FRAME_SIZE_BYTES, FrameDecoder, read_frame
@@ -433,37 +434,6 @@ async def connect(
 
 
 ConnectionHandler = Callable[[FramedConnection], Awaitable[None]]
-
-
-class Listener:
-    """A port :func:`serve` listens on, and the tasks of its open connections (one each, from
-    accept to the handler's return), so that stopping a node can end them."""
-
-    def __init__(
-        self, server: ServerHandle, connections: set[asyncio.Task[None]], gate: ConnectionGate
-    ) -> None:
-        self.server = server
-        self.connections = connections
-        self.gate = gate
-
-    @property
-    def sockets(self) -> tuple[Any, ...]:
-        return tuple(self.server.sockets)
-
-    def close(self) -> None:
-        """Stop accepting; open connections go on until :meth:`end_connections`."""
-        self.server.close()
-
-    async def wait_closed(self) -> None:
-        await self.server.wait_closed()
-
-    async def end_connections(self, timeout_s: float) -> None:
-        """Cancel every open connection's task and wait for them, at most ``timeout_s``."""
-        tasks = list(self.connections)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=timeout_s)
 
 
 def _in_a_task() -> bool:

@@ -27,9 +27,10 @@ from waltz_engine.common.loop_turns import count_turns
 from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.common.process import run_service
 from waltz_engine.common.tasks import cancel_and_wait
-from waltz_engine.net.channel import Listener, serve
+from waltz_engine.net.channel import serve
 from waltz_engine.net.connection_limits import ConnectionGate
 from waltz_engine.net.http_endpoints import HttpEndpoints
+from waltz_engine.net.listener import Listener
 from waltz_engine.net.tls import client_context, server_context
 from waltz_engine.net.transport import ASYNCIO_NETWORK, Network, tls_context
 from waltz_engine.server.config import EngineSettings, ServerConfig
