@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from waltz_engine.sim.faults import inject_faults
 from waltz_engine.sim.loop import SimLoop
 from waltz_engine.sim.node_faults import NodeFaults
+from waltz_engine.sim.storage_gone import StorageGone
 
 if TYPE_CHECKING:
     from waltz_engine.sim.world import SimWorld
@@ -35,7 +36,10 @@ async def run_world(world: SimWorld, faults_span_s: float, injected: dict[str, i
     loop = world.loop
     shape = world.shape
     nodes = NodeFaults(loop, world)
+    world.storage_gone = StorageGone(world, nodes, faults_span_s)
     await world.start()
+    world.liveness.start()
+    world.storage_gone.start()
     faults = loop.create_task(
         inject_faults(
             loop,
@@ -80,6 +84,7 @@ async def run_world(world: SimWorld, faults_span_s: float, injected: dict[str, i
             late.append(f"the export read did not end within {STOP_LIMIT_S:.0f} s of virtual time")
         except Exception as e:
             late.append(f"the export read raised {e!r}")
+        world.liveness.stop()  # (the nodes stop next: nothing is owed)
         try:
             async with asyncio.timeout(STOP_LIMIT_S):
                 await world.stop()
