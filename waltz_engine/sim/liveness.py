@@ -57,7 +57,8 @@ SAMPLE_MS = 500
 class _Span:
     started_s: float
     high_water_mark: int
-    replicas: tuple[str, ...]
+    replicas: tuple[str, ...]  # the replicas of record
+    answering: tuple[str, ...]  # those of them up and reachable (a quorum)
     reported: bool = False
 
 
@@ -165,6 +166,7 @@ class Liveness:
         served = None if world.zookeeper.in_outage else self._server(partition_id)
         owed = False
         replicas: tuple[str, ...] = ()
+        answering: tuple[str, ...] = ()
         if served is not None:
             host, partition = served
             pending = partition.pending_appends > 0 or partition.append_queue_size() > 0
@@ -173,13 +175,14 @@ class Liveness:
             owed = pending and len(answering) >= len(recorded) // 2 + 1
             replicas = tuple(recorded)
         span = self._spans.get(partition_id)
+        mark = self._high_water_marks[partition_id]
         if not owed or progressed:
             self._spans.pop(partition_id, None)
             if owed:
-                self._spans[partition_id] = _Span(now_s, self._high_water_marks[partition_id], replicas)
+                self._spans[partition_id] = _Span(now_s, mark, replicas, answering)
             return
         if span is None:
-            self._spans[partition_id] = _Span(now_s, self._high_water_marks[partition_id], replicas)
+            self._spans[partition_id] = _Span(now_s, mark, replicas, answering)
             return
         lasted_ms = (now_s - span.started_s) * 1000
         if lasted_ms > LIVENESS_BOUND_MS and not span.reported:
@@ -190,5 +193,6 @@ class Liveness:
                 f"partition {partition_id} committed nothing for {lasted_ms / 1000:.1f} s (from "
                 f"{start:.1f} s, bound {LIVENESS_BOUND_MS / 1000:.0f} s, high-water mark "
                 f"{span.high_water_mark}) while appends were pending on {served[0]} and a quorum of "
-                f"its replicas of record ({', '.join(replicas)}) was up and reachable"
+                f"its replicas of record ({', '.join(span.replicas)}) was up and reachable from it "
+                f"({', '.join(span.answering)})"
             )

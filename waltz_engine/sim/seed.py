@@ -92,6 +92,8 @@ async def run_world(world: SimWorld, faults_span_s: float, injected: dict[str, i
             late.append(f"the nodes did not stop within {STOP_LIMIT_S:.0f} s of virtual time")
         except Exception as e:  # a node that cannot stop cleanly is a finding too
             late.append(f"stopping the nodes raised {e!r}")
+    if world.gone:  # (struck by its own plan, not drawn among the faults)
+        injected["storage_gone"] = len(world.gone)
     return world.check() + late
 
 
