@@ -72,7 +72,10 @@ class StorageGone:
         ends_s = world.loop.time() - at_s + self.window_s
         await asyncio.sleep(at_s)
         while not self.struck and world.loop.time() <= ends_s:
-            if not (await self._spare() and self.strike()):
+            # Not while a decommission is under way: its waits for a source or copy source lost
+            # for good end only at the mover's 120 s bound, each of the operator's three tries,
+            # past the run's limit for faults to end (seed 239 of the first search).
+            if world.operator.busy or not (await self._spare() and self.strike()):
                 await asyncio.sleep(LOOK_AGAIN_S)
         if self.struck:
             await self.re_replicated()
