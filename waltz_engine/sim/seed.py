@@ -60,6 +60,7 @@ async def run_world(world: SimWorld, faults_span_s: float, injected: dict[str, i
         late = [f"not every transaction was applied within {RUN_LIMIT_S:.0f} s of virtual time"]
     finally:
         faults.cancel()
+        world.storage_gone.healing_since_s = loop.time()
         try:
             async with asyncio.timeout(HEAL_LIMIT_S):
                 await nodes.finish()  # every crashed node restarted, every pause over

@@ -42,6 +42,8 @@ LOOK_AGAIN_S = 1.0
 # ZooKeeper outage and another server's auto-recovery holding the lease, took more than 70 s),
 # within the run's limit for its faults to end (seed.HEAL_LIMIT_S, 120 s).
 RE_REPLICATION_LIMIT_S = AUTO_RECOVERY_GRACE_MS / 1000 + 90.0
+# Once the run waits for its faults to end (seed.HEAL_LIMIT_S, 120 s), the wait ends this soon.
+HEALING_S = 100.0
 
 
 class StorageGone:
@@ -54,6 +56,7 @@ class StorageGone:
         self.rng = random.Random(f"storage_gone {world.loop.seed}")
         self.mode = ""
         self.struck = False
+        self.healing_since_s: float | None = None  # when the run began waiting for its faults
         shape = world.shape
         if shape.storage_gone and shape.faults > 0 and shape.operator_actions:
             draw = self.rng.random()
@@ -138,5 +141,7 @@ class StorageGone:
         hosts = {f"storage-{number}" for number in world.gone}
         waited_s = 0.0
         while hosts & world.liveness.assigned_hosts() and waited_s < RE_REPLICATION_LIMIT_S:
+            if self.healing_since_s is not None and world.loop.time() >= self.healing_since_s + HEALING_S:
+                return  # (the run's limit for its faults to end comes first: seeds 88, 120)
             await asyncio.sleep(LOOK_AGAIN_S)
             waited_s += LOOK_AGAIN_S
