@@ -22,6 +22,7 @@ from waltz_engine.server.feeds import FeedClient
 from waltz_engine.server.partition import _MOUNT, Partition
 from waltz_engine.server.store.recovery import UNKNOWN_HIGH_WATER_MARK, RecoveryManager
 from waltz_engine.server.transaction_cache import TransactionCache, TransactionData
+from waltz_engine.sim.operator import Operator
 from waltz_engine.storage import partition_head
 from waltz_engine.storage.control_file import ConcurrentUpdateError
 from waltz_engine.storage.node.failures import PartitionNotAssignedError
@@ -246,11 +247,25 @@ def offload_unsealed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(TierOffloader, "_offload", offload_current)
 
 
+def move_ends_unrecorded_unchecked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``move_ends_unrecorded`` with the decommission's own check of ZooKeeper's replicas of
+    record left out: only what follows shows it, a replica that stays lost for good right after
+    the command returned, and the log stalled with a quorum of its replicas of record up (the
+    liveness check's finding)."""
+    move_ends_unrecorded(monkeypatch)
+
+    async def check_recorded_without(self: Operator, move: Any) -> None:
+        return None
+
+    monkeypatch.setattr(Operator, "_check_recorded_without", check_recorded_without)
+
+
 PLANTS.update(
     {
         "retention_past_low_water_mark": retention_past_low_water_mark,
         "move_drops_tail": move_drops_tail,
         "move_ends_unrecorded": move_ends_unrecorded,
+        "move_ends_unrecorded_unchecked": move_ends_unrecorded_unchecked,
         "offload_unsealed": offload_unsealed,
     }
 )

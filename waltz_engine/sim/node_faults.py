@@ -156,6 +156,15 @@ class NodeFaults:
         # bounce draws its server later).
         self._taking_out = 0
 
+    @property
+    def busy(self) -> set[str]:
+        """The nodes with a fault in progress (a node gone for good stays in it)."""
+        return self._busy
+
+    def add_healing(self, task: asyncio.Task[None] | asyncio.Task[bool]) -> None:
+        """A fault's task started elsewhere (``storage_gone``): :meth:`finish` waits for it too."""
+        self._healing.append(task)  # type: ignore[arg-type]
+
     def inject(self, kind: str, rng: random.Random) -> None:
         world = self.world
         if kind in OPERATOR_KINDS:

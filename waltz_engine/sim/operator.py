@@ -249,7 +249,8 @@ class Operator:
         """Whether a live node holds no replica of partition 0 (adding one if none)."""
         layout = await self._zk(lambda zk: admin_ops.read_store_layout(zk, self.world.settings.cluster_root))
         holders = {s for s, ids in layout.assignments.items() if 0 in ids}
-        if set(layout.admin_ports) - holders:
+        gone = {f"storage-{number}:{self.world.storage_port}" for number in self.world.gone}
+        if set(layout.admin_ports) - holders - gone:
             return True
         return await self.add_storage() is not None
 
@@ -296,6 +297,8 @@ class Operator:
                     f"a move of partition {move.partition_id} from {source} to {move.target} dropped the "
                     f"tail: the target holds up to {held}, but {goal} was committed when the move started"
                 )
+        if world.storage_gone is not None:
+            await world.storage_gone.after_move()  # the operator's next failure, if planned
 
     async def _check_recorded_without(self, move: ReplicaMove) -> None:
         """A move that ended left ZooKeeper's replicas of record without its source (a session's
@@ -385,8 +388,7 @@ class Operator:
             # source leaving only once a recovery records its target) needs that recovery to end.
             await asyncio.sleep(RETRY_AFTER_S)
 
-    def assigned_nodes(self, partition_id: int) -> list[StorageNode]:
-        """The storage nodes ZooKeeper assigns ``partition_id`` to (what its quorum counts)."""
+    def _assigned(self, partition_id: int) -> list[tuple[int, StorageNode]]:
         world = self.world
 
         def read() -> dict[str, tuple[int, ...]]:
@@ -395,12 +397,21 @@ class Operator:
 
         assignments = read()
         held = {s for s, ids in assignments.items() if partition_id in ids}
-        return [n for n in world.storage if f"{n.config.host}:{n.config.port}" in held]
+        return [(i, n) for i, n in enumerate(world.storage) if f"{n.config.host}:{n.config.port}" in held]
+
+    def assigned_nodes(self, partition_id: int) -> list[StorageNode]:
+        """The storage nodes ZooKeeper assigns ``partition_id`` to (what its quorum counts), but
+        those lost for good (nothing of them can be read)."""
+        return [node for number, node in self._assigned(partition_id) if number not in self.world.gone]
+
+    def assigned_gone(self, partition_id: int) -> int:
+        """How many nodes lost for good ZooKeeper still assigns ``partition_id`` to."""
+        return sum(1 for number, _ in self._assigned(partition_id) if number in self.world.gone)
 
     def check_replica_count(self) -> list[str]:
         violations = []
         for partition_id in range(self.world.shape.partitions):
-            count = len(self.assigned_nodes(partition_id))
+            count = len(self.assigned_nodes(partition_id))  # (live ones: none lost for good)
             if count != REPLICATION:
                 violations.append(
                     f"partition {partition_id} has {count} replicas assigned after the operator's moves, "
@@ -412,9 +423,9 @@ class Operator:
         """Retention's promise on every replica whose cleaner removed segments since the last look:
         its log now starts no further than one past its local low-water mark (nothing removed it
         did not know committed), and no further than a bound the operator set."""
-        for node in self.world.storage:
+        for number, node in enumerate(self.world.storage):
             manager = node.manager
-            if manager is None or node._stopped:
+            if manager is None or node._stopped or number in self.world.gone:
                 continue
             for partition_id, worker in sorted(node.workers.items()):
                 metrics, partition = worker._metrics, worker.partition
@@ -452,9 +463,9 @@ class Operator:
         manifest says) and its objects hold the bytes the manifest names (a tier read returns them)."""
         world = self.world
         violations: list[str] = []
-        for node in world.storage:
+        for number, node in enumerate(world.storage):
             manager = node.manager
-            if manager is None or node._stopped:
+            if manager is None or node._stopped or number in world.gone:
                 continue
             replica = replica_name(node.config.host, node.config.port)
             store = world.bucket.store()

@@ -74,10 +74,12 @@ def check_replicas(
     committed: Sequence[tuple[int, int, ReqId]],
     payloads: Mapping[int, bytes] | None = None,
     damaged: int | None = None,
+    lost: int = 0,
 ) -> list[str]:
     """``committed``: the client's applied (txid, header, reqId) of the partition, txids from 0;
     ``payloads``: each transaction's data by its number (the header); ``damaged``: the replica
-    whose media the world damaged."""
+    whose media the world damaged; ``lost``: replicas assigned beside ``nodes`` whose disks
+    were lost for good (the quorum counts them; a transaction they held is on that many fewer)."""
     violations: list[str] = []
     last = len(committed) - 1
     copies: dict[int, dict[Record, int]] = {}  # txid -> each distinct record -> replicas holding it
@@ -111,7 +113,7 @@ def check_replicas(
                     f"{record.header} at or below its low-water mark {low_water_mark}, but {req_id} "
                     f"header {header} committed"
                 )
-    quorum = len(nodes) // 2 + 1
+    quorum = (len(nodes) + lost) // 2 + 1
     for txid, (_, header, req_id) in enumerate(committed[retained_from:], retained_from):
         held = copies.get(txid, {})
         data = payloads.get(header) if payloads is not None else None
@@ -119,10 +121,13 @@ def check_replicas(
             count for record, count in held.items() if record.req_id == req_id and _whole(record, data)
         )
         needed = quorum - 1 if damaged is not None and txid not in damaged_holds else quorum
+        needed = max(1, needed - lost)
         if whole < needed:
+            excused = " (one replica damaged)" if damaged is not None and txid not in damaged_holds else ""
+            excused += f" ({lost} lost for good)" if lost else ""
             violations.append(
                 f"partition {partition_id} txid {txid} ({req_id}) is on {whole} replicas, fewer than a "
-                f"quorum of {quorum}" + ("" if needed == quorum else " (one replica damaged)")
+                f"quorum of {quorum}{excused}"
             )
         if len({record.data for record in held if record.req_id == req_id}) > 1:
             violations.append(f"partition {partition_id} txid {txid}: the replicas hold different data")

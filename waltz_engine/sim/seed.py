@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from waltz_engine.sim.faults import inject_faults
 from waltz_engine.sim.loop import SimLoop
 from waltz_engine.sim.node_faults import NodeFaults
+from waltz_engine.sim.storage_gone import StorageGone
 
 if TYPE_CHECKING:
     from waltz_engine.sim.world import SimWorld
@@ -35,7 +36,10 @@ async def run_world(world: SimWorld, faults_span_s: float, injected: dict[str, i
     loop = world.loop
     shape = world.shape
     nodes = NodeFaults(loop, world)
+    world.storage_gone = StorageGone(world, nodes, faults_span_s)
     await world.start()
+    world.liveness.start()
+    world.storage_gone.start()
     faults = loop.create_task(
         inject_faults(
             loop,
@@ -56,6 +60,7 @@ async def run_world(world: SimWorld, faults_span_s: float, injected: dict[str, i
         late = [f"not every transaction was applied within {RUN_LIMIT_S:.0f} s of virtual time"]
     finally:
         faults.cancel()
+        world.storage_gone.healing_since_s = loop.time()
         try:
             async with asyncio.timeout(HEAL_LIMIT_S):
                 await nodes.finish()  # every crashed node restarted, every pause over
@@ -80,6 +85,7 @@ async def run_world(world: SimWorld, faults_span_s: float, injected: dict[str, i
             late.append(f"the export read did not end within {STOP_LIMIT_S:.0f} s of virtual time")
         except Exception as e:
             late.append(f"the export read raised {e!r}")
+        world.liveness.stop()  # (the nodes stop next: nothing is owed)
         try:
             async with asyncio.timeout(STOP_LIMIT_S):
                 await world.stop()
@@ -87,6 +93,8 @@ async def run_world(world: SimWorld, faults_span_s: float, injected: dict[str, i
             late.append(f"the nodes did not stop within {STOP_LIMIT_S:.0f} s of virtual time")
         except Exception as e:  # a node that cannot stop cleanly is a finding too
             late.append(f"stopping the nodes raised {e!r}")
+    if world.gone:  # (struck by its own plan, not drawn among the faults)
+        injected["storage_gone"] = len(world.gone)
     return world.check() + late
 
 

@@ -36,11 +36,13 @@ from waltz_engine.sim.bank import Ledger, Transfer
 from waltz_engine.sim.disk import SimDisk
 from waltz_engine.sim.disk_faults import DiskFaults
 from waltz_engine.sim.faults import DEFAULT_FAULTS
+from waltz_engine.sim.liveness import Liveness
 from waltz_engine.sim.loop import START_MONOTONIC_S, SimDiskRunner, SimLoop
 from waltz_engine.sim.network import SimNetwork
 from waltz_engine.sim.object_store import SimBucket
 from waltz_engine.sim.operator import Operator, operator_server_keys, operator_storage_keys
 from waltz_engine.sim.seed import end_leftovers, quiet_logs, run_world, seed_heap
+from waltz_engine.sim.storage_gone import StorageGone
 from waltz_engine.sim.workload import (
     SERVER_FRAME_LIMIT_BYTES,
     Application,
@@ -128,6 +130,9 @@ class WorldShape:
     # The operator's actions among the faults (waltz_engine.sim.operator), and the settings that
     # give them something to act on (False: the world as it was before them).
     operator_actions: bool = True
+    # A storage node lost for good in some seeds (waltz_engine.sim.storage_gone: drawn from a
+    # generator of the seed's own, so the others run as they did before it existed).
+    storage_gone: bool = True
 
 
 @dataclass
@@ -189,6 +194,9 @@ class SimWorld(DiskFaults):
         self.storage_port, self.storage_admin_port = STORAGE_PORT, STORAGE_ADMIN_PORT
         self.storage_down: set[int] = set()  # crashed, not restarted yet
         self.storage_crashes = 0
+        self.gone: set[int] = set()  # storage nodes lost for good (storage_gone)
+        self.storage_gone: StorageGone | None = None  # the seed's plan of that fault (run_world)
+        self.liveness = Liveness(self)
 
     def _zookeeper_keys(self) -> dict[str, Any]:
         return {
@@ -343,8 +351,9 @@ class SimWorld(DiskFaults):
             await self.client.close()
         for server in self.servers:
             await server.stop()
-        for node in self.storage:
-            await node.stop()
+        for number, node in enumerate(self.storage):
+            if number not in self.gone:  # (its machine is gone: nothing of it runs)
+                await node.stop()
 
     def fault_pairs(self) -> list[tuple[str, str]]:
         """The links faults hit: each server with each storage node, and the client with each server."""
@@ -470,6 +479,18 @@ class SimWorld(DiskFaults):
                 async with asyncio.timeout(MID_WRITE_CRASH_WAIT_S):
                     await died.wait()
         self._power_off(host)
+
+    def lose_storage(self, number: int) -> None:
+        """The machine and its disk are lost for good, now (storage_gone): nothing it would say
+        crosses, its ZooKeeper session is left to expire, none of its code runs again, and it
+        never restarts."""
+        host = f"storage-{number}"
+        self.loop.record("fault", f"storage_gone {host}")
+        self.gone.add(number)
+        self.dead.add(host)
+        for a, b in self._links_of(host):
+            self.network.partition(a, b)
+        self._process_exits(host)
 
     async def restart_storage(self, number: int) -> None:
         host = f"storage-{number}"

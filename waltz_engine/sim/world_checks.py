@@ -27,6 +27,7 @@ def check(world: SimWorld) -> list[str]:
                 violations.append(
                     f"partition {partition_id}: the ACLs refuse it, yet {len(delivered)} delivered"
                 )
+    violations += world.liveness.violations
     return violations + world.forged_served + world.close_failures + world.ledger.violations
 
 
@@ -41,7 +42,8 @@ def check_replicas(world: SimWorld) -> list[str]:
         operated = world.shape.operator_actions
         nodes = world.operator.assigned_nodes(partition_id) if operated else world.storage
         damaged = next((i for i, node in enumerate(nodes) if node.config.host == world.damaged_host), None)
-        violations += check_replica_records(nodes, partition_id, committed, world.payloads, damaged)
+        lost = world.operator.assigned_gone(partition_id) if operated else 0
+        violations += check_replica_records(nodes, partition_id, committed, world.payloads, damaged, lost)
     if world.shape.operator_actions:
         world.operator.check_retained()
         violations += world.operator.violations + world.operator.check_tier()
@@ -54,7 +56,9 @@ async def export_read(world: SimWorld) -> list[str]:
     their headers, data and checksums): what is served must be what the client built, from
     the replica's retained start on (below it, retention removed the records: not served)."""
     violations: list[str] = []
-    for node in world.storage:
+    for number, node in enumerate(world.storage):
+        if number in world.gone:
+            continue  # lost for good: nothing to read
         host = node.config.host
         admin = StorageAdminClient(
             host,
