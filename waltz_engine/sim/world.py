@@ -26,13 +26,12 @@ from kazoo.client import KazooClient
 
 from waltz_engine.client.client import WaltzClient
 from waltz_engine.client.config import WaltzClientConfig
-from waltz_engine.client.errors import AuthorizationError
 from waltz_engine.common.config import Config
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.server.config import ServerConfig
 from waltz_engine.server.server import WaltzServer
 from waltz_engine.sim import world_checks
-from waltz_engine.sim.bank import Ledger, Transfer
+from waltz_engine.sim.bank import Ledger
 from waltz_engine.sim.disk import SimDisk
 from waltz_engine.sim.disk_faults import DiskFaults
 from waltz_engine.sim.faults import DEFAULT_FAULTS
@@ -46,12 +45,10 @@ from waltz_engine.sim.storage_gone import StorageGone
 from waltz_engine.sim.workload import (
     SERVER_FRAME_LIMIT_BYTES,
     Application,
-    ApplicationError,
     SimContext,
-    payload,
-    payload_size_bytes,
 )
 from waltz_engine.sim.world_acl import CLIENT_HOST, ROGUE_HOST, SIM_NODE_PRINCIPAL, acl_keys, grant
+from waltz_engine.sim.world_workload import SUBMIT_INTERVAL_S, WorkloadDriver, is_committed
 from waltz_engine.sim.zk_model import SimZkClient, SimZooKeeper
 from waltz_engine.storage.admin_client import StorageAdminClient
 from waltz_engine.storage.client import StorageClient, StorageRpcError
@@ -80,12 +77,6 @@ MAX_FAULTS = 100_000
 # A healthy world's nodes stop within this much virtual time.
 # A node that failed to start (ZooKeeper out) is started again this much later.
 RESTART_RETRY_S = 1.0
-# The share of transactions that raise an application error when executed again (a retry).
-REFUSES_RETRY_PROBABILITY = 0.1
-# The mean time between two submits of a workload under faults, and an application's pause
-# before it submits again a transaction whose submit failed.
-SUBMIT_INTERVAL_S = 0.05
-RESUBMIT_DELAY_S = 1.0
 # A failing seed's report ends with this many events of its trace, in words.
 LAST_EVENTS_SHOWN = 20
 # The simulator's nodes log only what goes wrong.
@@ -151,7 +142,7 @@ class SeedResult:
     not_committed: int = 0
 
 
-class SimWorld(DiskFaults):
+class SimWorld(DiskFaults, WorkloadDriver):
     """The hosts of one seed's cluster: ZooKeeper, storage nodes, servers and one client."""
 
     def __init__(self, loop: SimLoop, shape: WorldShape) -> None:
@@ -560,54 +551,6 @@ class SimWorld(DiskFaults):
         if zk is not None:
             self.zookeeper.isolate(zk)
 
-    def _contexts(self) -> list[SimContext]:
-        rng = self.loop.rng
-        contexts: list[SimContext] = []
-        for number in range(self.shape.transactions):
-            outcome, refuses_retry = self.loop.create_future(), rng.random() < REFUSES_RETRY_PROBABILITY
-            data = self.payloads[number] = payload(number, payload_size_bytes(rng))
-            if self.shape.workload == "bank":
-                self.ledger.plan(number, rng)
-                contexts.append(Transfer(number, outcome, refuses_retry, self.ledger, data))
-            else:
-                contexts.append(SimContext(number, outcome, refuses_retry, data))
-        return contexts
-
-    async def _submit(self, context: SimContext) -> None:
-        """Until the submit went out: the application tries again after a failed one."""
-        while True:
-            await self._client_up.wait()
-            client = self.client
-            assert client is not None
-            context.incarnation = self.incarnation
-            try:
-                await client.submit(context)
-                return
-            except ApplicationError:
-                return  # its own error on a resubmit: on_exception has it
-            except AuthorizationError:
-                return  # the ACLs refuse its partition: on_exception has it, final
-            except WaltzError:
-                # The submit failed (the partition was not mounted in time, the client closed),
-                # after telling the context: that attempt's outcome was the submit's error.
-                if context.outcome.done():
-                    context.outcome.exception()  # read
-                context.outcome = self.loop.create_future()
-                await asyncio.sleep(RESUBMIT_DELAY_S)
-
-    async def append_all(self) -> None:
-        """Submit the workload's transactions and wait until the client has applied every committed one."""
-        self.contexts = self._contexts()
-        for context in self.contexts:
-            if self.shape.faults > 0:
-                await asyncio.sleep(self.loop.rng.expovariate(1 / SUBMIT_INTERVAL_S))
-            await self._submit(context)
-        await asyncio.gather(*(context.outcome for context in self.contexts), return_exceptions=True)
-        committed = {context.number for context in self.contexts if _committed(context)}
-        while not committed <= set(self.application.headers_seen()):
-            self.application.changed.clear()
-            await self.application.changed.wait()
-
     def check(self) -> list[str]:
         return world_checks.check(self)
 
@@ -616,11 +559,6 @@ class SimWorld(DiskFaults):
 
     async def export_read(self) -> list[str]:
         return await world_checks.export_read(self)
-
-
-def _committed(context: SimContext) -> bool:
-    outcome = context.outcome
-    return outcome.done() and not outcome.cancelled() and outcome.exception() is None and outcome.result()
 
 
 async def _until_started(start: Callable[[], Awaitable[_Node]]) -> _Node:
@@ -661,5 +599,5 @@ def run_seed(seed: int, shape: WorldShape | None = None) -> SeedResult:
         injected,
         [str(event) for event in loop.tail][-LAST_EVENTS_SHOWN:] if violations else [],
         sum(1 for context in world.contexts if context.refused),
-        sum(1 for context in world.contexts if not (context.refused or _committed(context))),
+        sum(1 for context in world.contexts if not (context.refused or is_committed(context))),
     )
