@@ -358,3 +358,38 @@ def test_a_coroutine_finalized_outside_a_task_closes_its_connection_without_wait
             await server.wait_closed()
 
     asyncio.run(go())
+
+
+def test_a_coroutine_finalized_during_another_tasks_step_leaves_that_task_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The garbage collector may finalize a coroutine while some other task runs (a collection
+    starts at any allocation): its ``finally`` closes the connection and must not wait there.
+    Waiting entered asyncio.timeout bound to the task that happened to run, the coroutine then
+    "ignored GeneratorExit", and the timeout cancelled that innocent task later."""
+    monkeypatch.setattr("waltz_engine.net.channel.HANDSHAKE_TIMEOUT_MS", 1)
+
+    async def holder(conn: FramedConnection) -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await conn.close()
+
+    async def go() -> None:
+        server = await _storage_server(lambda conn: conn.receive())
+        try:
+            conn = await _connect(server)
+            coroutine = holder(conn)
+            coroutine.send(None)  # suspended in the wait, owned by no task
+
+            async def innocent() -> None:
+                coroutine.close()  # as the collector would, during this task's step
+                assert conn.writer.is_closing()
+                await asyncio.sleep(0.05)  # past the 1 ms bound a wait would have set
+
+            await asyncio.create_task(innocent())  # neither raises nor is cancelled
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(go())
