@@ -323,10 +323,17 @@ def test_frames_sent_from_a_thread_and_from_the_loop_at_once_arrive_whole_and_in
     asyncio.run(go())
 
 
-def test_a_coroutine_finalized_outside_a_task_closes_its_connection_without_waiting() -> None:
-    """The garbage collector closes a coroutine whose task is gone from no task at all: its
-    ``finally`` closes the connection and must not wait (asyncio.timeout raised "Timeout should
-    be used inside a task" there, printed as an ignored exception at simulated worlds' teardown)."""
+@pytest.mark.parametrize("during_a_task", [False, True], ids=["from-a-loop-callback", "during-another-task"])
+def test_a_coroutine_finalized_closes_its_connection_without_waiting(
+    during_a_task: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The garbage collector closes a coroutine whose task is gone, from no task at all or
+    during some other task's step (a collection starts at any allocation): its ``finally``
+    closes the connection and must not wait. Outside a task asyncio.timeout raised "Timeout
+    should be used inside a task" (printed as an ignored exception at simulated worlds'
+    teardown); during another task it bound that task, the coroutine "ignored GeneratorExit",
+    and the timeout cancelled the innocent task later."""
+    monkeypatch.setattr("waltz_engine.net.channel.HANDSHAKE_TIMEOUT_MS", 1)
 
     async def holder(conn: FramedConnection) -> None:
         try:
@@ -340,9 +347,10 @@ def test_a_coroutine_finalized_outside_a_task_closes_its_connection_without_wait
             conn = await _connect(server)
             coroutine = holder(conn)
             coroutine.send(None)  # suspended in the wait, owned by no task
-            finalized = asyncio.get_running_loop().create_future()
+            loop = asyncio.get_running_loop()
+            finalized = loop.create_future()
 
-            def finalize() -> None:  # a loop callback, as the collector's finalizers run
+            def finalize() -> None:  # as the collector's finalizers run
                 try:
                     coroutine.close()
                 except BaseException as e:
@@ -350,7 +358,14 @@ def test_a_coroutine_finalized_outside_a_task_closes_its_connection_without_wait
                 else:
                     finalized.set_result(None)
 
-            asyncio.get_running_loop().call_soon(finalize)
+            async def innocent() -> None:
+                finalize()
+                await asyncio.sleep(0.05)  # past the 1 ms bound a wait would have set
+
+            if during_a_task:
+                await loop.create_task(innocent())  # not cancelled
+            else:
+                loop.call_soon(finalize)
             assert await finalized is None
             assert conn.writer.is_closing()
         finally:

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
+import sys
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -368,10 +369,13 @@ class FramedConnection:
         self._flush()
         self._closed = True
         self.writer.close()
-        if not _in_a_task():
+        if not _in_a_task() or _finalizing_a_coroutine():
             # A coroutine being finalized (closed by the garbage collector, its task gone) runs
-            # its cleanup outside any task: it can wait for nothing, and asyncio.timeout would
-            # raise "Timeout should be used inside a task" (seen at simulated worlds' teardown).
+            # its cleanup outside its task: it can wait for nothing. Outside any task,
+            # asyncio.timeout raised "Timeout should be used inside a task" (seen at simulated
+            # worlds' teardown); during another task's step (a collection starts at any
+            # allocation) it bound that task, the wait "ignored GeneratorExit", and the timeout
+            # cancelled the innocent task later.
             return
         # The peer is gone either way; waiting only lets TLS say goodbye.
         with contextlib.suppress(ConnectionError, ssl.SSLError, TimeoutError):
@@ -441,6 +445,13 @@ def _in_a_task() -> bool:
         return asyncio.current_task() is not None
     except RuntimeError:  # no loop runs: a coroutine finalized after its loop stopped
         return False
+
+
+def _finalizing_a_coroutine() -> bool:
+    """A ``GeneratorExit`` is handled (or is the context of what is): the caller runs in a
+    coroutine being closed, by ``close()`` or the collector (a task never throws it)."""
+    error = sys.exc_info()[1]
+    return isinstance(error, GeneratorExit) or isinstance(getattr(error, "__context__", None), GeneratorExit)
 
 
 def _reason(e: BaseException) -> str:
