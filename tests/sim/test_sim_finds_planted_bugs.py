@@ -52,7 +52,7 @@ FIRST_FINDING: dict[str, tuple[int, str]] = {
     # The same without the decommission's check: a replica that stays, lost for good right after
     # the command returned (storage_gone), stalls the log with a quorum of its replicas of record
     # up (the source among them, no longer assigned): the liveness check's finding.
-    "move_ends_unrecorded_unchecked": (11, "committed nothing for"),
+    "move_ends_unrecorded_unchecked": (313, "committed nothing for"),
     "offload_unsealed": (1, "was offloaded unsealed"),
 }
 # The default world without the operator's actions, where issue 21's item 1 stays replayed: the
