@@ -101,22 +101,25 @@ class Liveness:
         if node is not None and node.data:
             recorded = PartitionMetadata.from_bytes(node.data).latest_recorded_storages()
         if recorded is None:
-            assignment = znodes.get(self._paths.assignment)
-            held = (
-                ReplicaAssignments.from_bytes(assignment.data).replicas
-                if assignment and assignment.data
-                else ()
-            )
-            recorded = {storage for storage, ids in held if partition_id in ids}
+            recorded = {storage for storage, ids in self._assignment() if partition_id in ids}
         return {storage.split(":")[0] for storage in recorded}
 
     def assigned_hosts(self) -> set[str]:
         """The storage hosts the assignment gives any partition to (the model's znode)."""
+        return {storage.split(":")[0] for storage, ids in self._assignment() if ids}
+
+    def gone_still_assigned(self) -> set[str]:
+        """The storage hosts lost for good that the assignment still gives partitions to (their
+        replicas not moved by auto-recovery yet)."""
+        gone = {f"storage-{number}" for number in self.world.gone}
+        return gone & self.assigned_hosts() if gone else set()
+
+    def _assignment(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """The assignment znode's (storage, partition ids) pairs, read from the model directly."""
         assignment = self.world.zookeeper._nodes.get(self._paths.assignment)
         if assignment is None or not assignment.data:
-            return set()
-        held = ReplicaAssignments.from_bytes(assignment.data).replicas
-        return {storage.split(":")[0] for storage, ids in held if ids}
+            return ()
+        return ReplicaAssignments.from_bytes(assignment.data).replicas
 
     def _server(self, partition_id: int) -> tuple[str, Partition] | None:
         """The server serving the partition (the newest generation among those up holding it)."""

@@ -161,7 +161,7 @@ class Operator:
     def inject(self, kind: str, rng: random.Random, busy: set[str]) -> asyncio.Task[None] | None:
         exclusive = kind in MOVING_KINDS
         world = self.world
-        if exclusive and (self.busy or self._gone_still_assigned()):
+        if exclusive and (self.busy or world.liveness.gone_still_assigned()):
             # One change at a time (docs/operations.md): no decommission while a node lost for
             # good still holds replicas, which auto-recovery has yet to move. Its move could not
             # end: a quorum of the replicas of record that stay is not there to vouch for the
@@ -258,11 +258,6 @@ class Operator:
         if set(layout.admin_ports) - holders - gone:
             return True
         return await self.add_storage() is not None
-
-    def _gone_still_assigned(self) -> bool:
-        """Whether a node lost for good still holds replicas in ZooKeeper's assignment."""
-        gone = {f"storage-{number}" for number in self.world.gone}
-        return bool(gone and gone & self.world.liveness.assigned_hosts())
 
     async def decommission(self, rng: random.Random) -> None:
         world = self.world

@@ -138,9 +138,8 @@ class StorageGone:
         """Until the assignment no longer holds the lost node (the servers' auto-recovery moved
         its replicas), for at most RE_REPLICATION_LIMIT_S: the seed's faults end after it."""
         world = self.world
-        hosts = {f"storage-{number}" for number in world.gone}
         waited_s = 0.0
-        while hosts & world.liveness.assigned_hosts() and waited_s < RE_REPLICATION_LIMIT_S:
+        while world.liveness.gone_still_assigned() and waited_s < RE_REPLICATION_LIMIT_S:
             if self.healing_since_s is not None and world.loop.time() >= self.healing_since_s + HEALING_S:
                 return  # (the run's limit for its faults to end comes first: seeds 88, 120)
             await asyncio.sleep(LOOK_AGAIN_S)
