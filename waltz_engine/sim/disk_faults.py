@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from waltz_engine.sim.operator import Operator
     from waltz_engine.sim.world import WorldShape
 
+# A full disk leaves a node this much room beyond what it holds; a slow sync takes this long.
 DISK_FULL_HEADROOM_BYTES = (0, 4096)
 SLOW_SYNC_MS = (20.0, 2_000.0)
 

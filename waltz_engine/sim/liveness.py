@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 
 from waltz_engine.server.store.config import DEFAULT_MAX_RETRY_INTERVAL_MS
 from waltz_engine.sim.loop import START_MONOTONIC_S
+from waltz_engine.sim.world_constants import SESSION_TIMEOUT_MS
 from waltz_engine.storage.client import DEFAULT_REQUEST_TIMEOUT_MS
 from waltz_engine.zk.paths import ClusterPaths
 from waltz_engine.zk.payloads import PartitionMetadata, ReplicaAssignments
@@ -46,8 +47,6 @@ if TYPE_CHECKING:
     from waltz_engine.server.partition import Partition
     from waltz_engine.sim.world import SimWorld
 
-# The world's ZooKeeper session timeout (waltz_engine.sim.world.SESSION_TIMEOUT_MS).
-SESSION_TIMEOUT_MS = 10_000
 LIVENESS_BOUND_MS = DEFAULT_REQUEST_TIMEOUT_MS + DEFAULT_MAX_RETRY_INTERVAL_MS + SESSION_TIMEOUT_MS
 # How often the check looks (virtual time): a span is measured to within this.
 SAMPLE_MS = 500

@@ -39,6 +39,7 @@ from typing import Protocol
 
 from waltz_engine.sim.loop import SimLoop
 from waltz_engine.sim.operator import OPERATOR_KINDS
+from waltz_engine.sim.world_constants import CLIENT_HOST, ROGUE_HOST, SESSION_TIMEOUT_MS
 
 NODE_FAULT_KINDS = (
     "server_pause",
@@ -66,11 +67,14 @@ MAX_PAUSE_S = 25.0  # beyond the simulated session timeout: some pauses expire t
 MAX_FORCED_S = 30.0
 MAX_BOUNCE_PAUSE_S = 4.0  # a bounce's pause stays within the session timeout
 MAX_DOWN_S = 5.0  # a crashed node's restart comes this long after at most
-# A freeze outlasts the simulated session timeout (10 s), without any connection reset.
+# A freeze outlasts the simulated session timeout, without any connection reset.
 MIN_FREEZE_S = 11.0
 MAX_FREEZE_S = 30.0
 MAX_ZOOKEEPER_RECONNECT_S = 3.0
 MAX_DISK_FAULT_S = 20.0
+assert MAX_PAUSE_S * 1000 > SESSION_TIMEOUT_MS, "some pauses must expire the session"
+assert MAX_BOUNCE_PAUSE_S * 1000 < SESSION_TIMEOUT_MS, "a bounce's pause must keep the session"
+assert MIN_FREEZE_S * 1000 > SESSION_TIMEOUT_MS, "every freeze must outlast the session"
 
 
 class NodeWorld(Protocol):
@@ -173,9 +177,9 @@ class NodeFaults:
                 self._healing.append(task)
             return
         if kind == "forged_read":
-            node = "rogue-0"
+            node = ROGUE_HOST
         elif kind == "client_restart":
-            node = "client-0"
+            node = CLIENT_HOST
         elif kind in STORAGE_KINDS:
             node = f"storage-{rng.randrange(world.num_storage_nodes)}"
         elif kind in MOVING_KINDS:

@@ -42,6 +42,7 @@ from kazoo.client import KazooClient
 from waltz_engine.common.errors import WaltzError
 from waltz_engine.net.tls import TlsConfig
 from waltz_engine.ops.decommission import _decommission
+from waltz_engine.sim.world_constants import OPERATOR_HOST
 from waltz_engine.storage import admin_ops
 from waltz_engine.storage.network_reader import ClusterAccess
 from waltz_engine.storage.node.node import StorageNode
@@ -59,7 +60,6 @@ if TYPE_CHECKING:
     from waltz_engine.sim.world import SimWorld
 
 OPERATOR_KINDS = ("retention", "decommission", "add_storage", "storage_lost", "tier_fault", "restart_forced")
-OPERATOR_HOST = "operator"
 # One decommission at a time (the other actions go on beside it, and beside the servers'
 # auto-recovery: the mover lease keeps two movers apart).
 MOVING_KINDS = ("decommission",)

@@ -18,11 +18,16 @@ from waltz_engine.sim.storage_gone import StorageGone
 if TYPE_CHECKING:
     from waltz_engine.sim.world import SimWorld
 
+# A seed whose transactions are not all applied within this much virtual time has failed.
 RUN_LIMIT_S = 600.0
+# Every node fault is healed within this much virtual time of the workload's end.
 HEAL_LIMIT_S = 120.0
+# Tasks left by nodes that did not stop get this much virtual time to end once cancelled.
 LEFTOVER_LIMIT_S = 10.0
 LEFTOVER_ROUNDS = 5
+# A healthy world's nodes stop within this much virtual time.
 STOP_LIMIT_S = 120.0
+# The simulator's nodes log only what goes wrong.
 NODE_LOG_LEVEL = logging.ERROR
 # A seed's collections leave the process's older objects out (gc.freeze); every this many seeds
 # a full collection takes what they left (cyclic garbage of objects older than a seed).

@@ -47,7 +47,19 @@ from waltz_engine.sim.workload import (
     Application,
     SimContext,
 )
-from waltz_engine.sim.world_acl import CLIENT_HOST, ROGUE_HOST, SIM_NODE_PRINCIPAL, acl_keys, grant
+from waltz_engine.sim.world_acl import SIM_NODE_PRINCIPAL, acl_keys, grant
+from waltz_engine.sim.world_constants import (
+    CLIENT_HOST,
+    CLUSTER_NAME,
+    CLUSTER_ROOT,
+    OPERATOR_HOST,
+    ROGUE_HOST,
+    SERVER_PORT,
+    SESSION_TIMEOUT_MS,
+    STORAGE_ADMIN_PORT,
+    STORAGE_PORT,
+    ZOOKEEPER_HOST,
+)
 from waltz_engine.sim.world_workload import SUBMIT_INTERVAL_S, WorkloadDriver, is_committed
 from waltz_engine.sim.zk_model import SimZkClient, SimZooKeeper
 from waltz_engine.storage.admin_client import StorageAdminClient
@@ -60,26 +72,14 @@ from waltz_engine.zk.cluster_manager import force_assign, force_unassign
 from waltz_engine.zk.connection import ZooKeeperSettings, connect
 from waltz_engine.zk.store_metadata import add_storage_node, assign_partitions
 
-CLUSTER_ROOT = "/waltz"
-CLUSTER_NAME = "sim"
-ZOOKEEPER_HOST = "zookeeper:2181"
-STORAGE_PORT = 7000
-STORAGE_ADMIN_PORT = 7001
-SERVER_PORT = 6000
 FORGED_SESSION_ID = 1 << 62  # a session id ZooKeeper never issues in a seed's time
-SESSION_TIMEOUT_MS = 10_000
 DEFAULT_TRANSACTIONS = 100
 MAX_TRANSACTIONS = 1_000_000
 MAX_FAULTS = 100_000
-# A seed whose transactions are not all applied within this much virtual time has failed.
-# Every node fault is healed within this much virtual time of the workload's end.
-# Tasks left by nodes that did not stop get this much virtual time to end once cancelled.
-# A healthy world's nodes stop within this much virtual time.
 # A node that failed to start (ZooKeeper out) is started again this much later.
 RESTART_RETRY_S = 1.0
 # A failing seed's report ends with this many events of its trace, in words.
 LAST_EVENTS_SHOWN = 20
-# The simulator's nodes log only what goes wrong.
 # Storage nodes roll segments at this size, so seeds have sealed segments as well as open ones.
 SEGMENT_SIZE_THRESHOLD_BYTES = 64 * 1024
 # A storage crash falls inside one of the node's next writes (between a write and its sync) with
@@ -88,7 +88,6 @@ SEGMENT_SIZE_THRESHOLD_BYTES = 64 * 1024
 MID_WRITE_CRASH_PROBABILITY = 0.5
 MAX_WRITES_BEFORE_CRASH = 6
 MID_WRITE_CRASH_WAIT_S = 3.0
-# A full disk leaves a node this much room beyond what it holds; a slow sync takes this long.
 
 _Node = TypeVar("_Node", StorageNode, WaltzServer, WaltzClient)
 _R = TypeVar("_R")
@@ -212,7 +211,12 @@ class SimWorld(DiskFaults, WorkloadDriver):
     async def _assign_partitions(self, host: str, key: uuid.UUID) -> None:
         """What ``waltz storage add-partition`` tells a node, over its admin port."""
         admin = StorageAdminClient(
-            host, STORAGE_ADMIN_PORT, None, key, self.shape.partitions, network=self.network.node("operator")
+            host,
+            STORAGE_ADMIN_PORT,
+            None,
+            key,
+            self.shape.partitions,
+            network=self.network.node(OPERATOR_HOST),
         )
         await admin.open()
         try:

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 from kazoo.client import KazooClient
 
+from waltz_engine.sim.world_constants import CLIENT_HOST, OPERATOR_HOST, ROGUE_HOST
+
 if TYPE_CHECKING:
     from waltz_engine.sim.world import WorldShape
 
-CLIENT_HOST = "client-0"
-ROGUE_HOST = "rogue-0"
 # Who each host is (the nodes share one principal, as a dev cluster's do).
 SIM_NODE_PRINCIPAL = "CN=node,O=sim"
 SIM_OPERATOR_PRINCIPAL = "CN=operator,O=sim"
@@ -48,7 +48,7 @@ def grant(
     assert partitions >= ACL_MIN_PARTITIONS, "acl needs a partition to use, one to read, one refused"
     for host in [*storage_hosts, *(f"server-{n}" for n in range(shape.servers))]:
         principals[host] = SIM_NODE_PRINCIPAL
-    principals["operator"] = SIM_OPERATOR_PRINCIPAL
+    principals[OPERATOR_HOST] = SIM_OPERATOR_PRINCIPAL
     principals[CLIENT_HOST] = SIM_CLIENT_PRINCIPAL
     principals[ROGUE_HOST] = SIM_ROGUE_PRINCIPAL
     entries = [

@@ -8,12 +8,11 @@ from typing import TYPE_CHECKING
 from waltz_engine.sim.replicas import check_replicas as check_replica_records
 from waltz_engine.sim.replicas import export_read as export_read_replica
 from waltz_engine.sim.workload import check_outcomes
+from waltz_engine.sim.world_constants import OPERATOR_HOST, STORAGE_ADMIN_PORT
 from waltz_engine.storage.admin_client import StorageAdminClient
 
 if TYPE_CHECKING:
     from waltz_engine.sim.world import SimWorld
-
-STORAGE_ADMIN_PORT = 7001  # the world's (waltz_engine.sim.world)
 
 
 def check(world: SimWorld) -> list[str]:
@@ -66,7 +65,7 @@ async def export_read(world: SimWorld) -> list[str]:
             None,
             world.key,
             world.shape.partitions,
-            network=world.network.node("operator"),
+            network=world.network.node(OPERATOR_HOST),
         )
         await admin.open()
         try:
