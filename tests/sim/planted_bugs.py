@@ -83,9 +83,13 @@ def retry_worker_dies(monkeypatch: pytest.MonkeyPatch) -> None:
 
     async def retry_worker(self: WaltzClient) -> None:
         while True:
-            context = await self._retry_queue.get()
+            # The queue's items as today's worker takes them (a context and its unsent retries):
+            # the plant dies of an application error only, as the historical bug did, and not of
+            # its own mistake on the first retry (an AttributeError that then escaped the
+            # client's close and left the world's servers running after the seed).
+            context, unsent_retries = await self._retry_queue.get()
             with contextlib.suppress(WaltzError):
-                await self._attempt(context)
+                await self._attempt(context, unsent_retries)
 
     monkeypatch.setattr(WaltzClient, "_retry_worker", retry_worker)
 

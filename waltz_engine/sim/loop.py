@@ -168,6 +168,9 @@ class SimLoop(asyncio.BaseEventLoop):
         # ``finally`` at an arbitrary moment).
         self._incarnations: dict[str, Incarnation] = {}
         self._dead: list[tuple[Incarnation, list[asyncio.Task[Any]]]] = []
+        # The dead machines' tasks whose coroutines :meth:`bury_the_dead` closed: pending for
+        # asyncio (a task is done only by its own step, and theirs never comes) but over.
+        self._buried: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
         # Callbacks scheduled past call_soon and call_at (call_soon_threadsafe): a host's death
         # never cancelled them, and does not.
         self._untagged: weakref.WeakSet[asyncio.Handle] = weakref.WeakSet()
@@ -266,7 +269,12 @@ class SimLoop(asyncio.BaseEventLoop):
                 task._log_destroy_pending = False  # type: ignore[attr-defined]
                 with contextlib.suppress(Exception):
                     task.get_coro().close()
+                self._buried.add(task)
         self._dead.clear()
+
+    def live_tasks(self) -> set[asyncio.Task[Any]]:
+        """The tasks not done that can still step: ``asyncio.all_tasks`` but the buried ones."""
+        return {task for task in asyncio.all_tasks(self) if task not in self._buried}
 
     def crashed(self) -> None:
         """The running code's machine died in a disk call: the world kills it now, in this turn."""
