@@ -57,9 +57,11 @@ def run_waltz_cli(
     stdin: str | None = None,
     timeout_s: float = CLI_TIMEOUT_S,
     env: Mapping[str, str] | None = None,
+    stall_s: float | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run `waltz ARGS...` to completion (bounded) in a process of its own, capturing its output;
-    ``env`` is added to this process's environment."""
+    ``env`` is added to this process's environment. ``stall_s``: a wait on progress (``timeout_s``
+    then bounds a command that keeps running; see :func:`zygote.wait_while_working`)."""
     return run_forked(
         waltz_cli_command(*args),
         args,
@@ -67,6 +69,7 @@ def run_waltz_cli(
         stdin=stdin,
         env={**os.environ, **env} if env is not None else None,
         timeout_s=timeout_s,
+        stall_s=stall_s,
     )
 
 

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -58,6 +59,8 @@ _LAZY_IMPORTS = (
 )
 # How long the zygote may take to import everything, or to answer a request, before a test gives up.
 _ZYGOTE_ANSWER_TIMEOUT_S = 120.0
+# How often a command with a stall bound is looked at (its process tree's CPU time).
+_PROGRESS_POLL_S = 1.0
 # Most bytes a request line may take (a command line and an environment).
 _MAX_REQUEST_BYTES = 1 << 20
 _READ_CHUNK_BYTES = 65_536
@@ -337,28 +340,82 @@ def run_forked(
     stdin: str | None = None,
     env: Mapping[str, str] | None = None,
     timeout_s: float,
+    stall_s: float | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """`waltz ARGS...` to completion, reported as ``subprocess.run(command, capture_output=True,
     text=True)`` would (``command`` only names it); ``env`` is the whole environment (None: this
-    process's)."""
+    process's). ``timeout_s`` bounds the whole run; with ``stall_s``, it is given up on sooner
+    once nothing of it (its process tree: a Spark JVM too) has run for that long (see
+    :func:`wait_while_working`)."""
     with tempfile.TemporaryDirectory(prefix="waltz-cli-") as scratch:
         paths = [str(Path(scratch, name)) for name in ("stdin", "stdout", "stderr")]
         Path(paths[0]).write_text(stdin or "", encoding="utf-8")
         child = start_forked(
             None, args, stdio=[(paths[0], "r"), (paths[1], "w"), (paths[2], "w")], cwd=cwd, env=env
         )
+        waited_s: float | None = None
         try:
-            status = child.wait(timeout_s)
-            timed_out = False
-        except subprocess.TimeoutExpired:
+            status = wait_while_working(child, timeout_s, stall_s)
+        except subprocess.TimeoutExpired as e:
             child.kill()
             status = child.wait(_ZYGOTE_ANSWER_TIMEOUT_S)
-            timed_out = True
+            waited_s = e.timeout
         out = Path(paths[1]).read_text(encoding="utf-8", errors="replace")
         err = Path(paths[2]).read_text(encoding="utf-8", errors="replace")
-    if timed_out:
-        raise subprocess.TimeoutExpired(list(command), timeout_s, out, err)
+    if waited_s is not None:
+        raise subprocess.TimeoutExpired(list(command), waited_s, out, err)
     return subprocess.CompletedProcess(list(command), status, out, err)
+
+
+def wait_while_working(child: ForkedProcess, timeout_s: float, stall_s: float | None = None) -> int:
+    """``child.wait(timeout_s)``; with ``stall_s``, a wait on progress: the child's exit status,
+    or TimeoutExpired (its ``timeout`` the seconds waited) once ``timeout_s`` have passed, or
+    ``stall_s`` in which the CPU time of the child's process tree did not move. A loaded machine
+    slows a command down but does not stop it (a Spark export had 9 % of a core at a load of
+    19-31 and took over 120 s); one that waits for what never comes runs nothing."""
+    if stall_s is None:
+        return child.wait(timeout_s)
+    started_s = moved_s = time.monotonic()
+    seen = -1
+    while True:
+        now_s = time.monotonic()
+        ticks = tree_cpu_ticks(child.pid)
+        if ticks != seen:  # (it drops only when a process leaves the tree: work too)
+            seen, moved_s = ticks, now_s
+        left_s = min(started_s + timeout_s, moved_s + stall_s) - now_s
+        if left_s <= 0:
+            raise subprocess.TimeoutExpired(child.args, now_s - started_s)
+        try:
+            return child.wait(min(left_s, _PROGRESS_POLL_S))
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def tree_cpu_ticks(pid: int) -> int:
+    """The CPU time of process ``pid`` and its descendants, in clock ticks: what each ran and
+    what its reaped children ran (Linux's /proc); 0 once it is gone."""
+    parents: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text(encoding="ascii", errors="replace")
+        except OSError:
+            continue  # it exited meanwhile
+        # After "pid (command) ": state ppid ... utime stime cutime cstime (fields 4 and 14-17).
+        fields = stat[stat.rindex(")") + 2 :].split()
+        parents[int(entry.name)] = int(fields[1])
+        ticks[int(entry.name)] = sum(int(field) for field in fields[11:15])
+    children: dict[int, list[int]] = {}
+    for child, parent in parents.items():
+        children.setdefault(parent, []).append(child)
+    total, stack = 0, [pid] if pid in ticks else []
+    while stack:
+        process = stack.pop()
+        total += ticks[process]
+        stack.extend(children.get(process, []))
+    return total
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from cluster_support import local_cluster, run_waltz_cli
+from cluster_support import CLI_TIMEOUT_S, local_cluster, run_waltz_cli
 from nodes_support import await_none_under_replicated, load, preload, replica_sets
 
 from waltz_engine.common.address import HostPort
@@ -43,6 +43,12 @@ RETENTION_BEFORE = 60
 GRACE_MS = 12_000
 WAIT_S = 90.0
 POLL_S = 0.2
+# `waltz spark export` starts a JVM and Python workers: at a load of 19-31 it took over the CLI's
+# usual 120 s (Spark had 9 % of a core). It is waited for while it works (its processes' CPU
+# time moves), up to EXPORT_LIMIT_S in all, and given up on after EXPORT_STALL_S in which
+# nothing of it ran.
+EXPORT_LIMIT_S = 900.0
+EXPORT_STALL_S = 120.0
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +86,8 @@ def _wait_for(what: str, check: Callable[[], bool], timeout_s: float = WAIT_S) -
         time.sleep(POLL_S)
 
 
-def _cli(*args: str) -> str:
-    result = run_waltz_cli(*args)
+def _cli(*args: str, timeout_s: float = CLI_TIMEOUT_S, stall_s: float | None = None) -> str:
+    result = run_waltz_cli(*args, timeout_s=timeout_s, stall_s=stall_s)
     assert result.returncode == 0, (args, result.stdout, result.stderr)
     return result.stdout
 
@@ -204,7 +210,8 @@ def test_the_operators_day(cluster: LocalCluster, tier: Path, tmp_path: Path) ->
     high_water_mark = rows[-1]["transaction_id"]
     assert [r["transaction_id"] for r in rows] == list(range(start, high_water_mark + 1))
     output = tmp_path / "export"
-    _cli("spark", "export", "-o", str(output), "-c", config, "-p", str(PARTITION), "--json")
+    export = ["spark", "export", "-o", str(output), "-c", config, "-p", str(PARTITION), "--json"]
+    _cli(*export, timeout_s=EXPORT_LIMIT_S, stall_s=EXPORT_STALL_S)
     exported = pq.read_table(output / f"partition={PARTITION}").sort_by("transaction_id").to_pylist()
     assert [(e["transaction_id"], e["data"].hex()) for e in exported] == [
         (r["transaction_id"], r["data_hex"]) for r in rows
