@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +28,20 @@ from waltz_engine.wire.client_messages import (
     ServerPartitionsAssignmentRequest,
 )
 from waltz_engine.wire.hello import CLIENT_HELLO_TEXT
+from waltz_engine.zk.cluster import read_partition_assignment
 from waltz_engine.zk.connection import ZooKeeperSettings
 from waltz_engine.zk.connection import connect as zk_connect
 from waltz_engine.zk.store_metadata import add_storage_node, assign_partitions
 
 NUM_PARTITIONS = 2
 NUM_STORAGES = 3
-MOUNT_ATTEMPTS = 200
-MOUNT_RETRY_S = 0.1
-RECEIVE_TIMEOUT_S = 30.0
+# A partition mounts, and a server takes its share, within this: a bound on the wait, not on the
+# attempts (200 attempts 0.1 s apart were 20 s of a loaded machine, less than a node's own start
+# may take there: SERVER_READY_TIMEOUT_S).
+READY_TIMEOUT_S = 120.0
+RETRY_S = 0.1
+# An answer: a mount's waits for its partition's recovery.
+RECEIVE_TIMEOUT_S = 60.0
 
 
 def test_bad_config_is_a_one_line_error(zookeeper: str, tmp_path: Path) -> None:
@@ -81,16 +87,34 @@ async def open_client(port: int) -> Any:
     return await connect("127.0.0.1", port, client_context(TlsConfig()), CLIENT_CODECS, CLIENT_HELLO_TEXT)
 
 
+def generation_of(zookeeper: str, root: str, partition_id: int) -> int:
+    """The partition's generation in the coordinator's assignment, as a client reads it: a
+    loaded machine can move a partition more often than the test does (a server whose ZooKeeper
+    session expired loses its partitions), so no generation is taken for granted."""
+    with zk_connect(ZooKeeperSettings(zookeeper, root)) as zk:
+        assignment = read_partition_assignment(zk, root)
+    (generation,) = [
+        info.generation
+        for server in assignment.servers
+        for info in server.partitions
+        if info.partition_id == partition_id
+    ]
+    return generation
+
+
 async def _mount(port: int, partition_id: int, client_id: int) -> Any:
     conn = await open_client(port)
-    for attempt in range(MOUNT_ATTEMPTS):
+    deadline_s = time.monotonic() + READY_TIMEOUT_S
+    attempt = 0
+    while time.monotonic() < deadline_s:
         await conn.send(MountRequest(ReqId(client_id, 1, partition_id, attempt), -1, 1))
         response = await asyncio.wait_for(conn.receive(), RECEIVE_TIMEOUT_S)
         assert isinstance(response, MountResponse)
         if response.partition_state == PARTITION_STATE_READY:
             return conn
-        await asyncio.sleep(MOUNT_RETRY_S)
-    raise AssertionError("partition never became ready")
+        attempt += 1
+        await asyncio.sleep(RETRY_S)
+    raise AssertionError(f"partition {partition_id} not ready within {READY_TIMEOUT_S} s")
 
 
 def test_server_with_three_storages_commits_feeds_and_reports(zookeeper: str, tmp_path: Path) -> None:
@@ -102,14 +126,14 @@ def test_server_with_three_storages_commits_feeds_and_reports(zookeeper: str, tm
 
         async def go() -> None:
             conn = await _mount(server.port, 0, 1)
-            # The generation the server holds is 1 (first assignment).
-            reqs = [ReqId(1, 1, 0, 100 + i) for i in range(3)]
+            generation = generation_of(zookeeper, root, 0)  # the one the server holds
+            reqs = [ReqId(1, generation, 0, 100 + i) for i in range(3)]
             for i, req_id in enumerate(reqs):
                 await conn.send(append(req_id, -1, b"real-%d" % i, header=i))
-            await conn.send(FlushRequest(ReqId(1, 1, 0, 200)))
+            await conn.send(FlushRequest(ReqId(1, generation, 0, 200)))
             flushed = await asyncio.wait_for(conn.receive(), RECEIVE_TIMEOUT_S)
-            assert flushed == FlushResponse(ReqId(1, 1, 0, 200), 2)
-            await conn.send(FeedRequest(ReqId(1, 1, 0, 201), -1))
+            assert flushed == FlushResponse(ReqId(1, generation, 0, 200), 2)
+            await conn.send(FeedRequest(ReqId(1, generation, 0, 201), -1))
             fed = [await asyncio.wait_for(conn.receive(), RECEIVE_TIMEOUT_S) for _ in range(3)]
             assert fed == [FeedData(req_id, i, i) for i, req_id in enumerate(reqs)]
             await conn.close()
@@ -156,29 +180,36 @@ def test_moved_partition_refuses_the_old_generation(zookeeper: str, tmp_path: Pa
             return tuple(response.server_partition_assignments)
 
         async def wait_owned(server: ServerProcess, count: int) -> tuple[int, ...]:
-            for _ in range(MOUNT_ATTEMPTS):
+            deadline_s = time.monotonic() + READY_TIMEOUT_S
+            while time.monotonic() < deadline_s:
                 found = await owned(server)
                 if len(found) == count:
                     return found
-                await asyncio.sleep(MOUNT_RETRY_S)
-            raise AssertionError(f"server never owned {count} partitions")
+                await asyncio.sleep(RETRY_S)
+            raise AssertionError(f"server did not own {count} partitions within {READY_TIMEOUT_S} s")
 
         asyncio.run(wait_owned(first, NUM_PARTITIONS))
+        held = {
+            partition_id: generation_of(zookeeper, root, partition_id)
+            for partition_id in range(NUM_PARTITIONS)
+        }
         second.start()
 
         async def go() -> None:
             (moved,) = await wait_owned(second, 1)
-            # Generation 1 on the first server; moving made it 2 on the second.
             conn = await _mount(second.port, moved, 1)
-            await conn.send(append(ReqId(1, 1, moved, 50), -1, b"stale generation"))
-            await conn.send(FlushRequest(ReqId(1, 1, moved, 51)))
+            # The generation the first server held it in; the move gave the second a newer one.
+            old, new = held[moved], generation_of(zookeeper, root, moved)
+            assert new > old
+            await conn.send(append(ReqId(1, old, moved, 50), -1, b"stale generation"))
+            await conn.send(FlushRequest(ReqId(1, old, moved, 51)))
             assert await asyncio.wait_for(conn.receive(), RECEIVE_TIMEOUT_S) == FlushResponse(
-                ReqId(1, 1, moved, 51), -1
+                ReqId(1, old, moved, 51), -1
             )
-            await conn.send(append(ReqId(1, 2, moved, 52), -1, b"current generation"))
-            await conn.send(FlushRequest(ReqId(1, 2, moved, 53)))
+            await conn.send(append(ReqId(1, new, moved, 52), -1, b"current generation"))
+            await conn.send(FlushRequest(ReqId(1, new, moved, 53)))
             assert await asyncio.wait_for(conn.receive(), RECEIVE_TIMEOUT_S) == FlushResponse(
-                ReqId(1, 2, moved, 53), 0
+                ReqId(1, new, moved, 53), 0
             )
             await conn.close()
 
