@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from waltz_engine.sim.loop import START_MONOTONIC_S, SimLoop, SimStalledError, SimulatedCrash, run
+from waltz_engine.sim.seed import end_leftovers
 
 # Far above what the loop needs for an hour of virtual sleep, far below the hour itself.
 REAL_TIME_LIMIT_S = 60.0
@@ -167,3 +168,31 @@ def test_a_killed_host_runs_no_more_code_and_a_crash_in_its_disk_call_kills_it_i
     run(3, main)
     assert ticks == {"storage-0": 3, "storage-1": 6}
     assert crashed == ["storage-1"]  # told at once, by the host whose code died
+
+
+def test_a_seeds_leftovers_end_beside_a_dead_machines_buried_tasks() -> None:
+    """After a seed, :func:`end_leftovers` ends what can still step (here a node a failed stop
+    left running, which reconnects from a timer every second) and does not wait for the tasks
+    of a dead machine it buried, which never end: counted, each of its rounds waited its whole
+    limit for them while the node started connections the last round never cancelled, destroyed
+    pending by the collector once the loop had closed ("Event loop is closed")."""
+    loop = SimLoop(4)
+    server = loop.host_context("server-0")
+    connections: list[asyncio.Task[None]] = []  # the node holds them (the collector does not end them)
+
+    async def connection() -> None:
+        await loop.create_future()  # an answer that never comes
+
+    def reconnect() -> None:
+        connections.append(loop.create_task(connection(), context=server))
+        loop.call_later(1.0, reconnect, context=server)
+
+    try:
+        loop.create_task(connection(), context=loop.host_context("storage-0"))
+        reconnect()
+        loop.run_until_complete(asyncio.sleep(2.5))
+        loop.kill_host("storage-0")
+        end_leftovers(loop)
+        assert loop.live_tasks() == set()
+    finally:
+        loop.close()
