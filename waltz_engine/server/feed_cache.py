@@ -115,8 +115,11 @@ class FeedCache:
     def add(self, partition_id: int, transaction_id: int, req_id: ReqId, header: int) -> None:
         """Caches a committed transaction's feed data."""
         assert transaction_id >= 0, transaction_id
-        pool = self._pool(partition_id)
-        first = block_first_transaction_id(transaction_id)
+        # (Every commit of a server comes here: the known pool and the block's first txid inline.)
+        pool = self._partitions.get(partition_id)
+        if pool is None:
+            pool = self._pool(partition_id)
+        first = transaction_id & ~FEED_CACHE_BLOCK_INDEX_MASK  # block_first_transaction_id
         block = pool.frontier
         if block == _NO_BLOCK or self._first_transaction_id[block] != first:
             block = self._local_block(partition_id, pool, first, create=True)
@@ -290,7 +293,7 @@ class FeedCache:
             self._shared[(pool.partition_id, first)] = pool.blocks.pop(first)
 
     def _write(self, block: int, transaction_id: int, req_id: ReqId, header: int) -> None:
-        assert self._first_transaction_id[block] == block_first_transaction_id(transaction_id)
+        assert self._first_transaction_id[block] == transaction_id & ~FEED_CACHE_BLOCK_INDEX_MASK
         index = transaction_id & FEED_CACHE_BLOCK_INDEX_MASK
         entry = block * FEED_CACHE_BLOCK_NUM_TRANSACTIONS + index
         self._req_id_msb[entry] = req_id.most_sig_bits
