@@ -531,8 +531,9 @@ class Partition(PartitionData):
         """An append went to the store: pending until its decision (:meth:`_decision`) runs, and
         numbered for the mounts and flushes behind it (only now: one the store refused must not
         hold them)."""
+        if self.pending_appends == 0:  # (else clear already: only the last decision sets it)
+            self._settled.clear()
         self.pending_appends += 1
-        self._settled.clear()
         number[0] = self._barrier.issue()
 
     def _decision(
