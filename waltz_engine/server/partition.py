@@ -138,9 +138,7 @@ class Partition(PartitionData):
         self._store_generation: int | None = None
         self._append_idle = False
         self._feed_due = False  # commits decided since the realtime feed was last served
-        # The clock as the batch being decided (in one call, the vote's) began to be (None between
-        # batches): its commits' meters read it once for all of them.
-        self._decision_now_s: float | None = None
+        self._decision_now_s: float | None = None  # the clock read of the batch being decided
         self._generation_raised = asyncio.Event()
         self._locks: Locks | None = None
         self._queue: asyncio.Queue[tuple[int, FeedClient | None, Any]] = asyncio.Queue(APPEND_QUEUE_SIZE)
@@ -547,8 +545,8 @@ class Partition(PartitionData):
         def decided(transaction_id: int, error: BaseException | None, last_of_batch: bool) -> None:
             append_number = number[0]
             assert append_number >= 0, "decided before the store took it"
-            # The batch's first decision reads the clock; the others of the same call share it
-            # (the last one, and any decision outside a batch's call, ends the sharing).
+            # A batch is decided in one call (the vote's): its first decision reads the clock, the
+            # others share it; the last one (and any outside a batch's call) ends the sharing.
             now_s = self._decision_now_s
             if now_s is None:
                 now_s = clock.monotonic_s()
