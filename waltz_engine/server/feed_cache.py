@@ -21,6 +21,7 @@ cached (a later feed reads it from storage).
 
 from __future__ import annotations
 
+import struct
 from array import array
 from collections.abc import Iterable
 
@@ -48,6 +49,9 @@ METRIC_GROUP = "waltz-server"
 FEED_CACHE_MISS_METER = "feed-cache-miss"
 
 _NO_BLOCK = -1
+# A ReqId's four int fields, read back as its two longs (msb, lsb), big-endian as on the wire.
+_REQ_ID_INTS = struct.Struct(">iiii")
+_REQ_ID_LONGS = struct.Struct(">qq")
 
 
 def block_first_transaction_id(transaction_id: int) -> int:
@@ -115,8 +119,11 @@ class FeedCache:
     def add(self, partition_id: int, transaction_id: int, req_id: ReqId, header: int) -> None:
         """Caches a committed transaction's feed data."""
         assert transaction_id >= 0, transaction_id
-        pool = self._pool(partition_id)
-        first = block_first_transaction_id(transaction_id)
+        # (Every commit of a server comes here: the known pool and the block's first txid inline.)
+        pool = self._partitions.get(partition_id)
+        if pool is None:
+            pool = self._pool(partition_id)
+        first = transaction_id & ~FEED_CACHE_BLOCK_INDEX_MASK  # block_first_transaction_id
         block = pool.frontier
         if block == _NO_BLOCK or self._first_transaction_id[block] != first:
             block = self._local_block(partition_id, pool, first, create=True)
@@ -290,10 +297,11 @@ class FeedCache:
             self._shared[(pool.partition_id, first)] = pool.blocks.pop(first)
 
     def _write(self, block: int, transaction_id: int, req_id: ReqId, header: int) -> None:
-        assert self._first_transaction_id[block] == block_first_transaction_id(transaction_id)
+        assert self._first_transaction_id[block] == transaction_id & ~FEED_CACHE_BLOCK_INDEX_MASK
         index = transaction_id & FEED_CACHE_BLOCK_INDEX_MASK
         entry = block * FEED_CACHE_BLOCK_NUM_TRANSACTIONS + index
-        self._req_id_msb[entry] = req_id.most_sig_bits
-        self._req_id_lsb[entry] = req_id.least_sig_bits
+        # The two longs of the wire (ReqId.most_sig_bits, least_sig_bits), by two C calls: every
+        # commit of a server comes here (its four fields are 32-bit ints, as its feed frame packs).
+        self._req_id_msb[entry], self._req_id_lsb[entry] = _REQ_ID_LONGS.unpack(_REQ_ID_INTS.pack(*req_id))
         self._headers[entry] = header
         self._usage[block] |= 1 << index

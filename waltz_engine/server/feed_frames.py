@@ -97,7 +97,7 @@ class FeedFrames:
         realtime tail of each codec version in use), with one pack: its feed then sends it
         without reading it back from the feed cache. Other versions and blocks are encoded
         from the feed cache when a feed reaches them, as before."""
-        first = block_first_transaction_id(transaction_id)
+        first = transaction_id & ~FEED_CACHE_BLOCK_INDEX_MASK  # block_first_transaction_id (inline)
         index = transaction_id & FEED_CACHE_BLOCK_INDEX_MASK
         blocks = self._blocks
         for version, size in self._frame_sizes.items():

@@ -322,14 +322,18 @@ class ClientHandler:
         if authorizer is not None:
             client.principal = authorizer.principal_of(conn, "server client port")
 
+        services = self.services
+
         def now(message: Any) -> bool:
+            """Handle ``message`` in this call if that needs no waiting (an append); False: queue it."""
             if client.client_id is None:
                 client.client_id = message.req_id.client_id
             if type(message) is not AppendRequest:
                 return False  # served in order by ``later``
             if authorizer is not None and not self._authorized(authorizer, client, message):
                 return True  # refused, and answered
-            return self._dispatch_now(client, message)
+            partition = services.partition(message.req_id.partition_id)
+            return partition is None or partition.append_now(client, message)
 
         async def later(message: Any) -> None:
             if client.client_id is None:
@@ -412,13 +416,6 @@ class ClientHandler:
                 else:
                     client.disconnect()
                     break
-
-    def _dispatch_now(self, client: ClientConnection, message: Any) -> bool:
-        """Handle ``message`` in this call if that needs no waiting (an append); False: queue it."""
-        if type(message) is not AppendRequest:
-            return False
-        partition = self.services.partition(message.req_id.partition_id)
-        return partition is None or partition.append_now(client, message)
 
     async def _dispatch(self, client: ClientConnection, message: Any) -> None:
         req_id = message.req_id

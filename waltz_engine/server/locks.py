@@ -16,6 +16,7 @@ from array import array
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from waltz_engine.wire.client_messages import NO_LOCKS, AppendRequest
 from waltz_engine.zk.java_io import INT64_MAX, to_int32
 
 # server.optimisticLockTableSize default and the hash count Partition.AppendTask.init passes.
@@ -40,6 +41,21 @@ class LockRequest(NamedTuple):
     write_locks: Sequence[int]
     read_locks: Sequence[int]
     append_locks: Sequence[int]
+
+
+# The lock request of an append without locks (most appends): one object, so that the partition
+# skips the table's calls that do nothing for it (``is NO_LOCK_REQUEST``).
+NO_LOCK_REQUEST = LockRequest(NO_LOCKS, NO_LOCKS, NO_LOCKS)
+
+
+def lock_request(request: AppendRequest) -> LockRequest:
+    """The locks an APPEND_REQUEST asks for."""
+    write_locks = request.write_lock_request
+    read_locks = request.read_lock_request
+    append_locks = request.append_lock_request
+    if not (write_locks or read_locks or append_locks):
+        return NO_LOCK_REQUEST
+    return LockRequest(write_locks or NO_LOCKS, read_locks or NO_LOCKS, append_locks or NO_LOCKS)
 
 
 # Passed as the table size to get the LCG states themselves rather than slots.

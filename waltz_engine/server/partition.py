@@ -44,14 +44,20 @@ from waltz_engine.server.config import EngineSettings
 from waltz_engine.server.feed_cache import FeedCache
 from waltz_engine.server.feed_frames import FeedFrames
 from waltz_engine.server.feeds import FeedClient, FeedContext, FeedWorker
-from waltz_engine.server.locks import NUM_HASH_FUNCS, LockRequest, Locks
+from waltz_engine.server.locks import (
+    NO_LOCK_HIGH_WATER_MARK,
+    NO_LOCK_REQUEST,
+    NUM_HASH_FUNCS,
+    LockRequest,
+    Locks,
+    lock_request,
+)
 from waltz_engine.server.partition_data import PartitionData
 from waltz_engine.server.store.errors import AppendOutcomeUnknownError, GenerationMismatchError
 from waltz_engine.server.store.queued_appends import AppendDecision
 from waltz_engine.server.store_partition_like import StorePartitionLike
 from waltz_engine.server.transaction_cache import TransactionFetcher
 from waltz_engine.wire.client_messages import (
-    NO_LOCKS,
     PARTITION_STATE_CLIENT_AHEAD,
     PARTITION_STATE_NOT_READY,
     PARTITION_STATE_READY,
@@ -94,14 +100,6 @@ def metric_group(partition_id: int) -> str:
     return f"{METRIC_GROUP_PREFIX}{partition_id}"
 
 
-def lock_request(request: AppendRequest) -> LockRequest:
-    return LockRequest(
-        request.write_lock_request or NO_LOCKS,
-        request.read_lock_request or NO_LOCKS,
-        request.append_lock_request or NO_LOCKS,
-    )
-
-
 class Partition(PartitionData):
     """Owns one partition's append path, lock table and feeds; all on the event loop."""
 
@@ -140,6 +138,7 @@ class Partition(PartitionData):
         self._store_generation: int | None = None
         self._append_idle = False
         self._feed_due = False  # commits decided since the realtime feed was last served
+        self._decision_now_s: float | None = None  # the clock read of the batch being decided
         self._generation_raised = asyncio.Event()
         self._locks: Locks | None = None
         self._queue: asyncio.Queue[tuple[int, FeedClient | None, Any]] = asyncio.Queue(APPEND_QUEUE_SIZE)
@@ -300,13 +299,11 @@ class Partition(PartitionData):
     def append_now(self, client: FeedClient, request: AppendRequest) -> bool:
         """An append handled in this call (sent to storage, refused, or dropped for an invalid
         client); False: nothing was done, it must be queued (see :meth:`_append_now`)."""
-        if not self._is_valid(client, request.req_id.client_id):
+        registration = self._clients.get(request.req_id.client_id)
+        if registration is None or registration.client is not client:  # (not _is_valid)
             self._transaction_meter.mark()
             return True
-        if self._append_idle and self._queue.empty() and self._append_now(client, request):
-            self._transaction_meter.mark()
-            return True
-        return False
+        return self._append_idle and self._queue.empty() and self._append_now(client, request)
 
     async def flush(self, client: FeedClient, request: FlushRequest) -> None:
         if request.req_id.generation > self.generation:
@@ -449,14 +446,20 @@ class Partition(PartitionData):
         lock_req = lock_request(request)
         if not locks.begin(lock_req):
             return False
-        if self._refused(client, request, locks, lock_req):
+        now_s = clock.monotonic_s()
+        # Without locks only a client high-water mark below "no lock" is refused.
+        if (
+            lock_req is not NO_LOCK_REQUEST or request.client_high_water_mark < NO_LOCK_HIGH_WATER_MARK
+        ) and self._refused(client, request, locks, lock_req):
+            self._transaction_meter.mark_at(now_s)
             return True
         data = request.data if request.data is not None else b""
-        decided, number = self._decision(request, locks, lock_req, data)
+        decided, number = self._decision(request, locks, lock_req, data, now_s)
         if not append_lone(request.req_id, request.header, data, request.checksum, decided):
             locks.end(lock_req)
             return False
         self._count_issued(number)
+        self._transaction_meter.mark_at(now_s)
         return True
 
     def _refused(
@@ -506,7 +509,7 @@ class Partition(PartitionData):
     ) -> None:
         """The store took the append (queued through the append task): count it, and decide it in
         the store's decision callback."""
-        decided, number = self._decision(request, locks, lock_req, data)
+        decided, number = self._decision(request, locks, lock_req, data, clock.monotonic_s())
         self._count_issued(number)
 
         def committed(done: asyncio.Future[int]) -> None:
@@ -526,22 +529,28 @@ class Partition(PartitionData):
         """An append went to the store: pending until its decision (:meth:`_decision`) runs, and
         numbered for the mounts and flushes behind it (only now: one the store refused must not
         hold them)."""
+        if self.pending_appends == 0:  # (else clear already: only the last decision sets it)
+            self._settled.clear()
         self.pending_appends += 1
-        self._settled.clear()
         number[0] = self._barrier.issue()
 
     def _decision(
-        self, request: AppendRequest, locks: Locks, lock_req: LockRequest, data: bytes
+        self, request: AppendRequest, locks: Locks, lock_req: LockRequest, data: bytes, started_s: float
     ) -> tuple[AppendDecision, list[int]]:
         """What the store's decision of an append does, ``decided(transaction_id, error,
-        last_of_batch)``: the same for an append taken at once and one queued. Once the store
-        took it, :meth:`_count_issued` gives it its number (the list returned)."""
+        last_of_batch)``, its latency from ``started_s``: the same for an append taken at once and
+        one queued. Once the store took it, :meth:`_count_issued` numbers it (the list returned)."""
         number = [-1]
-        started_s = clock.monotonic_s()
 
         def decided(transaction_id: int, error: BaseException | None, last_of_batch: bool) -> None:
             append_number = number[0]
             assert append_number >= 0, "decided before the store took it"
+            # A batch is decided in one call (the vote's): its first decision reads the clock, the
+            # others share it; the last one (and any outside a batch's call) ends the sharing.
+            now_s = self._decision_now_s
+            if now_s is None:
+                now_s = clock.monotonic_s()
+            self._decision_now_s = None if last_of_batch else now_s
             self.pending_appends -= 1
             if self.pending_appends == 0:
                 self._settled.set()
@@ -556,13 +565,14 @@ class Partition(PartitionData):
                     return
                 self._outcome_unknown(append_number, request.req_id)
                 return
-            self._latency_timer.update_ms((clock.monotonic_s() - started_s) * 1000.0)
+            self._latency_timer.update_ms_at(now_s, (now_s - started_s) * 1000.0)
             if transaction_id > self.commit_high_water_mark and not self.closed:
                 self.feed_cache.add(self.partition_id, transaction_id, request.req_id, request.header)
                 self.feed_frames.add_committed(transaction_id, request.req_id, request.header)
                 self.fetcher.cache.put(self.partition_id, transaction_id, data, request.checksum)
-                locks.commit(lock_req, transaction_id)
-                self._success_meter.mark()
+                if lock_req is not NO_LOCK_REQUEST:  # (nothing to record without locks)
+                    locks.commit(lock_req, transaction_id)
+                self._success_meter.mark_at(now_s)
                 self.commit_high_water_mark = transaction_id
                 self._feed_due = True
                 self.catch_up.wake()

@@ -87,7 +87,9 @@ class TransactionCache:
     def put(self, partition_id: int, transaction_id: int, data: bytes, checksum: int) -> bool:
         """Caches a transaction; False when it is too large to (the cache is unchanged)."""
         assert partition_id >= 0 and transaction_id >= 0, (partition_id, transaction_id)
-        size_bytes = entry_size_bytes(len(data))
+        # (Every commit of a server comes here: sizes and the room check are inline.)
+        data_size_bytes = len(data)
+        size_bytes = ENTRY_OVERHEAD_SIZE_BYTES + data_size_bytes  # entry_size_bytes
         if size_bytes > self.max_entry_size_bytes:
             return False
         transactions = self._index.get(partition_id)
@@ -95,13 +97,16 @@ class TransactionCache:
             transactions = self._index[partition_id] = {}
         elif transaction_id in transactions:
             return True  # committed data never changes: the cached copy is the same
-        self._reclaim(size_bytes)
         offset = self._start
+        if self._end - offset < size_bytes:
+            self._reclaim(size_bytes)
+            offset = self._start
         buffer = self._buffer
-        _ENTRY_HEADER.pack_into(buffer, offset, partition_id, transaction_id, len(data))
+        _ENTRY_HEADER.pack_into(buffer, offset, partition_id, transaction_id, data_size_bytes)
         data_offset = offset + ENTRY_HEADER_SIZE_BYTES
-        buffer[data_offset : data_offset + len(data)] = data
-        _CHECKSUM.pack_into(buffer, data_offset + len(data), checksum)
+        end = data_offset + data_size_bytes
+        buffer[data_offset:end] = data
+        _CHECKSUM.pack_into(buffer, end, checksum)
         self._start = offset + size_bytes
         # _reclaim may have emptied and dropped this partition's index.
         self._index.setdefault(partition_id, transactions)[transaction_id] = offset

@@ -88,6 +88,7 @@ class ReplicatedBatch(NamedTuple):
     encoded: bytes
     num_records: int
     voting: Voting
+    formed_s: float  # clock.monotonic_s() as the store session formed it (its call is now)
 
 
 class _DirectAppend(AppendCall):
@@ -238,18 +239,32 @@ class ReplicaSession(LatencyWeightedRoute):
         first_transaction_id = batch.first_transaction_id
         self._batch_transaction_id = first_transaction_id
         connection = self._connection
+        # (Every replica of every batch comes here: `_next_direct_transaction_id` and
+        # `_can_send_now` inline, its mark check at the batch's clock read, made once for all
+        # replicas as the batch was formed, in this very call.)
+        direct = self._direct
+        if direct:
+            last = direct[-1]
+            next_direct = last.first_transaction_id + last.num_records
+        else:
+            next_direct = self._next_transaction_id
         if (
             self._parked
             and connection is not None
-            and first_transaction_id == self._next_direct_transaction_id()
-            and len(self._direct) < MAX_DIRECT_IN_FLIGHT
-            and self._can_send_now(connection)
+            and first_transaction_id == next_direct
+            and len(direct) < MAX_DIRECT_IN_FLIGHT
+            and (
+                self._mark_interval_s <= 0
+                or self._next_transaction_id - 1 <= self.marked
+                or batch.formed_s < self._mark_due_s
+            )
+            and connection.can_send_now()
         ):
             # (Behind the batches still unanswered, if any: the slowest of a quorum, say.)
             self._send_now(connection, batch)
             return
         self._batch = batch
-        if self._parked and self._direct and first_transaction_id == self._next_direct_transaction_id():
+        if self._parked and direct and first_transaction_id == next_direct:
             # It follows what the replica still writes, and cannot go now (a mark is due, the
             # connection is full, or too many are unanswered): an answer's read callback sends
             # it or wakes the task. Waking it now would only see the answers due and wait again.

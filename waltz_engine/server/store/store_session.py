@@ -211,8 +211,11 @@ class StoreSession:
             return False
         self._queue.append(request)
         self._num_pending += 1
-        self._wake()
-        self._start_soon()
+        # (Both checks inline: every lone append comes here, and rarely does either act.)
+        if self._num_waiting:
+            self._wake()
+        if not self._start_scheduled and self._in_flight is None:
+            self._start_soon()
         return True
 
     async def flush(self) -> int:
@@ -321,20 +324,20 @@ class StoreSession:
         batch, self._in_flight = self._in_flight, None
         if batch is None:
             return
-        decided = []
-        for _ in batch:
-            if self._next_transaction_id <= high_water_mark:
-                decided.append(self._next_transaction_id)
-                self._next_transaction_id += 1
-            else:
-                decided.append(FAILED_TRANSACTION_ID)
-        self._num_pending -= len(batch)
+        # The batch's first appends, up to the mark, committed at consecutive txids; the rest failed.
+        first = self._next_transaction_id
+        count = len(batch)
+        num_committed = max(0, min(count, high_water_mark - first + 1))
+        self._next_transaction_id = first + num_committed
+        self._num_pending -= count
         assert self._num_pending >= 0
-        self._wake()
+        if self._num_waiting:
+            self._wake()
         # The session's state is the batch's outcome already: the partition's callbacks (locks,
         # caches, the commit's feed, mounts and flushes behind it) run now, in order.
-        last = len(batch) - 1
-        for i, (request, transaction_id) in enumerate(zip(batch, decided, strict=True)):
+        last = count - 1
+        for i, request in enumerate(batch):
+            transaction_id = first + i if i < num_committed else FAILED_TRANSACTION_ID
             request.commit(transaction_id, eager=True, last_of_batch=i == last)
 
     def _start_soon(self) -> None:
@@ -354,11 +357,17 @@ class StoreSession:
         if not self._running or not self._queue:
             return
         try:
-            count = min(len(self._queue), self._max_batch_size)
-            batch = [self._queue.popleft() for _ in range(count)]
+            queue = self._queue
+            count = min(len(queue), self._max_batch_size)
+            if count == len(queue):  # (the whole queue, most often: no pop per append)
+                batch = list(queue)
+                queue.clear()
+            else:
+                batch = [queue.popleft() for _ in range(count)]
             assert self._in_flight is None, "one batch in flight per session"
             self._in_flight = batch
-            self._wake()  # room in the queue
+            if self._num_waiting:
+                self._wake()  # room in the queue
             first = self._next_transaction_id
             # Encoded once for every replica, straight from the queue's entries (no records made).
             encoded = encode_append_batch(first, batch)
@@ -366,7 +375,8 @@ class StoreSession:
             replicas = self.replica_sessions
             num_voters = len([replica for replica in replicas if replica.is_voter])
             voting = Voting(self.quorum, num_voters, self._decided)
-            replicated = ReplicatedBatch(first, encoded, count, voting)
+            # (The replicas' mark checks read the clock once for the batch, here.)
+            replicated = ReplicatedBatch(first, encoded, count, voting, clock.monotonic_s())
             for replica in replicas:
                 replica.append(replicated)
         except Exception:
