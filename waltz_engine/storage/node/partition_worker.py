@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -31,8 +30,10 @@ from waltz_engine.disk.record_run import JoinedRuns
 from waltz_engine.net.channel import FramedConnection
 from waltz_engine.storage.control_file import ConcurrentUpdateError
 from waltz_engine.storage.damage import DAMAGE_GAUGE
+from waltz_engine.storage.held_append import PassSyncs
 from waltz_engine.storage.node.disk_passes import DiskPasses, Reply
-from waltz_engine.storage.node.failures import PartitionNotAssignedError, rpc_exception
+from waltz_engine.storage.node.failures import PartitionNotAssignedError, describe_os_error, failure_frame
+from waltz_engine.storage.node.held_batch import append_held
 from waltz_engine.storage.node.session_bounds import NO_SESSION, SessionBounds
 from waltz_engine.storage.partition import Partition
 from waltz_engine.storage.tier.reads import USAGE_GAUGE, disk_usage
@@ -41,7 +42,6 @@ from waltz_engine.wire.storage_messages import (
     STORAGE_CODEC,
     STORAGE_RAW_RECORDS_CODEC,
     StorageAppendRunRequest,
-    StorageFailureResponse,
     StorageLastSessionInfoRequest,
     StorageLastSessionInfoResponse,
     StorageMaxTransactionIdRequest,
@@ -116,22 +116,8 @@ class RefusedRequest(NamedTuple):
     error: StorageError
 
 
-def describe_os_error(error: OSError) -> str:
-    """``No space left on device (ENOSPC) in FILE``: what an operator acts on, in one line."""
-    code = errno.errorcode.get(error.errno or 0, "")
-    text = error.strerror or str(error)
-    where = f" in {error.filename}" if error.filename else ""
-    return f"{text} ({code}){where}" if code else f"{text}{where}"
-
-
 def metric_group(partition_id: int) -> str:
     return f"{METRIC_GROUP_PREFIX}{partition_id}"
-
-
-def failure_frame(msg: Any, error: BaseException) -> bytes:
-    """FAILURE_RESPONSE echoing the request's session id, seq num and partition id."""
-    response = StorageFailureResponse(msg.session_id, msg.seq_num, msg.partition_id, rpc_exception(error))
-    return STORAGE_CODEC.encode_frame(response)
 
 
 def _wake(waiters: list[asyncio.Future[None]]) -> None:
@@ -393,10 +379,13 @@ class PartitionWorker:
 
     # --- processing (off the event loop, in a pass) -----------------------------------------
 
-    def process_batch(self, batch: list[Pending]) -> list[Reply]:
+    def process_batch(self, batch: list[Pending], syncs: PassSyncs | None = None) -> list[Reply]:
+        """``syncs``: a pass that syncs its partitions together may hold a lone append's sync."""
         if len(batch) == 1:
             conn, msg = batch[0]
             if type(msg) is StorageAppendRunRequest:
+                if syncs is not None and (held := append_held(self, conn, msg, syncs)) is not None:
+                    return held
                 frame = self._append_alone(msg)
                 if frame is not None:
                     return [(conn, frame)]
