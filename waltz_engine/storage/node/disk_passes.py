@@ -7,25 +7,29 @@ waits for the next one, which takes them all. (That turn replaces the one the ex
 cost on the way back: a request waiting alone goes through as many turns as before.)
 
 A pass hands each ready worker's batch (its whole queue, up to its capacity) to a thread of the
-node's disk pool in one trip; with more than one partition in it, their batches (writes and
-fsyncs) run concurrently on the other threads of the pool, so the file system's journal can
-merge the fsyncs. The pass ends on its thread: all its replies go out with one write per
-connection straight from that thread (``FramedConnection.send_frames_from_thread``), and the
-partitions that queued more meanwhile go to the next pass from there, so a lone request costs
-one hop to the pool and none back (a pass that a data connection's thread starts runs on that
-thread: no hop at all, connection_threads.py) (the hop back, a wake-up of the loop through its self-pipe
-and a loop turn, was a third of a lone request's CPU). The passes' state is shared by the loop
-and the pool under one lock (:attr:`DiskPasses.lock`, the workers' queues' too); loop-only
-objects (futures, timers) are reached from the pool with ``call_soon_threadsafe``, on the rare
-paths that need them (a full queue, a pass left behind, the node stopping). In the simulator
-the runner ends a pass on the loop, as every pass did before.
+node's disk pool in one trip; with more than one partition in it, their batches (writes and fsyncs)
+run concurrently on the other threads of the pool, so the file system's journal can merge the
+fsyncs; or, where the node syncs a pass's partitions together (``storage.sync.scope``,
+``sync_all``), every batch runs on the pass's own thread with a lone append's sync held, and one
+``syncfs`` makes them all durable (waltz_engine/storage/held_append.py). The pass ends on its
+thread: all its replies go out with one write per connection straight from that thread
+(``FramedConnection.send_frames_from_thread``), and the partitions that queued more meanwhile go to
+the next pass from there, so a lone request costs one hop to the pool and none back (a pass that a
+data connection's thread starts runs on that thread: no hop at all, connection_threads.py) (the hop
+back, a wake-up of the loop through its self-pipe and a loop turn, was a third of a lone request's
+CPU). The passes' state is shared by the loop and the pool under one lock (:attr:`DiskPasses.lock`,
+the workers' queues' too); loop-only objects (futures, timers) are reached from the pool with
+``call_soon_threadsafe``, on the rare paths that need them (a full queue, a pass left behind, the
+node stopping). In the simulator the runner ends a pass on the loop, as every pass did before.
 
 Per partition nothing changes: one batch of a partition at a time, in its queue's order, each
 SUCCESS after its records are durable. A partition's disk error fails only its own requests. A
 slow fsync delays other partitions by at most PASS_WAIT_MS: within a pass, a partition still on
 disk then is left behind and its replies go out on their own when it is done; a pass still on
 disk then while other partitions wait (a partition alone in its pass runs on the pass's thread)
-is left behind whole, and the next pass starts beside it on another thread.
+is left behind whole, and the next pass starts beside it on another thread. A pass synced together
+is one sync: a failed ``syncfs`` fails every partition of it, and a slow one holds the whole pass
+(the next pass starts beside it after PASS_WAIT_MS, as for a pass of one partition).
 """
 
 from __future__ import annotations
