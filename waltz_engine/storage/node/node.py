@@ -200,7 +200,10 @@ class StorageNode:
         """
         config = self.config
         ssl_context = tls_context(self.network, lambda: server_context(config.tls))
-        on_disk = await self._off_loop(lambda: disk_params(self._disk, config.directory))
+        # (One trip off the loop for both: the simulator's schedules count the trips.)
+        on_disk, (whole_disk, why) = await self._off_loop(
+            lambda: (disk_params(self._disk, config.directory), sync_scope(config, self._disk))
+        )
         in_zookeeper = await read_cluster_params(config, self._zk_connector, on_disk)
         if in_zookeeper is not None:
             key, num_partitions = in_zookeeper
@@ -211,7 +214,6 @@ class StorageNode:
         self.session_bounds.start()
         self._register_metrics()
         loop = asyncio.get_running_loop()
-        whole_disk, why = await self._off_loop(lambda: sync_scope(config, self._disk))
         self.sync_scope = f"{SYNC_SCOPE_FILE_SYSTEM if whole_disk else SYNC_SCOPE_FILE} ({why})"
         log.info("a disk pass of several partitions syncs %s", _SYNC_WORDS[whole_disk] + why)
         sync_all = functools.partial(self._disk.sync_all, config.directory) if whole_disk else None
