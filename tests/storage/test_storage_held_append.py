@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from storage_support import FaultyDisk
 
 from waltz_engine.common.crc import to_signed32
 from waltz_engine.common.record import Record
@@ -26,47 +27,6 @@ from waltz_engine.wire.primitives import write_records
 KEY = uuid.UUID("0b1d2c3e-4f5a-4b6c-8d7e-9f0a1b2c3d4e")
 PARTITIONS = 3
 WAIT_S = 10.0
-
-
-class _Disk:
-    """The OS disk, counting whole-disk and file syncs; a chosen partition's writes fail, and
-    the next whole-disk syncs fail (EIO)."""
-
-    def __init__(self) -> None:
-        self.whole_syncs = 0
-        self.file_syncs = 0
-        self.failing_whole_syncs = 0
-        self.failing_writes: set[Path] = set()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(OS_DISK, name)
-
-    def open(self, path: Path, **kwargs: bool) -> Any:
-        return _File(self, path, OS_DISK.open(path, **kwargs))
-
-    def sync_all(self, directory: Path) -> None:
-        self.whole_syncs += 1
-        if self.failing_whole_syncs:
-            self.failing_whole_syncs -= 1
-            raise OSError(errno.EIO, "Input/output error", str(directory))
-        OS_DISK.sync_all(directory)
-
-
-class _File:
-    def __init__(self, disk: _Disk, path: Path, file: Any) -> None:
-        self._disk, self._path, self._file = disk, path, file
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._file, name)
-
-    def pwrite(self, data: bytes, offset: int) -> int:
-        if self._path.parent in self._disk.failing_writes:
-            raise OSError(errno.EIO, "Input/output error", str(self._path))
-        return int(self._file.pwrite(data, offset))
-
-    def fdatasync(self) -> None:
-        self._disk.file_syncs += 1
-        self._file.fdatasync()
 
 
 def _run(partition_id: int, first: int, count: int) -> WireRecordRun:
@@ -97,7 +57,7 @@ def _hold_all(manager: StorageManager, syncs: PassSyncs, first: int, settled: Se
 
 
 def test_a_held_record_is_not_read_before_its_sync(tmp_path: Path) -> None:
-    disk = _Disk()
+    disk = FaultyDisk()
     with _open(tmp_path, disk) as manager:
         syncs = PassSyncs(lambda: disk.sync_all(tmp_path))
         settled: Settled = []
@@ -117,7 +77,7 @@ def test_a_held_record_is_not_read_before_its_sync(tmp_path: Path) -> None:
 
 
 def test_one_partition_held_alone_syncs_its_own_file(tmp_path: Path) -> None:
-    disk = _Disk()
+    disk = FaultyDisk()
     with _open(tmp_path, disk) as manager:
         syncs = PassSyncs(lambda: disk.sync_all(tmp_path))
         held = manager.partition(0).append_held(_run(0, 0, 1))
@@ -129,7 +89,7 @@ def test_one_partition_held_alone_syncs_its_own_file(tmp_path: Path) -> None:
 
 
 def test_a_failed_whole_disk_sync_fails_and_cuts_back_every_partition(tmp_path: Path) -> None:
-    disk = _Disk()
+    disk = FaultyDisk()
     with _open(tmp_path, disk) as manager:
         syncs = PassSyncs(lambda: disk.sync_all(tmp_path))
         settled: Settled = []
@@ -160,7 +120,7 @@ def test_a_failed_whole_disk_sync_fails_and_cuts_back_every_partition(tmp_path: 
 
 
 def test_a_failed_write_fails_only_its_partition(tmp_path: Path) -> None:
-    disk = _Disk()
+    disk = FaultyDisk()
     with _open(tmp_path, disk) as manager:
         syncs = PassSyncs(lambda: disk.sync_all(tmp_path))
         disk.failing_writes.add(manager.partition(1).directory)

@@ -9,9 +9,7 @@ the node reads them all in one loop turn and the pass count is exact.
 from __future__ import annotations
 
 import asyncio
-import errno
 import json
-import threading
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
@@ -26,9 +24,9 @@ from storage_node_support import (
     make_records,
     start_storage_node,
 )
+from storage_support import FaultyDisk
 
 from waltz_engine.storage.client import StorageClient, StorageRpcError
-from waltz_engine.storage.file_system import OS_DISK
 from waltz_engine.storage.node.config import SYNC_SCOPE_FILE, SYNC_SCOPE_FILE_SYSTEM, StorageConfig
 from waltz_engine.storage.node.connection_threads import MAX_CONNECTION_THREADS
 from waltz_engine.storage.node.node import StorageNode
@@ -175,59 +173,13 @@ def test_interleaved_partitions_keep_their_order_and_fencing(node: StorageNodePr
         assert records == make_records(first, per_partition, p)
 
 
-class _FaultyDisk:
-    """The OS disk, with an fdatasync that fails (EIO) or waits in the files of chosen directories,
-    writes that fail in others, and whole-disk syncs (``syncfs``) that fail."""
-
-    def __init__(self) -> None:
-        self.failing: set[Path] = set()
-        self.slow: set[Path] = set()
-        self.slow_started = threading.Event()
-        self.release = threading.Event()
-        self.failing_writes: set[Path] = set()
-        self.failing_whole_syncs = 0
-
-    def sync_all(self, directory: Path) -> None:
-        if self.failing_whole_syncs:
-            self.failing_whole_syncs -= 1
-            raise OSError(errno.EIO, "Input/output error", str(directory))
-        OS_DISK.sync_all(directory)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(OS_DISK, name)
-
-    def open(self, path: Path, **kwargs: bool) -> Any:
-        return _FaultyFile(self, path, OS_DISK.open(path, **kwargs))
-
-
-class _FaultyFile:
-    def __init__(self, disk: _FaultyDisk, path: Path, file: Any) -> None:
-        self._disk, self._path, self._file = disk, path, file
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._file, name)
-
-    def pwrite(self, data: bytes, offset: int) -> int:
-        if self._path.parent in self._disk.failing_writes:
-            raise OSError(errno.EIO, "Input/output error", str(self._path))
-        return int(self._file.pwrite(data, offset))
-
-    def fdatasync(self) -> None:
-        if self._path.parent in self._disk.failing:
-            raise OSError(errno.EIO, "Input/output error", str(self._path))
-        if self._path.parent in self._disk.slow:
-            self._disk.slow_started.set()
-            self._disk.release.wait()
-        self._file.fdatasync()
-
-
 Scenario = Callable[[StorageNode, StorageClient, "asyncio.Future[bool]"], Awaitable[None]]
 
 
 def run_in_process(
     zookeeper: str,
     tmp_path: Path,
-    disk: _FaultyDisk,
+    disk: FaultyDisk,
     slow: int,
     failing: int | None,
     scenario: Scenario,
@@ -281,7 +233,7 @@ def late_batches(node: StorageNode) -> int:
 def test_a_failing_or_slow_partition_does_not_hold_the_others(zookeeper: str, tmp_path: Path) -> None:
     """In-process, for the disk seam: partition 1's fsync fails, partition 2's hangs; partitions
     0 and 3 of the same pass are answered SUCCESS meanwhile, then partition 2 when it returns."""
-    disk = _FaultyDisk()
+    disk = FaultyDisk()
 
     async def scenario(node: StorageNode, client: StorageClient, started: asyncio.Future[bool]) -> None:
         appends = [lambda p=p: client.append(SESSION_ID, p, make_records(0, 1, p)) for p in range(4)]
@@ -309,7 +261,7 @@ def test_a_partition_alone_on_a_slow_disk_does_not_hold_the_next_pass(
     (issue 33) in a batch the data connection's thread runs itself; partition 0's requests that
     arrive on the same connection meanwhile are answered: the stuck pass, or the thread, is left
     behind after PASS_WAIT_MS."""
-    disk = _FaultyDisk()
+    disk = FaultyDisk()
 
     async def scenario(node: StorageNode, client: StorageClient, started: asyncio.Future[bool]) -> None:
         slow = asyncio.ensure_future(client.append(SESSION_ID, 2, make_records(0, 1, 2)))
@@ -333,7 +285,7 @@ def test_one_sync_for_a_pass_and_its_failure(zookeeper: str, tmp_path: Path) -> 
     """Issue 33, ``storage.sync.scope`` file-system: a pass of three partitions is made durable by
     one whole-disk sync. When that sync fails, every partition of the pass fails with its error
     and is cut back; the same appends then succeed. A failing write fails only its partition."""
-    disk = _FaultyDisk()
+    disk = FaultyDisk()
     partitions = range(3)
 
     def shared_syncs(node: StorageNode) -> int:

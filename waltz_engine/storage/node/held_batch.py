@@ -11,11 +11,9 @@ A part of :class:`PartitionWorker` kept apart for size: it uses the worker's own
 
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING
 
 from waltz_engine.common import clock
-from waltz_engine.common.errors import StorageError
 from waltz_engine.disk.partition_info import FLAG_ASSIGNED, FLAG_AVAILABLE
 from waltz_engine.net.channel import FramedConnection
 from waltz_engine.storage.held_append import PassSyncs, Span
@@ -45,10 +43,7 @@ def append_held(
         held = partition.append_held(msg.records)
     except Exception as e:
         # The write failed (cut back): this partition alone, as with its own sync.
-        worker._log_failure(msg, e)
-        with contextlib.suppress(StorageError):
-            worker.first_transaction_id, worker.max_transaction_id = partition.span()
-        return [(conn, failure_frame(msg, e))]
+        return [(conn, worker._append_failed(partition, msg, e))]
     if held is None:
         return None
     replies: list[Reply] = [(conn, success_frame(msg.session_id, msg.seq_num, msg.partition_id))]

@@ -539,10 +539,7 @@ class PartitionWorker:
         try:
             span = partition.append_next(msg.records)
         except Exception as e:
-            self._log_failure(msg, e)
-            with contextlib.suppress(StorageError):
-                self.first_transaction_id, self.max_transaction_id = partition.span()
-            return failure_frame(msg, e)
+            return self._append_failed(partition, msg, e)
         if span is None:
             return None
         self.first_transaction_id, self.max_transaction_id = span
@@ -552,6 +549,13 @@ class PartitionWorker:
             metrics.append.mark()
             metrics.append_latency.update_ms((clock.monotonic_ns() - started_ns) / 1e6)
         return success_frame(msg.session_id, msg.seq_num, msg.partition_id)
+
+    def _append_failed(self, partition: Partition, msg: StorageAppendRunRequest, error: Exception) -> bytes:
+        """A lone append that failed (cut back): logged, the span read again, its FAILURE."""
+        self._log_failure(msg, error)
+        with contextlib.suppress(StorageError):
+            self.first_transaction_id, self.max_transaction_id = partition.span()
+        return failure_frame(msg, error)
 
     def _process_one(self, msg: Any) -> bytes:
         try:
