@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from waltz_engine.common import clock
-from waltz_engine.disk.partition_info import FLAG_ASSIGNED, FLAG_AVAILABLE
 from waltz_engine.net.channel import FramedConnection
 from waltz_engine.storage.held_append import PassSyncs, Span
 from waltz_engine.storage.node.disk_passes import Reply
@@ -24,8 +23,6 @@ from waltz_engine.wire.storage_messages import StorageAppendRunRequest, success_
 if TYPE_CHECKING:
     from waltz_engine.storage.node.partition_worker import PartitionWorker
 
-_ONLINE_FLAGS = FLAG_ASSIGNED | FLAG_AVAILABLE
-
 
 def append_held(
     worker: PartitionWorker, conn: FramedConnection, msg: StorageAppendRunRequest, syncs: PassSyncs
@@ -33,10 +30,8 @@ def append_held(
     """The batch's replies (answered once ``syncs`` finished), or None: nothing done, the worker's
     usual path takes the request (not the session's lone append at the next txid, or not within
     the current segment)."""
-    partition = worker.partition
-    if partition is None or msg.used_by_offline_recovery or msg.session_id != worker.session_id:
-        return None
-    if partition.info.current.flags & _ONLINE_FLAGS != _ONLINE_FLAGS:
+    partition = worker.lone_append_partition(msg)
+    if partition is None:
         return None
     started_ns = clock.monotonic_ns()
     try:

@@ -530,10 +530,8 @@ class PartitionWorker:
     def _append_alone(self, msg: StorageAppendRunRequest) -> bytes | None:
         """A lone APPEND of the session at the next txid on an online replica, checked in a few
         comparisons, appended under one lock; its answer, or None (nothing done: the general path)."""
-        partition = self.partition
-        if partition is None or msg.used_by_offline_recovery or msg.session_id != self.session_id:
-            return None
-        if partition.info.current.flags & _ONLINE_FLAGS != _ONLINE_FLAGS:
+        partition = self.lone_append_partition(msg)
+        if partition is None:
             return None
         started_ns = clock.monotonic_ns()
         try:
@@ -549,6 +547,13 @@ class PartitionWorker:
             metrics.append.mark()
             metrics.append_latency.update_ms((clock.monotonic_ns() - started_ns) / 1e6)
         return success_frame(msg.session_id, msg.seq_num, msg.partition_id)
+
+    def lone_append_partition(self, msg: StorageAppendRunRequest) -> Partition | None:
+        """The partition of an APPEND of the session on an online replica (a few comparisons)."""
+        partition = self.partition
+        if partition is None or msg.used_by_offline_recovery or msg.session_id != self.session_id:
+            return None
+        return partition if partition.info.current.flags & _ONLINE_FLAGS == _ONLINE_FLAGS else None
 
     def _append_failed(self, partition: Partition, msg: StorageAppendRunRequest, error: Exception) -> bytes:
         """A lone append that failed (cut back): logged, the span read again, its FAILURE."""
