@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import threading
 import uuid
 from pathlib import Path
+from typing import Any
 
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
 from waltz_engine.storage import StorageManager
@@ -12,6 +15,7 @@ from waltz_engine.storage.constants import (
     DEFAULT_SEGMENT_CACHE_CAPACITY,
     DEFAULT_SEGMENT_SIZE_THRESHOLD_BYTES,
 )
+from waltz_engine.storage.file_system import OS_DISK
 
 
 def open_one_partition(
@@ -46,3 +50,54 @@ def overwrite(path: Path, offset: int, data: bytes) -> None:
         os.pwrite(fd, data, offset)
     finally:
         os.close(fd)
+
+
+class FaultyDisk:
+    """The OS disk with faults in the files of chosen directories: an ``fdatasync`` that fails
+    (EIO, ``failing``) or waits for ``release`` (``slow``), writes that fail (``failing_writes``);
+    and whole-disk syncs (``syncfs``) that fail (the next ``failing_whole_syncs``). Syncs counted."""
+
+    def __init__(self) -> None:
+        self.failing: set[Path] = set()
+        self.slow: set[Path] = set()
+        self.slow_started = threading.Event()
+        self.release = threading.Event()
+        self.failing_writes: set[Path] = set()
+        self.failing_whole_syncs = 0
+        self.whole_syncs = 0
+        self.file_syncs = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(OS_DISK, name)
+
+    def open(self, path: Path, **kwargs: bool) -> Any:
+        return _FaultyFile(self, path, OS_DISK.open(path, **kwargs))
+
+    def sync_all(self, directory: Path) -> None:
+        self.whole_syncs += 1
+        if self.failing_whole_syncs:
+            self.failing_whole_syncs -= 1
+            raise OSError(errno.EIO, "Input/output error", str(directory))
+        OS_DISK.sync_all(directory)
+
+
+class _FaultyFile:
+    def __init__(self, disk: FaultyDisk, path: Path, file: Any) -> None:
+        self._disk, self._path, self._file = disk, path, file
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._file, name)
+
+    def pwrite(self, data: bytes, offset: int) -> int:
+        if self._path.parent in self._disk.failing_writes:
+            raise OSError(errno.EIO, "Input/output error", str(self._path))
+        return int(self._file.pwrite(data, offset))
+
+    def fdatasync(self) -> None:
+        self._disk.file_syncs += 1
+        if self._path.parent in self._disk.failing:
+            raise OSError(errno.EIO, "Input/output error", str(self._path))
+        if self._path.parent in self._disk.slow:
+            self._disk.slow_started.set()
+            self._disk.release.wait()
+        self._file.fdatasync()

@@ -22,6 +22,7 @@ from waltz_engine.server.feeds import FeedClient
 from waltz_engine.server.partition import _MOUNT, Partition
 from waltz_engine.server.store.recovery import UNKNOWN_HIGH_WATER_MARK, RecoveryManager
 from waltz_engine.server.transaction_cache import TransactionCache, TransactionData
+from waltz_engine.sim.disk import SimDisk
 from waltz_engine.sim.operator import Operator
 from waltz_engine.storage import partition_head
 from waltz_engine.storage.control_file import ConcurrentUpdateError
@@ -113,19 +114,22 @@ def recovery_cuts_committed(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def ack_before_sync(monkeypatch: pytest.MonkeyPatch) -> None:
     """A storage node that acknowledges an append before its data is synced: the segment's
-    fdatasync after a batch is left out (the data reaches the platter at the next checkpoint's
-    fsync, or when the segment closes), so a power loss takes acknowledged records."""
+    fdatasync after a batch is left out, and so is the whole-disk sync of a disk pass of several
+    partitions (issue 33) (the data reaches the platter at the next checkpoint's fsync, or when
+    the segment closes), so a power loss takes acknowledged records."""
     write = Segment._write
 
-    def write_unsynced(self: Segment, chunk: Any) -> None:
+    def write_unsynced(self: Segment, *args: Any) -> None:
         file = self._seg_file
         file.fdatasync = lambda: None  # type: ignore[method-assign]
         try:
-            write(self, chunk)
+            write(self, *args)
         finally:
             del file.fdatasync
 
     monkeypatch.setattr(Segment, "_write", write_unsynced)
+    monkeypatch.setattr(Segment, "sync_data", lambda self: None)
+    monkeypatch.setattr(SimDisk, "sync_all", lambda self, directory: None)
 
 
 def cache_serves_wrong_bytes(monkeypatch: pytest.MonkeyPatch) -> None:

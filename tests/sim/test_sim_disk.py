@@ -20,6 +20,7 @@ from waltz_engine.common.errors import StorageError
 from waltz_engine.common.record import Record
 from waltz_engine.common.reqid import ReqId
 from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
+from waltz_engine.disk.record_run import RecordList
 from waltz_engine.sim.disk import SimDisk, SimulatedCrash
 from waltz_engine.sim.disk_faults import SLOW_SYNC_MS
 from waltz_engine.sim.loop import SimLoop
@@ -27,6 +28,7 @@ from waltz_engine.sim.world import SimWorld, WorldShape
 from waltz_engine.storage import StorageManager
 from waltz_engine.storage.constants import DEFAULT_SEGMENT_CACHE_CAPACITY
 from waltz_engine.storage.file_system import OS_DISK, Disk
+from waltz_engine.storage.held_append import PassSyncs
 from waltz_engine.storage.segment import CorruptRecordError
 
 KEY = uuid.UUID("6f1c3c2e-5b7a-4d1e-9c3b-2a1d0e9f8c7b")
@@ -334,3 +336,31 @@ def test_slow_syncs_end_with_their_fault_even_inside_a_pass() -> None:
         manager.close()
     finally:
         loop.close()
+
+
+def _held(manager: StorageManager, syncs: PassSyncs, txid: int) -> None:
+    for p in range(NUM_PARTITIONS):
+        held = manager.partition(p).append_held(RecordList([record(txid)]))
+        assert held is not None
+        syncs.hold(held, lambda error, span: None)
+
+
+def test_a_whole_disk_sync_makes_every_file_durable_and_its_failure_cuts_the_pass() -> None:
+    """Issue 33: a disk pass of several partitions made durable by one ``syncfs``. A crash keeps
+    what the sync covered; a failed sync cuts back every partition of the pass; a pass the
+    machine died in before its sync leaves nothing of it after the crash."""
+    disk = SimDisk()
+    manager = open_manager(SIM_ROOT, disk)
+    manager.set_partition_assignment([0, 1], True)
+    syncs = PassSyncs(lambda: disk.sync_all(SIM_ROOT))
+    _held(manager, syncs, 0)
+    syncs.finish()  # one sync for both partitions
+    disk.failing_whole_syncs = 1
+    _held(manager, syncs, 1)
+    syncs.finish()
+    assert [manager.partition(p).max_transaction_id() for p in range(NUM_PARTITIONS)] == [0, 0]
+    _held(manager, syncs, 1)
+    disk.crash()  # the machine dies before the pass's sync
+    with open_manager(SIM_ROOT, disk) as reopened:
+        for p in range(NUM_PARTITIONS):
+            assert reopened.partition(p).records(0, 10) == [record(0)]

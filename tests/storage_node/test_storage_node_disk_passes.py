@@ -9,9 +9,7 @@ the node reads them all in one loop turn and the pass count is exact.
 from __future__ import annotations
 
 import asyncio
-import errno
 import json
-import threading
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
@@ -26,10 +24,10 @@ from storage_node_support import (
     make_records,
     start_storage_node,
 )
+from storage_support import FaultyDisk
 
 from waltz_engine.storage.client import StorageClient, StorageRpcError
-from waltz_engine.storage.file_system import OS_DISK
-from waltz_engine.storage.node.config import StorageConfig
+from waltz_engine.storage.node.config import SYNC_SCOPE_FILE, SYNC_SCOPE_FILE_SYSTEM, StorageConfig
 from waltz_engine.storage.node.connection_threads import MAX_CONNECTION_THREADS
 from waltz_engine.storage.node.node import StorageNode
 
@@ -83,10 +81,15 @@ async def corked(client: StorageClient, calls: Sequence[Callable[[], Awaitable[A
     return await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _counters(jetty_port: int) -> dict[str, int]:
+def _metrics(jetty_port: int) -> dict[str, Any]:
     url = f"http://127.0.0.1:{jetty_port}/metrics"
     with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as response:
-        counters = json.loads(response.read())["counters"]
+        metrics: dict[str, Any] = json.loads(response.read())
+    return metrics
+
+
+def _counters(jetty_port: int) -> dict[str, int]:
+    counters = _metrics(jetty_port)["counters"]
     return {name: value["count"] for name, value in counters.items() if name.startswith("waltz-storage.disk")}
 
 
@@ -126,6 +129,11 @@ def test_appends_for_many_partitions_in_one_turn_take_one_pass(node: StorageNode
     passes, batches = "waltz-storage.disk-passes", "waltz-storage.disk-pass-batches"
     assert after[passes] - before[passes] == 1
     assert after[batches] - before[batches] == NUM_PARTITIONS
+    # On default settings (``storage.sync.scope`` auto): one sync of the whole disk for the pass
+    # where the node found that safe (Linux 5.8+, ext4/xfs/btrfs), else each file's own.
+    scope = _metrics(node.jetty_port)["gauges"]["waltz-storage.sync-scope"]["value"]
+    shared = "waltz-storage.disk-pass-shared-syncs"
+    assert after[shared] - before[shared] == (1 if scope.startswith("file-system") else 0), scope
 
 
 def test_interleaved_partitions_keep_their_order_and_fencing(node: StorageNodeProcess) -> None:
@@ -165,60 +173,32 @@ def test_interleaved_partitions_keep_their_order_and_fencing(node: StorageNodePr
         assert records == make_records(first, per_partition, p)
 
 
-class _FaultyDisk:
-    """The OS disk, with an fdatasync that fails (EIO) or waits in the files of chosen directories."""
-
-    def __init__(self) -> None:
-        self.failing: set[Path] = set()
-        self.slow: set[Path] = set()
-        self.slow_started = threading.Event()
-        self.release = threading.Event()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(OS_DISK, name)
-
-    def open(self, path: Path, **kwargs: bool) -> Any:
-        return _FaultyFile(self, path, OS_DISK.open(path, **kwargs))
-
-
-class _FaultyFile:
-    def __init__(self, disk: _FaultyDisk, path: Path, file: Any) -> None:
-        self._disk, self._path, self._file = disk, path, file
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._file, name)
-
-    def fdatasync(self) -> None:
-        if self._path.parent in self._disk.failing:
-            raise OSError(errno.EIO, "Input/output error", str(self._path))
-        if self._path.parent in self._disk.slow:
-            self._disk.slow_started.set()
-            self._disk.release.wait()
-        self._file.fdatasync()
-
-
 Scenario = Callable[[StorageNode, StorageClient, "asyncio.Future[bool]"], Awaitable[None]]
 
 
 def run_in_process(
     zookeeper: str,
     tmp_path: Path,
-    disk: _FaultyDisk,
+    disk: FaultyDisk,
     slow: int,
     failing: int | None,
     scenario: Scenario,
     max_connection_threads: int = MAX_CONNECTION_THREADS,
+    sync_scope: str = SYNC_SCOPE_FILE,
 ) -> None:
     """A node in this process on ``disk``, assigned partitions 0-3, with ``slow``'s fsync held
     until the scenario ends (or sets ``disk.release``) and ``failing``'s failing; the scenario
     gets the node, an open data client with every partition's session open, and a future that
-    is done once the slow fsync has started."""
+    is done once the slow fsync has started. ``sync_scope``: each file's own sync by default (the
+    faults are in the files' syncs), or one sync of the whole disk per pass of several."""
     root, key = create_test_cluster(zookeeper, 4)
     # Writes the node's configuration and picks its ports; the node runs in this process.
     host = StorageNodeProcess(zookeeper, root, key, 4, tmp_path / "node", jetty=False)
 
     async def go() -> None:
-        config = StorageConfig.load(host.config_path)._replace(data_connection_threads=max_connection_threads)
+        config = StorageConfig.load(host.config_path)._replace(
+            data_connection_threads=max_connection_threads, sync_scope=sync_scope
+        )
         node = StorageNode(config, disk=disk)  # type: ignore[arg-type]
         await node.start()
         started = asyncio.get_running_loop().run_in_executor(None, disk.slow_started.wait)
@@ -253,7 +233,7 @@ def late_batches(node: StorageNode) -> int:
 def test_a_failing_or_slow_partition_does_not_hold_the_others(zookeeper: str, tmp_path: Path) -> None:
     """In-process, for the disk seam: partition 1's fsync fails, partition 2's hangs; partitions
     0 and 3 of the same pass are answered SUCCESS meanwhile, then partition 2 when it returns."""
-    disk = _FaultyDisk()
+    disk = FaultyDisk()
 
     async def scenario(node: StorageNode, client: StorageClient, started: asyncio.Future[bool]) -> None:
         appends = [lambda p=p: client.append(SESSION_ID, p, make_records(0, 1, p)) for p in range(4)]
@@ -281,7 +261,7 @@ def test_a_partition_alone_on_a_slow_disk_does_not_hold_the_next_pass(
     (issue 33) in a batch the data connection's thread runs itself; partition 0's requests that
     arrive on the same connection meanwhile are answered: the stuck pass, or the thread, is left
     behind after PASS_WAIT_MS."""
-    disk = _FaultyDisk()
+    disk = FaultyDisk()
 
     async def scenario(node: StorageNode, client: StorageClient, started: asyncio.Future[bool]) -> None:
         slow = asyncio.ensure_future(client.append(SESSION_ID, 2, make_records(0, 1, 2)))
@@ -298,4 +278,42 @@ def test_a_partition_alone_on_a_slow_disk_does_not_hold_the_next_pass(
 
     run_in_process(
         zookeeper, tmp_path, disk, slow=2, failing=None, scenario=scenario, max_connection_threads=threads
+    )
+
+
+def test_one_sync_for_a_pass_and_its_failure(zookeeper: str, tmp_path: Path) -> None:
+    """Issue 33, ``storage.sync.scope`` file-system: a pass of three partitions is made durable by
+    one whole-disk sync. When that sync fails, every partition of the pass fails with its error
+    and is cut back; the same appends then succeed. A failing write fails only its partition."""
+    disk = FaultyDisk()
+    partitions = range(3)
+
+    def shared_syncs(node: StorageNode) -> int:
+        return node.metrics.counter("waltz-storage", "disk-pass-shared-syncs").count
+
+    async def scenario(node: StorageNode, client: StorageClient, started: asyncio.Future[bool]) -> None:
+        def appends(first: int) -> list[Callable[[], Awaitable[Any]]]:
+            return [lambda p=p: client.append(SESSION_ID, p, make_records(first, 1, p)) for p in partitions]
+
+        disk.failing_whole_syncs = 1
+        failed = await corked(client, appends(0))
+        assert all(isinstance(r, StorageRpcError) and "Input/output error" in str(r) for r in failed), failed
+        assert [await client.max_transaction_id(SESSION_ID, p) for p in partitions] == [-1, -1, -1]
+        assert shared_syncs(node) == 1
+        assert await corked(client, appends(0)) == [None, None, None]
+        assert shared_syncs(node) == 2
+        assert node.manager is not None
+        disk.failing_writes.add(node.manager.partition(1).directory)
+        outcome = await corked(client, appends(1))
+        assert outcome[0] is None and outcome[2] is None, outcome
+        assert isinstance(outcome[1], StorageRpcError) and "Input/output error" in str(outcome[1])
+        disk.failing_writes.clear()
+        assert await client.append(SESSION_ID, 1, make_records(1, 1, 1)) is None
+        for p in partitions:
+            assert await client.records(SESSION_ID, p, 0, 10) == make_records(0, 2, p)
+        assert "file-system" in node.sync_scope
+        disk.slow_started.set()  # (partition 3, the slow one, is not written)
+
+    run_in_process(
+        zookeeper, tmp_path, disk, slow=3, failing=None, scenario=scenario, sync_scope=SYNC_SCOPE_FILE_SYSTEM
     )

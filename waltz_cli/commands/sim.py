@@ -23,6 +23,9 @@ from waltz_engine.sim.world import (
 )
 from waltz_engine.sim.world_acl import ACL_MIN_PARTITIONS
 
+# The most partitions a simulated cluster has (each costs every node its files and workers).
+MAX_SIM_PARTITIONS = 16
+
 
 @one_line_errors
 def sim(
@@ -64,6 +67,17 @@ def sim(
             "appends of one partition and the reads of another (3 partitions).",
         ),
     ] = False,
+    partitions: Annotated[
+        int,
+        typer.Option(
+            "--partitions",
+            help="Partitions of the simulated cluster (the transactions go round them): with several, "
+            "a storage node's disk passes carry several partitions, made durable by one whole-disk "
+            f"sync (the append workload). --acl makes it at least {ACL_MIN_PARTITIONS}.",
+            min=1,
+            max=MAX_SIM_PARTITIONS,
+        ),
+    ] = 1,
     as_json: JsonOption = False,
 ) -> None:
     """Run real storage nodes, two servers and a client in the simulator, one seeded world per seed.
@@ -89,9 +103,12 @@ def sim(
         if not as_json and result.violations:
             print(f"seed {result.seed}: {len(result.violations)} violations", file=sys.stderr, flush=True)
 
+    if partitions > 1 and workload != "append":
+        raise typer.BadParameter(f"the {workload} workload runs on one partition (its checks read one log)")
     shape = WorldShape(transactions=transactions, faults=faults, workload=workload, acl=acl)
+    shape = replace(shape, partitions=partitions)
     if acl:
-        shape = replace(shape, partitions=ACL_MIN_PARTITIONS)
+        shape = replace(shape, partitions=max(partitions, ACL_MIN_PARTITIONS))
     report = run_seeds(seeds, seed_base, jobs, progress, shape)
     if as_json:
         print_json(report.to_json())

@@ -27,6 +27,11 @@ LogLevelOption = Annotated[str, typer.Option("--log-level", help="debug, info, w
 def start(config: ConfigFileOption, log_level: LogLevelOption = "info") -> None:
     """Run a storage node until SIGTERM/SIGINT (the original's WaltzStorage).
 
+    An append is acknowledged once its records are synced. A disk pass of several busy partitions
+    syncs them with one syncfs where the kernel (5.8+) and file system (ext4, xfs, btrfs) make that
+    safe: storage.sync.scope auto (default), file (each file's own fdatasync) or file-system. A
+    syncfs also flushes other writers' data on that volume: give the directory its own, or use file.
+
     Example: waltz storage start --config storage.yml
     """
     # Imported here so that other `waltz` commands do not pay for the node's imports.

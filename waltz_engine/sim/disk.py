@@ -12,6 +12,8 @@ What it keeps, and what a crash takes:
   segment); a full disk (:attr:`capacity_bytes`) refuses a write that would grow it (ENOSPC);
   :meth:`crash_on_write` makes the process die in a later write (what of it survives is
   :meth:`crash`'s ``keep_torn_bytes``).
+* A whole-disk sync (``sync_all``, Linux's ``syncfs``) makes every file's bytes durable at once;
+  :attr:`SimDisk.failing_whole_syncs` makes the next ones fail (EIO) with nothing made durable.
 * Time: each sync costs ``sync_latency_ms()``; the engine's call returns at once and
   :meth:`take_sync_delay_ms` tells the world how long it should have taken, so the world delays
   the completion through the loop (a slow fsync).
@@ -116,6 +118,8 @@ class SimDisk:
         self.generation = 0  # bumped by a crash: handles of the dead process stop working
         self._parents: dict[Path, Path] = {}  # each path's directory (pathlib builds a new one per ask)
         self.syncs = 0
+        # The next whole-disk syncs (``sync_all``) that fail (EIO) and make nothing durable.
+        self.failing_whole_syncs = 0
 
     # --- the world's controls ---------------------------------------------------------------
 
@@ -243,6 +247,21 @@ class SimDisk:
                 raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(directory.parent))
             self.mkdir(directory.parent, parents=True)
         self._directories.add(directory)
+
+    def sync_all(self, directory: Path) -> None:
+        """``syncfs``: every file's bytes durable, in one sync's time (a file's own sync also
+        makes its new name durable, as ext4 does; a whole-disk sync here does not, to be strict)."""
+        if self.failing_whole_syncs > 0:
+            self.failing_whole_syncs -= 1
+            self._charge_sync()
+            raise OSError(errno.EIO, "Input/output error", str(directory))
+        for inode in self._names.values():
+            inode.durable = bytes(inode.data)
+        self._last_write = None
+        self._charge_sync()
+
+    def sync_all_safe(self, directory: Path) -> tuple[bool, str]:
+        return True, "the simulator's disk"
 
     # --- inside -------------------------------------------------------------------------------
 

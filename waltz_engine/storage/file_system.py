@@ -16,6 +16,7 @@ from typing import Protocol
 
 from waltz_engine.common.fileio import Bytes, DiskFile, fsync_directory
 from waltz_engine.storage.file_lock import HeaderLock
+from waltz_engine.storage.syncfs import syncfs_directory, syncfs_safe
 
 
 class Disk(Protocol):
@@ -49,6 +50,16 @@ class Disk(Protocol):
     def open_locked(self, path: Path) -> DiskFile:
         """Open (creating) a control file and take this process's lock on its header; a
         StorageError names the holder when another process or node has it. Closing unlocks."""
+        ...
+
+    def sync_all(self, directory: Path) -> None:
+        """Make every file written on the file system of ``directory`` durable (``syncfs``): what
+        an ``fsync`` of each would, in one call; an OSError when any of them failed."""
+        ...
+
+    def sync_all_safe(self, directory: Path) -> tuple[bool, str]:
+        """Whether :meth:`sync_all` reports every file's write error and flushes the device's
+        cache for ``directory`` (so it may stand for the files' own syncs), and why."""
         ...
 
 
@@ -122,6 +133,12 @@ class OsDisk:
     def open_locked(self, path: Path) -> LockedOsFile:
         return LockedOsFile(HeaderLock.open(path))
 
+    def sync_all(self, directory: Path) -> None:
+        syncfs_directory(directory)
+
+    def sync_all_safe(self, directory: Path) -> tuple[bool, str]:
+        return syncfs_safe(directory)
+
 
 OS_DISK = OsDisk()
 
@@ -178,6 +195,9 @@ class ReadOnlyOsDisk(OsDisk):
 
     def open_locked(self, path: Path) -> LockedOsFile:
         return ReadOnlyLockedOsFile(HeaderLock.open(path, shared=True))
+
+    def sync_all(self, directory: Path) -> None:
+        raise ReadOnlyWriteError(f"a read-only open tried to sync {directory}")
 
 
 READ_ONLY_OS_DISK = ReadOnlyOsDisk()

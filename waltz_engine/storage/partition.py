@@ -33,17 +33,13 @@ from waltz_engine.storage.constants import (
 from waltz_engine.storage.control_file import PartitionInfo, SessionInfo
 from waltz_engine.storage.damage import DamageLog, SegmentDamage
 from waltz_engine.storage.file_system import OS_DISK, Disk
+from waltz_engine.storage.held_append import HeldAppends
 from waltz_engine.storage.lru import LRUCache
 from waltz_engine.storage.partition_files import clean_interrupted_files, segment_paths_read_only
-from waltz_engine.storage.partition_head import PartitionHead
 from waltz_engine.storage.refill import RefillCopy
 from waltz_engine.storage.refill_checks import copy_headers, refill_target
-from waltz_engine.storage.segment import (
-    CorruptRecordError,
-    Segment,
-    create_segment_files,
-    first_transaction_id_of,
-)
+from waltz_engine.storage.segment import CorruptRecordError, Segment
+from waltz_engine.storage.segment_files import create_segment_files, first_transaction_id_of
 from waltz_engine.storage.segment_finder import find_segment
 from waltz_engine.storage.tier.reads import TierPending, TierSegments
 from waltz_engine.storage.wire_span import RECORD_LIST_MAX_BYTES, WireRecords, encode_wire_records
@@ -53,7 +49,7 @@ from waltz_engine.zk.retention import BelowRetainedStartError
 log = logging.getLogger(__name__)
 
 
-class Partition(PartitionHead):
+class Partition(HeldAppends):
     """An open partition directory. Create with :meth:`open`; close when done."""
 
     def __init__(

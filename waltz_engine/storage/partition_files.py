@@ -12,7 +12,7 @@ from waltz_engine.disk.file_header import HEADER_SIZE_BYTES
 from waltz_engine.storage.constants import INDEX_SUFFIX, SEGMENT_SUFFIX
 from waltz_engine.storage.file_system import Disk, OsDisk
 from waltz_engine.storage.refill import clean_interrupted_refills
-from waltz_engine.storage.segment import first_transaction_id_of
+from waltz_engine.storage.segment_files import first_transaction_id_of
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import bisect
 import logging
 import uuid
-import zlib
 from pathlib import Path
 
 from waltz_engine.common.errors import FormatError, StorageError
@@ -45,33 +44,25 @@ from waltz_engine.storage.file_system import CLOSED_FILE, OS_DISK, Disk
 from waltz_engine.storage.segment_files import (
     CORRUPT_RECORD_MESSAGE,
     CorruptRecordError,
-    create_segment_files,
     first_transaction_id_of,
 )
 from waltz_engine.storage.segment_scan import (
     RecoveryPlan,
     check_record,
     check_sealed,
+    file_crc32,
     index_entry_count,
     plan_recovery,
 )
 from waltz_engine.storage.wire_span import WireRecords, read_wire_span
 
-__all__ = [
-    "CORRUPT_RECORD_MESSAGE",
-    "CorruptRecordError",
-    "Segment",
-    "create_segment_files",
-    "first_transaction_id_of",
-]
+__all__ = ["CORRUPT_RECORD_MESSAGE", "CorruptRecordError", "Segment"]
 
 log = logging.getLogger(__name__)
 
 # The most bytes one read of a span of records loads; a span is shortened to fit, and a single
 # record larger than this is checked in chunks before it is loaded.
 MAX_READ_SPAN_BYTES = 8 << 20
-# The chunk of data the replica checksum reads at once.
-CHECKSUM_CHUNK_BYTES = 1 << 20
 # What a sealed segment of another cluster or partition is reported as (none of it is served).
 FOREIGN_SEGMENT = "another cluster's or partition's segment, none of its records served"
 
@@ -310,29 +301,40 @@ class Segment:
 
     # --- writing -------------------------------------------------------------------------
 
-    def append(self, run: AppendRun, start: int) -> int:
+    def append(self, run: AppendRun, start: int, sync: bool = True) -> int:
         """Append ``run[start:]`` until the segment passes its threshold; return the new start.
 
         The caller checked the txids are consecutive; the first must be the next one here.
+        ``sync`` False: the data's last sync is the caller's (:meth:`sync_data` or a whole-disk
+        sync), and on its failure :meth:`cut_back`.
         """
         assert self.writable and not self.closed, f"{self.seg_path}: segment not writable"
         count = len(run)
         assert start < count
-        if run.transaction_id(start) != self._next_transaction_id:
+        first, offset = self._next_transaction_id, self._next_offset
+        if run.transaction_id(start) != first:
             raise StorageError("transaction out of order")
-        end = run.end_within(start, self._threshold_bytes - self._next_offset)
+        end = run.end_within(start, self._threshold_bytes - offset)
         try:
-            self._write(*run.encode(start, end, self._next_offset), end - start)
+            self._write(*run.encode(start, end, offset), end - start, sync)
         except OSError:
-            # Cut whatever part of the batch reached the files, so the next append starts clean.
-            self._idx_file.truncate(self._index_position(self._next_transaction_id))
-            self._seg_file.truncate(self._next_offset)
+            self.cut_back(first, offset)
             raise
         return end
 
-    def _write(self, data: bytes, index: bytes, count: int) -> None:
+    def cut_back(self, next_transaction_id: int, next_offset: int) -> None:
+        """Drop what was written from ``next_offset`` (record ``next_transaction_id``) on, in the
+        files and here: an append whose write or sync failed, so the next one starts clean."""
+        self._next_transaction_id, self._next_offset = next_transaction_id, next_offset
+        self._idx_file.truncate(self._index_position(next_transaction_id))
+        self._seg_file.truncate(next_offset)
+
+    def sync_data(self) -> None:
+        self._seg_file.fdatasync()
+
+    def _write(self, data: bytes, index: bytes, count: int, sync: bool) -> None:
         """Write ``count`` records encoded as ``data`` from the current end, and their index
-        entries: one ``pwrite`` each (split at a checkpoint), then one sync."""
+        entries: one ``pwrite`` each (split at a checkpoint), then one sync (``sync``)."""
         base_offset = self._next_offset
         first_transaction_id = self._next_transaction_id
         if count <= CHECKPOINT_INTERVAL - first_transaction_id % CHECKPOINT_INTERVAL:
@@ -343,7 +345,7 @@ class Segment:
             self._next_transaction_id = first_transaction_id + count
             if self._next_transaction_id % CHECKPOINT_INTERVAL == 0:
                 self.flush()
-            else:
+            elif sync:
                 self._seg_file.fdatasync()
             return
         data_view, index_view = memoryview(data), memoryview(index)
@@ -370,7 +372,7 @@ class Segment:
             if synced:
                 self.flush()
             done = cut
-        if not synced:
+        if not synced and sync:
             self._seg_file.fdatasync()
 
     def truncate(self, transaction_id: int) -> None:
@@ -606,11 +608,7 @@ class Segment:
     def checksum(self, crc: int) -> int:
         """Continue an unsigned running CRC-32 over the data after the header (replica compare)."""
         assert self.files_open
-        offset = HEADER_SIZE_BYTES
-        while chunk := self._seg_file.pread(CHECKSUM_CHUNK_BYTES, offset):
-            crc = zlib.crc32(chunk, crc)
-            offset += len(chunk)
-        return crc
+        return file_crc32(self._seg_file, HEADER_SIZE_BYTES, crc)
 
     # --- file handles --------------------------------------------------------------------
 

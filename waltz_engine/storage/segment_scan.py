@@ -335,3 +335,15 @@ def plan_recovery(
         run = bytearray()
     runs.append((run_first, bytes(run)))
     return RecoveryPlan(txid, offset, runs, False, bad.found)
+
+
+# The chunk of data the replica checksum reads at once.
+CHECKSUM_CHUNK_BYTES = 1 << 20
+
+
+def file_crc32(file: DiskFile, offset: int, crc: int) -> int:
+    """Continue an unsigned running CRC-32 over ``file`` from ``offset`` to its end."""
+    while chunk := file.pread(CHECKSUM_CHUNK_BYTES, offset):
+        crc = zlib.crc32(chunk, crc)
+        offset += len(chunk)
+    return crc

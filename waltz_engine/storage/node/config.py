@@ -45,6 +45,12 @@ KEY_SCRUB_BYTES_PER_SECOND = "storage.scrub.bytes.per.second"
 # Our extension (issue 33): data connections a thread of their own may read, at most
 # MAX_CONNECTION_THREADS (0: the event loop reads every one).
 KEY_DATA_CONNECTION_THREADS = "storage.data.connection.threads"
+# Our extension (issue 33): how a disk pass of several partitions makes them durable: "auto" one
+# syncfs where that is safe (syncfs.py), else each file's own sync; "file" always each file's own;
+# "file-system" always one syncfs (the operator vouches for the kernel and file system).
+KEY_SYNC_SCOPE = "storage.sync.scope"
+SYNC_SCOPE_AUTO, SYNC_SCOPE_FILE, SYNC_SCOPE_FILE_SYSTEM = "auto", "file", "file-system"
+SYNC_SCOPES = (SYNC_SCOPE_AUTO, SYNC_SCOPE_FILE, SYNC_SCOPE_FILE_SYSTEM)
 KNOWN_KEYS = (
     KEY_HOST,
     KEY_PORT,
@@ -61,6 +67,7 @@ KNOWN_KEYS = (
     KEY_ZOOKEEPER_START_TIMEOUT,
     KEY_SCRUB_BYTES_PER_SECOND,
     KEY_DATA_CONNECTION_THREADS,
+    KEY_SYNC_SCOPE,
     *TIER_KEYS,
     *ZOOKEEPER_KEYS,
     *AUTHORIZER_KEYS,
@@ -92,6 +99,7 @@ class StorageConfig(NamedTuple):
     # Our extension (issue 34): ACLs on TLS identities (None of it unless enabled).
     authorizer: AuthorizerSettings = AuthorizerSettings()
     data_connection_threads: int = MAX_CONNECTION_THREADS
+    sync_scope: str = SYNC_SCOPE_AUTO
 
     @classmethod
     def load(cls, path: Path | str) -> StorageConfig:
@@ -134,6 +142,12 @@ class StorageConfig(NamedTuple):
                 f"{src}: key '{KEY_DATA_CONNECTION_THREADS}' is {data_connection_threads}: at most "
                 f"{MAX_CONNECTION_THREADS} (0: the event loop reads every data connection)"
             )
+        sync_scope = config.get_str(KEY_SYNC_SCOPE, SYNC_SCOPE_AUTO)
+        if sync_scope not in SYNC_SCOPES:
+            raise ConfigError(
+                f"{src}: key '{KEY_SYNC_SCOPE}' is '{sync_scope}': one of {', '.join(SYNC_SCOPES)} "
+                f"({SYNC_SCOPE_AUTO}: one syncfs per disk pass where the kernel and file system make it safe)"
+            )
         tls = TlsConfig.from_flat(config.as_dict(), TLS_PREFIX)
         return cls(
             host=host,
@@ -153,4 +167,5 @@ class StorageConfig(NamedTuple):
             tier=read_tier_settings(config),
             authorizer=read_authorizer_settings(config, tls, TLS_PREFIX),
             data_connection_threads=data_connection_threads,
+            sync_scope=sync_scope,
         )

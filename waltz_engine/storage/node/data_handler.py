@@ -12,8 +12,13 @@ from waltz_engine.auth.authorizer import Authorizer, resource_name
 from waltz_engine.common.errors import ProtocolError, StorageError
 from waltz_engine.net.channel import FramedConnection, HandBack
 from waltz_engine.storage.node.connection_threads import ConnectionThreads
-from waltz_engine.storage.node.failures import NotAuthorizedError, NotOpenedError, PartitionNotAssignedError
-from waltz_engine.storage.node.partition_worker import PARTITION_REQUEST_TYPES, PartitionWorker, failure_frame
+from waltz_engine.storage.node.failures import (
+    NotAuthorizedError,
+    NotOpenedError,
+    PartitionNotAssignedError,
+    failure_frame,
+)
+from waltz_engine.storage.node.partition_worker import PARTITION_REQUEST_TYPES, PartitionWorker
 from waltz_engine.storage.storage_manager import StorageManager
 from waltz_engine.wire.storage_messages import (
     NO_PARTITION_ID,

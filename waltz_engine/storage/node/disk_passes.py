@@ -7,25 +7,29 @@ waits for the next one, which takes them all. (That turn replaces the one the ex
 cost on the way back: a request waiting alone goes through as many turns as before.)
 
 A pass hands each ready worker's batch (its whole queue, up to its capacity) to a thread of the
-node's disk pool in one trip; with more than one partition in it, their batches (writes and
-fsyncs) run concurrently on the other threads of the pool, so the file system's journal can
-merge the fsyncs. The pass ends on its thread: all its replies go out with one write per
-connection straight from that thread (``FramedConnection.send_frames_from_thread``), and the
-partitions that queued more meanwhile go to the next pass from there, so a lone request costs
-one hop to the pool and none back (a pass that a data connection's thread starts runs on that
-thread: no hop at all, connection_threads.py) (the hop back, a wake-up of the loop through its self-pipe
-and a loop turn, was a third of a lone request's CPU). The passes' state is shared by the loop
-and the pool under one lock (:attr:`DiskPasses.lock`, the workers' queues' too); loop-only
-objects (futures, timers) are reached from the pool with ``call_soon_threadsafe``, on the rare
-paths that need them (a full queue, a pass left behind, the node stopping). In the simulator
-the runner ends a pass on the loop, as every pass did before.
+node's disk pool in one trip; with more than one partition in it, their batches (writes and fsyncs)
+run concurrently on the other threads of the pool, so the file system's journal can merge the
+fsyncs; or, where the node syncs a pass's partitions together (``storage.sync.scope``,
+``sync_all``), every batch runs on the pass's own thread with a lone append's sync held, and one
+``syncfs`` makes them all durable (waltz_engine/storage/held_append.py). The pass ends on its
+thread: all its replies go out with one write per connection straight from that thread
+(``FramedConnection.send_frames_from_thread``), and the partitions that queued more meanwhile go to
+the next pass from there, so a lone request costs one hop to the pool and none back (a pass that a
+data connection's thread starts runs on that thread: no hop at all, connection_threads.py) (the hop
+back, a wake-up of the loop through its self-pipe and a loop turn, was a third of a lone request's
+CPU). The passes' state is shared by the loop and the pool under one lock (:attr:`DiskPasses.lock`,
+the workers' queues' too); loop-only objects (futures, timers) are reached from the pool with
+``call_soon_threadsafe``, on the rare paths that need them (a full queue, a pass left behind, the
+node stopping). In the simulator the runner ends a pass on the loop, as every pass did before.
 
 Per partition nothing changes: one batch of a partition at a time, in its queue's order, each
 SUCCESS after its records are durable. A partition's disk error fails only its own requests. A
 slow fsync delays other partitions by at most PASS_WAIT_MS: within a pass, a partition still on
 disk then is left behind and its replies go out on their own when it is done; a pass still on
 disk then while other partitions wait (a partition alone in its pass runs on the pass's thread)
-is left behind whole, and the next pass starts beside it on another thread.
+is left behind whole, and the next pass starts beside it on another thread. A pass synced together
+is one sync: a failed ``syncfs`` fails every partition of it, and a slow one holds the whole pass
+(the next pass starts beside it after PASS_WAIT_MS, as for a pass of one partition).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from typing import Any, Protocol, TypeVar
 from waltz_engine.common.loop_turns import call_at_turn_end
 from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.net.channel import ConnectionClosedError, FramedConnection
+from waltz_engine.storage.held_append import PassSyncs
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +68,9 @@ class BatchOwner(Protocol):
         requests for this pass; the worker is busy until :meth:`batch_done`."""
         ...
 
-    def process_batch(self, batch: list[Any]) -> list[Reply]:
-        """Off the loop: do the batch's disk work, return its replies."""
+    def process_batch(self, batch: list[Any], syncs: PassSyncs | None = None) -> list[Reply]:
+        """Off the loop: do the batch's disk work, return its replies (``syncs``: a lone append's
+        sync may be held for the pass's one sync, its replies final once that ran)."""
         ...
 
     def batch_done(self) -> bool:
@@ -186,8 +192,12 @@ class DiskPasses:
         runner: DiskRunner,
         registry: MetricsRegistry,
         metric_group: str,
+        sync_all: Callable[[], None] | None = None,
     ) -> None:
+        """``sync_all``: a pass of several partitions runs their batches on its own thread and
+        makes them durable with this one sync of the whole disk (None: each file its own sync)."""
         self._loop = loop
+        self._sync_all = sync_all
         self._runner = runner
         self._done_off_loop = runner.done_off_loop
         # Guards the state below and the workers' queues and busy flags (held briefly, never
@@ -215,6 +225,8 @@ class DiskPasses:
         self._claimed = registry.counter(metric_group, "disk-connection-thread-batches")
         # Passes a data connection's thread ran itself (:meth:`ready_off_loop` ``here``).
         self._passes_here = registry.counter(metric_group, "disk-connection-thread-passes")
+        # Whole-disk syncs that made a pass's partitions durable together (``sync_all``).
+        self._shared_syncs = registry.counter(metric_group, "disk-pass-shared-syncs")
 
     def ready(self, worker: BatchOwner) -> None:
         """On the loop, under :attr:`lock`: ``worker`` has requests queued and no batch on disk."""
@@ -281,8 +293,28 @@ class DiskPasses:
             # run its one job right here.
             ((worker, batch),) = taken
             return [_process(worker, batch)]
+        if self._sync_all is not None:
+            return self._run_synced_together(taken)
         jobs = [lambda worker=worker, batch=batch: _process(worker, batch) for worker, batch in taken]
         return self._runner.gather(jobs, self._late_done)
+
+    def _run_synced_together(self, taken: list[tuple[BatchOwner, list[Any]]]) -> list[Outcome]:
+        """A pass of several partitions, on its own thread: each batch in turn, a lone append's
+        sync held (its partition's lock too), then one sync of the whole disk for them all
+        (waltz_engine/storage/held_append.py); no pool thread, so no hand-off of the GIL."""
+        syncs = PassSyncs(self._sync_disk)
+        try:
+            outcomes = [_process(worker, batch, syncs) for worker, batch in taken]
+        except BaseException:
+            syncs.abandon()  # the machine died in a write (the simulator): no sync, no answer
+            raise
+        syncs.finish()
+        return outcomes
+
+    def _sync_disk(self) -> None:
+        assert self._sync_all is not None
+        self._shared_syncs.inc()
+        self._sync_all()
 
     def _pass_done(self, on_disk: object, outcomes: list[Outcome]) -> None:
         """On the pass's thread (the loop's in the simulator): answer, then the next pass."""
@@ -405,9 +437,9 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-def _process(worker: BatchOwner, batch: list[Any]) -> Outcome:
+def _process(worker: BatchOwner, batch: list[Any], syncs: PassSyncs | None = None) -> Outcome:
     try:
-        return worker, worker.process_batch(batch)
+        return worker, (worker.process_batch(batch) if syncs is None else worker.process_batch(batch, syncs))
     except Exception:
         # A bug, not a disk error (those are answered per request): this batch goes unanswered,
         # the other partitions' are not affected.

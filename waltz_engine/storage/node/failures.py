@@ -1,11 +1,16 @@
 """FAILURE_RESPONSE bodies as the original writes them: ``StorageRpcException(cause)`` carries
-``cause.toString()``, i.e. the Java class name, ": ", and the message (reference §1.2)."""
+``cause.toString()``, i.e. the Java class name, ": ", and the message (reference §1.2); the
+frame that carries one, and a disk error in one line."""
 
 from __future__ import annotations
+
+import errno
+from typing import Any
 
 from waltz_engine.common.errors import StorageError
 from waltz_engine.storage.control_file import ConcurrentUpdateError
 from waltz_engine.wire.primitives import StorageRpcException
+from waltz_engine.wire.storage_messages import STORAGE_CODEC, StorageFailureResponse
 
 JAVA_STORAGE_EXCEPTION = "com.wepay.waltz.storage.exception.StorageException"
 JAVA_CONCURRENT_UPDATE_EXCEPTION = "com.wepay.waltz.storage.exception.ConcurrentUpdateException"
@@ -50,3 +55,17 @@ def rpc_exception(error: BaseException) -> StorageRpcException:
     """What a client reads as the failure message. No stack frames: ours mean nothing to Java."""
     text = str(error) if not isinstance(error, OSError) else (error.strerror or str(error))
     return StorageRpcException(f"{java_class_of(error)}: {text}", ())
+
+
+def describe_os_error(error: OSError) -> str:
+    """``No space left on device (ENOSPC) in FILE``: what an operator acts on, in one line."""
+    code = errno.errorcode.get(error.errno or 0, "")
+    text = error.strerror or str(error)
+    where = f" in {error.filename}" if error.filename else ""
+    return f"{text} ({code}){where}" if code else f"{text}{where}"
+
+
+def failure_frame(msg: Any, error: BaseException) -> bytes:
+    """FAILURE_RESPONSE echoing the request's session id, seq num and partition id."""
+    response = StorageFailureResponse(msg.session_id, msg.seq_num, msg.partition_id, rpc_exception(error))
+    return STORAGE_CODEC.encode_frame(response)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import logging
 import ssl
 from collections.abc import Callable, Mapping
@@ -42,7 +43,11 @@ from waltz_engine.storage.node.config import (
     KEY_ADMIN_PORT,
     KEY_JETTY_PORT,
     KEY_PORT,
+    KEY_SYNC_SCOPE,
     KEY_ZOOKEEPER_START_TIMEOUT,
+    SYNC_SCOPE_AUTO,
+    SYNC_SCOPE_FILE,
+    SYNC_SCOPE_FILE_SYSTEM,
     StorageConfig,
 )
 from waltz_engine.storage.node.connection_threads import ConnectionThreads
@@ -173,6 +178,8 @@ class StorageNode:
         self.zookeeper_check: ZooKeeperCheck | None = None
         self._failed = asyncio.Event()
         self.failure: WaltzError | None = None
+        # How a disk pass of several partitions makes them durable (``storage.sync.scope``), and why.
+        self.sync_scope = ""
 
     async def _off_loop(self, work: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._admin_executor, work)
@@ -193,7 +200,10 @@ class StorageNode:
         """
         config = self.config
         ssl_context = tls_context(self.network, lambda: server_context(config.tls))
-        on_disk = await self._off_loop(lambda: disk_params(self._disk, config.directory))
+        # (One trip off the loop for both: the simulator's schedules count the trips.)
+        on_disk, (whole_disk, why) = await self._off_loop(
+            lambda: (disk_params(self._disk, config.directory), sync_scope(config, self._disk))
+        )
         in_zookeeper = await read_cluster_params(config, self._zk_connector, on_disk)
         if in_zookeeper is not None:
             key, num_partitions = in_zookeeper
@@ -204,7 +214,10 @@ class StorageNode:
         self.session_bounds.start()
         self._register_metrics()
         loop = asyncio.get_running_loop()
-        self.passes = DiskPasses(loop, self._disk_runner(loop), self.metrics, METRIC_GROUP)
+        self.sync_scope = f"{SYNC_SCOPE_FILE_SYSTEM if whole_disk else SYNC_SCOPE_FILE} ({why})"
+        log.info("a disk pass of several partitions syncs %s", _SYNC_WORDS[whole_disk] + why)
+        sync_all = functools.partial(self._disk.sync_all, config.directory) if whole_disk else None
+        self.passes = DiskPasses(loop, self._disk_runner(loop), self.metrics, METRIC_GROUP, sync_all)
         if self.network is ASYNCIO_NETWORK and config.data_connection_threads:
             self.connection_threads = ConnectionThreads(loop, self.passes, config.data_connection_threads)
 
@@ -405,6 +418,8 @@ class StorageNode:
             lambda: self.connection_threads.count() if self.connection_threads is not None else 0,
         )
         self.metrics.gauge(METRIC_GROUP, "waltz-version-id", lambda: __version__)
+        # Our extension (issue 33): how a disk pass of several partitions syncs them, and why.
+        self.metrics.gauge(METRIC_GROUP, "sync-scope", lambda: self.sync_scope)
         # Our extension: this node can begin a partition's log above 0 (``PartitionWorker._start_late``),
         # so a replica move may copy from the retained start to it (admin_ops.starts_late).
         self.metrics.gauge(METRIC_GROUP, "waltz-storage-starts-late", lambda: True)
@@ -519,3 +534,17 @@ def run(config_path: Path | str, log_level: str = "info") -> int:
     """`waltz storage start`: serve until SIGTERM/SIGINT; 0 on a clean stop, 1 on a startup error."""
     title = f"waltz storage start --config {config_path}"
     return run_service(lambda: StorageConfig.load(config_path), StorageNode, log_level, title)
+
+
+_SYNC_WORDS = {True: "the whole file system once (syncfs): ", False: "each file on its own (fdatasync): "}
+
+
+def sync_scope(config: StorageConfig, disk: Disk) -> tuple[bool, str]:
+    """Whether a disk pass of several partitions makes them durable with one sync of the whole
+    disk (``storage.sync.scope``), and why, in words for the log and the metrics."""
+    if config.sync_scope == SYNC_SCOPE_FILE:
+        return False, f"{KEY_SYNC_SCOPE} is {SYNC_SCOPE_FILE}"
+    if config.sync_scope == SYNC_SCOPE_FILE_SYSTEM:
+        return True, f"{KEY_SYNC_SCOPE} is {SYNC_SCOPE_FILE_SYSTEM}"
+    safe, why = disk.sync_all_safe(config.directory)
+    return safe, f"{KEY_SYNC_SCOPE} is {SYNC_SCOPE_AUTO}: {why}"

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -31,8 +30,10 @@ from waltz_engine.disk.record_run import JoinedRuns
 from waltz_engine.net.channel import FramedConnection
 from waltz_engine.storage.control_file import ConcurrentUpdateError
 from waltz_engine.storage.damage import DAMAGE_GAUGE
+from waltz_engine.storage.held_append import PassSyncs
 from waltz_engine.storage.node.disk_passes import DiskPasses, Reply
-from waltz_engine.storage.node.failures import PartitionNotAssignedError, rpc_exception
+from waltz_engine.storage.node.failures import PartitionNotAssignedError, describe_os_error, failure_frame
+from waltz_engine.storage.node.held_batch import append_held
 from waltz_engine.storage.node.session_bounds import NO_SESSION, SessionBounds
 from waltz_engine.storage.partition import Partition
 from waltz_engine.storage.tier.reads import USAGE_GAUGE, disk_usage
@@ -41,7 +42,6 @@ from waltz_engine.wire.storage_messages import (
     STORAGE_CODEC,
     STORAGE_RAW_RECORDS_CODEC,
     StorageAppendRunRequest,
-    StorageFailureResponse,
     StorageLastSessionInfoRequest,
     StorageLastSessionInfoResponse,
     StorageMaxTransactionIdRequest,
@@ -116,22 +116,8 @@ class RefusedRequest(NamedTuple):
     error: StorageError
 
 
-def describe_os_error(error: OSError) -> str:
-    """``No space left on device (ENOSPC) in FILE``: what an operator acts on, in one line."""
-    code = errno.errorcode.get(error.errno or 0, "")
-    text = error.strerror or str(error)
-    where = f" in {error.filename}" if error.filename else ""
-    return f"{text} ({code}){where}" if code else f"{text}{where}"
-
-
 def metric_group(partition_id: int) -> str:
     return f"{METRIC_GROUP_PREFIX}{partition_id}"
-
-
-def failure_frame(msg: Any, error: BaseException) -> bytes:
-    """FAILURE_RESPONSE echoing the request's session id, seq num and partition id."""
-    response = StorageFailureResponse(msg.session_id, msg.seq_num, msg.partition_id, rpc_exception(error))
-    return STORAGE_CODEC.encode_frame(response)
 
 
 def _wake(waiters: list[asyncio.Future[None]]) -> None:
@@ -393,10 +379,13 @@ class PartitionWorker:
 
     # --- processing (off the event loop, in a pass) -----------------------------------------
 
-    def process_batch(self, batch: list[Pending]) -> list[Reply]:
+    def process_batch(self, batch: list[Pending], syncs: PassSyncs | None = None) -> list[Reply]:
+        """``syncs``: a pass that syncs its partitions together may hold a lone append's sync."""
         if len(batch) == 1:
             conn, msg = batch[0]
             if type(msg) is StorageAppendRunRequest:
+                if syncs is not None and (held := append_held(self, conn, msg, syncs)) is not None:
+                    return held
                 frame = self._append_alone(msg)
                 if frame is not None:
                     return [(conn, frame)]
@@ -541,19 +530,14 @@ class PartitionWorker:
     def _append_alone(self, msg: StorageAppendRunRequest) -> bytes | None:
         """A lone APPEND of the session at the next txid on an online replica, checked in a few
         comparisons, appended under one lock; its answer, or None (nothing done: the general path)."""
-        partition = self.partition
-        if partition is None or msg.used_by_offline_recovery or msg.session_id != self.session_id:
-            return None
-        if partition.info.current.flags & _ONLINE_FLAGS != _ONLINE_FLAGS:
+        partition = self.lone_append_partition(msg)
+        if partition is None:
             return None
         started_ns = clock.monotonic_ns()
         try:
             span = partition.append_next(msg.records)
         except Exception as e:
-            self._log_failure(msg, e)
-            with contextlib.suppress(StorageError):
-                self.first_transaction_id, self.max_transaction_id = partition.span()
-            return failure_frame(msg, e)
+            return self._append_failed(partition, msg, e)
         if span is None:
             return None
         self.first_transaction_id, self.max_transaction_id = span
@@ -563,6 +547,20 @@ class PartitionWorker:
             metrics.append.mark()
             metrics.append_latency.update_ms((clock.monotonic_ns() - started_ns) / 1e6)
         return success_frame(msg.session_id, msg.seq_num, msg.partition_id)
+
+    def lone_append_partition(self, msg: StorageAppendRunRequest) -> Partition | None:
+        """The partition of an APPEND of the session on an online replica (a few comparisons)."""
+        partition = self.partition
+        if partition is None or msg.used_by_offline_recovery or msg.session_id != self.session_id:
+            return None
+        return partition if partition.info.current.flags & _ONLINE_FLAGS == _ONLINE_FLAGS else None
+
+    def _append_failed(self, partition: Partition, msg: StorageAppendRunRequest, error: Exception) -> bytes:
+        """A lone append that failed (cut back): logged, the span read again, its FAILURE."""
+        self._log_failure(msg, error)
+        with contextlib.suppress(StorageError):
+            self.first_transaction_id, self.max_transaction_id = partition.span()
+        return failure_frame(msg, error)
 
     def _process_one(self, msg: Any) -> bytes:
         try:

@@ -1,0 +1,50 @@
+"""Where one ``syncfs`` may stand for the files' own syncs (issue 33): the kernel's version and
+the file system of the data directory, read from ``/proc/self/mountinfo`` by its device."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from waltz_engine.common.config import Config, ConfigError
+from waltz_engine.storage.node.config import StorageConfig
+from waltz_engine.storage.syncfs import kernel_version, mount_type, syncfs_directory
+
+
+def test_kernel_versions() -> None:
+    assert kernel_version("6.18.44-fc-v595") == (6, 18)
+    assert kernel_version("5.8.0") == (5, 8)
+    assert kernel_version("4.19.0-17-amd64") == (4, 19)
+    assert kernel_version("5.10rc1") == (5, 10)
+    assert kernel_version("unknown") is None
+
+
+def test_the_mount_of_a_directory_by_its_device(tmp_path: Path) -> None:
+    device = os.stat(tmp_path).st_dev
+    mine = f"{os.major(device)}:{os.minor(device)}"
+    mountinfo = (
+        "22 1 0:21 / /proc rw,nosuid - proc proc rw\n"
+        f"25 1 {mine} / / rw,relatime shared:1 - ext4 /dev/vda rw\n"
+        f"30 25 {mine} / /data rw master:2 - xfs /dev/vdb rw\n"
+    )
+    assert mount_type(tmp_path, mountinfo) == "xfs"  # the last line of the device: mounted over
+    assert mount_type(tmp_path, "22 1 0:21 / /proc rw - proc proc rw\n") is None
+
+
+def test_syncfs_reports_a_directory_that_is_not_there(tmp_path: Path) -> None:
+    syncfs_directory(tmp_path)
+    with pytest.raises(OSError):
+        syncfs_directory(tmp_path / "missing")
+
+
+def test_the_sync_scope_key(tmp_path: Path) -> None:
+    base = {"storage.port": 1, "storage.admin.port": 2, "storage.directory": str(tmp_path)}
+    base |= {"zookeeper.connectString": "localhost:2181", "zookeeper.sessionTimeout": 30000}
+    base |= {"cluster.root": "/c"}
+    assert StorageConfig.from_config(Config(base, "t.yaml")).sync_scope == "auto"
+    config = StorageConfig.from_config(Config({**base, "storage.sync.scope": "file"}, "t.yaml"))
+    assert config.sync_scope == "file"
+    with pytest.raises(ConfigError, match="storage.sync.scope' is 'disk': one of auto, file, file-system"):
+        StorageConfig.from_config(Config({**base, "storage.sync.scope": "disk"}, "t.yaml"))

@@ -1,0 +1,59 @@
+"""A partition's lone APPEND in a disk pass that syncs its partitions together (one ``syncfs``).
+
+The pass (disk_passes.py) runs each partition's batch on its own thread; a batch of one APPEND of
+the session at the next txid is written with its sync left to the pass
+(waltz_engine/storage/held_append.py), the partition held meanwhile. Its SUCCESS, the worker's
+cached span and the append metrics wait for the pass's sync: if that fails, the answer becomes
+the FAILURE the same error would give from the partition's own ``fdatasync``, and the cached span
+is the partition's after the cut. Anything else takes the worker's usual path (its own syncs).
+A part of :class:`PartitionWorker` kept apart for size: it uses the worker's own members.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from waltz_engine.common import clock
+from waltz_engine.net.channel import FramedConnection
+from waltz_engine.storage.held_append import PassSyncs, Span
+from waltz_engine.storage.node.disk_passes import Reply
+from waltz_engine.storage.node.failures import failure_frame
+from waltz_engine.wire.storage_messages import StorageAppendRunRequest, success_frame
+
+if TYPE_CHECKING:
+    from waltz_engine.storage.node.partition_worker import PartitionWorker
+
+
+def append_held(
+    worker: PartitionWorker, conn: FramedConnection, msg: StorageAppendRunRequest, syncs: PassSyncs
+) -> list[Reply] | None:
+    """The batch's replies (answered once ``syncs`` finished), or None: nothing done, the worker's
+    usual path takes the request (not the session's lone append at the next txid, or not within
+    the current segment)."""
+    partition = worker.lone_append_partition(msg)
+    if partition is None:
+        return None
+    started_ns = clock.monotonic_ns()
+    try:
+        held = partition.append_held(msg.records)
+    except Exception as e:
+        # The write failed (cut back): this partition alone, as with its own sync.
+        return [(conn, worker._append_failed(partition, msg, e))]
+    if held is None:
+        return None
+    replies: list[Reply] = [(conn, success_frame(msg.session_id, msg.seq_num, msg.partition_id))]
+
+    def settled(error: OSError | None, span: Span) -> None:
+        worker.first_transaction_id, worker.max_transaction_id = span
+        if error is not None:
+            worker._log_failure(msg, error)
+            replies[0] = (conn, failure_frame(msg, error))
+            return
+        worker.write_error = None
+        metrics = worker._metrics
+        if metrics is not None:
+            metrics.append.mark()
+            metrics.append_latency.update_ms((clock.monotonic_ns() - started_ns) / 1e6)
+
+    syncs.hold(held, settled)
+    return replies
