@@ -73,12 +73,32 @@ class FaultyDisk:
     def open(self, path: Path, **kwargs: bool) -> Any:
         return _FaultyFile(self, path, OS_DISK.open(path, **kwargs))
 
+    def whole_sync(self, directory: Path) -> _FaultyWholeSync:
+        return _FaultyWholeSync(self, directory)
+
     def sync_all(self, directory: Path) -> None:
-        self.whole_syncs += 1
-        if self.failing_whole_syncs:
-            self.failing_whole_syncs -= 1
-            raise OSError(errno.EIO, "Input/output error", str(directory))
-        OS_DISK.sync_all(directory)
+        """One whole-disk sync through a handle of its own (the tests' passes)."""
+        whole = self.whole_sync(directory)
+        try:
+            whole.sync()
+        finally:
+            whole.close()
+
+
+class _FaultyWholeSync:
+    def __init__(self, disk: FaultyDisk, directory: Path) -> None:
+        self._disk, self._directory = disk, directory
+        self._real = OS_DISK.whole_sync(directory)
+
+    def sync(self) -> None:
+        self._disk.whole_syncs += 1
+        if self._disk.failing_whole_syncs:
+            self._disk.failing_whole_syncs -= 1
+            raise OSError(errno.EIO, "Input/output error", str(self._directory))
+        self._real.sync()
+
+    def close(self) -> None:
+        self._real.close()
 
 
 class _FaultyFile:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 from waltz_engine.common.fileio import Bytes, DiskFile, fsync_directory
 from waltz_engine.storage.file_lock import HeaderLock
-from waltz_engine.storage.syncfs import syncfs_directory, syncfs_safe
+from waltz_engine.storage.syncfs import FileSystemSync, syncfs_safe
 
 
 class Disk(Protocol):
@@ -52,15 +53,35 @@ class Disk(Protocol):
         StorageError names the holder when another process or node has it. Closing unlocks."""
         ...
 
-    def sync_all(self, directory: Path) -> None:
-        """Make every file written on the file system of ``directory`` durable (``syncfs``): what
-        an ``fsync`` of each would, in one call; an OSError when any of them failed."""
+    def whole_sync(self, directory: Path) -> WholeSync:
+        """The sync of every file written on the file system of ``directory`` (``syncfs``): what
+        an ``fsync`` of each would, in one call."""
         ...
 
     def sync_all_safe(self, directory: Path) -> tuple[bool, str]:
-        """Whether :meth:`sync_all` reports every file's write error and flushes the device's
+        """Whether :meth:`whole_sync` reports every file's write error and flushes the device's
         cache for ``directory`` (so it may stand for the files' own syncs), and why."""
         ...
+
+
+class WholeSync(Protocol):
+    """A node's handle on the whole-disk sync of its data directory (:meth:`Disk.whole_sync`)."""
+
+    def sync(self) -> None:
+        """Every file written on that file system durable; an OSError when any of them failed."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class CallSync:
+    """A :class:`WholeSync` that calls ``sync`` (a disk with no descriptor to keep)."""
+
+    def __init__(self, sync: Callable[[], None]) -> None:
+        self.sync = sync
+
+    def close(self) -> None:
+        pass
 
 
 class OsFile:
@@ -133,8 +154,8 @@ class OsDisk:
     def open_locked(self, path: Path) -> LockedOsFile:
         return LockedOsFile(HeaderLock.open(path))
 
-    def sync_all(self, directory: Path) -> None:
-        syncfs_directory(directory)
+    def whole_sync(self, directory: Path) -> WholeSync:
+        return FileSystemSync(directory)
 
     def sync_all_safe(self, directory: Path) -> tuple[bool, str]:
         return syncfs_safe(directory)
@@ -196,7 +217,7 @@ class ReadOnlyOsDisk(OsDisk):
     def open_locked(self, path: Path) -> LockedOsFile:
         return ReadOnlyLockedOsFile(HeaderLock.open(path, shared=True))
 
-    def sync_all(self, directory: Path) -> None:
+    def whole_sync(self, directory: Path) -> WholeSync:
         raise ReadOnlyWriteError(f"a read-only open tried to sync {directory}")
 
 

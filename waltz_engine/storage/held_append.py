@@ -21,11 +21,13 @@ always, with the files' own syncs.
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 from collections.abc import Callable
 
 from waltz_engine.disk.record_run import AppendRun
+from waltz_engine.storage.file_system import WholeSync
 from waltz_engine.storage.partition_head import PartitionHead
 from waltz_engine.storage.refill import RefillCopy
 from waltz_engine.storage.segment import Segment
@@ -104,6 +106,43 @@ class HeldAppends(PartitionHead):
         except BaseException:
             lock.release()
             raise
+
+
+class SharedSync:
+    """A node's whole-disk sync, shared by its passes: one at a time, and a pass whose appends
+    another pass's failed sync may have covered fails too.
+
+    The kernel reports a failed writeback to one ``syncfs`` caller of the descriptor: when pass A
+    syncs the disk, A's sync writes back what pass B wrote before it too; if that fails, A gets
+    the error and B's own sync then returns 0. So the syncs go one at a time, each failure is
+    counted, and a pass that wrote before a failure counted (:meth:`mark` at its start) fails
+    as if its own sync had."""
+
+    def __init__(self, whole: WholeSync) -> None:
+        self._whole = whole
+        self._lock = threading.Lock()
+        self._failures = 0
+
+    def mark(self) -> int:
+        """Before a pass writes: what :meth:`sync` checks against."""
+        return self._failures
+
+    def sync(self, mark: int) -> None:
+        """Everything written since :meth:`mark` returned ``mark`` is durable, or an OSError."""
+        with self._lock:
+            try:
+                self._whole.sync()
+            except OSError:
+                self._failures += 1
+                raise
+            if self._failures != mark:
+                raise OSError(
+                    errno.EIO, "an earlier whole-disk sync failed after this pass's appends were written"
+                )
+
+    def close(self) -> None:
+        with self._lock:
+            self._whole.close()
 
 
 class PassSyncs:

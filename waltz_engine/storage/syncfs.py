@@ -42,17 +42,32 @@ def _libc_syncfs() -> Callable[[int], int] | None:
 _SYNCFS = _libc_syncfs()
 
 
-def syncfs_directory(directory: Path) -> None:
-    """``syncfs`` on the file system holding ``directory``; OSError as the kernel reports it."""
-    if _SYNCFS is None:
-        raise OSError(0, "syncfs is not available on this system", str(directory))
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        if _SYNCFS(fd) != 0:
+class FileSystemSync:
+    """``syncfs`` of the file system holding ``directory``, through one descriptor kept open.
+
+    One descriptor for the node's life, because the kernel reports a failed writeback to each
+    open descriptor of the file system once (``errseq``, per open file): a descriptor opened
+    for each sync would miss an error that another process's ``syncfs`` saw first. Opened at
+    the first sync (the directory may not exist yet when the node starts)."""
+
+    def __init__(self, directory: Path) -> None:
+        self._directory = directory
+        self._fd: int | None = None
+
+    def sync(self) -> None:
+        """OSError as the kernel reports it (or the directory cannot be opened)."""
+        if _SYNCFS is None:
+            raise OSError(0, "syncfs is not available on this system", str(self._directory))
+        if self._fd is None:
+            self._fd = os.open(self._directory, os.O_RDONLY)
+        if _SYNCFS(self._fd) != 0:
             code = ctypes.get_errno()
-            raise OSError(code, os.strerror(code), str(directory))
-    finally:
-        os.close(fd)
+            raise OSError(code, os.strerror(code), str(self._directory))
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 def kernel_version(release: str) -> tuple[int, int] | None:

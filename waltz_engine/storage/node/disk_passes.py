@@ -45,7 +45,7 @@ from typing import Any, Protocol, TypeVar
 from waltz_engine.common.loop_turns import call_at_turn_end
 from waltz_engine.common.metrics import MetricsRegistry
 from waltz_engine.net.channel import ConnectionClosedError, FramedConnection
-from waltz_engine.storage.held_append import PassSyncs
+from waltz_engine.storage.held_append import PassSyncs, SharedSync
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ class DiskPasses:
         runner: DiskRunner,
         registry: MetricsRegistry,
         metric_group: str,
-        sync_all: Callable[[], None] | None = None,
+        sync_all: SharedSync | None = None,
     ) -> None:
         """``sync_all``: a pass of several partitions runs their batches on its own thread and
         makes them durable with this one sync of the whole disk (None: each file its own sync)."""
@@ -302,7 +302,8 @@ class DiskPasses:
         """A pass of several partitions, on its own thread: each batch in turn, a lone append's
         sync held (its partition's lock too), then one sync of the whole disk for them all
         (waltz_engine/storage/held_append.py); no pool thread, so no hand-off of the GIL."""
-        syncs = PassSyncs(self._sync_disk)
+        assert self._sync_all is not None
+        syncs = PassSyncs(functools.partial(self._sync_disk, self._sync_all.mark()))
         try:
             outcomes = [_process(worker, batch, syncs) for worker, batch in taken]
         except BaseException:
@@ -311,10 +312,10 @@ class DiskPasses:
         syncs.finish()
         return outcomes
 
-    def _sync_disk(self) -> None:
+    def _sync_disk(self, mark: int) -> None:
         assert self._sync_all is not None
         self._shared_syncs.inc()
-        self._sync_all()
+        self._sync_all.sync(mark)
 
     def _pass_done(self, on_disk: object, outcomes: list[Outcome]) -> None:
         """On the pass's thread (the loop's in the simulator): answer, then the next pass."""

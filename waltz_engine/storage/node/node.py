@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import functools
 import logging
 import ssl
 from collections.abc import Callable, Mapping
@@ -31,6 +30,7 @@ from waltz_engine.net.tls import server_context
 from waltz_engine.net.transport import ASYNCIO_NETWORK, Network, tls_context
 from waltz_engine.storage.cleaner import RetentionCleaner
 from waltz_engine.storage.file_system import OS_DISK, Disk
+from waltz_engine.storage.held_append import SharedSync
 from waltz_engine.storage.node.admin_handler import AdminHandler
 from waltz_engine.storage.node.cluster_identity import (
     StoreIdentity,
@@ -180,6 +180,8 @@ class StorageNode:
         self.failure: WaltzError | None = None
         # How a disk pass of several partitions makes them durable (``storage.sync.scope``), and why.
         self.sync_scope = ""
+        # The whole-disk sync of the passes (storage.sync.scope), when the node uses one.
+        self._shared_sync: SharedSync | None = None
 
     async def _off_loop(self, work: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._admin_executor, work)
@@ -216,8 +218,9 @@ class StorageNode:
         loop = asyncio.get_running_loop()
         self.sync_scope = f"{SYNC_SCOPE_FILE_SYSTEM if whole_disk else SYNC_SCOPE_FILE} ({why})"
         log.info("a disk pass of several partitions syncs %s", _SYNC_WORDS[whole_disk] + why)
-        sync_all = functools.partial(self._disk.sync_all, config.directory) if whole_disk else None
-        self.passes = DiskPasses(loop, self._disk_runner(loop), self.metrics, METRIC_GROUP, sync_all)
+        if whole_disk:
+            self._shared_sync = SharedSync(self._disk.whole_sync(config.directory))
+        self.passes = DiskPasses(loop, self._disk_runner(loop), self.metrics, METRIC_GROUP, self._shared_sync)
         if self.network is ASYNCIO_NETWORK and config.data_connection_threads:
             self.connection_threads = ConnectionThreads(loop, self.passes, config.data_connection_threads)
 
@@ -515,6 +518,8 @@ class StorageNode:
             await worker.stop()
         if self.passes is not None:
             await self.passes.stop()
+        if self._shared_sync is not None:
+            self._shared_sync.close()
         if self._http is not None:
             await self._http.close()
         loop = asyncio.get_running_loop()
