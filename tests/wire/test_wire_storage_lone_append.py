@@ -282,7 +282,32 @@ def test_wrong_counts_and_other_types_are_left_to_the_general_readers() -> None:
         struct.pack_into(">i", lying, COUNT_OFFSET, count)
         assert read_whole_append(bytes(lying)) is None
         assert _outcome(STORAGE_DATA_PORT_CODEC, bytes(lying))[0] == "error"
+    one = bytearray(STORAGE_CODEC.encode(StorageAppendRequest(5, 7, 3, records[:1], False)))
+    struct.pack_into(">i", one, COUNT_OFFSET, 0)  # (no records, then a flag and trailing bytes)
+    assert read_whole_append(bytes(one)) is None
+    assert _outcome(STORAGE_DATA_PORT_CODEC, bytes(one))[0] == "error"
     other = bytearray(payload)
     other[0] = APPEND_REQUEST_TYPE + 1  # (a SUCCESS_RESPONSE's type: not an append)
     assert read_whole_append(bytes(other)) is None
     assert read_whole_append(bytes(payload[:40])) is None
+
+
+def test_a_lying_length_or_count_that_lines_the_end_up_is_refused_as_before() -> None:
+    """The cases a one-pass reader gets wrong most easily, each made to look whole: a negative
+    data length in a later record with the payload cut to end where it would then end, and a
+    count one too high with 0-40 bytes after the last record (a record's prefix cut anywhere)."""
+    records = tuple(Record(5 + i, ReqId(1, 2, 3, i), 0, b"xy", 1) for i in range(2))
+    payload = bytearray(STORAGE_CODEC.encode(StorageAppendRequest(5, 7, 3, records, False)))
+    second_length_at = COUNT_OFFSET + 4 + (RECORD_PREFIX_BYTES + 2 + 4) + RECORD_PREFIX_BYTES - 4
+    for length in (-1, -2, -6, -40):
+        lying = bytearray(payload)
+        struct.pack_into(">i", lying, second_length_at, length)
+        del lying[len(lying) - (2 - length) :]  # (ends where the lying length says it ends)
+        assert read_whole_append(bytes(lying)) is None
+        assert _outcome(STORAGE_DATA_PORT_CODEC, bytes(lying))[0] == "error"
+    for extra in range(41):
+        grown = bytearray(payload) + bytes(range(extra))
+        struct.pack_into(">i", grown, COUNT_OFFSET, 3)
+        outcome = _outcome(STORAGE_DATA_PORT_CODEC, bytes(grown))
+        assert outcome == _outcome(GENERAL, bytes(grown))
+        assert _whole_append_outcome(bytes(grown)) in (None, outcome)
