@@ -71,7 +71,7 @@ from waltz_engine.net.socket_transport import (
 from waltz_engine.storage.node.disk_passes import PASS_WAIT_MS, DiskPasses
 from waltz_engine.storage.node.partition_worker import PARTITION_REQUEST_TYPES, PartitionWorker, Pending
 from waltz_engine.wire.frame import FrameDecoder
-from waltz_engine.wire.storage_messages import read_whole_append
+from waltz_engine.wire.storage_messages import STORAGE_DATA_PORT_CODEC, read_whole_append
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +129,8 @@ class ConnectionThread:
         self._refusal = refusal
         self._later = later
         codec = conn.codec
+        # (Its APPENDs are read with read_whole_append, as this codec reads them.)
+        assert codec is STORAGE_DATA_PORT_CODEC, codec.label
         self._decode = codec.decode_frame
         self._decode_payload = codec.decode
         self._decoder = FrameDecoder(
@@ -257,7 +259,14 @@ class ConnectionThread:
                 msg = read_whole_append(payload)
                 messages.append(decode_payload(payload) if msg is None else msg)
             else:
-                messages += [m for frame in decoder.feed(data) if (m := decode(frame)) is not None]
+                # Several frames (16 active partitions: 7-8 requests a read), each APPEND read
+                # as above; keep-alives (None) and the rest by the codec.
+                for frame in decoder.feed(data):
+                    msg = read_whole_append(frame.payload)
+                    if msg is None:
+                        msg = decode(frame)
+                    if msg is not None:
+                        messages.append(msg)
 
     def _route(self, messages: list[Any]) -> bool:
         """Serve what was read, in order; False: left behind meanwhile."""
