@@ -72,6 +72,18 @@ def _outcome(codec: MessageCodec[Any], payload: bytes | memoryview) -> tuple[Any
     )
 
 
+def _damaged(
+    payload: bytearray, flips: list[tuple[int, int]], cut: int, tail: bytes, as_view: bool
+) -> bytes | memoryview:
+    """``payload`` with bytes flipped, then cut short by ``cut`` bytes, then grown by ``tail``."""
+    for where, byte in flips:
+        payload[where % len(payload)] = byte
+    if cut:
+        del payload[max(0, len(payload) - cut) :]
+    payload += tail
+    return memoryview(bytes(payload)) if as_view else bytes(payload)
+
+
 records_strategy = st.lists(
     st.builds(
         Record,
@@ -114,12 +126,7 @@ def test_the_one_record_reader_reads_as_the_general_one(
         struct.pack_into(">i", payload, DATA_LENGTH_OFFSET, max(-(2**31), min(2**31 - 1, value)))
     if flag_byte is not None:
         payload[-1] = flag_byte  # (any non-zero byte is true)
-    for where, byte in flips:
-        payload[where % len(payload)] = byte
-    if cut:
-        del payload[max(0, len(payload) - cut) :]
-    payload += tail
-    data = memoryview(bytes(payload)) if as_view else bytes(payload)
+    data = _damaged(payload, flips, cut, tail, as_view)
     assert _outcome(STORAGE_DATA_PORT_CODEC, data) == _outcome(GENERAL, data)
 
 
@@ -248,12 +255,7 @@ def test_the_reader_of_several_records_reads_as_the_general_one(
         at = COUNT_OFFSET + 4 + sum(RECORD_PREFIX_BYTES + len(r.data) + 4 for r in records[:which])
         true_length = len(records[which].data)
         struct.pack_into(">i", payload, at + RECORD_PREFIX_BYTES - 4, true_length + delta)
-    for where, byte in flips:
-        payload[where % len(payload)] = byte
-    if cut:
-        del payload[max(0, len(payload) - cut) :]
-    payload += tail
-    data = memoryview(bytes(payload)) if as_view else bytes(payload)
+    data = _damaged(payload, flips, cut, tail, as_view)
     general = _outcome(GENERAL, data)
     assert _outcome(STORAGE_DATA_PORT_CODEC, data) == general
     whole = _whole_append_outcome(data)
