@@ -57,6 +57,10 @@ def _outcome(codec: MessageCodec[Any], payload: bytes | memoryview) -> tuple[Any
         msg = codec.decode(payload)
     except ProtocolError as e:
         return ("error", type(e), str(e))
+    return _described(msg)
+
+
+def _described(msg: Any) -> tuple[Any, ...]:
     run = msg.records
     return (
         "message",
@@ -194,14 +198,7 @@ def _whole_append_outcome(payload: bytes | memoryview) -> tuple[Any, ...] | None
     """What ``read_whole_append`` gives, in ``_outcome``'s shape (None: it leaves the payload
     to the general readers)."""
     msg = read_whole_append(payload)
-    if msg is None:
-        return None
-
-    class _Given:
-        def decode(self, _: bytes | memoryview) -> Any:
-            return msg
-
-    return _outcome(_Given(), payload)  # type: ignore[arg-type]
+    return None if msg is None else _described(msg)
 
 
 several_records = st.lists(
