@@ -324,9 +324,7 @@ class ConnectionThread:
         """Run ``work(*args)`` on this thread, watched (PASS_WAIT_MS after ``grace_s``); False:
         left behind meanwhile."""
         with self._state:
-            # (The loop's clock, as the watch reads it: clock.monotonic_s, off the simulator,
-            # whose transports never get a thread, is time.monotonic; read here without it.)
-            self._on_disk_since_s = time.monotonic() + grace_s
+            self._on_disk_since_s = clock.monotonic_s() + grace_s
         try:
             work(*args)
         finally:
