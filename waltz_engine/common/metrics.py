@@ -62,7 +62,8 @@ class Meter:
 
     def mark_at(self, now_s: float, n: int = 1) -> None:
         """:meth:`mark` with the clock read by the caller (``clock.monotonic_s()``, this very
-        moment): a server that decides a batch of commits reads it once for all their meters."""
+        moment): one read for several meters and timers (a server's decided batch, a storage
+        node's append)."""
         if now_s - self._last_tick_s >= TICK_INTERVAL_S:
             self._tick(now_s)
         self.count += n
@@ -114,7 +115,7 @@ class Timer:
         self._next = 0
 
     def update_ms(self, duration_ms: float) -> None:
-        # (Not through update_ms_at: a storage node calls it per append, and a call costs.)
+        # (Not through update_at: a storage node calls it per append, and a call costs.)
         self.meter.mark()
         if len(self._samples_ms) < TIMER_RESERVOIR_SIZE:
             self._samples_ms.append(duration_ms)
@@ -122,16 +123,17 @@ class Timer:
             self._samples_ms[self._next] = duration_ms
             self._next = (self._next + 1) % TIMER_RESERVOIR_SIZE
 
-    def update_ms_at(self, now_s: float, duration_ms: float) -> None:
-        """:meth:`update_ms` with the clock read by the caller (see :meth:`Meter.mark_at`): a
-        server reads it once for every commit of a batch."""
-        self.meter.mark_at(now_s)
-        samples_ms = self._samples_ms
-        if len(samples_ms) < TIMER_RESERVOIR_SIZE:
-            samples_ms.append(duration_ms)
-        else:
-            samples_ms[self._next] = duration_ms
-            self._next = (self._next + 1) % TIMER_RESERVOIR_SIZE
+    def update_at(self, now_s: float, duration_ms: float, n: int = 1) -> None:
+        """``n`` durations of ``duration_ms`` (a group commit's requests), the clock read by the
+        caller at their end: :meth:`update_ms` ``n`` times, without a clock read each."""
+        self.meter.mark_at(now_s, n)
+        samples = self._samples_ms
+        for _ in range(n):
+            if len(samples) < TIMER_RESERVOIR_SIZE:
+                samples.append(duration_ms)
+            else:
+                samples[self._next] = duration_ms
+                self._next = (self._next + 1) % TIMER_RESERVOIR_SIZE
 
     def quantile_ms(self, q: float) -> float:
         if not self._samples_ms:

@@ -342,7 +342,7 @@ class SocketTransport(asyncio.Transport):
                 self._buffered += len(data)
                 return True  # the loop's flush, due already, takes it in its turn
             sock = self._sock
-            tls = _tls_object(sock)
+            tls = getattr(sock, "_sslobj", None)  # (``_tls_object``: a thread's hot path)
             try:
                 sent = tls.write(data) if tls is not None else sock.send(data)
             except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
@@ -373,7 +373,7 @@ class SocketTransport(asyncio.Transport):
                 return READ_CLOSED
             assert not self._reading, "the loop reads this connection"
             sock = self._sock
-            tls = _tls_object(sock)
+            tls = getattr(sock, "_sslobj", None)  # (``_tls_object``: a thread's hot path)
             try:
                 return int(tls.read(len(buffer), buffer) if tls is not None else sock.recv_into(buffer))
             except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
@@ -390,7 +390,7 @@ class SocketTransport(asyncio.Transport):
         with self._lock:
             if self._lost or self._closing:
                 return True
-            tls = _tls_object(self._sock)
+            tls = getattr(self._sock, "_sslobj", None)  # (``_tls_object``: a thread's hot path)
             return bool(tls is not None and tls.pending()) or bool(_unread_bytes(self._fd))
 
     def fileno(self) -> int:

@@ -565,7 +565,7 @@ class Partition(PartitionData):
                     return
                 self._outcome_unknown(append_number, request.req_id)
                 return
-            self._latency_timer.update_ms_at(now_s, (now_s - started_s) * 1000.0)
+            self._latency_timer.update_at(now_s, (now_s - started_s) * 1000.0)
             if transaction_id > self.commit_high_water_mark and not self.closed:
                 self.feed_cache.add(self.partition_id, transaction_id, request.req_id, request.header)
                 self.feed_frames.add_committed(transaction_id, request.req_id, request.header)

@@ -235,11 +235,11 @@ class Partition(HeldAppends):
             self._append_run(run)
 
     def append_next(self, run: WireRecordRun) -> tuple[int, int] | None:
-        """The storage node's lone append: :meth:`append` of records that begin at the next txid
-        with nothing in the way, then the new :meth:`span`, under one lock. None: nothing done
-        (closed, a refill, a foreign segment, not consecutive): :meth:`append` meets it."""
+        """The storage node's lone append: :meth:`append` of records from the next txid with
+        nothing in the way, then the new :meth:`span`, under one lock. None: nothing done (closed,
+        a refill, a foreign segment, not consecutive): :meth:`append` meets it."""
         with self._lock:
-            current = self._current
+            current = (segments := self._segments)[-1]  # (the current segment, no property call)
             if (
                 self._closed
                 or self._refill is not None
@@ -249,7 +249,7 @@ class Partition(HeldAppends):
             ):
                 return None
             self._append_run(run)
-            return self._start(), self._current.max_transaction_id
+            return self._start(), segments[-1].max_transaction_id
 
     def _append_run(self, run: AppendRun) -> None:
         """Under the lock: ``run``, consecutive from the next txid, written and synced."""

@@ -367,36 +367,69 @@ def _raw_specs() -> list[MessageSpec]:
 STORAGE_RAW_RECORDS_CODEC: MessageCodec[Any] = MessageCodec(STORAGE_MAGIC, STORAGE_VERSION, _raw_specs())
 
 
-# An APPEND_REQUEST of one record, up to its data: type, header, the record count, then the
-# record's txid and data length (its reqId and header skipped). A server's lone append.
-_ONE_RECORD_APPEND = struct.Struct(">b" + HEADER.struct_format + "iq20xi")
+# An APPEND_REQUEST up to its first record's data: type, header, the record count, then the
+# record's txid and data length (its reqId and header skipped).
+_APPEND_HEAD = struct.Struct(">b" + HEADER.struct_format + "iq20xi")
 # Where the record list's records start (after the type, the header and the count).
 _RECORDS_START = struct.calcsize(">b" + HEADER.struct_format + "i")
-assert _ONE_RECORD_APPEND.size == _RECORDS_START + WIRE_PREFIX_BYTES
+# A record after the first: its txid and data length.
+_RECORD_PREFIX = struct.Struct(">q20xi")
+assert _APPEND_HEAD.size == _RECORDS_START + WIRE_PREFIX_BYTES == _RECORDS_START + _RECORD_PREFIX.size
 assert RECORD_MIN_SIZE_BYTES <= WIRE_PREFIX_BYTES + INT32_SIZE_BYTES
 
 
-def _one_record_append_reader(read: PayloadReader) -> PayloadReader:
-    """``read`` (the codec's reader of APPEND_REQUEST as a run), with a way for the usual request
-    of one record that reads it in one unpack: the same message, for a payload whose count is
-    1, whose data length is not negative and that ends right after the record and the flag
-    byte. Any other payload goes to ``read``, which refuses what it refuses with its errors."""
-    unpack = _ONE_RECORD_APPEND.unpack_from
-    head_bytes = _ONE_RECORD_APPEND.size
+def read_whole_append(buf: Buffer) -> StorageAppendRunRequest | None:
+    """A whole APPEND_REQUEST payload read in one pass of ``unpack_from`` (one for the head and
+    the first record, one per record after it): the server's usual request, of one record with
+    one appender and of 2-4 at 16 partitions. The same message as the codec's general field
+    readers give, for a payload of this type whose count is at least 1, whose records each have
+    a data length that is not negative, and that ends right after the last record and the flag
+    byte; None for any other (refused or not: the general readers say, with their errors)."""
+    size = len(buf)
+    if size <= _APPEND_HEAD.size:
+        return None
+    kind, session_id, seq_num, partition_id, count, txid, length = _APPEND_HEAD.unpack_from(buf, 0)
+    end = _APPEND_HEAD.size + length + INT32_SIZE_BYTES
+    if kind != APPEND_REQUEST_TYPE or length < 0 or count < 1:
+        return None
+    if count == 1:
+        if end + BOOL_SIZE_BYTES != size:
+            return None
+        run = WireRecordRun(buf, [_RECORDS_START, end], [txid], True)
+    else:
+        # (A count that lies stops the loop at the first record past the payload: bounded by it.)
+        unpack = _RECORD_PREFIX.unpack_from
+        starts = [_RECORDS_START, end]
+        txids = [txid]
+        consecutive = True
+        for _ in range(count - 1):
+            if end + WIRE_PREFIX_BYTES > size:
+                return None
+            next_txid, length = unpack(buf, end)
+            if length < 0:
+                return None
+            consecutive = consecutive and next_txid == txid + 1
+            txid = next_txid
+            end += WIRE_PREFIX_BYTES + length + INT32_SIZE_BYTES
+            starts.append(end)
+            txids.append(txid)
+        if end + BOOL_SIZE_BYTES != size:
+            return None
+        run = WireRecordRun(buf, starts, txids, consecutive)
+    # (Any non-zero byte is true, as Netty's readBoolean and ``read_bool``.)
+    return StorageAppendRunRequest(session_id, seq_num, partition_id, run, buf[end] != 0)
 
-    def read_one_record(buf: Buffer) -> tuple[Any, int]:
-        size = len(buf)
-        if size > head_bytes:
-            _, session_id, seq_num, partition_id, count, txid, length = unpack(buf, 0)
-            end = head_bytes + length + INT32_SIZE_BYTES
-            if count == 1 and length >= 0 and end + BOOL_SIZE_BYTES == size:
-                run = WireRecordRun(buf, [_RECORDS_START, end], [txid], True)
-                # (Any non-zero byte is true, as Netty's readBoolean and ``read_bool``.)
-                flag = buf[end] != 0
-                return StorageAppendRunRequest(session_id, seq_num, partition_id, run, flag), size
-        return read(buf)
 
-    return read_one_record
+def _whole_append_reader(read: PayloadReader) -> PayloadReader:
+    """``read`` (the codec's reader of APPEND_REQUEST as a run), tried after
+    :func:`read_whole_append`: any payload that one does not take goes to ``read``, which
+    refuses what it refuses with its errors."""
+
+    def read_append(buf: Buffer) -> tuple[Any, int]:
+        msg = read_whole_append(buf)
+        return read(buf) if msg is None else (msg, len(buf))
+
+    return read_append
 
 
 def _data_port_specs() -> list[MessageSpec]:
@@ -407,7 +440,7 @@ def _data_port_specs() -> list[MessageSpec]:
         HEADER,
         [Field(read_wire_record_run, write_wire_record_run), _BOOL],
     )
-    run = run._replace(read=_one_record_append_reader(run.read))
+    run = run._replace(read=_whole_append_reader(run.read))
     return [run if spec.type_code == APPEND_REQUEST_TYPE else spec for spec in _specs()]
 
 

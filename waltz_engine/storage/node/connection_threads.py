@@ -71,6 +71,7 @@ from waltz_engine.net.socket_transport import (
 from waltz_engine.storage.node.disk_passes import PASS_WAIT_MS, DiskPasses
 from waltz_engine.storage.node.partition_worker import PARTITION_REQUEST_TYPES, PartitionWorker, Pending
 from waltz_engine.wire.frame import FrameDecoder
+from waltz_engine.wire.storage_messages import STORAGE_DATA_PORT_CODEC, read_whole_append
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,8 @@ class ConnectionThread:
         self._refusal = refusal
         self._later = later
         codec = conn.codec
+        # (Its APPENDs are read with read_whole_append, as this codec reads them.)
+        assert codec is STORAGE_DATA_PORT_CODEC, codec.label
         self._decode = codec.decode_frame
         self._decode_payload = codec.decode
         self._decoder = FrameDecoder(
@@ -251,10 +254,19 @@ class ConnectionThread:
             data = buffer[:size]
             payload = whole_payload(data)
             if payload is not None:
-                # One whole frame (a lone request's read): no Frame, no list of them.
-                messages.append(decode_payload(payload))
+                # One whole frame (a lone request's read): no Frame, no list of them; an APPEND
+                # read in one pass (read_whole_append), anything else by the codec.
+                msg = read_whole_append(payload)
+                messages.append(decode_payload(payload) if msg is None else msg)
             else:
-                messages += [m for frame in decoder.feed(data) if (m := decode(frame)) is not None]
+                # Several frames (16 active partitions: 7-8 requests a read), each APPEND read
+                # as above; keep-alives (None) and the rest by the codec.
+                for frame in decoder.feed(data):
+                    msg = read_whole_append(frame.payload)
+                    if msg is None:
+                        msg = decode(frame)
+                    if msg is not None:
+                        messages.append(msg)
 
     def _route(self, messages: list[Any]) -> bool:
         """Serve what was read, in order; False: left behind meanwhile."""
@@ -306,15 +318,15 @@ class ConnectionThread:
                 claimed = False
         if not claimed:
             return self._queue({worker: batch}, here=True)
-        return self._on_disk(lambda: passes.run_claimed(worker, batch))
+        return self._on_disk(0.0, passes.run_claimed, worker, batch)
 
-    def _on_disk(self, work: Callable[[], None], grace_s: float = 0.0) -> bool:
-        """Run disk work on this thread, watched (PASS_WAIT_MS after ``grace_s``); False: left
-        behind meanwhile."""
+    def _on_disk(self, grace_s: float, work: Callable[..., None], *args: Any) -> bool:
+        """Run ``work(*args)`` on this thread, watched (PASS_WAIT_MS after ``grace_s``); False:
+        left behind meanwhile."""
         with self._state:
             self._on_disk_since_s = clock.monotonic_s() + grace_s
         try:
-            work()
+            work(*args)
         finally:
             with self._state:
                 self._on_disk_since_s = None
@@ -346,7 +358,7 @@ class ConnectionThread:
         # A pass of several partitions hands its own late ones off at PASS_WAIT_MS and returns
         # (DiskPasses' gather): watched from then on, or the watch and the gather both took the
         # same stall for late, racing, and the connection went back to the loop for nothing.
-        return True if pass_here is None else self._on_disk(pass_here, PASS_WAIT_MS / 1000)
+        return True if pass_here is None else self._on_disk(PASS_WAIT_MS / 1000, pass_here)
 
     def _on_loop(self, work: Awaitable[None]) -> None:
         """Run ``work`` on the loop and wait for it (errors are raised here)."""

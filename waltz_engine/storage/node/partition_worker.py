@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from waltz_engine.common import clock
+from waltz_engine.common.clock import monotonic_s
 from waltz_engine.common.errors import StorageError
 from waltz_engine.common.limited_log import LimitedLog
 from waltz_engine.common.metrics import Counter, Meter, MetricsRegistry, Timer
@@ -507,7 +507,7 @@ class PartitionWorker:
             expected += len(msg.records)
             end += 1
         metrics = self._metrics
-        started_ns = clock.monotonic_ns()
+        started_s = monotonic_s()
         try:
             if len(group) == 1:
                 partition.append(first.records)
@@ -518,11 +518,10 @@ class PartitionWorker:
             replies += [(conn, failure_frame(msg, e)) for conn, msg in group]
             return end
         self.write_error = None
-        if metrics is not None:
-            metrics.append.mark(len(group))
-            latency_ms = (clock.monotonic_ns() - started_ns) / 1e6
-            for _ in group:
-                metrics.append_latency.update_ms(latency_ms)
+        if metrics is not None:  # (one clock read for the meter and the timer, as below)
+            now_s = monotonic_s()
+            metrics.append.mark_at(now_s, len(group))
+            metrics.append_latency.update_at(now_s, (now_s - started_s) * 1000.0, len(group))
         for conn, msg in group:
             replies.append((conn, success_frame(msg.session_id, msg.seq_num, msg.partition_id)))
         return end
@@ -533,7 +532,7 @@ class PartitionWorker:
         partition = self.lone_append_partition(msg)
         if partition is None:
             return None
-        started_ns = clock.monotonic_ns()
+        started_s = monotonic_s()
         try:
             span = partition.append_next(msg.records)
         except Exception as e:
@@ -543,9 +542,10 @@ class PartitionWorker:
         self.first_transaction_id, self.max_transaction_id = span
         self.write_error = None
         metrics = self._metrics
-        if metrics is not None:
-            metrics.append.mark()
-            metrics.append_latency.update_ms((clock.monotonic_ns() - started_ns) / 1e6)
+        if metrics is not None:  # (the meter, the timer and its meter: one clock read)
+            now_s = monotonic_s()
+            metrics.append.mark_at(now_s)
+            metrics.append_latency.update_at(now_s, (now_s - started_s) * 1000.0)
         return success_frame(msg.session_id, msg.seq_num, msg.partition_id)
 
     def lone_append_partition(self, msg: StorageAppendRunRequest) -> Partition | None:
