@@ -123,6 +123,12 @@ class WorldShape:
     # A storage node lost for good in some seeds (waltz_engine.sim.storage_gone: drawn from a
     # generator of the seed's own, so the others run as they did before it existed).
     storage_gone: bool = True
+    # Transactions submitted at once, each SUBMIT_INTERVAL_S times this many apart on average
+    # (the same rate): consecutive transactions go to consecutive partitions, so with several
+    # partitions their appends reach a storage node together and its disk passes carry several
+    # partitions' lone appends, made durable by one whole-disk sync (issue 33; 1: one by one, the
+    # world as it was before).
+    submits_together: int = 1
 
 
 @dataclass
