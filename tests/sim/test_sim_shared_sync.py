@@ -13,23 +13,30 @@ from waltz_engine.sim.disk import SimDisk
 from waltz_engine.sim.runner import replay_command
 from waltz_engine.sim.world import WorldShape, run_seed
 
-# A seed of the 4-partition world (`waltz sim --partitions 4`), whose passes sync several
-# partitions together 16 times (4 before its transactions were submitted 4 at once: seed 4).
-SEED = 0
+# A seed of the 4-partition world (`waltz sim --partitions 4`): its passes sync several partitions
+# together 47 times (4 in seed 4 before its transactions were submitted 4 at once), and 5 of those
+# whole-disk syncs fail (the fault whole_sync_failure): each fails its pass's partitions, cut back.
+SEED = 7
 SHAPE = WorldShape(partitions=4, submits_together=4)
 
 
 def test_a_world_of_several_partitions_syncs_its_passes_together(monkeypatch: pytest.MonkeyPatch) -> None:
     syncs: list[Path] = []
+    failed: list[OSError] = []
     sync_all = SimDisk.sync_all
 
     def counted(self: SimDisk, directory: Path) -> None:
         syncs.append(directory)
-        sync_all(self, directory)
+        try:
+            sync_all(self, directory)
+        except OSError as e:
+            failed.append(e)
+            raise
 
     monkeypatch.setattr(SimDisk, "sync_all", counted)
-    assert run_seed(SEED, SHAPE).violations == []
-    assert syncs
+    result = run_seed(SEED, SHAPE)
+    assert result.violations == []
+    assert len(syncs) > len(failed) > 0 and result.faults["whole_sync_failure"] > 0
 
 
 def test_a_failing_seed_of_several_partitions_replays_with_them() -> None:

@@ -43,7 +43,8 @@ def sim(
             help=f"Faults per seed, each of a kind drawn from all: network (resets, partitions, loss, "
             "slow and spiky links), ZooKeeper outages and expiries, server pauses and freezes, power "
             "losses of servers and storage nodes, partition moves, forged reads, client restarts, "
-            "disk faults (torn writes, bit flips, a full disk, slow syncs). The default is the mix "
+            "disk faults (torn writes, bit flips, a full disk, slow syncs; with --partitions, failed "
+            "whole-disk syncs). The default is the mix "
             f"the simulator's targets are measured at ({DEFAULT_FAULTS} per seed of "
             f"{DEFAULT_TRANSACTIONS} transactions); 0 for a world without faults.",
             min=0,

@@ -343,6 +343,7 @@ class SimWorld(DiskFaults, WorkloadDriver):
             self.zookeeper.end_outage()
         for disk in self.disks.values():
             disk.capacity_bytes = None
+            disk.failing_whole_syncs = 0
         self.sync_latency_ms.clear()
         self.slow_syncs_until_s.clear()
         self.bucket.heal()
@@ -387,6 +388,10 @@ class SimWorld(DiskFaults, WorkloadDriver):
     @property
     def operator_actions(self) -> bool:
         return self.shape.operator_actions
+
+    @property
+    def whole_syncs(self) -> bool:
+        return self.shape.partitions > 1 and self.shape.submits_together > 1
 
     def operate(self, kind: str, rng: Any, busy: set[str]) -> asyncio.Task[None] | None:
         return self.operator.inject(kind, rng, busy)
