@@ -193,6 +193,10 @@ class SimWorld(DiskFaults, WorkloadDriver):
         self.gone: set[int] = set()  # storage nodes lost for good (storage_gone)
         self.storage_gone: StorageGone | None = None  # the seed's plan of that fault (run_world)
         self.liveness = Liveness(self)
+        # What each storage node had acknowledged when its power went (partition -> max txid its
+        # workers had answered or were answering), checked against its disk when it restarts.
+        self._acknowledged: dict[str, dict[int, int]] = {}
+        self.lost_acknowledged: list[str] = []
 
     def _zookeeper_keys(self) -> dict[str, Any]:
         return {
@@ -462,6 +466,7 @@ class SimWorld(DiskFaults, WorkloadDriver):
         rng = self.loop.rng
         disk = self.disks.get(host)
         if disk is not None:
+            self._note_acknowledged(host)
             disk.crash(keep_torn_bytes=rng.randrange(disk.torn_write_size_bytes() + 1))
         for a, b in self._links_of(host):
             self.network.partition(a, b)  # until it is back, nothing reaches it or answers
@@ -469,6 +474,30 @@ class SimWorld(DiskFaults, WorkloadDriver):
         dying = self._dying.pop(host, None)
         if dying is not None:
             dying.set()
+
+    def _note_acknowledged(self, host: str) -> None:
+        """A worker's span moves only once its records are durable (its own sync, or the pass's
+        whole-disk sync), before they are answered: what the node must still hold at restart."""
+        number = int(host.rsplit("-", 1)[1])
+        if number < len(self.storage) and self.storage[number].manager is not None:
+            workers = self.storage[number].workers
+            self._acknowledged[host] = {p: worker.max_transaction_id for p, worker in workers.items()}
+
+    def _check_acknowledged(self, number: int) -> None:
+        """Right after the restart (before any request): every record the node acknowledged
+        before its power loss is on its disk (a rotten replica's recovery may cut: left out)."""
+        host = f"storage-{number}"
+        acknowledged = self._acknowledged.pop(host, {})
+        manager = self.storage[number].manager
+        if host == self.damaged_host or manager is None:
+            return
+        for partition_id in sorted(set(acknowledged) & set(manager.assigned_partition_ids())):
+            held = manager.partition(partition_id).max_transaction_id()
+            if held < acknowledged[partition_id]:
+                self.lost_acknowledged.append(
+                    f"{host}: partition {partition_id} holds up to txid {held} after a power loss, "
+                    f"but had acknowledged up to {acknowledged[partition_id]}"
+                )
 
     async def crash_storage(self, number: int, mid_write: bool | None = None) -> None:
         """A power loss: at once, or inside one of the node's next writes (a torn write)."""
@@ -502,6 +531,7 @@ class SimWorld(DiskFaults, WorkloadDriver):
         host = f"storage-{number}"
         self._back_up(host)
         self.storage[number] = await _until_started(lambda: self._start_storage(number))
+        self._check_acknowledged(number)
         self.storage_down.discard(number)
 
     def _back_up(self, host: str) -> None:
