@@ -65,6 +65,7 @@ from waltz_engine.sim.zk_model import SimZkClient, SimZooKeeper
 from waltz_engine.storage.admin_client import StorageAdminClient
 from waltz_engine.storage.client import StorageClient, StorageRpcError
 from waltz_engine.storage.node.config import StorageConfig
+from waltz_engine.storage.node.node import METRIC_GROUP as STORAGE_METRIC_GROUP
 from waltz_engine.storage.node.node import StorageNode
 from waltz_engine.wire.frame import FRAME_HEADER_SIZE_BYTES
 from waltz_engine.zk.cluster import create_cluster
@@ -88,6 +89,10 @@ SEGMENT_SIZE_THRESHOLD_BYTES = 64 * 1024
 MID_WRITE_CRASH_PROBABILITY = 0.5
 MAX_WRITES_BEFORE_CRASH = 6
 MID_WRITE_CRASH_WAIT_S = 3.0
+
+# A restarted storage node's disk passes and the batches its connections ran outside them: before
+# either, no request has touched its disk (the check of what it acknowledged reads it then).
+REQUEST_WRITE_COUNTERS = ("disk-passes", "disk-connection-thread-batches")
 
 _Node = TypeVar("_Node", StorageNode, WaltzServer, WaltzClient)
 _R = TypeVar("_R")
@@ -484,13 +489,17 @@ class SimWorld(DiskFaults, WorkloadDriver):
             self._acknowledged[host] = {p: worker.max_transaction_id for p, worker in workers.items()}
 
     def _check_acknowledged(self, number: int) -> None:
-        """Right after the restart (before any request): every record the node acknowledged
-        before its power loss is on its disk (a rotten replica's recovery may cut: left out)."""
+        """Right after the restart, before any request reached its disk: every record the node
+        acknowledged before its power loss is on its disk (a rotten replica's recovery may cut:
+        left out)."""
         host = f"storage-{number}"
         acknowledged = self._acknowledged.pop(host, {})
-        manager = self.storage[number].manager
+        node = self.storage[number]
+        manager = node.manager
         if host == self.damaged_host or manager is None:
             return
+        if any(node.metrics.counter(STORAGE_METRIC_GROUP, name).count for name in REQUEST_WRITE_COUNTERS):
+            return  # a request reached its disk first (a recovery's truncate may rightly cut)
         for partition_id in sorted(set(acknowledged) & set(manager.assigned_partition_ids())):
             held = manager.partition(partition_id).max_transaction_id()
             if held < acknowledged[partition_id]:
