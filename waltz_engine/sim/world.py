@@ -31,6 +31,7 @@ from waltz_engine.common.errors import WaltzError
 from waltz_engine.server.config import ServerConfig
 from waltz_engine.server.server import WaltzServer
 from waltz_engine.sim import world_checks
+from waltz_engine.sim.acknowledged import Acknowledged
 from waltz_engine.sim.bank import Ledger
 from waltz_engine.sim.disk import SimDisk
 from waltz_engine.sim.disk_faults import DiskFaults
@@ -65,7 +66,6 @@ from waltz_engine.sim.zk_model import SimZkClient, SimZooKeeper
 from waltz_engine.storage.admin_client import StorageAdminClient
 from waltz_engine.storage.client import StorageClient, StorageRpcError
 from waltz_engine.storage.node.config import StorageConfig
-from waltz_engine.storage.node.node import METRIC_GROUP as STORAGE_METRIC_GROUP
 from waltz_engine.storage.node.node import StorageNode
 from waltz_engine.wire.frame import FRAME_HEADER_SIZE_BYTES
 from waltz_engine.zk.cluster import create_cluster
@@ -89,10 +89,6 @@ SEGMENT_SIZE_THRESHOLD_BYTES = 64 * 1024
 MID_WRITE_CRASH_PROBABILITY = 0.5
 MAX_WRITES_BEFORE_CRASH = 6
 MID_WRITE_CRASH_WAIT_S = 3.0
-
-# A restarted storage node's disk passes and the batches its connections ran outside them: before
-# either, no request has touched its disk (the check of what it acknowledged reads it then).
-REQUEST_WRITE_COUNTERS = ("disk-passes", "disk-connection-thread-batches")
 
 _Node = TypeVar("_Node", StorageNode, WaltzServer, WaltzClient)
 _R = TypeVar("_R")
@@ -198,10 +194,7 @@ class SimWorld(DiskFaults, WorkloadDriver):
         self.gone: set[int] = set()  # storage nodes lost for good (storage_gone)
         self.storage_gone: StorageGone | None = None  # the seed's plan of that fault (run_world)
         self.liveness = Liveness(self)
-        # What each storage node had acknowledged when its power went (partition -> max txid its
-        # workers had answered or were answering), checked against its disk when it restarts.
-        self._acknowledged: dict[str, dict[int, int]] = {}
-        self.lost_acknowledged: list[str] = []
+        self.acknowledged = Acknowledged()  # checked against a storage node's disk at its restart
 
     def _zookeeper_keys(self) -> dict[str, Any]:
         return {
@@ -471,7 +464,8 @@ class SimWorld(DiskFaults, WorkloadDriver):
         rng = self.loop.rng
         disk = self.disks.get(host)
         if disk is not None:
-            self._note_acknowledged(host)
+            number = int(host.rsplit("-", 1)[1])
+            self.acknowledged.note(host, self.storage[number] if number < len(self.storage) else None)
             disk.crash(keep_torn_bytes=rng.randrange(disk.torn_write_size_bytes() + 1))
         for a, b in self._links_of(host):
             self.network.partition(a, b)  # until it is back, nothing reaches it or answers
@@ -479,34 +473,6 @@ class SimWorld(DiskFaults, WorkloadDriver):
         dying = self._dying.pop(host, None)
         if dying is not None:
             dying.set()
-
-    def _note_acknowledged(self, host: str) -> None:
-        """A worker's span moves only once its records are durable (its own sync, or the pass's
-        whole-disk sync), before they are answered: what the node must still hold at restart."""
-        number = int(host.rsplit("-", 1)[1])
-        if number < len(self.storage) and self.storage[number].manager is not None:
-            workers = self.storage[number].workers
-            self._acknowledged[host] = {p: worker.max_transaction_id for p, worker in workers.items()}
-
-    def _check_acknowledged(self, number: int) -> None:
-        """Right after the restart, before any request reached its disk: every record the node
-        acknowledged before its power loss is on its disk (a rotten replica's recovery may cut:
-        left out)."""
-        host = f"storage-{number}"
-        acknowledged = self._acknowledged.pop(host, {})
-        node = self.storage[number]
-        manager = node.manager
-        if host == self.damaged_host or manager is None:
-            return
-        if any(node.metrics.counter(STORAGE_METRIC_GROUP, name).count for name in REQUEST_WRITE_COUNTERS):
-            return  # a request reached its disk first (a recovery's truncate may rightly cut)
-        for partition_id in sorted(set(acknowledged) & set(manager.assigned_partition_ids())):
-            held = manager.partition(partition_id).max_transaction_id()
-            if held < acknowledged[partition_id]:
-                self.lost_acknowledged.append(
-                    f"{host}: partition {partition_id} holds up to txid {held} after a power loss, "
-                    f"but had acknowledged up to {acknowledged[partition_id]}"
-                )
 
     async def crash_storage(self, number: int, mid_write: bool | None = None) -> None:
         """A power loss: at once, or inside one of the node's next writes (a torn write)."""
@@ -540,7 +506,7 @@ class SimWorld(DiskFaults, WorkloadDriver):
         host = f"storage-{number}"
         self._back_up(host)
         self.storage[number] = await _until_started(lambda: self._start_storage(number))
-        self._check_acknowledged(number)
+        self.acknowledged.check(host, self.storage[number], host == self.damaged_host)
         self.storage_down.discard(number)
 
     def _back_up(self, host: str) -> None:
