@@ -132,6 +132,14 @@ def ack_before_sync(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(SimDisk, "sync_all", lambda self, directory: None)
 
 
+def whole_disk_sync_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33: a storage node whose disk pass of several partitions acknowledges their lone
+    appends without the one whole-disk sync that was to make them durable (``syncfs`` left out;
+    every file's own sync stays): a partition's records reach the platter only at its next own
+    sync, so a power loss in between takes acknowledged records."""
+    monkeypatch.setattr(SimDisk, "sync_all", lambda self, directory: None)
+
+
 def cache_serves_wrong_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
     """A server's transaction cache that answers some hits with the previous transaction's entry
     (data and its checksum, so the client's CRC check passes): a stale slot served for a key."""
@@ -180,6 +188,7 @@ PLANTS: dict[str, Plant] = {
     "retry_worker_dies": retry_worker_dies,
     "recovery_cuts_committed": recovery_cuts_committed,
     "ack_before_sync": ack_before_sync,
+    "whole_disk_sync_skipped": whole_disk_sync_skipped,
     "cache_serves_wrong_bytes": cache_serves_wrong_bytes,
     "missing_storage_fence": missing_storage_fence,
 }

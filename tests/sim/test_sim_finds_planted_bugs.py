@@ -1,8 +1,8 @@
 """The simulator finds historical and planted bugs, one at a time (``planted_bugs``): each is
 replayed at the first seed that found it in the search of up to ``SEARCH_SEEDS`` seeds of the
-default world (``waltz sim --seeds 300``, nothing else set: the default fault mix), and the same
-seed passes on today's code. ``WALTZ_SIM_SEARCH=1`` runs the full search instead
-(docs/reliability.md)."""
+default world (``waltz sim --seeds 300``, nothing else set: the default fault mix) or of the
+world ``WORLD`` names for it, and the same seed passes on today's code. ``WALTZ_SIM_SEARCH=1``
+runs the full search instead (docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -30,8 +30,10 @@ FIRST_FINDING: dict[str, tuple[int, str]] = {
     # Issue 32: a power loss takes records a storage node acknowledged before syncing them (the
     # replicas then disagree below what was acknowledged, and the log stalls). Issue 33: the plant
     # had failed every append with a TypeError since ``Segment._write`` took more arguments (seed
-    # 0 "found" that); left out for real, with the disk pass's whole-disk sync, seed 3 finds it.
-    "ack_before_sync": (3, "(in the log 0 times)"),
+    # 0 "found" that); left out for real, with the disk pass's whole-disk sync, seed 3 finds it
+    # (a transaction in the log 0 times). Since a restarted storage node's disk is checked against
+    # what it had acknowledged, seed 0 finds it in those words.
+    "ack_before_sync": (0, "after a power loss, but had acknowledged"),
     # Issue 32: the bytes the application reads are another transaction's.
     "cache_serves_wrong_bytes": (0, "other than the"),
     # Issue 32: a deposed server's late appends are written at replicas a newer session fenced
@@ -56,12 +58,24 @@ FIRST_FINDING: dict[str, tuple[int, str]] = {
     # up (the source among them, no longer assigned): the liveness check's finding.
     "move_ends_unrecorded_unchecked": (313, "committed nothing for"),
     "offload_unsealed": (1, "was offloaded unsealed"),
+    # Issue 33, in the world of several partitions (SEVERAL_PARTITIONS): a disk pass acknowledged
+    # its partitions' lone appends without the whole-disk sync, and a power loss took them (the
+    # restarted node's check of what it had acknowledged; before that check, seed 39 found it
+    # first: committed records on no replica, the log stalled behind them).
+    "whole_disk_sync_skipped": (0, "after a power loss, but had acknowledged"),
 }
 # The default world without the operator's actions, where issue 21's item 1 stays replayed: the
 # search of the combined default world had not found it when this was recorded (the search ran
 # out of the session's time; i32-ops' world with only the actions saw it first at seed 26).
 BEFORE_OPERATOR = WorldShape(operator_actions=False)
-WORLD: dict[str, WorldShape] = {"barrier_hole": BEFORE_OPERATOR}
+# `waltz sim --partitions 4`: the transactions go round 4 partitions, 4 submitted at once, so a
+# storage node's disk passes often carry several partitions' lone appends, made durable by one
+# whole-disk sync (issue 33; the default world has one partition and never takes that path).
+SEVERAL_PARTITIONS = WorldShape(partitions=4, submits_together=4)
+WORLD: dict[str, WorldShape] = {
+    "barrier_hole": BEFORE_OPERATOR,
+    "whole_disk_sync_skipped": SEVERAL_PARTITIONS,
+}
 
 
 @pytest.mark.parametrize("name", sorted(FIRST_FINDING))

@@ -12,7 +12,7 @@ from waltz_cli.main import app
 from waltz_engine.client import Transaction
 from waltz_engine.server.locks import Locks
 from waltz_engine.sim.faults import FAULT_KINDS
-from waltz_engine.sim.node_faults import NODE_FAULT_KINDS
+from waltz_engine.sim.node_faults import NODE_FAULT_KINDS, WHOLE_SYNC_KINDS
 from waltz_engine.sim.operator import OPERATOR_KINDS
 from waltz_engine.sim.runner import run_seeds
 from waltz_engine.sim.workload import Application
@@ -88,7 +88,8 @@ def test_nodes_pause_crash_restart_and_partitions_move_and_the_seed_replays() ->
     shape = WorldShape(transactions=60, faults=60, servers=2, operator_actions=False)
     first, again = run_seed(0, shape), run_seed(0, shape)
     assert first.violations == [] and first.transactions + first.refused + first.not_committed >= 60
-    assert set(NODE_FAULT_KINDS) <= set(first.faults)
+    # (Every kind but a failed whole-disk sync: only a world of several partitions at once has it.)
+    assert set(NODE_FAULT_KINDS) - set(WHOLE_SYNC_KINDS) <= set(first.faults)
     assert first.trace_hash == again.trace_hash and first.faults == again.faults
 
 

@@ -43,7 +43,8 @@ def sim(
             help=f"Faults per seed, each of a kind drawn from all: network (resets, partitions, loss, "
             "slow and spiky links), ZooKeeper outages and expiries, server pauses and freezes, power "
             "losses of servers and storage nodes, partition moves, forged reads, client restarts, "
-            "disk faults (torn writes, bit flips, a full disk, slow syncs). The default is the mix "
+            "disk faults (torn writes, bit flips, a full disk, slow syncs; with --partitions, failed "
+            "whole-disk syncs). The default is the mix "
             f"the simulator's targets are measured at ({DEFAULT_FAULTS} per seed of "
             f"{DEFAULT_TRANSACTIONS} transactions); 0 for a world without faults.",
             min=0,
@@ -71,9 +72,10 @@ def sim(
         int,
         typer.Option(
             "--partitions",
-            help="Partitions of the simulated cluster (the transactions go round them): with several, "
-            "a storage node's disk passes carry several partitions, made durable by one whole-disk "
-            f"sync (the append workload). --acl makes it at least {ACL_MIN_PARTITIONS}.",
+            help="Partitions of the simulated cluster (the transactions go round them, submitted as "
+            "many at once): with several, a storage node's disk passes carry several partitions, "
+            "made durable by one whole-disk sync (the append workload). --acl makes it at least "
+            f"{ACL_MIN_PARTITIONS}.",
             min=1,
             max=MAX_SIM_PARTITIONS,
         ),
@@ -106,7 +108,7 @@ def sim(
     if partitions > 1 and workload != "append":
         raise typer.BadParameter(f"the {workload} workload runs on one partition (its checks read one log)")
     shape = WorldShape(transactions=transactions, faults=faults, workload=workload, acl=acl)
-    shape = replace(shape, partitions=partitions)
+    shape = replace(shape, partitions=partitions, submits_together=partitions)
     if acl:
         shape = replace(shape, partitions=max(partitions, ACL_MIN_PARTITIONS))
     report = run_seeds(seeds, seed_base, jobs, progress, shape)

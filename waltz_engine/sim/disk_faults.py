@@ -1,6 +1,6 @@
 """The disk faults the simulated world applies to its storage nodes (a part of
 :class:`waltz_engine.sim.world.SimWorld`, kept apart for size): rot where the node knows the bytes
-are durable, a full disk, slow syncs."""
+are durable, a full disk, slow syncs, failed whole-disk syncs."""
 
 from __future__ import annotations
 
@@ -123,6 +123,12 @@ class DiskFaults:
     def free_disk(self, number: int) -> None:
         self.disks[f"storage-{number}"].capacity_bytes = None
         self.loop.record("fault", f"disk room again storage-{number}")
+
+    def fail_whole_syncs(self, number: int, count: int) -> None:
+        """The next ``count`` whole-disk syncs of storage-``number`` fail (EIO), making nothing
+        durable: each fails every partition of its pass (cut back, answered with the error)."""
+        self.disks[f"storage-{number}"].failing_whole_syncs += count
+        self.loop.record("fault", f"whole-disk syncs fail storage-{number}: the next {count}")
 
     def slow_syncs(self, number: int, slow: bool, duration_s: float = 0.0) -> None:
         """Syncs of storage-``number`` slow for ``duration_s`` from now (``slow``), or fast again.

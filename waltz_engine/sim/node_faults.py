@@ -24,7 +24,10 @@
 - Disk faults of a storage node: ``torn_write`` (the power goes inside one of its next writes),
   ``bit_flip`` (rot in a segment, sealed or open up to its durable point, or in the control
   file's partition structs; always the same node in a seed), ``disk_full`` (writes that grow a
-  file fail with ENOSPC for a while), ``slow_sync`` (each fsync takes up to seconds for a while).
+  file fail with ENOSPC for a while), ``slow_sync`` (each fsync takes up to seconds for a while),
+  ``whole_sync_failure`` (the node's next whole-disk syncs fail with EIO, making nothing durable:
+  only where its disk passes sync several partitions together, the world that submits several
+  transactions at once; issue 33).
 
 The world (:class:`waltz_engine.sim.world.SimWorld`) does what a fault means to its nodes; this
 module only chooses and times them, and heals each.
@@ -55,8 +58,14 @@ NODE_FAULT_KINDS = (
     "bit_flip",
     "disk_full",
     "slow_sync",
+    "whole_sync_failure",
 )
-STORAGE_KINDS = ("storage_crash", "torn_write", "bit_flip", "disk_full", "slow_sync")
+STORAGE_KINDS = ("storage_crash", "torn_write", "bit_flip", "disk_full", "slow_sync", "whole_sync_failure")
+# Only in a world whose disk passes sync several partitions together (the others never take it,
+# and keep their schedules).
+WHOLE_SYNC_KINDS = ("whole_sync_failure",)
+# A whole-sync failure fails this many of the node's next whole-disk syncs.
+WHOLE_SYNC_FAILURES = (1, 3)
 # Moving a partition needs a second server.
 MOVING_KINDS = ("forced_assignment", "partition_bounce")
 # Kinds that take a server out of service while they last (a bounce pauses one of them).
@@ -91,6 +100,12 @@ class NodeWorld(Protocol):
 
     @property
     def client_restarts(self) -> bool: ...
+
+    @property
+    def whole_syncs(self) -> bool:
+        """Whether the storage nodes' disk passes often sync several partitions together."""
+
+    def fail_whole_syncs(self, index: int, count: int) -> None: ...
 
     def servers_out(self) -> set[int]:
         """The servers out of service now (paused, frozen, crashed and not restarted)."""
@@ -140,9 +155,12 @@ class NodeWorld(Protocol):
 
 def node_fault_kinds(world: NodeWorld) -> tuple[str, ...]:
     """The kinds that make sense in ``world``: moving a partition needs a second server; the
-    client restarts unless the world was shaped without (the seeds found before they existed)."""
-    left_out = (MOVING_KINDS if world.num_servers < 2 else ()) + (
-        () if world.client_restarts else CLIENT_KINDS
+    client restarts unless the world was shaped without (the seeds found before they existed); a
+    whole-disk sync fails only where passes sync several partitions together."""
+    left_out = (
+        (MOVING_KINDS if world.num_servers < 2 else ())
+        + (() if world.client_restarts else CLIENT_KINDS)
+        + (() if world.whole_syncs else WHOLE_SYNC_KINDS)
     )
     kinds = tuple(kind for kind in NODE_FAULT_KINDS if kind not in left_out)
     return kinds + (OPERATOR_KINDS if world.operator_actions else ())
@@ -258,6 +276,8 @@ class NodeFaults:
                 world.fill_disk(index)
                 await asyncio.sleep(rng.uniform(MIN_PAUSE_S, MAX_DISK_FAULT_S))
                 world.free_disk(index)
+            elif kind == "whole_sync_failure":
+                world.fail_whole_syncs(index, rng.randint(*WHOLE_SYNC_FAILURES))
             elif kind == "slow_sync":
                 slow_s = rng.uniform(MIN_PAUSE_S, MAX_DISK_FAULT_S)
                 world.slow_syncs(index, True, slow_s)

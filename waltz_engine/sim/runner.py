@@ -76,6 +76,8 @@ def replay_command(seed: int, shape: WorldShape) -> str:
         f"waltz sim --seeds 1 --seed-base {seed} --transactions {shape.transactions} --faults {shape.faults}"
     )
     command = command if shape.workload == "append" else f"{command} --workload {shape.workload}"
+    if shape.submits_together > 1:  # (`--partitions N` submits N at once: waltz_cli's sim)
+        command = f"{command} --partitions {shape.submits_together}"
     return f"{command} --acl" if shape.acl else command
 
 

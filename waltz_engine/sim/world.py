@@ -31,6 +31,7 @@ from waltz_engine.common.errors import WaltzError
 from waltz_engine.server.config import ServerConfig
 from waltz_engine.server.server import WaltzServer
 from waltz_engine.sim import world_checks
+from waltz_engine.sim.acknowledged import Acknowledged
 from waltz_engine.sim.bank import Ledger
 from waltz_engine.sim.disk import SimDisk
 from waltz_engine.sim.disk_faults import DiskFaults
@@ -123,6 +124,12 @@ class WorldShape:
     # A storage node lost for good in some seeds (waltz_engine.sim.storage_gone: drawn from a
     # generator of the seed's own, so the others run as they did before it existed).
     storage_gone: bool = True
+    # Transactions submitted at once, each SUBMIT_INTERVAL_S times this many apart on average
+    # (the same rate): consecutive transactions go to consecutive partitions, so with several
+    # partitions their appends reach a storage node together and its disk passes carry several
+    # partitions' lone appends, made durable by one whole-disk sync (issue 33; 1: one by one, the
+    # world as it was before).
+    submits_together: int = 1
 
 
 @dataclass
@@ -187,6 +194,7 @@ class SimWorld(DiskFaults, WorkloadDriver):
         self.gone: set[int] = set()  # storage nodes lost for good (storage_gone)
         self.storage_gone: StorageGone | None = None  # the seed's plan of that fault (run_world)
         self.liveness = Liveness(self)
+        self.acknowledged = Acknowledged()  # checked against a storage node's disk at its restart
 
     def _zookeeper_keys(self) -> dict[str, Any]:
         return {
@@ -337,6 +345,7 @@ class SimWorld(DiskFaults, WorkloadDriver):
             self.zookeeper.end_outage()
         for disk in self.disks.values():
             disk.capacity_bytes = None
+            disk.failing_whole_syncs = 0
         self.sync_latency_ms.clear()
         self.slow_syncs_until_s.clear()
         self.bucket.heal()
@@ -381,6 +390,10 @@ class SimWorld(DiskFaults, WorkloadDriver):
     @property
     def operator_actions(self) -> bool:
         return self.shape.operator_actions
+
+    @property
+    def whole_syncs(self) -> bool:
+        return self.shape.partitions > 1 and self.shape.submits_together > 1
 
     def operate(self, kind: str, rng: Any, busy: set[str]) -> asyncio.Task[None] | None:
         return self.operator.inject(kind, rng, busy)
@@ -451,6 +464,8 @@ class SimWorld(DiskFaults, WorkloadDriver):
         rng = self.loop.rng
         disk = self.disks.get(host)
         if disk is not None:
+            number = int(host.rsplit("-", 1)[1])
+            self.acknowledged.note(host, self.storage[number] if number < len(self.storage) else None)
             disk.crash(keep_torn_bytes=rng.randrange(disk.torn_write_size_bytes() + 1))
         for a, b in self._links_of(host):
             self.network.partition(a, b)  # until it is back, nothing reaches it or answers
@@ -491,6 +506,7 @@ class SimWorld(DiskFaults, WorkloadDriver):
         host = f"storage-{number}"
         self._back_up(host)
         self.storage[number] = await _until_started(lambda: self._start_storage(number))
+        self.acknowledged.check(host, self.storage[number], host == self.damaged_host)
         self.storage_down.discard(number)
 
     def _back_up(self, host: str) -> None:

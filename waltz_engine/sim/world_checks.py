@@ -27,6 +27,7 @@ def check(world: SimWorld) -> list[str]:
                     f"partition {partition_id}: the ACLs refuse it, yet {len(delivered)} delivered"
                 )
     violations += world.liveness.violations
+    violations += world.acknowledged.violations
     return violations + world.forged_served + world.close_failures + world.ledger.violations
 
 

@@ -76,10 +76,16 @@ class WorkloadDriver:
     async def append_all(self) -> None:
         """Submit the workload's transactions and wait until the client has applied every committed one."""
         self.contexts = self._contexts()
-        for context in self.contexts:
+        together = self.shape.submits_together
+        assert together >= 1
+        for first in range(0, len(self.contexts), together):
             if self.shape.faults > 0:
-                await asyncio.sleep(self.loop.rng.expovariate(1 / SUBMIT_INTERVAL_S))
-            await self._submit(context)
+                await asyncio.sleep(self.loop.rng.expovariate(1 / (SUBMIT_INTERVAL_S * together)))
+            group = self.contexts[first : first + together]
+            if len(group) == 1:
+                await self._submit(group[0])  # (one by one: no task, the schedule as before)
+            else:
+                await asyncio.gather(*(self._submit(context) for context in group))
         await asyncio.gather(*(context.outcome for context in self.contexts), return_exceptions=True)
         committed = {context.number for context in self.contexts if is_committed(context)}
         while not committed <= set(self.application.headers_seen()):
