@@ -49,12 +49,7 @@ def append_held(
             worker._log_failure(msg, error)
             replies[0] = (conn, failure_frame(msg, error))
             return
-        worker.write_error = None
-        metrics = worker._metrics
-        if metrics is not None:  # (one clock read, as the worker's lone append)
-            now_s = monotonic_s()
-            metrics.append.mark_at(now_s)
-            metrics.append_latency.update_at(now_s, (now_s - started_s) * 1000.0)
+        worker.appended(started_s)
 
     syncs.hold(held, settled)
     return replies

@@ -506,7 +506,6 @@ class PartitionWorker:
             group.append(batch[end])
             expected += len(msg.records)
             end += 1
-        metrics = self._metrics
         started_s = monotonic_s()
         try:
             if len(group) == 1:
@@ -517,11 +516,7 @@ class PartitionWorker:
             self._log_failure(group[0][1], e)
             replies += [(conn, failure_frame(msg, e)) for conn, msg in group]
             return end
-        self.write_error = None
-        if metrics is not None:  # (one clock read for the meter and the timer, as below)
-            now_s = monotonic_s()
-            metrics.append.mark_at(now_s, len(group))
-            metrics.append_latency.update_at(now_s, (now_s - started_s) * 1000.0, len(group))
+        self.appended(started_s, len(group))
         for conn, msg in group:
             replies.append((conn, success_frame(msg.session_id, msg.seq_num, msg.partition_id)))
         return end
@@ -540,13 +535,18 @@ class PartitionWorker:
         if span is None:
             return None
         self.first_transaction_id, self.max_transaction_id = span
+        self.appended(started_s)
+        return success_frame(msg.session_id, msg.seq_num, msg.partition_id)
+
+    def appended(self, started_s: float, count: int = 1) -> None:
+        """``count`` APPENDs begun at ``started_s`` are durable: the write error cleared, the meter
+        and the latency timer given one clock read for all (every path of a successful append)."""
         self.write_error = None
         metrics = self._metrics
-        if metrics is not None:  # (the meter, the timer and its meter: one clock read)
+        if metrics is not None:
             now_s = monotonic_s()
-            metrics.append.mark_at(now_s)
-            metrics.append_latency.update_at(now_s, (now_s - started_s) * 1000.0)
-        return success_frame(msg.session_id, msg.seq_num, msg.partition_id)
+            metrics.append.mark_at(now_s, count)
+            metrics.append_latency.update_at(now_s, (now_s - started_s) * 1000.0, count)
 
     def lone_append_partition(self, msg: StorageAppendRunRequest) -> Partition | None:
         """The partition of an APPEND of the session on an online replica (a few comparisons)."""
