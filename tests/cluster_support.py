@@ -25,10 +25,12 @@ it fails to come up, the error carries the failing node's log tail.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -180,6 +182,34 @@ def tailed(cluster: LocalCluster, partitions: Iterable[int]) -> list[TailRow]:
                 )
             )
     return rows
+
+
+# A restarted or rebuilt cluster's server serves its port before it is assigned its partitions and
+# has recovered them; under a loaded CI that took longer than one RPC's timeout (a `waltz append`'s
+# or `waltz tail`'s 10 s, once each in clean-clone runs), so tests wait for it first (bounded).
+SERVING_WAIT_S = 120
+
+
+def wait_serving(cluster: LocalCluster, partitions: Iterable[int] = (0,)) -> None:
+    """Until a server answers each of ``partitions``' high-water marks (bounded)."""
+    from client_support.app import MockCallbacks
+
+    from waltz_engine.client import WaltzClient
+    from waltz_engine.common.errors import WaltzError
+
+    async def wait() -> None:
+        deadline = time.monotonic() + SERVING_WAIT_S
+        async with WaltzClient(MockCallbacks(), waltz_client_config(cluster)) as client:
+            for partition in partitions:
+                while True:
+                    try:
+                        await client.high_water_mark(partition)
+                        break
+                    except WaltzError:
+                        if time.monotonic() > deadline:
+                            raise
+
+    asyncio.run(wait())
 
 
 # Waits for the coordinator's assignment: every POLL_S, ASSIGNMENT_POLLS times at most (60 s).

@@ -43,6 +43,10 @@ def free_tcp_port() -> int:
 
 
 TEST_PORTS = (10_000, 32_000)  # below Linux's default ephemeral range (32768-60999)
+# Set beside the slice to the worker that made it: a process a worker starts inherits both, and
+# a second slicing there cut the slice again (10000-12000 became 10000-10125 in the children of
+# four workers, and 165 tests found no free port).
+PORT_SLICE_OF_ENV = "WALTZ_TEST_PORT_SLICE_OF"
 
 
 def slice_port_range_for_worker(environ: MutableMapping[str, str]) -> None:
@@ -54,13 +58,14 @@ def slice_port_range_for_worker(environ: MutableMapping[str, str]) -> None:
     found one taken by the other worker (1 failure in 4 runs of tests/storage_node, -n 2)."""
     worker = environ.get("PYTEST_XDIST_WORKER", "")
     count = int(environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if not worker.startswith("gw") or count < 2:
+    if not worker.startswith("gw") or count < 2 or environ.get(PORT_SLICE_OF_ENV) == worker:
         return
     low, high = port_range(environ) or TEST_PORTS
     width = (high - low) // count
     assert width > 0, f"{PORT_RANGE_ENV}={low}-{high} has fewer ports than its {count} workers"
     start = low + int(worker[2:]) * width
     environ[PORT_RANGE_ENV] = f"{start}-{start + width}"
+    environ[PORT_SLICE_OF_ENV] = worker
 
 
 def unique_cluster_root(name: str = "cluster") -> str:

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from cluster_support import append_lines, local_cluster, run_waltz_cli, tailed
+from cluster_support import append_lines, local_cluster, run_waltz_cli, tailed, wait_serving
 
 from waltz_engine.ops.devcluster import LocalCluster
 from waltz_engine.ops.devcluster.nodes import DEFAULT_CLUSTER_NAME
@@ -113,6 +113,7 @@ def test_every_replica_lost_then_rebuilt_from_a_backup(
     for node in cluster.storages:
         node.start()
     server.start()
+    wait_serving(cluster, PARTITIONS)
     try:
         _lines(cluster, "after", AFTER)
     except AssertionError as e:

@@ -73,6 +73,21 @@ def test_each_test_worker_picks_ports_from_its_own_slice(given: str | None, slic
     assert picked == slices
 
 
+def test_a_process_a_worker_starts_keeps_the_workers_slice() -> None:
+    # The child inherits the worker's environment, slice included, and imports the suite's
+    # conftest again.
+    environ = {
+        "PYTEST_XDIST_WORKER": "gw1",
+        "PYTEST_XDIST_WORKER_COUNT": "4",
+        "WALTZ_PORT_RANGE": "10000-12000",
+    }
+    slice_port_range_for_worker(environ)
+    assert environ["WALTZ_PORT_RANGE"] == "10500-11000"
+    child = dict(environ)
+    slice_port_range_for_worker(child)
+    assert child["WALTZ_PORT_RANGE"] == "10500-11000"
+
+
 def test_a_run_without_workers_keeps_its_range() -> None:
     environ = {"WALTZ_PORT_RANGE": "20000-22000"}
     slice_port_range_for_worker(environ)

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 from client_support.app import MockCallbacks, MockContext
 from client_support.harness import outcomes
-from cluster_support import local_cluster, run_waltz_cli, tailed, waltz_client_config
+from cluster_support import local_cluster, run_waltz_cli, tailed, wait_serving, waltz_client_config
 from storage_node_support import flip_data_bits
 
 from spark.plan import ReadOptions, plan
@@ -78,24 +78,6 @@ async def _append(cluster: LocalCluster, lines: list[str]) -> None:
         for context in contexts:
             await client.submit(context)
         assert await outcomes(*contexts) == [True] * len(contexts)
-
-
-# A restarted server serves its port before it is assigned partition 0 and has recovered it;
-# under a loaded CI that can take longer than one RPC's timeout (the tail's 10 s).
-RECOVERED_WAIT_S = 120
-
-
-async def _wait_recovered(cluster: LocalCluster) -> None:
-    """Until a server answers partition 0's high-water mark (bounded)."""
-    deadline = time.monotonic() + RECOVERED_WAIT_S
-    async with WaltzClient(MockCallbacks(), waltz_client_config(cluster)) as client:
-        while True:
-            try:
-                await client.high_water_mark(0)
-                return
-            except WaltzError:
-                if time.monotonic() > deadline:
-                    raise
 
 
 def _local_bytes(cluster: LocalCluster) -> list[int]:
@@ -173,7 +155,7 @@ def test_bounded_local_disk_and_reads_through_the_tier(cluster: LocalCluster, ti
         flip_data_bits(prefixes[node], [ROTTEN])
     # A restarted server has nothing cached: every record comes from the storage nodes.
     cluster.servers[0].restart()
-    asyncio.run(_wait_recovered(cluster))
+    wait_serving(cluster)
     rows = tailed(cluster, [0])
     assert [r[1] for r in rows] == list(range(RECORDS))
     # One client's appends in flight commit in the order submitted, unless one is retried.
