@@ -3,10 +3,11 @@ outgoing connection can take one between the pick and the node's bind."""
 
 from __future__ import annotations
 
+import re
 import socket
 
 import pytest
-from testkit import slice_port_range_for_worker
+from testkit import REPO_ROOT, slice_port_range_for_worker
 
 from waltz_engine.ops.devcluster import cluster, nodes
 
@@ -86,6 +87,17 @@ def test_a_process_a_worker_starts_keeps_the_workers_slice() -> None:
     child = dict(environ)
     slice_port_range_for_worker(child)
     assert child["WALTZ_PORT_RANGE"] == "10500-11000"
+
+
+def test_no_test_imports_the_conftest_a_second_time() -> None:
+    # ``from tests.conftest import ...`` ran conftest.py again as another module, and its slicing
+    # with it: the worker that imported it picked ports from a quarter of its slice.
+    second_imports = [
+        str(path.relative_to(REPO_ROOT))
+        for path in (REPO_ROOT / "tests").rglob("*.py")
+        if re.search(r"^\s*(from|import) tests\.conftest\b", path.read_text(encoding="utf-8"), re.MULTILINE)
+    ]
+    assert second_imports == []
 
 
 def test_a_run_without_workers_keeps_its_range() -> None:

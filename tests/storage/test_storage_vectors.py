@@ -18,8 +18,8 @@ from storage_testlib import (
     storage_files,
     without_creation_time,
 )
+from testkit import read_jsonl
 
-from tests.conftest import read_jsonl
 from waltz_engine.common.errors import FormatError, StorageError
 from waltz_engine.common.record import Record
 from waltz_engine.disk.record_run import JoinedRuns, WireRecordRun
