@@ -549,6 +549,7 @@ def test_the_replicas_of_record_that_stay_decide_the_next_recovery() -> None:
     # one of them says what it holds, fewer than a quorum; the recovery would wait for good.
     moved_back = asyncio.run(gap(clean, {"h:1", "h:2", "h:4"}, {"h:1": -1, "h:2": 3}))
     assert moved_back is not None and "h:1 of" in moved_back
+
     # A source that answers and leaves beside its target h:4 (seed 2159): a bare quorum of record
     # would stay, so it waits for h:4 to be recorded, unless more than a quorum of record stays.
     async def leaving_gap(states: dict[str, tuple[int, int]], staying: set[str]) -> str | None:

@@ -222,5 +222,3 @@ def test_the_operators_day(cluster: LocalCluster, tier: Path, tmp_path: Path) ->
     # The steady write began after the preload, above the retention bound: all of it is there.
     held = {bytes.fromhex(r["data_hex"]) for r in rows}
     assert [data for _, data in acknowledged if data not in held] == []
-
-

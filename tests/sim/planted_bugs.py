@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import pytest
+from plant_guard import Patch
 
 from waltz_engine.client.client import WaltzClient
 from waltz_engine.common.errors import StorageError, WaltzError
@@ -34,13 +34,14 @@ from waltz_engine.storage.segment import Segment
 from waltz_engine.storage.tier.offload import TierOffloader
 from waltz_engine.wire.client_messages import MountRequest
 
-Plant = Callable[[pytest.MonkeyPatch], None]
+# A plant patches through a plant_guard.GuardedPatch (its replacements checked to fit).
+Plant = Callable[[Patch], None]
 # The plants' first findings lie within this many seeds (move_ends_unrecorded_unchecked's is 313: its
 # window, right after a move returns, is short).
 SEARCH_SEEDS = 400
 
 
-def barrier_hole(monkeypatch: pytest.MonkeyPatch) -> None:
+def barrier_hole(monkeypatch: Patch) -> None:
     """Issue 21 item 1 before bc13b25: a raised generation keeps serving from the old store
     session (no reopen, no NOT_READY for a mount from a newer generation), and an append whose
     store future raised counts as decided."""
@@ -65,7 +66,7 @@ def barrier_hole(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Partition, "_outcome_unknown", outcome_unknown)
 
 
-def forged_fence(monkeypatch: pytest.MonkeyPatch) -> None:
+def forged_fence(monkeypatch: Patch) -> None:
     """Before 624b99e: every request, a read too, moved the node's fencing session id on receipt,
     to any id (none checked against ZooKeeper)."""
 
@@ -78,7 +79,7 @@ def forged_fence(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(PartitionWorker, "submit_now", lambda self, conn, msg: False)
 
 
-def retry_worker_dies(monkeypatch: pytest.MonkeyPatch) -> None:
+def retry_worker_dies(monkeypatch: Patch) -> None:
     """Before 05e9d3d: the retry worker caught only WaltzError, so an application error raised by
     a retried execute ended it and the retries after it waited forever."""
 
@@ -95,7 +96,7 @@ def retry_worker_dies(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(WaltzClient, "_retry_worker", retry_worker)
 
 
-def recovery_cuts_committed(monkeypatch: pytest.MonkeyPatch) -> None:
+def recovery_cuts_committed(monkeypatch: Patch) -> None:
     """A recovery that truncates below the low-water mark: it resolves one transaction below what
     its quorum reported, without 41bc83b's refusal to cut a replica below its low-water mark."""
     resolve, set_resolved = RecoveryManager._resolve, RecoveryManager._set_resolved
@@ -112,7 +113,7 @@ def recovery_cuts_committed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(RecoveryManager, "_set_resolved", set_resolved_low)
 
 
-def ack_before_sync(monkeypatch: pytest.MonkeyPatch) -> None:
+def ack_before_sync(monkeypatch: Patch) -> None:
     """A storage node that acknowledges an append before its data is synced: the segment's
     fdatasync after a batch is left out, and so is the whole-disk sync of a disk pass of several
     partitions (issue 33) (the data reaches the platter at the next checkpoint's fsync, or when
@@ -132,7 +133,7 @@ def ack_before_sync(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(SimDisk, "sync_all", lambda self, directory: None)
 
 
-def whole_disk_sync_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+def whole_disk_sync_skipped(monkeypatch: Patch) -> None:
     """Issue 33: a storage node whose disk pass of several partitions acknowledges their lone
     appends without the one whole-disk sync that was to make them durable (``syncfs`` left out;
     every file's own sync stays): a partition's records reach the platter only at its next own
@@ -140,7 +141,7 @@ def whole_disk_sync_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(SimDisk, "sync_all", lambda self, directory: None)
 
 
-def cache_serves_wrong_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+def cache_serves_wrong_bytes(monkeypatch: Patch) -> None:
     """A server's transaction cache that answers some hits with the previous transaction's entry
     (data and its checksum, so the client's CRC check passes): a stale slot served for a key."""
     get = TransactionCache.get
@@ -154,7 +155,7 @@ def cache_serves_wrong_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(TransactionCache, "get", get_stale)
 
 
-def missing_storage_fence(monkeypatch: pytest.MonkeyPatch) -> None:
+def missing_storage_fence(monkeypatch: Patch) -> None:
     """A storage node that no longer refuses a request of a session older than its own: a
     deposed server's late appends are written (the original's checkPermissions without its
     ConcurrentUpdateException)."""
@@ -194,7 +195,7 @@ PLANTS: dict[str, Plant] = {
 }
 
 
-def retention_past_low_water_mark(monkeypatch: pytest.MonkeyPatch) -> None:
+def retention_past_low_water_mark(monkeypatch: Patch) -> None:
     """A retention bound that removes uncommitted records: the cleaner removes the head segments
     wholly below the bound without the local low-water mark's limit (records above it may be a
     dead session's, never committed)."""
@@ -210,7 +211,7 @@ def retention_past_low_water_mark(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(partition_head, "removable_head_segments", removable)
 
 
-def move_drops_tail(monkeypatch: pytest.MonkeyPatch) -> None:
+def move_drops_tail(monkeypatch: Patch) -> None:
     """A replica move that drops the tail (before 7dfa44a, and without the catch-up wait): the
     copy goes only up to the source's local low-water mark, and the source leaves the assignment
     at once, before the target holds the transactions committed meanwhile."""
@@ -236,7 +237,7 @@ def move_drops_tail(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ReplicaMover, "_await_removal_recorded", await_removal_recorded)
 
 
-def move_ends_unrecorded(monkeypatch: pytest.MonkeyPatch) -> None:
+def move_ends_unrecorded(monkeypatch: Patch) -> None:
     """A move that ends (and tells its source) as soon as the source is out of the assignment
     (before the operator's day of 2026-11-28): the servers' recovery of the session without it
     has not recorded the replicas that stay, and one of them lost then stalls the log."""
@@ -247,7 +248,7 @@ def move_ends_unrecorded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ReplicaMover, "_await_removal_recorded", await_removal_recorded)
 
 
-def offload_unsealed(monkeypatch: pytest.MonkeyPatch) -> None:
+def offload_unsealed(monkeypatch: Patch) -> None:
     """An offload of an unsealed segment: the tier's round uploads the partition's current
     segment too once its records are at or below the local low-water mark (appends go on into
     it after the upload, and the manifest names a copy that is no longer the segment)."""
@@ -266,7 +267,7 @@ def offload_unsealed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(TierOffloader, "_offload", offload_current)
 
 
-def move_ends_unrecorded_unchecked(monkeypatch: pytest.MonkeyPatch) -> None:
+def move_ends_unrecorded_unchecked(monkeypatch: Patch) -> None:
     """``move_ends_unrecorded`` with the decommission's own check of ZooKeeper's replicas of
     record left out: only what follows shows it, a replica that stays lost for good right after
     the command returned, and the log stalled with a quorum of its replicas of record up (the

@@ -196,3 +196,30 @@ def test_a_seeds_leftovers_end_beside_a_dead_machines_buried_tasks() -> None:
         assert loop.live_tasks() == set()
     finally:
         loop.close()
+
+
+def test_a_dead_machines_coroutines_are_closed_on_the_running_loop() -> None:
+    """:func:`end_leftovers` closes a dead machine's coroutines on the running loop: their
+    cleanup may ask for the current task (a replica session's close does; closed between the
+    loop's runs, it raised "no running event loop")."""
+    loop = SimLoop(5)
+    seen: list[object] = []
+
+    async def node() -> None:
+        try:
+            await loop.create_future()  # an answer that never comes: the machine dies meanwhile
+        finally:
+            try:
+                seen.append(asyncio.current_task())
+            except RuntimeError as e:
+                seen.append(e)
+
+    try:
+        loop.create_task(node(), context=loop.host_context("storage-0"))
+        loop.run_until_complete(asyncio.sleep(1.0))
+        loop.kill_host("storage-0")
+        end_leftovers(loop)
+        assert len(seen) == 1 and isinstance(seen[0], asyncio.Task), seen
+        assert loop.live_tasks() == set()
+    finally:
+        loop.close()

@@ -36,8 +36,16 @@ from waltz_engine.wire.storage_messages import STORAGE_CODEC, StorageAppendReque
 
 NUM_PARTITIONS = 2
 SESSION_ID = ISSUED_SESSION_ID
-# Appends one connection pipelines while the other reads the same partition.
-PIPELINED_APPENDS = 60
+# Appends one connection pipelines while the other reads the same partition, in rounds: a
+# connection's requests of one round leave it as one write (FramedConnection.coalesce_writes: one
+# TLS record of about 1 KiB, which the node's thread reads whole), so they reach the passes
+# together however the machine schedules the client, as more than MAX_INLINE_REQUESTS would.
+PIPELINED_ROUNDS = 6
+REQUESTS_PER_ROUND = 10
+# Lone appends tried until one runs on the writer's thread (each answered before the next): the
+# partition stays busy a moment after the reader's thread answered its last request (that
+# thread's bookkeeping), and an append arriving then queues for a pass of the pool instead.
+MAX_LONE_APPENDS = 10
 # How long a thread may take to notice its connection's end (it is told at once; this bounds
 # a loaded machine).
 THREAD_END_TIMEOUT_S = 30.0
@@ -89,37 +97,60 @@ def test_two_threaded_connections_keep_a_partitions_order(node: StorageNodeProce
     another pipelines reads of the same partition's max txid: a connection's lone request runs
     on its thread when nothing of the partition waits, else queues behind the other
     connection's, and every answer follows its connection's order. Requests read together go
-    to a pass, which runs on the thread that read them when no other pass runs."""
-    before, passes_before = _thread_batches(node), _thread_passes(node)
+    to a pass, which runs on the thread that read them when no other pass runs.
 
-    async def go() -> tuple[list[Any], list[Any], int]:
+    Both hold by construction, not by the machine's timing: the lone append that ran on the
+    writer's thread left the partition idle and no pass running (it claimed the partition, which
+    a pass of it would hold, and the writer's thread finishes with it before reading more), and
+    each round's requests of a connection arrive in one read, so the first of the first round's
+    two reads to be routed finds no pass running and runs one on its thread."""
+
+    async def go() -> tuple[list[Any], list[Any], int, int, int]:
         writer, reader = await _opened(node), await _opened(node)
         try:
             assert _threads(node) == 2
-            # A lone append: the writer's thread runs it itself.
-            await writer.append(SESSION_ID, 0, make_records(0, 1))
-            appends = [
-                asyncio.ensure_future(writer.append(SESSION_ID, 0, make_records(txid, 1)))
-                for txid in range(1, PIPELINED_APPENDS)
-            ]
-            reads = [
-                asyncio.ensure_future(reader.max_transaction_id(SESSION_ID, 0))
-                for _ in range(PIPELINED_APPENDS)
-            ]
+            # A lone append: the writer's thread runs it itself (once the partition is idle).
+            txid = 0
+            while True:
+                batches = _thread_batches(node)
+                await writer.append(SESSION_ID, 0, make_records(txid, 1))
+                txid += 1
+                if _thread_batches(node) > batches:
+                    break
+                assert txid < MAX_LONE_APPENDS, "no lone append ran on the writer's thread"
+            passes_before = _thread_passes(node)
+            for client in (writer, reader):
+                assert client._conn is not None
+                client._conn.coalesce_writes(lambda: True)
+            appends: list[asyncio.Future[None]] = []
+            reads: list[asyncio.Future[int]] = []
+            for _ in range(PIPELINED_ROUNDS):
+                appends += [
+                    asyncio.ensure_future(writer.append(SESSION_ID, 0, make_records(txid + i, 1)))
+                    for i in range(REQUESTS_PER_ROUND)
+                ]
+                txid += REQUESTS_PER_ROUND
+                reads += [
+                    asyncio.ensure_future(reader.max_transaction_id(SESSION_ID, 0))
+                    for _ in range(REQUESTS_PER_ROUND)
+                ]
+                # The round's tasks send in the next loop turn, each connection's requests as one
+                # write at its end; the next round's after it (behind the passes of this one).
+                await asyncio.sleep(0)
             appended = await asyncio.gather(*appends, return_exceptions=True)
             seen = await asyncio.gather(*reads, return_exceptions=True)
-            return appended, seen, await reader.max_transaction_id(SESSION_ID, 0)
+            final = await reader.max_transaction_id(SESSION_ID, 0)
+            return appended, seen, final, txid, _thread_passes(node) - passes_before
         finally:
             await writer.close()
             await reader.close()
 
-    appended, seen, final = node.run(go())
-    assert appended == [None] * (PIPELINED_APPENDS - 1)
+    appended, seen, final, appends_sent, passes_here = node.run(go())
+    assert appended == [None] * (PIPELINED_ROUNDS * REQUESTS_PER_ROUND)
     assert all(isinstance(txid, int) for txid in seen), seen
     assert seen == sorted(seen), "a connection's answers left its order"
-    assert final == PIPELINED_APPENDS - 1
-    assert _thread_batches(node) > before, "no batch ran on a connection's thread"
-    assert _thread_passes(node) > passes_before, "no pass ran on a connection's thread"
+    assert final == appends_sent - 1
+    assert passes_here > 0, "no pass ran on a connection's thread"
     _wait_for_threads(node, 0)
 
 

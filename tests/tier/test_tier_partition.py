@@ -207,6 +207,8 @@ def test_a_tier_that_fails_reads_does_not_end_the_scrubber(
 
     asyncio.run(two_passes())
     assert scrubber.passes >= 1
+
+
 def test_a_segment_above_the_local_low_water_mark_is_not_evicted_on_an_older_manifest(
     partition: Partition, tmp_path: Path
 ) -> None:

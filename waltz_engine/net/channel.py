@@ -308,9 +308,7 @@ class FramedConnection:
         for frame in frames:
             unsent += frame
 
-    def send_frames_from_thread(
-        self, frames: Sequence[bytes], loop: asyncio.AbstractEventLoop
-    ) -> None:
+    def send_frames_from_thread(self, frames: Sequence[bytes], loop: asyncio.AbstractEventLoop) -> None:
         """:meth:`send_frames` from a thread other than ``loop``'s: straight to the socket when
         the transport can take them from a thread (``write_from_thread``: no wake-up of the
         loop), else through the loop (the simulator's transports). In order with every other

@@ -259,9 +259,13 @@ class SimLoop(asyncio.BaseEventLoop):
         self._dead.append((incarnation, list(incarnation.tasks)))
 
     def bury_the_dead(self) -> None:
-        """After a run, while the loop is open: close the dead machines' coroutines (their
-        ``finally`` meets only closed files and dead connections; what it schedules never runs),
-        rather than leave them to the garbage collector after the loop closed."""
+        """After a run, from a task of this loop (:func:`~waltz_engine.sim.seed.end_leftovers`):
+        close the dead machines' coroutines (their ``finally`` meets only closed files and dead
+        connections), rather than leave them to the garbage collector after the loop closed. On
+        the running loop, as code on a loop runs: a cleanup may ask for the current task (a
+        replica session's close does; closed between the loop's runs, it raised "no running
+        event loop", which the store's driver logged with its traceback)."""
+        assert self.is_running(), "the dead are buried by a task of their loop"
         for _, dead_tasks in self._dead:
             for task in dead_tasks:
                 if task.done():

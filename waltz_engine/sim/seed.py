@@ -106,7 +106,7 @@ async def run_world(world: SimWorld, faults_span_s: float, injected: dict[str, i
 def end_leftovers(loop: SimLoop) -> None:
     """What a node that did not stop cleanly left running ends on its own loop (not in a later
     seed's, or in the garbage collector at an arbitrary moment after the loop closed)."""
-    loop.bury_the_dead()
+    loop.run_until_complete(_bury_the_dead(loop))
     # A task cancelled here may start another as it ends (a store session's failure schedules
     # its reopen): a few rounds, until none is left. The buried tasks are not counted: they never
     # end (counted, every round waited its whole limit for them while the nodes a failed stop
@@ -124,6 +124,11 @@ def end_leftovers(loop: SimLoop) -> None:
                 task.exception()  # read: a task may end in its closed connection's error
     gc.collect()  # coroutines never scheduled close while their loop still runs callbacks
     loop.run_until_complete(asyncio.sleep(0))
+
+
+async def _bury_the_dead(loop: SimLoop) -> None:
+    """On the loop: the dead machines' coroutines close as code on a running loop."""
+    loop.bury_the_dead()
 
 
 @contextmanager

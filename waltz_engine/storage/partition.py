@@ -218,9 +218,7 @@ class Partition(HeldAppends):
 
         ``records``: ``Record`` objects, or a request's records in the bytes they came in (the
         storage node's append path: no object per record), written the same."""
-        run: AppendRun = (
-            records if isinstance(records, (WireRecordRun, JoinedRuns)) else RecordList(records)
-        )
+        run: AppendRun = records if isinstance(records, (WireRecordRun, JoinedRuns)) else RecordList(records)
         with self._lock:
             self._check_open()
             self._abort_refill()

@@ -97,9 +97,7 @@ def retention_highest_path(root: str, partition_id: int) -> str:
     return f"{normalize_root(root)}/{RETENTION_ZNODE}/{HIGHEST_ZNODE}/{partition_id}"
 
 
-def set_retention_bound(
-    client: KazooClient, root: str, partition_id: int, before_transaction_id: int
-) -> int:
+def set_retention_bound(client: KazooClient, root: str, partition_id: int, before_transaction_id: int) -> int:
     """Set the bound; returns the highest bound ever set for the partition (this one or above).
 
     The highest is raised first: once a cleaner may act on the bound, it is on record."""

@@ -214,8 +214,8 @@ class RecoveryManager:
             await self._resolve(replica_id, connection, voting, max_transaction_id, info.low_water_mark)
             assert self.resolved_high_water_mark is not None
             return self.resolved_high_water_mark
-        except asyncio.CancelledError:
-            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            raise  # (GeneratorExit: the coroutine is being closed, see StoreSession.open)
         except BaseException as e:
             # This replica only: its replica session closes and leaves the recovery (``leave``),
             # which goes on while a quorum of replicas can still finish it.

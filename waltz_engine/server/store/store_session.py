@@ -127,7 +127,10 @@ class StoreSession:
             self._next_transaction_id = self.low_water_mark + 1
         except BaseException as e:
             self.close()
-            if isinstance(e, RecoveryFailedError | asyncio.CancelledError):
+            # GeneratorExit: this coroutine is being closed (its task destroyed pending; in the
+            # simulator, a dead machine's buried). Made a StoreError, the caller's retry loop went
+            # on retrying in the closing coroutine, which can then only fail.
+            if isinstance(e, RecoveryFailedError | asyncio.CancelledError | GeneratorExit):
                 raise
             raise StoreError(f"partition {self.partition_id}: failed to recover: {e}") from e
         finally:

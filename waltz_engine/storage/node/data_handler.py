@@ -143,4 +143,3 @@ class DataHandler:
                 raise
 
         await conn.handle(now, later, take_over=take_over if self._threads is not None else None)
-

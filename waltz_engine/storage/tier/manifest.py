@@ -127,9 +127,7 @@ class TierManifest:
             "version": FORMAT_VERSION,
             "segments": [s.to_json() for _, s in sorted(segments.items())],
         }
-        self.store.write_bytes(
-            posixpath.join(self.prefix, MANIFEST_NAME), dumps_indented(value, 1).encode()
-        )
+        self.store.write_bytes(posixpath.join(self.prefix, MANIFEST_NAME), dumps_indented(value, 1).encode())
         self.segments = segments
 
     def chain_below(self, first_local_transaction_id: int) -> list[TierSegment]:
