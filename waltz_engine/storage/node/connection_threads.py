@@ -10,8 +10,9 @@ codec, and routes each request as the loop's read callback would:
 
 - a lone request (the read brought no other: MAX_INLINE_REQUESTS) of a partition with nothing
   queued or on disk: the thread runs it itself (:meth:`DiskPasses.run_claimed`: the same
-  checks, the same append and ``fdatasync``, the answer written from this thread) - no loop
-  turn, no hop to the pool;
+  checks, the same append and ``fdatasync``, the answer written from this thread; an APPEND
+  by :meth:`DiskPasses.run_claimed_alone`, the same for one request) - no loop turn, no hop to
+  the pool;
 - otherwise the requests queue behind what waits for the partition and the node's passes take
   them: a partition's order across connections, and group commit across connections and
   partitions, are the passes' as before. A pass these requests start (none was running) runs
