@@ -118,17 +118,21 @@ def ack_before_sync(monkeypatch: Patch) -> None:
     fdatasync after a batch is left out, and so is the whole-disk sync of a disk pass of several
     partitions (issue 33) (the data reaches the platter at the next checkpoint's fsync, or when
     the segment closes), so a power loss takes acknowledged records."""
-    write = Segment._write
 
-    def write_unsynced(self: Segment, *args: Any) -> None:
-        file = self._seg_file
-        file.fdatasync = lambda: None  # type: ignore[method-assign]
-        try:
-            write(self, *args)
-        finally:
-            del file.fdatasync
+    def unsynced(write: Callable[..., None]) -> Callable[..., None]:
+        def write_unsynced(self: Segment, *args: Any) -> None:
+            file = self._seg_file
+            file.fdatasync = lambda: None  # type: ignore[method-assign]
+            try:
+                write(self, *args)
+            finally:
+                del file.fdatasync
 
-    monkeypatch.setattr(Segment, "_write", write_unsynced)
+        return write_unsynced
+
+    monkeypatch.setattr(Segment, "_write", unsynced(Segment._write))
+    # (Issue 33, fifth session: a lone append's record is written by ``append_record``, not ``_write``.)
+    monkeypatch.setattr(Segment, "append_record", unsynced(Segment.append_record))
     monkeypatch.setattr(Segment, "sync_data", lambda self: None)
     monkeypatch.setattr(SimDisk, "sync_all", lambda self, directory: None)
 

@@ -1,14 +1,21 @@
 """The storage node's lone append (issue 33): ``Partition.append_next`` writes a request's records
 as ``Partition.append`` does, byte for byte, across a checkpoint and a segment's roll-over, and
 does nothing where ``append`` would meet something in its way (the general path then meets it,
-with its errors)."""
+with its errors). A run of one record is written by ``Segment.append_record`` (the lone
+appender's, issue 33's fifth session): the same bytes, and the same cut-back after a failed write
+or sync, also after a ``pwrite`` that took part of its bytes."""
 
 from __future__ import annotations
 
+import errno
 import random
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import pytest
+from storage_support import FaultyDisk
 from storage_testlib import storage_files, without_creation_time
 
 from waltz_engine.common.record import Record
@@ -91,3 +98,95 @@ def test_append_next_does_nothing_where_append_would_meet_something(tmp_path: Pa
         assert partition.append_next(_run(records[:2])) == (FIRST_TXID, FIRST_TXID + 1)
         partition.close()
         assert partition.append_next(_run([records[2]])) is None  # closed
+
+
+class _ShortWrites(FaultyDisk):
+    """Every ``pwrite`` in the directories of ``short`` takes at most ``SHORT_WRITE_BYTES`` bytes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.short: set[Path] = set()
+
+    def open(self, path: Path, **kwargs: bool) -> Any:
+        file = super().open(path, **kwargs)
+        return _ShortFile(file) if path.parent in self.short else file
+
+
+SHORT_WRITE_BYTES = 5
+
+
+class _ShortFile:
+    def __init__(self, file: Any) -> None:
+        self._file = file
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._file, name)
+
+    def pwrite(self, data: bytes, offset: int) -> int:
+        return int(self._file.pwrite(memoryview(data)[:SHORT_WRITE_BYTES], offset))
+
+
+def test_disk_record_is_encode_of_one_record() -> None:
+    for record in _records(random.Random(35)):
+        run = _run([record])
+        assert run.disk_record() == run.encode(0, 1, 1234)[0]
+
+
+def test_a_pwrite_in_parts_writes_what_append_writes(tmp_path: Path) -> None:
+    records = _records(random.Random(36))
+    disk = _ShortWrites()
+    disk.short.add(tmp_path / "parts" / "0")  # (partition 0's directory)
+    (tmp_path / "parts").mkdir()
+    (tmp_path / "whole").mkdir()
+    with StorageManager(
+        tmp_path / "parts", KEY, 1, segment_size_threshold_bytes=THRESHOLD_BYTES, disk=disk
+    ) as manager:
+        partition = _partition(manager)
+        assert partition.directory in disk.short
+        for record in records:
+            assert partition.append_next(_run([record])) == (FIRST_TXID, record.transaction_id)
+    with StorageManager(tmp_path / "whole", KEY, 1, segment_size_threshold_bytes=THRESHOLD_BYTES) as manager:
+        _partition(manager).append(RecordList(records).records)
+    assert _segments(tmp_path / "parts") == _segments(tmp_path / "whole")
+
+
+@pytest.mark.parametrize("fault", ["write", "sync"])
+def test_a_failed_write_or_sync_is_cut_back_as_append_cuts_it(tmp_path: Path, fault: str) -> None:
+    """Each record's append fails once (a write or a sync), then succeeds: the files are those of
+    ``append`` failing the same way, after each failure and at the end, and the log is whole. (The
+    append that reaches a checkpoint syncs with ``fsync``, which these faults leave alone.)"""
+    records = _records(random.Random(37))
+    disks = {"next": FaultyDisk(), "general": FaultyDisk()}
+    managers = {}
+    for name, disk in disks.items():
+        (tmp_path / name).mkdir()
+        managers[name] = StorageManager(
+            tmp_path / name, KEY, 1, segment_size_threshold_bytes=THRESHOLD_BYTES, disk=disk
+        )
+    try:
+        partitions = {name: _partition(manager) for name, manager in managers.items()}
+        appends: dict[str, Callable[[Record], object]] = {
+            "next": lambda record: partitions["next"].append_next(_run([record])),
+            "general": lambda record: partitions["general"].append(RecordList([record]).records),
+        }
+        for record in records:
+            checkpoint = (record.transaction_id + 1) % CHECKPOINT_INTERVAL == 0
+            for name, disk in disks.items() if fault == "write" or not checkpoint else ():
+                faults = disk.failing_writes if fault == "write" else disk.failing
+                faults.add(partitions[name].directory)
+                with pytest.raises(OSError) as raised:
+                    appends[name](record)
+                assert raised.value.errno == errno.EIO
+                assert partitions[name].max_transaction_id() == record.transaction_id - 1
+                faults.clear()
+            assert _segments(tmp_path / "next") == _segments(tmp_path / "general")
+            for name in disks:
+                appends[name](record)
+                assert partitions[name].max_transaction_id() == record.transaction_id
+    finally:
+        for manager in managers.values():
+            manager.close()
+    (tmp_path / "clean").mkdir()
+    with StorageManager(tmp_path / "clean", KEY, 1, segment_size_threshold_bytes=THRESHOLD_BYTES) as manager:
+        _partition(manager).append(RecordList(records).records)
+    assert _segments(tmp_path / "next") == _segments(tmp_path / "general") == _segments(tmp_path / "clean")

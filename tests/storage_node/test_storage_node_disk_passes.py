@@ -281,6 +281,34 @@ def test_a_partition_alone_on_a_slow_disk_does_not_hold_the_next_pass(
     )
 
 
+@pytest.mark.parametrize("fault", ["write", "sync"])
+def test_a_lone_append_failing_on_the_connection_thread_is_answered_and_cut_back(
+    zookeeper: str, tmp_path: Path, fault: str
+) -> None:
+    """Issue 33, fifth session: a lone APPEND that the data connection's thread runs itself
+    (``DiskPasses.run_claimed_alone``, ``Segment.append_record``) and whose write or fdatasync
+    fails is answered FAILURE and cut back; the same append then succeeds, and the next."""
+    disk = FaultyDisk()
+
+    async def scenario(node: StorageNode, client: StorageClient, started: asyncio.Future[bool]) -> None:
+        assert node.manager is not None
+        on_thread = node.metrics.counter("waltz-storage", "disk-connection-thread-batches")
+        await client.append(SESSION_ID, 0, make_records(0, 1, 0))
+        faults = disk.failing_writes if fault == "write" else disk.failing
+        faults.add(node.manager.partition(0).directory)
+        with pytest.raises(StorageRpcError, match="Input/output error"):
+            await client.append(SESSION_ID, 0, make_records(1, 1, 0))
+        assert await client.max_transaction_id(SESSION_ID, 0) == 0
+        faults.clear()
+        await client.append(SESSION_ID, 0, make_records(1, 1, 0))
+        await client.append(SESSION_ID, 0, make_records(2, 1, 0))
+        assert await client.max_transaction_id(SESSION_ID, 0) == 2
+        assert on_thread.count == 6  # (each request here, the reads too)
+        disk.slow_started.set()  # (partition 3, the slow one, is never written here)
+
+    run_in_process(zookeeper, tmp_path, disk, slow=3, failing=None, scenario=scenario)
+
+
 def test_one_sync_for_a_pass_and_its_failure(zookeeper: str, tmp_path: Path) -> None:
     """Issue 33, ``storage.sync.scope`` file-system: a pass of three partitions is made durable by
     one whole-disk sync. When that sync fails, every partition of the pass fails with its error

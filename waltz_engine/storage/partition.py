@@ -246,7 +246,10 @@ class Partition(HeldAppends):
                 or not run.consecutive_from(current.next_transaction_id)
             ):
                 return None
-            self._append_run(run)
+            if len(run.txids) == 1 and current.size_bytes <= self._threshold_bytes:
+                current.append_record(run)  # (``_append_run``'s one turn, without a roll-over)
+            else:
+                self._append_run(run)
             return self._start(), segments[-1].max_transaction_id
 
     def _append_run(self, run: AppendRun) -> None:

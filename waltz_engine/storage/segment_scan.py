@@ -347,3 +347,40 @@ def file_crc32(file: DiskFile, offset: int, crc: int) -> int:
         crc = zlib.crc32(chunk, crc)
         offset += len(chunk)
     return crc
+
+
+def planned_repairs(
+    name: str, seg_file: DiskFile, idx_file: DiskFile, first_transaction_id: int, plan: RecoveryPlan
+) -> list[str]:
+    """What applying ``plan`` to segment ``name``'s files (its records from
+    ``first_transaction_id``) would change in them, one line each (nothing: none)."""
+    repairs: list[str] = []
+    data_end = seg_file.size_bytes()
+    if plan.cut and data_end > plan.next_offset:
+        repairs.append(
+            f"{name}: torn tail: {data_end - plan.next_offset} bytes after transaction "
+            f"{plan.next_transaction_id - 1} (offset {plan.next_offset})"
+        )
+    entries, partial = index_entry_count(idx_file)
+    wanted = plan.next_transaction_id - first_transaction_id
+    stale = [
+        (first, first + len(run) // INDEX_ENTRY_SIZE_BYTES - 1)
+        for first, run in plan.index_runs
+        if run
+        and pread_upto(
+            idx_file, len(run), HEADER_SIZE_BYTES + INDEX_ENTRY_SIZE_BYTES * (first - first_transaction_id)
+        )
+        != run
+    ]
+    if entries < wanted:
+        repairs.append(f"{name}: the index lists {entries} of {wanted} transactions")
+    elif entries > wanted or partial:
+        extra = entries - wanted
+        repairs.append(
+            f"{name}: the index lists {extra} transactions past the last record"
+            + (f" and {partial} bytes of a partial entry" if partial else "")
+        )
+    elif stale:
+        first, last = stale[0]
+        repairs.append(f"{name}: index entries of transactions {first}-{last} differ from the records")
+    return repairs

@@ -10,8 +10,9 @@ codec, and routes each request as the loop's read callback would:
 
 - a lone request (the read brought no other: MAX_INLINE_REQUESTS) of a partition with nothing
   queued or on disk: the thread runs it itself (:meth:`DiskPasses.run_claimed`: the same
-  checks, the same append and ``fdatasync``, the answer written from this thread) - no loop
-  turn, no hop to the pool;
+  checks, the same append and ``fdatasync``, the answer written from this thread; an APPEND
+  by :meth:`DiskPasses.run_claimed_alone`, the same for one request) - no loop turn, no hop to
+  the pool;
 - otherwise the requests queue behind what waits for the partition and the node's passes take
   them: a partition's order across connections, and group commit across connections and
   partitions, are the passes' as before. A pass these requests start (none was running) runs
@@ -71,7 +72,11 @@ from waltz_engine.net.socket_transport import (
 from waltz_engine.storage.node.disk_passes import PASS_WAIT_MS, DiskPasses
 from waltz_engine.storage.node.partition_worker import PARTITION_REQUEST_TYPES, PartitionWorker, Pending
 from waltz_engine.wire.frame import FrameDecoder
-from waltz_engine.wire.storage_messages import STORAGE_DATA_PORT_CODEC, read_whole_append
+from waltz_engine.wire.storage_messages import (
+    STORAGE_DATA_PORT_CODEC,
+    StorageAppendRunRequest,
+    read_whole_append,
+)
 
 log = logging.getLogger(__name__)
 
@@ -282,6 +287,8 @@ class ConnectionThread:
                     return True
                 assert worker is not None
                 if not worker.needs_check(msg):
+                    if type(msg) is StorageAppendRunRequest:
+                        return self._append_alone(worker, msg)
                     return self._run_or_queue(worker, [(conn, msg)])
         held: dict[PartitionWorker, list[Pending]] = {}
         for msg in messages:
@@ -319,6 +326,28 @@ class ConnectionThread:
         if not claimed:
             return self._queue({worker: batch}, here=True)
         return self._on_disk(0.0, passes.run_claimed, worker, batch)
+
+    def _append_alone(self, worker: PartitionWorker, msg: StorageAppendRunRequest) -> bool:
+        """:meth:`_run_or_queue` of a lone APPEND (a lone appender's every request), run by
+        :meth:`DiskPasses.run_claimed_alone`, :meth:`_on_disk` written out; False: left behind."""
+        passes = self._passes
+        with passes.lock:
+            claimed = worker.claim_off_loop(1)
+            if claimed and not passes.claim():
+                worker.unclaim()
+                claimed = False
+        if not claimed:
+            return self._queue({worker: [(self._conn, msg)]}, here=True)
+        state = self._state
+        with state:
+            self._on_disk_since_s = clock.monotonic_s()
+        try:
+            passes.run_claimed_alone(worker, self._conn, msg)
+        finally:
+            with state:
+                self._on_disk_since_s = None
+                left_behind = self._left_behind
+        return not left_behind
 
     def _on_disk(self, grace_s: float, work: Callable[..., None], *args: Any) -> bool:
         """Run ``work(*args)`` on this thread, watched (PASS_WAIT_MS after ``grace_s``); False:

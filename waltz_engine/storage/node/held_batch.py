@@ -14,14 +14,28 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from waltz_engine.common.clock import monotonic_s
+from waltz_engine.disk.partition_info import FLAG_ASSIGNED, FLAG_AVAILABLE
 from waltz_engine.net.channel import FramedConnection
 from waltz_engine.storage.held_append import PassSyncs, Span
 from waltz_engine.storage.node.disk_passes import Reply
 from waltz_engine.storage.node.failures import failure_frame
+from waltz_engine.storage.partition import Partition
 from waltz_engine.wire.storage_messages import StorageAppendRunRequest, success_frame
 
 if TYPE_CHECKING:
     from waltz_engine.storage.node.partition_worker import PartitionWorker
+
+# A replica that serves normal requests: both flags set (``PartitionWorker._check_permissions``).
+ONLINE_FLAGS = FLAG_ASSIGNED | FLAG_AVAILABLE
+
+
+def lone_append_partition(worker: PartitionWorker, msg: StorageAppendRunRequest) -> Partition | None:
+    """The partition of an APPEND of the session on an online replica (a few comparisons; the
+    same as :meth:`PartitionWorker.append_alone`'s)."""
+    partition = worker.partition
+    if partition is None or msg.used_by_offline_recovery or msg.session_id != worker.session_id:
+        return None
+    return partition if partition.info.current.flags & ONLINE_FLAGS == ONLINE_FLAGS else None
 
 
 def append_held(
@@ -30,7 +44,7 @@ def append_held(
     """The batch's replies (answered once ``syncs`` finished), or None: nothing done, the worker's
     usual path takes the request (not the session's lone append at the next txid, or not within
     the current segment)."""
-    partition = worker.lone_append_partition(msg)
+    partition = lone_append_partition(worker, msg)
     if partition is None:
         return None
     started_s = monotonic_s()

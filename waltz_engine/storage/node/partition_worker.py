@@ -25,7 +25,6 @@ from waltz_engine.common.limited_log import LimitedLog
 from waltz_engine.common.metrics import Counter, Meter, MetricsRegistry, Timer
 from waltz_engine.common.object_store import ObjectStoreError
 from waltz_engine.common.tasks import cancel_and_wait
-from waltz_engine.disk.partition_info import FLAG_ASSIGNED, FLAG_AVAILABLE
 from waltz_engine.disk.record_run import JoinedRuns
 from waltz_engine.net.channel import FramedConnection
 from waltz_engine.storage.control_file import ConcurrentUpdateError
@@ -33,7 +32,7 @@ from waltz_engine.storage.damage import DAMAGE_GAUGE
 from waltz_engine.storage.held_append import PassSyncs
 from waltz_engine.storage.node.disk_passes import DiskPasses, Reply
 from waltz_engine.storage.node.failures import PartitionNotAssignedError, describe_os_error, failure_frame
-from waltz_engine.storage.node.held_batch import append_held
+from waltz_engine.storage.node.held_batch import ONLINE_FLAGS, append_held
 from waltz_engine.storage.node.session_bounds import NO_SESSION, SessionBounds
 from waltz_engine.storage.partition import Partition
 from waltz_engine.storage.tier.reads import USAGE_GAUGE, disk_usage
@@ -95,9 +94,6 @@ PARTITION_REQUEST_TYPES = (
 # many (about 4 KiB of JSON per partition on every metrics request).
 SEGMENT_SPANS_GAUGE = "head-segment-spans"
 SEGMENT_SPANS_REPORTED = 128
-
-# A replica that serves normal requests: both flags set (``_check_permissions``).
-_ONLINE_FLAGS = FLAG_ASSIGNED | FLAG_AVAILABLE
 
 SESSION_MOVING_REQUESTS = (
     StorageLastSessionInfoRequest,
@@ -386,7 +382,7 @@ class PartitionWorker:
             if type(msg) is StorageAppendRunRequest:
                 if syncs is not None and (held := append_held(self, conn, msg, syncs)) is not None:
                     return held
-                frame = self._append_alone(msg)
+                frame = self.append_alone(msg)
                 if frame is not None:
                     return [(conn, frame)]
         replies: list[Reply] = []
@@ -521,11 +517,15 @@ class PartitionWorker:
             replies.append((conn, success_frame(msg.session_id, msg.seq_num, msg.partition_id)))
         return end
 
-    def _append_alone(self, msg: StorageAppendRunRequest) -> bytes | None:
+    def append_alone(self, msg: StorageAppendRunRequest) -> bytes | None:
         """A lone APPEND of the session at the next txid on an online replica, checked in a few
-        comparisons, appended under one lock; its answer, or None (nothing done: the general path)."""
-        partition = self.lone_append_partition(msg)
-        if partition is None:
+        comparisons, appended under one lock; its answer, or None (nothing done: the general path).
+        (:func:`held_batch.lone_append_partition` and :meth:`appended` written out: a lone
+        appender's every request.)"""
+        partition = self.partition
+        if partition is None or msg.used_by_offline_recovery or msg.session_id != self.session_id:
+            return None
+        if partition.info.current.flags & ONLINE_FLAGS != ONLINE_FLAGS:
             return None
         started_s = monotonic_s()
         try:
@@ -535,7 +535,11 @@ class PartitionWorker:
         if span is None:
             return None
         self.first_transaction_id, self.max_transaction_id = span
-        self.appended(started_s)
+        self.write_error = None
+        if (metrics := self._metrics) is not None:
+            now_s = monotonic_s()
+            metrics.append.mark_at(now_s, 1)
+            metrics.append_latency.update_at(now_s, (now_s - started_s) * 1000.0, 1)
         return success_frame(msg.session_id, msg.seq_num, msg.partition_id)
 
     def appended(self, started_s: float, count: int = 1) -> None:
@@ -547,13 +551,6 @@ class PartitionWorker:
             now_s = monotonic_s()
             metrics.append.mark_at(now_s, count)
             metrics.append_latency.update_at(now_s, (now_s - started_s) * 1000.0, count)
-
-    def lone_append_partition(self, msg: StorageAppendRunRequest) -> Partition | None:
-        """The partition of an APPEND of the session on an online replica (a few comparisons)."""
-        partition = self.partition
-        if partition is None or msg.used_by_offline_recovery or msg.session_id != self.session_id:
-            return None
-        return partition if partition.info.current.flags & _ONLINE_FLAGS == _ONLINE_FLAGS else None
 
     def _append_failed(self, partition: Partition, msg: StorageAppendRunRequest, error: Exception) -> bytes:
         """A lone append that failed (cut back): logged, the span read again, its FAILURE."""
