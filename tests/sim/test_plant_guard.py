@@ -70,13 +70,16 @@ def test_a_plant_left_behind_by_a_signature_change_is_caught_not_found(
 ) -> None:
     """Issue 33's case: ``ack_before_sync`` wrapped ``Segment._write`` with ``*args`` and called it
     as it was before it took more arguments, so every append failed with a TypeError, and the
-    seed's checks reported those failures as the plant's finding."""
-    write = Segment._write
+    seed's checks reported those failures as the plant's finding. A lone append is written by
+    ``Segment.append_record`` now (issue 33's fifth session), so the case is played there."""
+    append_record = Segment.append_record
 
-    def write_as_before(self: Segment, *args: Any) -> None:
-        write(self, *args[:-1])  # (one argument short)
+    def append_as_before(self: Segment, *args: Any) -> None:
+        append_record(self, *args[:-1])  # (one argument short)
 
-    guard = plant("ack_before_sync", lambda p: p.setattr(Segment, "_write", write_as_before), monkeypatch)
+    guard = plant(
+        "ack_before_sync", lambda p: p.setattr(Segment, "append_record", append_as_before), monkeypatch
+    )
     violations = run_seed(SEED, WorldShape()).violations
     assert violations, "the world did not fail: no longer the case this guard is for"
     with pytest.raises(PlantError, match=r"plant ack_before_sync failed by a programming error .*TypeError"):
