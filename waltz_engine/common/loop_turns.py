@@ -77,8 +77,8 @@ def run_turn_end(loop: asyncio.AbstractEventLoop) -> None:
     write to a replica that waits for the turn's end: ``FramedConnection.coalesce_writes``).
     """
     turns: LoopTurns | None = getattr(loop, "_waltz_turns", None)
-    if turns is None:
-        return
+    if turns is None or turns.tail is None:
+        return  # (most reads: nothing waits for the turn's end, no look at the ready queue)
     ready: collections.deque[asyncio.Handle] | None = getattr(loop, "_ready", None)
     while turns.tail is not None:
         handle, turns.tail = turns.tail, None

@@ -290,7 +290,7 @@ class FramedConnection:
         would cost a record (and an SSL_read on the other side) each. Larger ones are not copied.
         With :meth:`coalesce_writes`, what is sent within one loop turn leaves together.
         """
-        if self.closed:
+        if self._closed or self._transport.is_closing():  # (``closed``, inline: 3 per lone commit)
             raise ConnectionClosedError(f"connection to {self.peer} is closed")
         unsent = self._unsent
         if not unsent and (self._coalesce is None or not self._coalesce()):

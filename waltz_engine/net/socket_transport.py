@@ -454,14 +454,19 @@ class SocketTransport(asyncio.Transport):
         if not self._reading or self._closing or self._read_wants_write:
             return
         sock = self._sock
-        view = _read_buffer()
+        view: memoryview = getattr(_read_buffers, "view", None) or _read_buffer()  # (a call less a read)
         budget = MAX_READ_PER_CALLBACK_BYTES
         tls = getattr(sock, "_sslobj", None)  # (``_tls_object``, inlined: 4 reads per commit)
         lock = self._lock
+        pending = 0
         while budget > 0:
             try:
                 with lock:
-                    size = tls.read(READ_BUFFER_BYTES, view) if tls is not None else sock.recv_into(view)
+                    if tls is not None:
+                        size = tls.read(READ_BUFFER_BYTES, view)
+                        pending = tls.pending()  # (same hold: only this thread's reads change it)
+                    else:
+                        size = sock.recv_into(view)
             except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
                 return
             except ssl.SSLWantWriteError:
@@ -486,11 +491,14 @@ class SocketTransport(asyncio.Transport):
                 self._stream_protocol().data_received(view[:size].tobytes())
             if not self._reading or self._closing:
                 return
-            if tls is None:
+            if tls is None or pending:
                 continue
-            with lock:
-                pending = tls.pending()
-            if not pending and not _unread_bytes(self._fd):
+            unread = bytearray(4)  # (``_unread_bytes``, inline: a call less per read)
+            try:
+                fcntl.ioctl(self._fd, termios.FIONREAD, unread, True)
+            except OSError:
+                continue  # the read tells what is wrong
+            if not int.from_bytes(unread, sys.byteorder):
                 # Nothing decrypted is left and the kernel holds nothing more (OpenSSL reads no
                 # further than the record it returns), so the next read could only fail. Its
                 # SSLWantReadError, built with OpenSSL's error text, cost more than this one

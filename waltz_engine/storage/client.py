@@ -444,9 +444,9 @@ class StorageClient(_RpcConnection):
         if size % frame_size or not size:
             return False
         prefix = SUCCESS_FRAME_PREFIX
-        prefix_size = len(prefix)
+        starts_with = data.startswith  # (no slice made per frame)
         for offset in range(0, size, frame_size):
-            if data[offset : offset + prefix_size] != prefix:
+            if not starts_with(prefix, offset):
                 return False
         unpack_from = SUCCESS_FRAME.unpack_from
         pending = self._pending

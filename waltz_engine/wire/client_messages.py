@@ -13,6 +13,7 @@ authorizer on and a client that presents a certificate offer it (``EXTENDED_CLIE
 from __future__ import annotations
 
 import struct
+import zlib
 from typing import Any, NamedTuple, TypeAlias
 
 from waltz_engine.common.crc import crc32
@@ -317,6 +318,7 @@ def _append_request_spec(version: int) -> MessageSpec:
 # length. Then the data and the checksum.
 _LONE_APPEND_HEAD = struct.Struct(FRAME_HEADER.format + "biiiiq" + "iii" + "ii")
 _LONE_APPEND_CHECKSUM = I32
+_MASK32 = 0xFFFFFFFF
 
 
 def recognise_append_request(data: bytes, version: int) -> AppendRequest | None:
@@ -359,17 +361,24 @@ def recognise_append_request(data: bytes, version: int) -> AppendRequest | None:
         return None
     payload = bytes(data[head_size:end])
     (checksum,) = _LONE_APPEND_CHECKSUM.unpack_from(data, end)
-    if crc32(payload) != checksum:
+    # (``crc32`` inline: the unsigned CRC against the signed field's 32 bits, the same test.)
+    if zlib.crc32(payload) != checksum & _MASK32:
         return None  # the decoder refuses it, with its error
-    return AppendRequest(
-        ReqId(client_id, generation, partition_id, seq_num),
-        high_water_mark,
-        NO_LOCKS,
-        NO_LOCKS,
-        NO_LOCKS,
-        header,
-        payload,
-        checksum,
+    # tuple.__new__ builds the two named tuples without their __new__'s Python call each (as
+    # the client's feed decoder does): the same tuples, field for field.
+    new = tuple.__new__
+    return new(
+        AppendRequest,
+        (
+            new(ReqId, (client_id, generation, partition_id, seq_num)),
+            high_water_mark,
+            NO_LOCKS,
+            NO_LOCKS,
+            NO_LOCKS,
+            header,
+            payload,
+            checksum,
+        ),
     )
 
 
