@@ -317,37 +317,28 @@ class ConnectionThread:
 
     def _run_or_queue(self, worker: PartitionWorker, batch: list[Pending]) -> bool:
         """One partition's requests: run here when nothing of it is queued or on disk."""
-        passes = self._passes
-        with passes.lock:
-            claimed = worker.claim_off_loop(len(batch))
-            if claimed and not passes.claim():
-                worker.unclaim()
-                claimed = False
-        if not claimed:
+        if not self._claim(worker, len(batch)):
             return self._queue({worker: batch}, here=True)
-        return self._on_disk(0.0, passes.run_claimed, worker, batch)
+        return self._on_disk(0.0, self._passes.run_claimed, worker, batch)
 
     def _append_alone(self, worker: PartitionWorker, msg: StorageAppendRunRequest) -> bool:
         """:meth:`_run_or_queue` of a lone APPEND (a lone appender's every request), run by
-        :meth:`DiskPasses.run_claimed_alone`, :meth:`_on_disk` written out; False: left behind."""
+        :meth:`DiskPasses.run_claimed_alone`; False: left behind."""
+        if not self._claim(worker, 1):
+            return self._queue({worker: [(self._conn, msg)]}, here=True)
+        return self._on_disk(0.0, self._passes.run_claimed_alone, worker, self._conn, msg)
+
+    def _claim(self, worker: PartitionWorker, count: int) -> bool:
+        """``count`` requests of ``worker`` are this thread's to run: nothing of its partition is
+        queued or on disk, and the passes count the batch; False: they queue instead."""
         passes = self._passes
         with passes.lock:
-            claimed = worker.claim_off_loop(1)
-            if claimed and not passes.claim():
-                worker.unclaim()
-                claimed = False
-        if not claimed:
-            return self._queue({worker: [(self._conn, msg)]}, here=True)
-        state = self._state
-        with state:
-            self._on_disk_since_s = clock.monotonic_s()
-        try:
-            passes.run_claimed_alone(worker, self._conn, msg)
-        finally:
-            with state:
-                self._on_disk_since_s = None
-                left_behind = self._left_behind
-        return not left_behind
+            if not worker.claim_off_loop(count):
+                return False
+            if passes.claim():
+                return True
+            worker.unclaim()
+            return False
 
     def _on_disk(self, grace_s: float, work: Callable[..., None], *args: Any) -> bool:
         """Run ``work(*args)`` on this thread, watched (PASS_WAIT_MS after ``grace_s``); False:

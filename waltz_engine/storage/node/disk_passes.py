@@ -428,30 +428,18 @@ class DiskPasses:
 
     def run_claimed_alone(self, worker: BatchOwner, conn: FramedConnection, msg: Any) -> None:
         """:meth:`run_claimed` of a batch of one APPEND (a lone appender's every request): the
-        same steps, without a batch's lists (:func:`_process`, :meth:`_send` and
-        :meth:`_batches_done` of one worker and one reply written out)."""
+        worker's lone append (:meth:`BatchOwner.append_alone`), else its batch as usual."""
         self._claimed.inc()
         try:
             frame = worker.append_alone(msg)
-            replies = [(conn, frame)] if frame is not None else worker.process_batch([(conn, msg)])
         except Exception:
             log.exception("partition %d: a batch failed", worker.partition_id)  # (as ``_process``)
-            replies = []
-        if len(replies) == 1:
-            ((to, frame),) = replies
-            try:  # (not ``contextlib.suppress``: three Python calls a request)  # noqa: SIM105
-                to.send_frames_from_thread((frame,), self._loop)
-            except ConnectionClosedError:
-                pass  # the client may be gone (as ``_answer``)
-        elif replies:
-            self._send([(worker, replies)], on_loop=False)
+            outcome: Outcome = (worker, [])
+        else:
+            outcome = (worker, [(conn, frame)]) if frame is not None else _process(worker, [(conn, msg)])
+        self._send([outcome], on_loop=False)
         with self.lock:
-            self._busy -= 1
-            if worker.batch_done():
-                self.ready_off_loop((worker,))
-            idle = self._idle
-            if idle is not None and self._busy == 0:
-                self._loop.call_soon_threadsafe(_resolve, idle)
+            self._batches_done([outcome], on_loop=False)
 
     async def stop(self) -> None:
         """Start no more passes; the batches on disk complete and are answered first."""
