@@ -30,8 +30,7 @@ ONLINE_FLAGS = FLAG_ASSIGNED | FLAG_AVAILABLE
 
 
 def lone_append_partition(worker: PartitionWorker, msg: StorageAppendRunRequest) -> Partition | None:
-    """The partition of an APPEND of the session on an online replica (a few comparisons; the
-    same as :meth:`PartitionWorker.append_alone`'s)."""
+    """The partition of an APPEND of the session on an online replica (a few comparisons)."""
     partition = worker.partition
     if partition is None or msg.used_by_offline_recovery or msg.session_id != worker.session_id:
         return None

@@ -32,7 +32,7 @@ from waltz_engine.storage.damage import DAMAGE_GAUGE
 from waltz_engine.storage.held_append import PassSyncs
 from waltz_engine.storage.node.disk_passes import DiskPasses, Reply
 from waltz_engine.storage.node.failures import PartitionNotAssignedError, describe_os_error, failure_frame
-from waltz_engine.storage.node.held_batch import ONLINE_FLAGS, append_held
+from waltz_engine.storage.node.held_batch import append_held, lone_append_partition
 from waltz_engine.storage.node.session_bounds import NO_SESSION, SessionBounds
 from waltz_engine.storage.partition import Partition
 from waltz_engine.storage.tier.reads import USAGE_GAUGE, disk_usage
@@ -519,13 +519,9 @@ class PartitionWorker:
 
     def append_alone(self, msg: StorageAppendRunRequest) -> bytes | None:
         """A lone APPEND of the session at the next txid on an online replica, checked in a few
-        comparisons, appended under one lock; its answer, or None (nothing done: the general path).
-        (:func:`held_batch.lone_append_partition` and :meth:`appended` written out: a lone
-        appender's every request.)"""
-        partition = self.partition
-        if partition is None or msg.used_by_offline_recovery or msg.session_id != self.session_id:
-            return None
-        if partition.info.current.flags & ONLINE_FLAGS != ONLINE_FLAGS:
+        comparisons, appended under one lock; its answer, or None (nothing done: the general path)."""
+        partition = lone_append_partition(self, msg)
+        if partition is None:
             return None
         started_s = monotonic_s()
         try:
@@ -535,11 +531,7 @@ class PartitionWorker:
         if span is None:
             return None
         self.first_transaction_id, self.max_transaction_id = span
-        self.write_error = None
-        if (metrics := self._metrics) is not None:
-            now_s = monotonic_s()
-            metrics.append.mark_at(now_s, 1)
-            metrics.append_latency.update_at(now_s, (now_s - started_s) * 1000.0, 1)
+        self.appended(started_s)
         return success_frame(msg.session_id, msg.seq_num, msg.partition_id)
 
     def appended(self, started_s: float, count: int = 1) -> None:
