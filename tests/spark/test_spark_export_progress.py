@@ -26,6 +26,7 @@ from spark.export_task import ExportTask, run_task
 from spark.plan import OPTION_PATHS, OPTION_TO_TXID, ReadOptions, plan
 from spark.progress import CountsParam, ExportProgress, PartitionCounts, PartitionProgress, snapshot
 from spark.segments import ON_CORRUPT_FAIL
+from spark.watermarks import load_file_watermarks
 from waltz_cli.commands.spark import ExportBars
 
 BEYOND_EVERY_TXID = "1000000"
@@ -133,14 +134,38 @@ def test_on_a_terminal_the_command_shows_the_bars_and_still_prints_its_summary(
     assert shown.returncode == 0, shown.stderr[-3000:]
     assert "partition 0" in shown.stderr and "rows/s" in shown.stderr
     assert f"{EXPECTED_ROWS} rows in" in shown.stdout
+    # Nothing new to export: the run plans, commits nothing and starts no JVM, so it succeeds
+    # where no Java could start (JAVA_HOME names none; Spark's launcher would fail on it).
     quiet = subprocess.run(
         [*command, "--incremental", "--json", str(storage)],
         capture_output=True,
         text=True,
-        env=terminal,
+        env={**terminal, "JAVA_HOME": str(tmp_path / "no-java")},
         timeout=CLI_TIMEOUT_S,
         check=False,
     )
     assert quiet.returncode == 0, quiet.stderr[-3000:]
     assert quiet.stderr == ""  # --json: no bars even on a terminal
     assert json.loads(quiet.stdout)["rows"] == 0
+
+
+def test_without_a_java_to_start_the_export_fails_with_one_line_and_commits_nothing(
+    storage: Path, tmp_path: Path
+) -> None:
+    configure_spark_environment()
+    output = tmp_path / "export"
+    command = spark_cli_command("export", "-o", str(output), "-m", "local[2]", "--to-txid", BEYOND_EVERY_TXID)
+    result = subprocess.run(
+        [*command, str(storage)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "JAVA_HOME": str(tmp_path / "no-java")},
+        timeout=CLI_TIMEOUT_S,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"error: Spark could not start its JVM ({tmp_path / 'no-java'}/bin/java: No such file or directory): "
+        "install Java 17 or later, or set JAVA_HOME to one"
+    ]
+    assert load_file_watermarks(output) == {} and not list(output.glob("partition=*"))

@@ -301,7 +301,7 @@ def _interrupted(error: BaseException) -> bool:
 
 
 def _run(export_config: ExportConfig, master: str, as_json: bool) -> ExportSummary:
-    from spark.export import LOCAL_MASTER_PREFIX, run_export, spark_log_path, spark_session
+    from spark.export import LOCAL_MASTER_PREFIX, LazySession, run_export, spark_log_path, spark_session
     from spark.submit import submit_export
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -310,12 +310,16 @@ def _run(export_config: ExportConfig, master: str, as_json: bool) -> ExportSumma
             progress.add_task(f"running on {master}", total=None)
             return submit_export(export_config, master)
         job = progress.add_task("starting Spark", total=None)
-        session = spark_session(master, quiet=True, jvm_log=spark_log_path(export_config.output))
+        session = LazySession(
+            lambda: spark_session(master, quiet=True, jvm_log=spark_log_path(export_config.output))
+        )
         try:
             bars = None if progress.disable else ExportBars(progress, job).update
             return run_export(session, export_config, bars)
         except KeyboardInterrupt:
-            session.sparkContext.cancelAllJobs()
+            started = session.started
+            if started is not None:
+                started.sparkContext.cancelAllJobs()
             raise
         finally:
             session.stop()
