@@ -433,6 +433,7 @@ def test_an_append_taken_while_a_lone_batch_is_in_flight_goes_in_the_next_batch_
                 await asyncio.sleep(NOT_DECIDED_PROBE_S)
                 assert not outcomes.decided.keys() - {0} and not flushed.done()
                 assert session.num_pending_appends == 3
+                assert len(session._queue) == 2, "the appends behind wait in the session's queue"
             finally:
                 for node in stopped:
                     os.kill(node.pid, signal.SIGCONT)
