@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from storage_data_port_support import client_of_data_port
 
@@ -193,3 +194,68 @@ async def _connection_end() -> None:
         assert len(outcomes) == 5
         assert all(isinstance(e, StorageRpcError) and "disconnected" in str(e) for e in outcomes), outcomes
         assert not client._pending
+
+
+class _OfflineClient(_CountingClient):
+    """A client of the offline recovery tool: its APPENDs carry the flag."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, used_by_offline_recovery=True, **kwargs)
+
+
+def test_the_offline_flag_and_the_frame_are_the_codecs_encoding() -> None:
+    """The APPEND's frame built for a lone send (its head packed once, the flag's byte by the
+    client's kind) is byte for byte the codec's encoding of the same request, for both kinds."""
+    asyncio.run(_flag_and_frame(_CountingClient, False))
+    asyncio.run(_flag_and_frame(_OfflineClient, True))
+
+
+async def _flag_and_frame(client_class: type[_CountingClient], offline: bool) -> None:
+    received: list[Any] = []
+
+    async def handler(conn: FramedConnection) -> None:
+        while (msg := await conn.receive()) is not None:
+            if type(msg) is StorageOpenRequest:
+                await conn.send(StorageSuccessResponse(msg.session_id, msg.seq_num, msg.partition_id))
+            else:
+                received.append(msg)
+
+    async with client_of_data_port(handler, client_class) as client:
+        records = _records(4, 3)
+        sent = client._append_frames(SESSION_ID, 9, PARTITION_ID, encode_append_records(records), 3)
+        expected = StorageAppendRequest(SESSION_ID, 9, PARTITION_ID, tuple(records), offline)
+        assert b"".join(sent) == STORAGE_CODEC.encode_frame(expected)
+        client.send_append_call(
+            SESSION_ID, PARTITION_ID, encode_append_records(records), 3, _OnDone(lambda _: None)
+        )
+        for _ in range(TEST_BOUND_S * 100):
+            if received:
+                break
+            await asyncio.sleep(0.01)
+        (request,) = received
+        assert request.used_by_offline_recovery is offline and list(request.records) == records
+
+
+def test_a_send_without_an_open_connection_fails_at_once_and_takes_no_seq_num() -> None:
+    """The lone send's fallbacks: a client not open (never opened, or ended) declines with
+    ``can_send_now`` and refuses ``send_append_call`` with StorageRpcError, registering nothing,
+    so the replica session fails over to its task (which reconnects) with no call left behind."""
+    asyncio.run(_not_open())
+
+
+async def _not_open() -> None:
+    async with _client_and_node() as (client, _):
+        seq_num = client._next_seq_num
+        assert client.can_send_now()
+        await client.close()
+        assert not client.can_send_now()
+        outcomes: list[BaseException | None] = []
+        try:
+            client.send_append_call(
+                SESSION_ID, PARTITION_ID, encode_append_records(_records(0, 1)), 1, _OnDone(outcomes.append)
+            )
+        except StorageRpcError as e:
+            assert "disconnected" in str(e)
+        else:
+            raise AssertionError("sent on a closed client")
+        assert client._next_seq_num == seq_num and not client._pending and not outcomes

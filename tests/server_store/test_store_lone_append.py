@@ -398,3 +398,64 @@ async def _commits_past_a_stopped_replica(
         assert outcomes.append_lone(partition, seq), "taken at once"
         assert await outcomes.wait(seq) == (seq, None), "the two others commit it"
     return partition, outcomes, replica
+
+
+def test_an_append_taken_while_a_lone_batch_is_in_flight_goes_in_the_next_batch_after_it(
+    cluster: StorageCluster, zk: KazooClient
+) -> None:
+    """Two nodes stopped with a lone batch in flight: the appends taken meanwhile wait in the
+    session's queue (no batch of theirs leaves before the one in flight is decided), then go as
+    the next batch from the decision's call, in order, at the next txids; a flush behind them is
+    answered with all of them."""
+    partition_id = 0
+    stopped = cluster.nodes[1:]
+    storages = [node_connect_string(node) for node in cluster.nodes]
+
+    async def go() -> None:
+        store = await open_store(zk, cluster.root)
+        try:
+            partition, outcomes = await _first_lone_commit(store, partition_id, storages)
+            session = partition._manager.current_session
+            assert session is not None
+            await wait_until(
+                lambda: all(r._parked and r.next_transaction_id == 1 for r in session.replica_sessions),
+                "every replica idle",
+            )
+            order: list[int] = []
+            outcomes.changed = _Recording(outcomes, order)
+            for node in stopped:
+                os.kill(node.pid, signal.SIGSTOP)
+            try:
+                assert outcomes.append_lone(partition, 1)
+                await asyncio.sleep(0)  # the batch of 1 leaves at the end of its turn
+                assert outcomes.append_lone(partition, 2) and outcomes.append_lone(partition, 3)
+                flushed = asyncio.ensure_future(partition.flush())
+                await asyncio.sleep(NOT_DECIDED_PROBE_S)
+                assert not outcomes.decided.keys() - {0} and not flushed.done()
+                assert session.num_pending_appends == 3
+                assert len(session._queue) == 2, "the appends behind wait in the session's queue"
+            finally:
+                for node in stopped:
+                    os.kill(node.pid, signal.SIGCONT)
+            assert await bounded(flushed) == 3
+            assert [outcomes.decided[seq] for seq in (1, 2, 3)] == [(1, None), (2, None), (3, None)]
+            assert order == [1, 2, 3]
+            await wait_until(lambda: caught_up(partition.status(), storages), "replicas caught up")
+            await _assert_every_log(cluster, partition_id, _session_id(partition), 4)
+        finally:
+            await store.close()
+
+    asyncio.run(go())
+
+
+class _Recording(asyncio.Event):
+    """``Outcomes.changed`` that also notes the order of the decisions."""
+
+    def __init__(self, outcomes: Outcomes, order: list[int]) -> None:
+        super().__init__()
+        self._outcomes = outcomes
+        self._order = order
+
+    def set(self) -> None:
+        self._order.extend(seq for seq in self._outcomes.decided if seq not in self._order and seq)
+        super().set()

@@ -121,6 +121,10 @@ class FramedConnection:
     def closed(self) -> bool:
         return self._closed or self._transport.is_closing()
 
+    def write_buffer_bytes(self) -> int:
+        """What the transport holds unsent (the writer's ``transport`` property costs a call more)."""
+        return self._transport.get_write_buffer_size()
+
     async def receive(self) -> Any | None:
         """The next message (keep-alives are skipped); None when the peer closed cleanly.
 

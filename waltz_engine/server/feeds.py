@@ -250,7 +250,7 @@ class FeedWorker:
             if frames is None:
                 return _LOAD
             context.next_transaction_id = last + 1
-            if context.finished:
+            if last >= context.end_transaction_id:  # (``finished``, inline: every commit's feed)
                 self._remove()
                 client.send_feed(frames, context.terminal)
                 return _DONE

@@ -137,13 +137,13 @@ class ClientConnection:
         return self.conn.closed
 
     def write_buffer_size_bytes(self) -> int:
-        return self.conn.writer.transport.get_write_buffer_size()
+        return self.conn.write_buffer_bytes()
 
     def writable(self) -> bool:
         # The feeds not written yet count: the bound is the same as when each went at once.
-        return (
-            not self.closed and self.write_buffer_size_bytes() + self._feeds_bytes <= WRITE_BUFFER_HIGH_BYTES
-        )
+        # (``closed`` and ``write_buffer_size_bytes`` inline: every commit's feed asks.)
+        conn = self.conn
+        return not conn.closed and conn.write_buffer_bytes() + self._feeds_bytes <= WRITE_BUFFER_HIGH_BYTES
 
     def send(self, message: Any) -> None:
         self.send_frame(self.codec.encode_frame(message))

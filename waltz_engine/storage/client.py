@@ -38,7 +38,7 @@ from waltz_engine.storage.eager_calls import (
     EagerCall,
 )
 from waltz_engine.wire.codec import MessageCodec
-from waltz_engine.wire.frame import FRAME_HEADER, check_frame_length
+from waltz_engine.wire.frame import FRAME_HEADER, MAX_FRAME_SIZE_BYTES, check_frame_length
 from waltz_engine.wire.hello import STORAGE_CLIENT_HELLO_TEXT
 from waltz_engine.wire.primitives import I32, SessionInfo
 from waltz_engine.wire.storage_messages import (
@@ -96,6 +96,9 @@ FIRST_SEQ_NUM = 0
 _APPEND_HEAD = struct.Struct(">bqqi")
 _BOOL = struct.Struct(">?")
 _APPEND_FRAME_HEAD = struct.Struct(FRAME_HEADER.format + _APPEND_HEAD.format.lstrip(">"))
+# An APPEND's frame length beyond its encoded records: its head and the offline flag.
+_APPEND_OVERHEAD_BYTES = _APPEND_HEAD.size + _BOOL.size
+_OFFLINE_FLAG_BYTES = (_BOOL.pack(False), _BOOL.pack(True))  # by ``used_by_offline_recovery``
 
 R = TypeVar("R")
 
@@ -254,7 +257,7 @@ class _RpcConnection:
             conn is not None
             and self._closed_reason is None
             and not conn.closed
-            and conn.writer.transport.get_write_buffer_size() <= WRITE_BUFFER_HIGH_BYTES
+            and conn.write_buffer_bytes() <= WRITE_BUFFER_HIGH_BYTES
         )
 
     def _note_request(self, message: Any) -> None:
@@ -454,7 +457,7 @@ class StorageClient(_RpcConnection):
         for offset in range(0, size, frame_size):
             _, _, _, _, session_id, seq_num, partition_id = unpack_from(data, offset)
             call = pending.get(seq_num)
-            if call is not None and isinstance(call[0], EAGER_CALLS) and not call[0].done():
+            if call is not None and isinstance(call[0], EAGER_CALLS) and not call[0]._done:
                 call[0].succeeded()  # an APPEND sent from a callback: its answer's callback now
             else:
                 self._on_message(StorageSuccessResponse(session_id, seq_num, partition_id))
@@ -521,8 +524,12 @@ class StorageClient(_RpcConnection):
         """:meth:`append_encoded` without a task: sent now (check :meth:`can_send_now` first),
         answering ``call`` (its ``on_success`` or ``on_failure``) in the read callback of its
         answer (or at the connection's end, or its deadline)."""
-        conn = self._open_connection()
-        seq_num = self._take_seq_num()
+        # (The lone commit's three sends: ``_open_connection`` and ``_take_seq_num`` inline.)
+        conn = self._conn
+        if conn is None or self._closed_reason is not None:
+            conn = self._open_connection()  # (raises: not open)
+        seq_num = self._next_seq_num
+        self._next_seq_num = seq_num + 1
         frames = self._append_frames(session_id, seq_num, partition_id, encoded, count)
         call.seq_num = seq_num
         call._client = self
@@ -547,15 +554,16 @@ class StorageClient(_RpcConnection):
         self, session_id: int, seq_num: int, partition_id: int, encoded: bytes, count: int
     ) -> list[bytes]:
         assert len(encoded) >= I32.size and I32.unpack_from(encoded, 0)[0] == count, "count does not match"
-        length = _APPEND_HEAD.size + len(encoded) + _BOOL.size
-        check_frame_length(length)
+        length = _APPEND_OVERHEAD_BYTES + len(encoded)
+        if length > MAX_FRAME_SIZE_BYTES:
+            check_frame_length(length)  # (raises; a length is never negative here)
         self._probe_session_id = session_id  # a probe's target (see ``_probe_frame``)
         self._probe_partition_id = partition_id
-        # The frame's header and the request's head in one pack.
+        # The frame's header and the request's head in one pack; the flag's byte packed once.
         frame_head = _APPEND_FRAME_HEAD.pack(
             STORAGE_MAGIC, STORAGE_VERSION, length, APPEND_REQUEST_TYPE, session_id, seq_num, partition_id
         )
-        return [frame_head, encoded, _BOOL.pack(self.used_by_offline_recovery)]
+        return [frame_head, encoded, _OFFLINE_FLAG_BYTES[self.used_by_offline_recovery]]
 
     async def record_header(
         self, session_id: int, partition_id: int, transaction_id: int

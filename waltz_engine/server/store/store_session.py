@@ -374,7 +374,6 @@ class StoreSession:
             first = self._next_transaction_id
             # Encoded once for every replica, straight from the queue's entries (no records made).
             encoded = encode_append_batch(first, batch)
-            self._keep_encoded_batch(first, encoded, count)
             replicas = self.replica_sessions
             num_voters = len([replica for replica in replicas if replica.is_voter])
             voting = Voting(self.quorum, num_voters, self._decided)
@@ -382,6 +381,9 @@ class StoreSession:
             replicated = ReplicatedBatch(first, encoded, count, voting, clock.monotonic_s())
             for replica in replicas:
                 replica.append(replicated)
+            # Kept after the sends (a replica's read of it waits for a loop turn at least): the
+            # requests leave sooner by this bookkeeping.
+            self._keep_encoded_batch(first, encoded, count)
         except Exception:
             log.exception("partition %d session %d: append failed", self.partition_id, self.session_id)
             self._close_failed()
@@ -394,11 +396,12 @@ class StoreSession:
             self._close_failed()
             return
         self._resolve_in_flight(COMMIT_ALL)
-        if voting.has_abstention:
+        if voting.num_abstentions:  # (``has_abstention``, inline: every batch comes here)
             # A replica may have missed the batch: roll to a new session, which recovers it.
             self._close_failed()
             return
-        self._start_batch()
+        if self._queue:  # (what came meanwhile; a lone commit's queue is empty)
+            self._start_batch()
 
     def replica_failed(self, replica: ReplicaSession) -> None:
         """A replica session ended in an error after the recovery resolved. With appends in flight,
