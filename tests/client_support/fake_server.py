@@ -35,6 +35,9 @@ class _ConnectionSink:
 
 
 class FakeWaltzServer:
+    # What answers each connection (a test may write its frames differently: split, joined).
+    sink_type: type[_ConnectionSink] = _ConnectionSink
+
     def __init__(
         self,
         partitions: dict[int, MockServerPartition],
@@ -76,7 +79,7 @@ class FakeWaltzServer:
             await conn.close()
 
     async def _handle(self, conn: FramedConnection) -> None:
-        sink = _ConnectionSink(conn)
+        sink = self.sink_type(conn)
         self.connections.add(conn)
         try:
             while (message := await conn.receive()) is not None:

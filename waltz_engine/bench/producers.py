@@ -35,6 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -44,6 +45,7 @@ from waltz_engine.bench import process_cpu
 from waltz_engine.bench.feed_watchers import WatchedPartition, WatcherProcess, WatchResult, WatchSpec
 from waltz_engine.bench.node_counts import StorageBatches, local_http_ports, node_counts
 from waltz_engine.bench.storage_node import BenchError
+from waltz_engine.bench.window import Window
 from waltz_engine.client import (
     PartitionLocalLock,
     Transaction,
@@ -257,7 +259,8 @@ class BenchCallbacks(WaltzClientCallbacks):
         return self.high_water_marks.get(partition_id, HIGH_WATER_MARK_NONE)
 
     def apply_transaction(self, transaction: Transaction) -> Any:
-        self.high_water_marks[transaction.partition_id] = transaction.transaction_id
+        # (``req_id.partition_id``: the ``partition_id`` property without its call)
+        self.high_water_marks[transaction.req_id.partition_id] = transaction.transaction_id
         return None if self.on_apply is None else self.on_apply(transaction)
 
     def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
@@ -315,7 +318,7 @@ class _TxnContext(TransactionContext):
     """The original's DummyTxnContext: fixed data, an optional random write lock."""
 
     def __init__(
-        self, data: bytes, partition_id: int, lock_pool: int, stats: _Stats, done: asyncio.Future[None]
+        self, data: bytes, partition_id: int, lock_pool: int, stats: _Stats, done: Callable[[], object]
     ) -> None:
         super().__init__()
         self._data = data
@@ -342,15 +345,13 @@ class _TxnContext(TransactionContext):
     def on_completion(self, result: bool) -> None:
         if self.sent_at is not None:
             self._stats.latencies_ms.append((time.perf_counter() - self.sent_at) * MS_PER_S)
-        if not self._done.done():
-            self._done.set_result(None)
+        self._done()  # the one final outcome (the client's contract): called once
 
     def on_exception(self, exception: BaseException) -> None:
-        # Reported after the run (with the count), not through the future: a run that is
+        # Reported after the run (with the count), not through an exception: a run that is
         # interrupted would otherwise log every pending one as never retrieved.
         self._stats.failures.append(exception)
-        if not self._done.done():
-            self._done.set_result(None)
+        self._done()
 
 
 @dataclass(frozen=True)
@@ -444,11 +445,6 @@ def _exponential_interval_s(mean_ms: float) -> float:
     return mean_ms * -math.log(1.0 - random.random()) / MS_PER_S
 
 
-async def _submit(client: WaltzClient, context: _TxnContext) -> None:
-    await client.submit(context)
-    context.sent_at = time.perf_counter()
-
-
 async def _appender(
     client: WaltzClient,
     data: bytes,
@@ -460,19 +456,20 @@ async def _appender(
     stats: _Stats,
     start: asyncio.Event,
 ) -> None:
-    loop = asyncio.get_running_loop()
-    window = asyncio.Semaphore(max_in_flight)
-    pending: list[asyncio.Future[None]] = []
+    # The window opens in the outcome's own hook: no future, done callback or loop turn per
+    # transaction between a commit and the next submit, and none kept to be gathered.
+    window = Window(max_in_flight)
     await start.wait()
     for _ in range(txns):
         await window.acquire()
-        done: asyncio.Future[None] = loop.create_future()
-        done.add_done_callback(lambda _: window.release())
-        pending.append(done)
-        await _submit(client, _TxnContext(data, random.randrange(partitions), lock_pool, stats, done))
+        partition_id = random.randrange(partitions) if partitions > 1 else 0
+        context = _TxnContext(data, partition_id, lock_pool, stats, window.release)
+        await client.submit(context)
+        context.sent_at = time.perf_counter()  # the latency runs from submit's return
         if interval_ms > 0:
             await asyncio.sleep(_exponential_interval_s(interval_ms))
-    await asyncio.gather(*pending)
+    for _ in range(max_in_flight):  # the whole window back: every transaction has its outcome
+        await window.acquire()
 
 
 async def warm_up(clients: list[WaltzClient], data: bytes, partitions: int) -> None:
@@ -484,7 +481,7 @@ async def warm_up(clients: list[WaltzClient], data: bytes, partitions: int) -> N
     for client in clients:
         for partition_id in range(partitions):
             done: asyncio.Future[None] = loop.create_future()
-            await _submit(client, _TxnContext(data, partition_id, 0, stats, done))
+            await client.submit(_TxnContext(data, partition_id, 0, stats, partial(done.set_result, None)))
             waits.append(done)
     await asyncio.gather(*waits)
     _raise_failures(stats, "warm-up")

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from waltz_engine.common.errors import ProtocolError
-from waltz_engine.net.channel import FramedConnection
+from waltz_engine.net.channel import WRITE_BUFFER_LOW_BYTES, FramedConnection
 from waltz_engine.net.transport import StreamReader
 from waltz_engine.wire.client_messages import AppendRequest, ClientMessage, lone_append_frame
 from waltz_engine.wire.client_stream import ClientStreamDecoder
@@ -43,11 +43,14 @@ class Channel(Protocol):
 class FramedChannel:
     """A real TLS connection speaking the 'L' codec negotiated in the Hello."""
 
-    __slots__ = ("_conn", "_decoder")
+    __slots__ = ("_conn", "_decoder", "_write_buffer_size")
 
     def __init__(self, conn: FramedConnection) -> None:
         self._conn = conn
         self._decoder = ClientStreamDecoder(conn.codec, conn.max_frame_size_bytes)
+        # The connection's transport's (one for its life), asked once a submit without the
+        # connection's property in between.
+        self._write_buffer_size = conn.writer.transport.get_write_buffer_size
 
     @property
     def closed(self) -> bool:
@@ -71,7 +74,8 @@ class FramedChannel:
 
     @property
     def drain_may_wait(self) -> bool:
-        return self._conn.drain_may_wait
+        # ``FramedConnection.drain_may_wait``, read from its transport directly.
+        return self._write_buffer_size() > WRITE_BUFFER_LOW_BYTES
 
     async def drain(self) -> None:
         await self._conn.drain()

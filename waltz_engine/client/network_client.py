@@ -21,6 +21,7 @@ from waltz_engine.client.errors import ClientTlsRefusedError
 from waltz_engine.client.unfinished import Unfinished, raising
 from waltz_engine.common.backoff import Backoff
 from waltz_engine.common.errors import WaltzError
+from waltz_engine.net.channel import ConnectionClosedError
 from waltz_engine.wire.client_messages import ClientMessage
 
 log = logging.getLogger(__name__)
@@ -102,12 +103,21 @@ class NetworkClient:
         for the end of the turn, whose empty run would cost the loop one more iteration.
         """
         channel = self._channel
-        if channel is None or channel.closed or self._closed:
+        if channel is None or self._closed:
+            return False
+        if write_now and not self._outbox:
+            # (``_write`` written out, and the channel's closed check left to its write, which
+            # makes it anyway: an append's send, once a submit)
+            try:
+                channel.write([message])
+            except ConnectionClosedError:
+                return False  # closed: nothing was written
+            except (WaltzError, ConnectionError) as e:
+                log.info("%r: send failed: %s", self, e)  # the reader sees it and reports it
+            return True
+        if channel.closed:
             return False
         if not self._outbox:
-            if write_now:
-                self._write(channel, [message])
-                return True
             asyncio.get_running_loop().call_soon(self._write_outbox)
         self._outbox.append(message)
         return True

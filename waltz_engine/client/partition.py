@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Builds a named tuple from its fields' tuple without its generated __new__'s Python call.
+_new_tuple = tuple.__new__
+
 INT32_MIN = -(1 << 31)
 INT32_RANGE = 1 << 32
 NO_HIGH_WATER_MARK = -1
@@ -69,7 +72,13 @@ def call_hook(hook: Callable[..., Any], *args: Any) -> None:
     try:
         hook(*args)
     except Exception:
-        log.exception("transaction context hook %s failed", getattr(hook, "__qualname__", hook))
+        hook_failed(hook)
+
+
+def hook_failed(hook: Callable[..., Any]) -> None:
+    """Log what ``hook`` raised (in its ``except``): the feed's direct path calls its two hooks
+    in a ``try`` of its own, as :func:`call_hook` does, without a call around each."""
+    log.exception("transaction context hook %s failed", getattr(hook, "__qualname__", hook))
 
 
 class PartitionState(enum.Enum):
@@ -122,8 +131,9 @@ class Partition:
         return f"Partition(p={self.partition_id}, c={self.client_id}, hwm={self.client_high_water_mark})"
 
     def next_req_id(self) -> ReqId:
-        self._seq_num = next_seq_num(self._seq_num)
-        return ReqId(self.client_id, self.generation, self.partition_id, self._seq_num)
+        self._seq_num = seq_num = next_seq_num(self._seq_num)
+        # tuple.__new__: the same ReqId without its generated __new__'s Python call (once a submit).
+        return _new_tuple(ReqId, (self.client_id, self.generation, self.partition_id, seq_num))
 
     def _notify(self) -> None:
         self._changed.set()
@@ -414,15 +424,21 @@ class Partition:
         elsewhere (the feed of another connection still applying), all of it is left.
         Raises as :meth:`apply_transactions` does."""
         lock = self._application_lock
-        if not lock.try_acquire():
+        # ``lock.try_acquire`` and, with no waiter, ``lock.release`` written out (one of each per
+        # feed read: a lone commit's own path).
+        if lock._held or lock._waiters:
             return Unfinished(self.apply_transactions(feed, deliver))
+        lock._held = True
         try:
             step = self._apply_from(feed, 0, deliver)
         except BaseException:
             lock.release()
             raise
         if step is None:
-            lock.release()
+            if lock._waiters:
+                lock.release()  # handed on
+            else:
+                lock._held = False
             return None
         return Unfinished(self._apply_rest(feed, step, deliver), partial(self._abandon_step, feed, step))
 
@@ -449,7 +465,10 @@ class Partition:
                 context = monitor.committed(req_id)
                 if context is not None:
                     self.last_own_commit = transaction_id
-                    call_hook(context.on_completion, True)
+                    try:  # (``call_hook``, written out: once a commit)
+                        context.on_completion(True)
+                    except Exception:
+                        hook_failed(context.on_completion)
                 else:
                     # The application failed on it before: the context still wants on_application.
                     context = self._application_failed.pop(req_id, None)
@@ -477,7 +496,10 @@ class Partition:
         self.client_high_water_mark += 1
         self.application_failures = 0
         if context is not None:
-            call_hook(context.on_application)
+            try:  # (``call_hook``, written out: once a commit)
+                context.on_application()
+            except Exception:
+                hook_failed(context.on_application)
             if self.applied_listener is not None:
                 self.applied_listener()
         if self._lock_failure_queue or self._flush_points:

@@ -187,8 +187,17 @@ class StreamClient(BaseClient):
         the whole batch was handled, else the rest (from the first callback that returned something
         to await, or a partition whose feed is still applied elsewhere) for the reader task, which
         awaits it before anything that arrived after. Raises as :meth:`on_messages` does."""
-        self._feed_seen_batch(messages)
         index, count = 0, len(messages)
+        feed_seen = self._feed_seen
+        if feed_seen is None:
+            pass
+        elif count == 1 and type(lone := messages[0]) is FeedData:
+            # One appender's commit, one frame in a read: ``_feed_seen_batch`` written out.
+            partition = self.partitions.get(lone.req_id.partition_id)
+            if partition is not None:
+                feed_seen(partition.partition_id, partition.client_high_water_mark, lone.transaction_id)
+        else:
+            self._feed_seen_batch(messages)
         while index < count:
             message = messages[index]
             if type(message) is not FeedData:

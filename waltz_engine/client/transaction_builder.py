@@ -14,6 +14,8 @@ T = TypeVar("T")
 T_contra = TypeVar("T_contra", contravariant=True)
 
 DEFAULT_HEADER = 0
+# Builds a named tuple from its fields' tuple without its generated __new__'s Python call.
+_new_tuple = tuple.__new__
 EMPTY_DATA = b""
 
 
@@ -77,13 +79,18 @@ class TransactionBuilder:
         self._append = _hashes(locks)
 
     def build_request(self) -> AppendRequest:
-        return AppendRequest(
-            self.req_id,
-            self.client_high_water_mark,
-            self._write,
-            self._read,
-            self._append,
-            self._header,
-            self._data,
-            crc32(self._data),
+        data = self._data
+        # tuple.__new__: the same AppendRequest without its generated __new__'s Python call.
+        return _new_tuple(
+            AppendRequest,
+            (
+                self.req_id,
+                self.client_high_water_mark,
+                self._write,
+                self._read,
+                self._append,
+                self._header,
+                data,
+                crc32(data),
+            ),
         )

@@ -150,12 +150,33 @@ class TransactionMonitor:
 
     # -- registration --------------------------------------------------------------------------
 
-    def register_now(self, req_id: ReqId, context: TransactionContext | None) -> TransactionFuture | None:
+    def register_now(
+        self, req_id: ReqId, context: TransactionContext | None, in_turn: bool = False
+    ) -> TransactionFuture | None:
         """:meth:`register` when it need not wait: None when the monitor is full or others wait
-        for room before it (the caller then awaits :meth:`register`, in its turn)."""
-        if self.state is MonitorState.STARTED and (self._num_registered >= self.max_capacity or self._queue):
+        for room before it (the caller then awaits :meth:`register`, in its turn). ``in_turn``:
+        :meth:`register`'s own call once its turn came (a slot is free, or the monitor stopped)."""
+        state = self.state
+        if (
+            state is MonitorState.STARTED
+            and not in_turn
+            and (self._num_registered >= self.max_capacity or self._queue)
+        ):
             return None
-        return self._register(req_id, context)
+        future = TransactionFuture(req_id, context)
+        if state is MonitorState.STARTED:
+            if req_id in self._registered:
+                log.error("duplicate reqId: %s", req_id)
+                future.set_result(False)
+            else:
+                self._last_req_id = req_id
+                self._registered[req_id] = future
+                self._num_registered += 1
+        elif state is MonitorState.STOPPED:
+            future.set_exception(PartitionInactiveError(req_id.partition_id))
+        else:
+            future.set_exception(ClientClosedError())
+        return future
 
     async def register(
         self,
@@ -197,27 +218,11 @@ class TransactionMonitor:
                         await self._space.wait()
                 except TimeoutError:
                     continue
-            return self._register(req_id, context)
+            return self.register_now(req_id, context, in_turn=True)
         finally:
             queue.remove(req_id)
             if queue and (self.state is not MonitorState.STARTED or self._num_registered < self.max_capacity):
                 self._wake()  # room left (or no more waiting): the next in line takes its turn
-
-    def _register(self, req_id: ReqId, context: TransactionContext | None) -> TransactionFuture:
-        future = TransactionFuture(req_id, context)
-        if self.state is MonitorState.STARTED:
-            if req_id in self._registered:
-                log.error("duplicate reqId: %s", req_id)
-                future.set_result(False)
-            else:
-                self._last_req_id = req_id
-                self._registered[req_id] = future
-                self._num_registered += 1
-        elif self.state is MonitorState.STOPPED:
-            future.set_exception(PartitionInactiveError(req_id.partition_id))
-        else:
-            future.set_exception(ClientClosedError())
-        return future
 
     # -- outcomes ------------------------------------------------------------------------------
 

@@ -54,6 +54,23 @@ class ClientStreamDecoder:
         if self._failed:
             raise ProtocolError("stream decoder already failed; the connection must be closed")
         buffer = self._buffer
+        if not buffer and len(data) == FEED_DATA_FRAME.size:
+            # One appender's commit: one FeedData frame in a read, nothing before it. Unpacked
+            # from the read's bytes, not copied through the buffer, with the run's checks.
+            magic, version, length, type_code, client_id, generation, partition_id, seq_num, txid, header = (
+                FEED_DATA_FRAME.unpack(data)
+            )
+            codec = self._codec
+            if (
+                type_code == FEED_DATA_TYPE_CODE
+                and length == FEED_DATA_PAYLOAD_SIZE_BYTES
+                and magic == codec.magic
+                and version == codec.version
+            ):
+                new = tuple.__new__
+                return [
+                    new(FeedData, (new(ReqId, (client_id, generation, partition_id, seq_num)), txid, header))
+                ]
         if self._start:
             # What was consumed goes before more comes in: each byte moves at most once more.
             del buffer[: self._start]
