@@ -115,8 +115,6 @@ def set_nodelay(sock: socket.socket) -> None:
 class SocketTransport(asyncio.Transport):
     """One connection's socket (an ``SSLSocket`` once TLS is started) as an asyncio transport."""
 
-    decrypted_for_thread = 0  # (set by each :meth:`read_from_thread`)
-
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
         super().__init__()
         assert not sock.getblocking()
@@ -369,8 +367,7 @@ class SocketTransport(asyncio.Transport):
         close-notify or a close without one, as Netty's), or READ_WAIT_READABLE /
         READ_WAIT_WRITABLE (OpenSSL needs the socket readable or writable first: a TLS 1.3 key
         update, a post-handshake message), or READ_CLOSED (the loop closed the connection: its
-        descriptor may be gone). OSError and SSLError are the connection's failure. Then
-        :attr:`decrypted_for_thread`: the bytes OpenSSL still holds decrypted (no ``ioctl``)."""
+        descriptor may be gone). OSError and SSLError are the connection's failure."""
         with self._lock:
             if self._lost or self._closing:
                 return READ_CLOSED
@@ -378,9 +375,7 @@ class SocketTransport(asyncio.Transport):
             sock = self._sock
             tls = getattr(sock, "_sslobj", None)  # (``_tls_object``: a thread's hot path)
             try:
-                size = int(tls.read(len(buffer), buffer) if tls is not None else sock.recv_into(buffer))
-                self.decrypted_for_thread = 0 if tls is None else int(tls.pending())
-                return size
+                return int(tls.read(len(buffer), buffer) if tls is not None else sock.recv_into(buffer))
             except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
                 return READ_WAIT_READABLE
             except ssl.SSLWantWriteError:
@@ -390,7 +385,8 @@ class SocketTransport(asyncio.Transport):
 
     def unread_for_thread(self) -> bool:
         """Whether a read would find bytes now: OpenSSL holds decrypted ones (the selector knows
-        nothing of those) or the kernel holds some. A closed connection says True (the read tells)."""
+        nothing of those) or the kernel holds some. A closed connection says True, so that the
+        read tells."""
         with self._lock:
             if self._lost or self._closing:
                 return True
@@ -431,6 +427,7 @@ class SocketTransport(asyncio.Transport):
             self.abort_unstarted()
 
     # Reading.
+
     def _add_reader(self) -> None:
         if not self._reader_added:
             self._reader_added = True
@@ -518,6 +515,7 @@ class SocketTransport(asyncio.Transport):
             self.close()
 
     # Writing.
+
     def _add_writer(self) -> None:
         if not self._writer_added:
             self._writer_added = True
@@ -538,7 +536,8 @@ class SocketTransport(asyncio.Transport):
             self._flush()
 
     def _flush(self) -> None:
-        """Send what is buffered, the stuck bytes first, until the socket takes no more (lock held)."""
+        """Send what is buffered, the stuck bytes first, until the socket takes no more. With
+        the lock held."""
         sock = self._sock
         while self._buffered and not self._lost:
             chunk = self._stuck
@@ -589,6 +588,7 @@ class SocketTransport(asyncio.Transport):
         return b"".join(pieces)
 
     # Ending.
+
     def _stream_protocol(self) -> asyncio.Protocol:
         protocol = self._protocol
         assert isinstance(protocol, asyncio.Protocol)

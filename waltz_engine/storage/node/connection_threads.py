@@ -264,7 +264,7 @@ class ConnectionThread:
             if size > 0 and not messages and (served := self._lone_append(buffer, size)) is not None:
                 if not served:
                     return None
-                wait_for = select.POLLIN  # (OpenSSL held nothing more: the poll tells)
+                wait_for = select.POLLIN  # (nothing more was there to read: the poll tells)
                 continue
             if size == READ_WAIT_READABLE:
                 wait_for = select.POLLIN
@@ -355,8 +355,9 @@ class ConnectionThread:
         checks in the same order, the same bytes written and synced, the same answer and
         metrics), read from the frame's bytes with one unpack, with no message, run, batch or
         outcome built. None: nothing done, the general path takes the read (a frame in parts or
-        several, bytes OpenSSL still holds, another request, a partition busy or not here, a
-        session check due, the ACLs); else as :meth:`_route`. A request claimed that is not the
+        several, more bytes to read (in OpenSSL or the kernel: requests that arrived together go
+        to disk together), a partition busy or not here, a session check due, the ACLs); else
+        as :meth:`_route`. A request claimed that is not the
         session's next record on an online replica with room in its segment goes to the
         general path's batch of one (:meth:`DiskPasses.run_claimed`), which answers it."""
         if size <= _APPEND_HEAD_BYTES or not self._lone:
@@ -375,7 +376,7 @@ class ConnectionThread:
             or version != self._version
             or length > self._max_frame_size_bytes
             or self._decoder.buffered_bytes
-            or self._transport.decrypted_for_thread
+            or self._transport.unread_for_thread()
         ):
             return None
         worker = self._worker_of(partition_id)
