@@ -357,9 +357,9 @@ class ConnectionThread:
         outcome built. None: nothing done, the general path takes the read (a frame in parts or
         several, more bytes to read (in OpenSSL or the kernel: requests that arrived together go
         to disk together), a partition busy or not here, a session check due, the ACLs); else
-        as :meth:`_route`. A request claimed that is not the
-        session's next record on an online replica with room in its segment goes to the
-        general path's batch of one (:meth:`DiskPasses.run_claimed`), which answers it."""
+        as :meth:`_route`. A request claimed that is not the session's next record on an online
+        replica with room in its segment goes to the general path's batch of one
+        (:meth:`DiskPasses.run_claimed`), which answers it."""
         if size <= _APPEND_HEAD_BYTES or not self._lone:
             return None
         (magic, version, length, kind, session_id, seq_num, partition_id, count, txid, data_bytes) = (
