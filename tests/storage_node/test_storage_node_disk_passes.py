@@ -27,6 +27,7 @@ from storage_node_support import (
 from storage_support import FaultyDisk
 
 from waltz_engine.storage.client import StorageClient, StorageRpcError
+from waltz_engine.storage.node import connection_threads
 from waltz_engine.storage.node.config import SYNC_SCOPE_FILE, SYNC_SCOPE_FILE_SYSTEM, StorageConfig
 from waltz_engine.storage.node.connection_threads import MAX_CONNECTION_THREADS
 from waltz_engine.storage.node.node import StorageNode
@@ -283,16 +284,18 @@ def test_a_partition_alone_on_a_slow_disk_does_not_hold_the_next_pass(
 
 @pytest.mark.parametrize("fault", ["write", "sync"])
 def test_a_lone_append_failing_on_the_connection_thread_is_answered_and_cut_back(
-    zookeeper: str, tmp_path: Path, fault: str
+    zookeeper: str, tmp_path: Path, fault: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 33, fifth session: a lone APPEND that the data connection's thread runs itself
-    (``DiskPasses.run_claimed_alone``, ``Segment.append_record``) and whose write or fdatasync
-    fails is answered FAILURE and cut back; the same append then succeeds, and the next."""
+    """Issue 33, fifth and sixth sessions: a lone APPEND that the data connection's thread runs
+    itself in one call (``ConnectionThread._lone_append``, ``Segment.append_record``) and whose
+    write or fdatasync fails is answered FAILURE and cut back; the same append then succeeds, and
+    the next."""
     disk = FaultyDisk()
 
     async def scenario(node: StorageNode, client: StorageClient, started: asyncio.Future[bool]) -> None:
         assert node.manager is not None
         on_thread = node.metrics.counter("waltz-storage", "disk-connection-thread-batches")
+        lone, general = _spy_on_paths(node, monkeypatch)
         await client.append(SESSION_ID, 0, make_records(0, 1, 0))
         faults = disk.failing_writes if fault == "write" else disk.failing
         faults.add(node.manager.partition(0).directory)
@@ -304,7 +307,67 @@ def test_a_lone_append_failing_on_the_connection_thread_is_answered_and_cut_back
         await client.append(SESSION_ID, 0, make_records(2, 1, 0))
         assert await client.max_transaction_id(SESSION_ID, 0) == 2
         assert on_thread.count == 6  # (each request here, the reads too)
+        assert (lone, general) == ([0, 0, 0, 0], [1, 1])  # (the appends in one call, the reads not)
         disk.slow_started.set()  # (partition 3, the slow one, is never written here)
+
+    run_in_process(zookeeper, tmp_path, disk, slow=3, failing=None, scenario=scenario)
+
+
+def _spy_on_paths(node: StorageNode, monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[int]]:
+    """The partitions whose lone APPEND a connection thread took into its one call
+    (``ConnectionThread._lone_append`` checks the partition's state), and the sizes of the
+    batches it ran by the general path (``DiskPasses.run_claimed``), each noted before the
+    request is answered."""
+    passes = node.passes
+    assert passes is not None
+    lone: list[int] = []
+    general: list[int] = []
+    online_partition, run_claimed = connection_threads.online_partition, passes.run_claimed
+
+    def spied_online_partition(worker: Any, session_id: int, offline: bool) -> Any:
+        lone.append(worker.partition_id)
+        return online_partition(worker, session_id, offline)
+
+    def spied_run_claimed(worker: Any, batch: list[Any]) -> None:
+        general.append(len(batch))
+        run_claimed(worker, batch)
+
+    monkeypatch.setattr(connection_threads, "online_partition", spied_online_partition)
+    passes.run_claimed = spied_run_claimed  # type: ignore[method-assign]
+    return lone, general
+
+
+def test_the_lone_append_in_one_call_and_its_fallbacks(
+    zookeeper: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 33, sixth session: a read that is one APPEND of one record for an idle partition is
+    served whole in one call of its connection thread; two frames in one read, and a request
+    claimed that fails a check (a txid out of order, an old session), take the general path,
+    with its answers; the log holds what the same requests give one by one."""
+    disk = FaultyDisk()
+
+    async def scenario(node: StorageNode, client: StorageClient, started: asyncio.Future[bool]) -> None:
+        try:
+            await requests(node, client)
+        finally:
+            disk.slow_started.set()  # (partition 3, the slow one, is never written here)
+
+    async def requests(node: StorageNode, client: StorageClient) -> None:
+        lone, general = _spy_on_paths(node, monkeypatch)
+        passes_here = node.metrics.counter("waltz-storage", "disk-connection-thread-passes")
+        await client.append(SESSION_ID, 0, make_records(0, 1, 0))
+        assert (lone, general) == ([0], [])
+        two = [lambda t=t: client.append(SESSION_ID, 0, make_records(t, 1, 0)) for t in (1, 2)]
+        assert await corked(client, two) == [None, None]
+        assert (lone, general, passes_here.count) == ([0], [], 1)  # (one pass, on the thread)
+        with pytest.raises(StorageRpcError, match="transaction out of order"):
+            await client.append(SESSION_ID, 0, make_records(5, 1, 0))
+        with pytest.raises(StorageRpcError, match="session id has changed"):
+            await client.append(SESSION_ID - 1, 0, make_records(3, 1, 0))
+        assert (lone, general) == ([0, 0, 0], [1, 1])  # (each taken, then given to the general path)
+        await client.append(SESSION_ID, 0, make_records(3, 1, 0))
+        assert (lone, general) == ([0, 0, 0, 0], [1, 1])
+        assert await client.records(SESSION_ID, 0, 0, 10) == make_records(0, 4, 0)
 
     run_in_process(zookeeper, tmp_path, disk, slow=3, failing=None, scenario=scenario)
 

@@ -165,13 +165,19 @@ class WireRecordRun:
     def disk_record(self) -> bytes:
         """:meth:`encode`'s data for a run of one record (the lone appender's): the same bytes,
         without a run's loop and lists."""
-        view = memoryview(self.buf)
         begin, stop = self.starts  # (one record: two starts)
-        prefix = view[begin : begin + WIRE_PREFIX_BYTES]
-        checksum = view[stop - INT32_SIZE_BYTES : stop]
-        data = view[begin + WIRE_PREFIX_BYTES : stop - INT32_SIZE_BYTES]
-        crc32 = zlib.crc32
-        return b"".join((prefix, checksum, data, _CRC.pack(crc32(data, crc32(checksum, crc32(prefix))))))
+        return disk_record(self.buf, begin, stop)
+
+
+def disk_record(buf: Buffer, begin: int, stop: int) -> bytes:
+    """The disk bytes of the one wire record at ``buf[begin:stop]`` (:meth:`WireRecordRun.encode`'s
+    for a run of one record): the storage node's lone append, from the request's bytes."""
+    view = memoryview(buf)
+    prefix = view[begin : begin + WIRE_PREFIX_BYTES]
+    checksum = view[stop - INT32_SIZE_BYTES : stop]
+    data = view[begin + WIRE_PREFIX_BYTES : stop - INT32_SIZE_BYTES]
+    crc32 = zlib.crc32
+    return b"".join((prefix, checksum, data, _CRC.pack(crc32(data, crc32(checksum, crc32(prefix))))))
 
 
 class JoinedRuns:

@@ -329,6 +329,11 @@ class FramedConnection:
         if not self.closed:
             self.send_frames(frames)
 
+    @property
+    def coalescing(self) -> bool:
+        """Frames sent in one loop turn leave as one write (:meth:`coalesce_writes`)."""
+        return self._coalesce is not None
+
     def coalesce_writes(self, busy: Callable[[], bool]) -> None:
         """While ``busy()`` holds as a frame is sent, frames sent in one loop turn (by any tasks) leave
         as one write at its end: one TLS record and one send, the most that waits."""

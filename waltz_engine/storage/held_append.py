@@ -26,7 +26,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from waltz_engine.disk.record_run import AppendRun
+from waltz_engine.disk.record_run import AppendRun, WireRecordRun
 from waltz_engine.storage.file_system import WholeSync
 from waltz_engine.storage.partition_head import PartitionHead
 from waltz_engine.storage.refill import RefillCopy
@@ -70,7 +70,8 @@ class HeldAppend:
 
 
 class HeldAppends(PartitionHead):
-    """:meth:`append_held` for :class:`waltz_engine.storage.partition.Partition`, kept apart for size."""
+    """A storage node's lone appends for :class:`waltz_engine.storage.partition.Partition` (kept
+    apart for size): :meth:`append_next`, :meth:`append_record`, :meth:`append_held`."""
 
     _closed: bool
     _refill: RefillCopy | None
@@ -78,6 +79,47 @@ class HeldAppends(PartitionHead):
 
     def _start(self) -> int:
         raise NotImplementedError
+
+    def _append_run(self, run: AppendRun) -> None:
+        raise NotImplementedError
+
+    def append_next(self, run: WireRecordRun) -> tuple[int, int] | None:
+        """The storage node's lone append: :meth:`append` of records from the next txid with
+        nothing in the way, then the new :meth:`span`, under one lock. None: nothing done (closed,
+        a refill, a foreign segment, not consecutive): :meth:`append` meets it."""
+        txids = run.txids
+        if len(txids) == 1 and (span := self.append_record(txids[0], run.disk_record())) is not None:
+            return span
+        with self._lock:
+            current = (segments := self._segments)[-1]  # (the current segment, no property call)
+            if (
+                self._closed
+                or self._refill is not None
+                or current.foreign is not None
+                or not txids
+                or not run.consecutive_from(current.next_transaction_id)
+            ):
+                return None
+            self._append_run(run)  # (a run of several, or one that rolls the segment over)
+            return self._start(), segments[-1].max_transaction_id
+
+    def append_record(self, txid: int, data: bytes) -> tuple[int, int] | None:
+        """:meth:`append_next` of one record (``data``: its disk bytes, ``disk_record``) at the next
+        txid, the current segment under its threshold (``_append_run``'s one turn, without a
+        roll-over): a lone appender's every request. None: nothing done (closed, a refill, a
+        foreign segment, not the next txid, a segment to roll over first)."""
+        with self._lock:
+            current = self._segments[-1]  # (the current segment, no property call)
+            if (
+                self._closed
+                or self._refill is not None
+                or current.foreign is not None
+                or txid != current.next_transaction_id
+                or current.size_bytes > self._threshold_bytes
+            ):
+                return None
+            current.append_record(txid, data)
+            return self._start(), current.max_transaction_id
 
     def append_held(self, run: AppendRun) -> HeldAppend | None:
         """``run``, beginning at the next txid, written to the current segment without its last

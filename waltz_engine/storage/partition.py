@@ -232,26 +232,6 @@ class Partition(HeldAppends):
                 raise StorageError("transaction out of order")
             self._append_run(run)
 
-    def append_next(self, run: WireRecordRun) -> tuple[int, int] | None:
-        """The storage node's lone append: :meth:`append` of records from the next txid with
-        nothing in the way, then the new :meth:`span`, under one lock. None: nothing done (closed,
-        a refill, a foreign segment, not consecutive): :meth:`append` meets it."""
-        with self._lock:
-            current = (segments := self._segments)[-1]  # (the current segment, no property call)
-            if (
-                self._closed
-                or self._refill is not None
-                or current.foreign is not None
-                or not run.txids
-                or not run.consecutive_from(current.next_transaction_id)
-            ):
-                return None
-            if len(run.txids) == 1 and current.size_bytes <= self._threshold_bytes:
-                current.append_record(run)  # (``_append_run``'s one turn, without a roll-over)
-            else:
-                self._append_run(run)
-            return self._start(), segments[-1].max_transaction_id
-
     def _append_run(self, run: AppendRun) -> None:
         """Under the lock: ``run``, consecutive from the next txid, written and synced."""
         start = 0

@@ -38,7 +38,7 @@ from waltz_engine.disk.record_format import (
     DiskRecord,
     read_record,
 )
-from waltz_engine.disk.record_run import AppendRun, WireRecordRun
+from waltz_engine.disk.record_run import AppendRun
 from waltz_engine.storage.damage import Damage
 from waltz_engine.storage.file_system import CLOSED_FILE, OS_DISK, Disk
 from waltz_engine.storage.segment_files import (
@@ -293,15 +293,14 @@ class Segment:
             raise
         return end
 
-    def append_record(self, run: WireRecordRun) -> None:
-        """:meth:`append` of a run of one record, the segment under its threshold (the lone appender's):
-        the same check, bytes, writes and sync as :meth:`_write`'s lone branch, a dozen calls fewer."""
+    def append_record(self, txid: int, data: bytes) -> None:
+        """:meth:`append` of a run of one record (``data``: its disk bytes, as
+        :meth:`WireRecordRun.disk_record` makes them), the segment under its threshold (the lone
+        appender's): the same check, bytes, writes and sync as :meth:`_write`'s lone branch."""
         assert self.writable and not self.closed, f"{self.seg_path}: segment not writable"
-        (txid,) = run.txids
         first, offset = self._next_transaction_id, self._next_offset
         if txid != first:
             raise StorageError("transaction out of order")
-        data = run.disk_record()
         index = INDEX_ENTRY.pack(offset)
         index_at = HEADER_SIZE_BYTES + INDEX_ENTRY_SIZE_BYTES * (first - self.header.first_transaction_id)
         seg_file, idx_file = self._seg_file, self._idx_file

@@ -372,6 +372,11 @@ STORAGE_RAW_RECORDS_CODEC: MessageCodec[Any] = MessageCodec(STORAGE_MAGIC, STORA
 _APPEND_HEAD = struct.Struct(">b" + HEADER.struct_format + "iq20xi")
 # Where the record list's records start (after the type, the header and the count).
 _RECORDS_START = struct.calcsize(">b" + HEADER.struct_format + "i")
+# A whole APPEND_REQUEST frame's head: the frame header, then the above (one unpack: a storage
+# node's lone request, read on its data connection's thread).
+APPEND_FRAME_HEAD = struct.Struct(FRAME_HEADER.format + _APPEND_HEAD.format[1:])
+# Where such a frame's first record starts.
+APPEND_FRAME_RECORDS_START = FRAME_HEADER.size + _RECORDS_START
 # A record after the first: its txid and data length.
 _RECORD_PREFIX = struct.Struct(">q20xi")
 assert _APPEND_HEAD.size == _RECORDS_START + WIRE_PREFIX_BYTES == _RECORDS_START + _RECORD_PREFIX.size

@@ -10,9 +10,11 @@ codec, and routes each request as the loop's read callback would:
 
 - a lone request (the read brought no other: MAX_INLINE_REQUESTS) of a partition with nothing
   queued or on disk: the thread runs it itself (:meth:`DiskPasses.run_claimed`: the same
-  checks, the same append and ``fdatasync``, the answer written from this thread; an APPEND
-  by :meth:`DiskPasses.run_claimed_alone`, the same for one request) - no loop turn, no hop to
-  the pool;
+  checks, the same append and ``fdatasync``, the answer written from this thread) - no loop
+  turn, no hop to the pool. A read that is one whole APPEND of one record (a lone appender's
+  every request) is all done in one call (:meth:`ConnectionThread._lone_append`: read from
+  the frame's bytes, checked, appended, synced and answered), without the general path's
+  objects and calls, which take anything unusual;
 - otherwise the requests queue behind what waits for the partition and the node's passes take
   them: a partition's order across connections, and group commit across connections and
   partitions, are the passes' as before. A pass these requests start (none was running) runs
@@ -57,6 +59,7 @@ from typing import Any
 
 from waltz_engine.common import clock
 from waltz_engine.common.errors import ProtocolError
+from waltz_engine.disk.record_run import disk_record
 from waltz_engine.net.channel import (
     WRITE_BUFFER_HIGH_BYTES,
     ConnectionClosedError,
@@ -70,12 +73,18 @@ from waltz_engine.net.socket_transport import (
     SocketTransport,
 )
 from waltz_engine.storage.node.disk_passes import PASS_WAIT_MS, DiskPasses
+from waltz_engine.storage.node.held_batch import online_partition
 from waltz_engine.storage.node.partition_worker import PARTITION_REQUEST_TYPES, PartitionWorker, Pending
-from waltz_engine.wire.frame import FrameDecoder
+from waltz_engine.wire.frame import FRAME_HEADER_SIZE_BYTES, FrameDecoder
+from waltz_engine.wire.primitives import INT32_SIZE_BYTES
 from waltz_engine.wire.storage_messages import (
+    APPEND_FRAME_HEAD,
+    APPEND_FRAME_RECORDS_START,
+    APPEND_REQUEST_TYPE,
     STORAGE_DATA_PORT_CODEC,
     StorageAppendRunRequest,
     read_whole_append,
+    success_frame,
 )
 
 log = logging.getLogger(__name__)
@@ -107,6 +116,10 @@ MIN_WATCH_DELAY_MS = 1
 STOP_THREADS_TIMEOUT_S = 10.0
 
 _ENDED = HandBack(True, None, (), b"")
+_unpack_append_head = APPEND_FRAME_HEAD.unpack_from
+_monotonic_s = time.monotonic
+_APPEND_HEAD_BYTES = APPEND_FRAME_HEAD.size
+_RECORD_AT = APPEND_FRAME_RECORDS_START
 
 
 class _Stopping(Exception):
@@ -124,7 +137,10 @@ class ConnectionThread:
         worker_of: Callable[[int], PartitionWorker | None],
         refusal: Callable[[Any, PartitionWorker | None], bytes | None],
         later: Callable[[Any], Awaitable[None]],
+        authorizes: bool,
     ) -> None:
+        """``authorizes``: ``refusal`` checks the ACLs (else it refuses only a partition without a
+        worker here), which :meth:`_lone_append` leaves to the general path."""
         self._owner = owner
         self._loop = owner.loop
         self._passes = owner.passes
@@ -141,6 +157,13 @@ class ConnectionThread:
         self._decoder = FrameDecoder(
             codec.magic, codec.version, max_frame_size_bytes=conn.max_frame_size_bytes
         )
+        # What :meth:`_lone_append` needs, looked up once: the frame header it accepts, and the
+        # answer's write (straight to the socket: a data connection never coalesces its writes).
+        assert not conn.coalescing
+        self._lone = not authorizes
+        self._magic, self._version = codec.magic, codec.version
+        self._max_frame_size_bytes = conn.max_frame_size_bytes
+        self._write_from_thread = transport.write_from_thread
         # Resolved on the loop with how the thread ended (or what the watch handed back).
         self.done: asyncio.Future[HandBack] = self._loop.create_future()
         # Guards the two fields below, between this thread and the loop's watch.
@@ -238,6 +261,11 @@ class ConnectionThread:
                     continue
                 wait_for = 0
             size = transport.read_from_thread(buffer)
+            if size > 0 and not messages and (served := self._lone_append(buffer, size)) is not None:
+                if not served:
+                    return None
+                wait_for = select.POLLIN  # (nothing more was there to read: the poll tells)
+                continue
             if size == READ_WAIT_READABLE:
                 wait_for = select.POLLIN
                 continue
@@ -287,8 +315,6 @@ class ConnectionThread:
                     return True
                 assert worker is not None
                 if not worker.needs_check(msg):
-                    if type(msg) is StorageAppendRunRequest:
-                        return self._append_alone(worker, msg)
                     return self._run_or_queue(worker, [(conn, msg)])
         held: dict[PartitionWorker, list[Pending]] = {}
         for msg in messages:
@@ -321,12 +347,75 @@ class ConnectionThread:
             return self._queue({worker: batch}, here=True)
         return self._on_disk(0.0, self._passes.run_claimed, worker, batch)
 
-    def _append_alone(self, worker: PartitionWorker, msg: StorageAppendRunRequest) -> bool:
-        """:meth:`_run_or_queue` of a lone APPEND (a lone appender's every request), run by
-        :meth:`DiskPasses.run_claimed_alone`; False: left behind."""
-        if not self._claim(worker, 1):
-            return self._queue({worker: [(self._conn, msg)]}, here=True)
-        return self._on_disk(0.0, self._passes.run_claimed_alone, worker, self._conn, msg)
+    def _lone_append(self, buffer: memoryview, size: int) -> bool | None:
+        """A read of ``size`` bytes that is one whole APPEND of one record, all else read, for a
+        partition with nothing queued or on disk (a lone appender's every request), done in
+        this one call: the work of :meth:`_route`, :meth:`_run_or_queue`,
+        :meth:`DiskPasses.run_claimed` and :meth:`PartitionWorker.append_alone` for it (the same
+        checks in the same order, the same bytes written and synced, the same answer and
+        metrics), read from the frame's bytes with one unpack, with no message, run, batch or
+        outcome built. None: nothing done, the general path takes the read (a frame in parts or
+        several, more bytes to read (in OpenSSL or the kernel: requests that arrived together go
+        to disk together), a partition busy or not here, a session check due, the ACLs); else
+        as :meth:`_route`. A request claimed that is not the session's next record on an online
+        replica with room in its segment goes to the general path's batch of one
+        (:meth:`DiskPasses.run_claimed`), which answers it."""
+        if size <= _APPEND_HEAD_BYTES or not self._lone:
+            return None
+        (magic, version, length, kind, session_id, seq_num, partition_id, count, txid, data_bytes) = (
+            _unpack_append_head(buffer)
+        )
+        stop = _APPEND_HEAD_BYTES + data_bytes + INT32_SIZE_BYTES  # the record's end; its flag byte
+        if (
+            kind != APPEND_REQUEST_TYPE
+            or count != 1
+            or data_bytes < 0
+            or stop + 1 != size
+            or length != size - FRAME_HEADER_SIZE_BYTES
+            or magic != self._magic
+            or version != self._version
+            or length > self._max_frame_size_bytes
+            or self._decoder.buffered_bytes
+            or self._transport.unread_for_thread()
+        ):
+            return None
+        worker = self._worker_of(partition_id)
+        if worker is None or worker.waits_for_check(session_id) or not self._claim(worker, 1):
+            return None
+        state = self._state
+        with state:
+            # (``time.monotonic``: what ``clock.monotonic_s`` reads off a loop, the watch's clock; a
+            # connection thread never runs in the simulator, whose loops have clocks of their own.)
+            self._on_disk_since_s = _monotonic_s()
+        try:
+            frame: bytes | None = None
+            try:
+                partition = online_partition(worker, session_id, buffer[stop] != 0)
+                if partition is not None:
+                    started_s = _monotonic_s()
+                    try:
+                        span = partition.append_record(txid, disk_record(buffer, _RECORD_AT, stop))
+                    except Exception as e:  # (cut back: as ``append_alone``)
+                        frame = worker._append_failed(partition, _message(buffer, size), e)
+                    else:
+                        if span is not None:
+                            worker.first_transaction_id, worker.max_transaction_id = span
+                            worker.appended(started_s)
+                            frame = success_frame(session_id, seq_num, partition_id)
+            except Exception:
+                log.exception("partition %d: a batch failed", partition_id)  # (as disk_passes' _process)
+                frame = b""  # unanswered
+            if frame is None:
+                self._passes.run_claimed(worker, [(self._conn, _message(buffer, size))])
+            else:
+                if frame and self._write_from_thread(frame):
+                    self._conn.writes += 1
+                self._passes.claimed_done(worker)
+        finally:
+            with state:
+                self._on_disk_since_s = None
+                left_behind = self._left_behind
+        return not left_behind
 
     def _claim(self, worker: PartitionWorker, count: int) -> bool:
         """``count`` requests of ``worker`` are this thread's to run: nothing of its partition is
@@ -399,6 +488,14 @@ async def _awaited(work: Awaitable[None]) -> None:
     await work
 
 
+def _message(buffer: memoryview, size: int) -> StorageAppendRunRequest:
+    """The APPEND that :meth:`ConnectionThread._lone_append` read, as the codec reads it (for the
+    general path)."""
+    msg = read_whole_append(bytes(buffer[FRAME_HEADER_SIZE_BYTES:size]))
+    assert msg is not None
+    return msg
+
+
 class ConnectionThreads:
     """The node's connection threads: started on the loop, watched, joined when it stops."""
 
@@ -422,6 +519,7 @@ class ConnectionThreads:
         worker_of: Callable[[int], PartitionWorker | None],
         refusal: Callable[[Any, PartitionWorker | None], bytes | None],
         later: Callable[[Any], Awaitable[None]],
+        authorizes: bool = False,
     ) -> ConnectionThread | None:
         """On the loop, reading paused: a thread reads ``conn`` from now on (None: the loop goes
         on, as for a transport that is not a socket's, the simulator's)."""
@@ -431,7 +529,7 @@ class ConnectionThreads:
         with self._lock:
             if self._stopping or len(self._threads) >= self._max_threads:
                 return None
-            thread = ConnectionThread(self, conn, transport, worker_of, refusal, later)
+            thread = ConnectionThread(self, conn, transport, worker_of, refusal, later, authorizes)
             self._threads.add(thread)
         thread.thread.start()
         if self._watch is None:

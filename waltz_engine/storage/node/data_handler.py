@@ -132,7 +132,7 @@ class DataHandler:
             assert threads is not None
             if not opened or on_thread:
                 return None
-            thread = threads.start(conn, self._worker_of, refusal, later)
+            thread = threads.start(conn, self._worker_of, refusal, later, authorizer is not None)
             if thread is None:
                 return None
             on_thread = True

@@ -77,11 +77,6 @@ class BatchOwner(Protocol):
         """Under :attr:`DiskPasses.lock`: the batch is answered; True when more requests are queued."""
         ...
 
-    def append_alone(self, msg: Any) -> bytes | None:
-        """Off the loop: a batch of one APPEND (``msg``) when it is the session's next append,
-        its reply; None: nothing done, :meth:`process_batch` takes it."""
-        ...
-
 
 class DiskRunner(Protocol):
     """Where a pass's disk work runs. Production: :class:`ThreadedRunner`; the simulator runs
@@ -384,6 +379,10 @@ class DiskPasses:
                     self.ready(worker)
             else:
                 self.ready_off_loop(again)
+        self._idle_if_done(on_loop)
+
+    def _idle_if_done(self, on_loop: bool) -> None:
+        """Under :attr:`lock`: :meth:`stop` waits for no batch any more."""
         idle = self._idle
         if idle is not None and self._busy == 0:
             if on_loop:
@@ -411,6 +410,7 @@ class DiskPasses:
         if self._stopped:
             return False
         self._busy += 1
+        self._claimed.inc()
         return True
 
     def count_late(self) -> None:
@@ -420,26 +420,20 @@ class DiskPasses:
     def run_claimed(self, worker: BatchOwner, batch: list[Any]) -> None:
         """Off the loop, not under :attr:`lock`: a batch :meth:`claim` counted, made durable and
         answered on the caller's thread; what its partition queued meanwhile goes to a pass."""
-        self._claimed.inc()
         outcome = _process(worker, batch)
         self._send([outcome], on_loop=False)
         with self.lock:
             self._batches_done([outcome], on_loop=False)
 
-    def run_claimed_alone(self, worker: BatchOwner, conn: FramedConnection, msg: Any) -> None:
-        """:meth:`run_claimed` of a batch of one APPEND (a lone appender's every request): the
-        worker's lone append (:meth:`BatchOwner.append_alone`), else its batch as usual."""
-        self._claimed.inc()
-        try:
-            frame = worker.append_alone(msg)
-        except Exception:
-            log.exception("partition %d: a batch failed", worker.partition_id)  # (as ``_process``)
-            outcome: Outcome = (worker, [])
-        else:
-            outcome = (worker, [(conn, frame)]) if frame is not None else _process(worker, [(conn, msg)])
-        self._send([outcome], on_loop=False)
+    def claimed_done(self, worker: BatchOwner) -> None:
+        """Off the loop, not under :attr:`lock`: :meth:`run_claimed`'s end for a batch of one that
+        the caller made durable and answered itself (a data connection thread's lone APPEND,
+        connection_threads.py): what its partition queued meanwhile goes to a pass."""
         with self.lock:
-            self._batches_done([outcome], on_loop=False)
+            self._busy -= 1
+            if worker.batch_done():
+                self.ready_off_loop((worker,))
+            self._idle_if_done(on_loop=False)
 
     async def stop(self) -> None:
         """Start no more passes; the batches on disk complete and are answered first."""

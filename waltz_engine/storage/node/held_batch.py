@@ -31,8 +31,14 @@ ONLINE_FLAGS = FLAG_ASSIGNED | FLAG_AVAILABLE
 
 def lone_append_partition(worker: PartitionWorker, msg: StorageAppendRunRequest) -> Partition | None:
     """The partition of an APPEND of the session on an online replica (a few comparisons)."""
+    return online_partition(worker, msg.session_id, msg.used_by_offline_recovery)
+
+
+def online_partition(worker: PartitionWorker, session_id: int, offline: bool) -> Partition | None:
+    """:func:`lone_append_partition` of an APPEND's fields (a data connection's thread reads them
+    from the frame's bytes: connection_threads.py)."""
     partition = worker.partition
-    if partition is None or msg.used_by_offline_recovery or msg.session_id != worker.session_id:
+    if partition is None or offline or session_id != worker.session_id:
         return None
     return partition if partition.info.current.flags & ONLINE_FLAGS == ONLINE_FLAGS else None
 

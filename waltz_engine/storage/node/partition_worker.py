@@ -252,10 +252,13 @@ class PartitionWorker:
     def needs_check(self, msg: Any) -> bool:
         """``msg`` must wait for a session check (pending, or one it starts): :meth:`submit`'s
         work, on the loop."""
+        return self.waits_for_check(msg.session_id, type(msg) in SESSION_MOVING_REQUESTS)
+
+    def waits_for_check(self, session_id: int, moving: bool = True) -> bool:
+        """:meth:`needs_check` of a request of ``session_id`` (``moving``: one that may move the
+        fencing session id, an APPEND among them)."""
         pending = self._pending_check
-        return (pending is not None and not pending.done()) or (
-            msg.session_id > self.session_id and type(msg) in SESSION_MOVING_REQUESTS
-        )
+        return (pending is not None and not pending.done()) or (moving and session_id > self.session_id)
 
     def claim_off_loop(self, count: int) -> bool:
         """Under the passes' lock, off the loop: True when nothing is queued or on disk (so this
