@@ -116,34 +116,35 @@ def test_an_export_reports_each_partitions_rows_and_bytes_through_spark(
     }
 
 
-def test_on_a_terminal_the_command_shows_the_bars_and_still_prints_its_summary(
-    storage: Path, tmp_path: Path
-) -> None:
+def _export_cli(
+    storage: Path, output: Path, *extra: str, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """`waltz spark export` of ``storage`` into ``output`` in a process of its own (local[2])."""
     configure_spark_environment()
-    terminal = {**os.environ, "TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1"}
-    output = tmp_path / "export"
     command = spark_cli_command("export", "-o", str(output), "-m", "local[2]", "--to-txid", BEYOND_EVERY_TXID)
-    shown = subprocess.run(
-        [*command, str(storage)],
+    return subprocess.run(
+        [*command, *extra, str(storage)],
         capture_output=True,
         text=True,
-        env=terminal,
+        env=env,
         timeout=CLI_TIMEOUT_S,
         check=False,
     )
+
+
+def test_on_a_terminal_the_command_shows_the_bars_and_still_prints_its_summary(
+    storage: Path, tmp_path: Path
+) -> None:
+    terminal = {**os.environ, "TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1"}
+    output = tmp_path / "export"
+    shown = _export_cli(storage, output, env=terminal)
     assert shown.returncode == 0, shown.stderr[-3000:]
     assert "partition 0" in shown.stderr and "rows/s" in shown.stderr
     assert f"{EXPECTED_ROWS} rows in" in shown.stdout
     # Nothing new to export: the run plans, commits nothing and starts no JVM, so it succeeds
     # where no Java could start (JAVA_HOME names none; Spark's launcher would fail on it).
-    quiet = subprocess.run(
-        [*command, "--incremental", "--json", str(storage)],
-        capture_output=True,
-        text=True,
-        env={**terminal, "JAVA_HOME": str(tmp_path / "no-java")},
-        timeout=CLI_TIMEOUT_S,
-        check=False,
-    )
+    no_java = {**terminal, "JAVA_HOME": str(tmp_path / "no-java")}
+    quiet = _export_cli(storage, output, "--incremental", "--json", env=no_java)
     assert quiet.returncode == 0, quiet.stderr[-3000:]
     assert quiet.stderr == ""  # --json: no bars even on a terminal
     assert json.loads(quiet.stdout)["rows"] == 0
@@ -152,17 +153,8 @@ def test_on_a_terminal_the_command_shows_the_bars_and_still_prints_its_summary(
 def test_without_a_java_to_start_the_export_fails_with_one_line_and_commits_nothing(
     storage: Path, tmp_path: Path
 ) -> None:
-    configure_spark_environment()
     output = tmp_path / "export"
-    command = spark_cli_command("export", "-o", str(output), "-m", "local[2]", "--to-txid", BEYOND_EVERY_TXID)
-    result = subprocess.run(
-        [*command, str(storage)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "JAVA_HOME": str(tmp_path / "no-java")},
-        timeout=CLI_TIMEOUT_S,
-        check=False,
-    )
+    result = _export_cli(storage, output, env={**os.environ, "JAVA_HOME": str(tmp_path / "no-java")})
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
         f"error: Spark could not start its JVM ({tmp_path / 'no-java'}/bin/java: No such file or directory): "
