@@ -382,40 +382,43 @@ class ConnectionThread:
         worker = self._worker_of(partition_id)
         if worker is None or worker.waits_for_check(session_id) or not self._claim(worker, 1):
             return None
-        state = self._state
-        with state:
-            # (``time.monotonic``: what ``clock.monotonic_s`` reads off a loop, the watch's clock; a
-            # connection thread never runs in the simulator, whose loops have clocks of their own.)
-            self._on_disk_since_s = _monotonic_s()
+        return self._on_disk(0.0, self._lone_work, worker, buffer, size, session_id, seq_num, txid, stop)
+
+    def _lone_work(
+        self,
+        worker: PartitionWorker,
+        buffer: memoryview,
+        size: int,
+        session_id: int,
+        seq_num: int,
+        txid: int,
+        stop: int,
+    ) -> None:
+        """:meth:`_lone_append`'s claimed request, on disk and answered (under :meth:`_on_disk`)."""
+        partition_id = worker.partition_id
+        frame: bytes | None = None
         try:
-            frame: bytes | None = None
-            try:
-                partition = online_partition(worker, session_id, buffer[stop] != 0)
-                if partition is not None:
-                    started_s = _monotonic_s()
-                    try:
-                        span = partition.append_record(txid, disk_record(buffer, _RECORD_AT, stop))
-                    except Exception as e:  # (cut back: as ``append_alone``)
-                        frame = worker._append_failed(partition, _message(buffer, size), e)
-                    else:
-                        if span is not None:
-                            worker.first_transaction_id, worker.max_transaction_id = span
-                            worker.appended(started_s)
-                            frame = success_frame(session_id, seq_num, partition_id)
-            except Exception:
-                log.exception("partition %d: a batch failed", partition_id)  # (as disk_passes' _process)
-                frame = b""  # unanswered
-            if frame is None:
-                self._passes.run_claimed(worker, [(self._conn, _message(buffer, size))])
-            else:
-                if frame and self._write_from_thread(frame):
-                    self._conn.writes += 1
-                self._passes.claimed_done(worker)
-        finally:
-            with state:
-                self._on_disk_since_s = None
-                left_behind = self._left_behind
-        return not left_behind
+            partition = online_partition(worker, session_id, buffer[stop] != 0)
+            if partition is not None:
+                started_s = _monotonic_s()
+                try:
+                    span = partition.append_record(txid, disk_record(buffer, _RECORD_AT, stop))
+                except Exception as e:  # (cut back: as ``append_alone``)
+                    frame = worker._append_failed(partition, _message(buffer, size), e)
+                else:
+                    if span is not None:
+                        worker.first_transaction_id, worker.max_transaction_id = span
+                        worker.appended(started_s)
+                        frame = success_frame(session_id, seq_num, partition_id)
+        except Exception:
+            log.exception("partition %d: a batch failed", partition_id)  # (as disk_passes' _process)
+            frame = b""  # unanswered
+        if frame is None:
+            self._passes.run_claimed(worker, [(self._conn, _message(buffer, size))])
+        else:
+            if frame and self._write_from_thread(frame):
+                self._conn.writes += 1
+            self._passes.claimed_done(worker)
 
     def _claim(self, worker: PartitionWorker, count: int) -> bool:
         """``count`` requests of ``worker`` are this thread's to run: nothing of its partition is
